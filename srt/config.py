@@ -1,0 +1,110 @@
+"""Typed, frozen configuration. The command line is generated from the dataclass fields.
+
+``ServerConfig`` is the one object a user fills (CLI flags or ``Engine(**options)``); ``"auto"``
+values are resolved once by :func:`resolve` at start-up and the resolved config is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_origin, get_type_hints
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    # model
+    model_path: str | None = _opt(None, "HF folder, .gguf file or folder holding one (default: SmolLM2-135M-Instruct)")
+    tokenizer_path: str | None = _opt(None, "tokenizer folder (default: the model's)")
+    served_model_name: str | None = _opt(None, "model id reported by the API (default: derived from the path)")
+    dtype: str = _opt("auto", "weight and activation dtype (auto: bfloat16 on GPU, float32 on CPU)", DTYPES)
+    device: str = _opt("auto", "cpu, cuda or cuda:N (auto: cuda when available)")
+    context_length: int | None = _opt(None, "maximum prompt + output length (default: the model's)")
+    # memory
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from --mem-budget-gb or the free GPU memory)")
+    mem_budget_gb: float | None = _opt(None, "memory for the KV pool in GiB (CPU default: 2 GiB capped by free RAM)")
+    mem_fraction_static: float = _opt(0.85, "GPU: fraction of total memory for weights + KV pool")
+    page_size: int = _opt(1, "tokens per KV page")
+    # scheduling
+    max_running_requests: int = _opt(256, "most requests decoding at once")
+    max_prefill_tokens: int = _opt(8192, "token budget of one prefill step")
+    chunked_prefill_size: int = _opt(-1, "split prompts longer than this into chunks (-1: off)")
+    schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
+    disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
+    attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
+    grammar_backend: str = _opt("auto", "constrained decoding engine", GRAMMAR_BACKENDS)
+    disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs")
+    disable_overlap_schedule: bool = _opt(False, "do not prepare the next batch during the forward")
+    random_seed: int = _opt(0, "seed of unseeded sampling")
+    num_threads: int | None = _opt(None, "CPU: torch intra-op threads (default: all cores)")
+    # server
+    host: str = _opt("127.0.0.1", "HTTP host")
+    port: int = _opt(30000, "HTTP port")
+    api_key: str | None = _opt(None, "require this bearer key on every request")
+    log_level: str = _opt("info", "logging level")
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def config_from_kwargs(**options: Any) -> ServerConfig:
+    """Builds a config from keyword options, rejecting unknown names with the list of known ones."""
+    known = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; known options: {sorted(known)}")
+    cfg = ServerConfig(**options)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: ServerConfig) -> None:
+    for f in fields(cfg):
+        choices = f.metadata.get("choices")
+        if choices and getattr(cfg, f.name) not in choices:
+            raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(cfg, f.name)!r}")
+    if cfg.page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
+    if cfg.max_running_requests < 1:
+        raise ValueError(f"max_running_requests must be >= 1, got {cfg.max_running_requests}")
+    if cfg.max_total_tokens is not None and cfg.max_total_tokens < 16:
+        raise ValueError(f"max_total_tokens must be >= 16, got {cfg.max_total_tokens}")
+    if cfg.max_prefill_tokens < 1:
+        raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
+    if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
+        raise ValueError(f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}")
+
+
+def _base_type(tp: Any) -> type:
+    if get_origin(tp) is not None:  # Optional[X] / X | None
+        return next(a for a in get_args(tp) if a is not type(None))
+    return tp
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Adds one ``--flag`` per ServerConfig field."""
+    hints = get_type_hints(ServerConfig)
+    for f in fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        tp = _base_type(hints[f.name])
+        if tp is bool:
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(
+                flag, type=tp, default=f.default, choices=f.metadata.get("choices"),
+                help=f"{f.metadata['help']} (default: {f.default})",
+            )
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return config_from_kwargs(**{f.name: getattr(args, f.name) for f in fields(ServerConfig)})
