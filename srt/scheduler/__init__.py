@@ -1,0 +1,3 @@
+from radixlm.srt.scheduler.scheduler import Scheduler
+
+__all__ = ["Scheduler"]

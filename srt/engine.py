@@ -1,0 +1,201 @@
+"""The in-process engine: the real scheduler on a background thread, no HTTP, no subprocesses.
+
+    from radixlm.srt import Engine
+    with Engine() as engine:                       # the embedded default model
+        out = engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
+        print(out["text"])
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.srt.config import config_from_kwargs
+from radixlm.srt.managers.detokenizer import Detokenizer
+from radixlm.srt.managers.messages import AbortReq, ControlReq, TokenizedGenerateReq
+from radixlm.srt.managers.results import RequestResult
+from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_FINISHED = object()
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **options: Any):
+        self.config = config_from_kwargs(model_path=model_path, **options)
+        logging.basicConfig(level=self.config.log_level.upper(),
+                            format="[%(asctime)s %(name)s] %(message)s")
+        self.scheduler = Scheduler(self.config)
+        self.tokenizer = self.scheduler.runner.tokenizer
+        self.vocab_size = self.scheduler.runner.vocab_size
+        self._detokenizer = Detokenizer(self.tokenizer)
+        self._inbox: queue.Queue = queue.Queue()
+        self._results: dict[str, tuple[RequestResult, queue.Queue]] = {}
+        self._replies: dict[str, queue.Queue] = {}
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool = False,
+        rid: str | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
+        or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far."""
+        prompts_ids, is_batch = self._tokenize(prompt, input_ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts_ids)
+        if len(params) != len(prompts_ids):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts_ids)} prompts")
+        jobs = []
+        for ids, p in zip(prompts_ids, params):
+            sp = SamplingParams.from_dict(p)
+            sp.validate(self.vocab_size)
+            jobs += [(ids, sp)] * sp.n
+        is_batch = is_batch or len(jobs) > 1
+        if stream and is_batch:
+            raise ValueError("stream=True takes a single prompt with n=1")
+        logprob = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num or 0,
+                       logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                       return_text_in_logprobs=return_text_in_logprobs)
+        rids = [self._submit(ids, sp, stream, rid if not is_batch else None, **logprob) for ids, sp in jobs]
+        if stream:
+            return self._stream(rids[0])
+        results = [self._wait(r) for r in rids]
+        return results if is_batch else results[0]
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        self._inbox.put(AbortReq(rid=rid, abort_all=abort_all))
+
+    def flush_cache(self) -> bool:
+        return self._control("flush_cache").ok
+
+    def get_server_info(self) -> dict:
+        return {**self.scheduler.ready_info(), **self._control("server_info").data}
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ internals
+    def _tokenize(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt (str or list of str) and input_ids")
+        if prompt is not None:
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise ValueError("prompt must be a non-empty str or list of str")
+            return [self.tokenizer.encode(t) for t in texts], not isinstance(prompt, str)
+        if input_ids and isinstance(input_ids[0], int):
+            return [list(input_ids)], False
+        if not input_ids or not all(isinstance(x, list) and x for x in input_ids):
+            raise ValueError("input_ids must be a non-empty list of ints or of non-empty lists")
+        return [list(x) for x in input_ids], True
+
+    def _submit(self, ids, sp: SamplingParams, stream: bool, rid: str | None,
+                return_text_in_logprobs: bool, **logprob) -> str:
+        rid = rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        result = RequestResult(rid, logprob["return_logprob"], return_text_in_logprobs)
+        self._results[rid] = (result, queue.Queue())
+        self._inbox.put(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp.to_dict(),
+                                             stream=stream, **logprob))
+        return rid
+
+    def _wait(self, rid: str) -> dict:
+        result, q = self._results[rid]
+        while q.get() is not _FINISHED:
+            pass
+        return self._finish(rid)
+
+    def _stream(self, rid: str) -> Iterator[dict]:
+        result, q = self._results[rid]
+        try:
+            while True:
+                item = q.get()
+                if item is _FINISHED:
+                    yield self._finish(rid)
+                    return
+                yield item
+        finally:
+            if rid in self._results:  # the consumer stopped early
+                self.abort(rid)
+                self._results.pop(rid, None)
+
+    def _finish(self, rid: str) -> dict:
+        result, _ = self._results.pop(rid)
+        out = result.to_dict(lambda t: self.tokenizer.decode([t]))
+        reason = result.finish_reason or {}
+        if reason.get("type") == "abort" and reason.get("status_code") == 400:
+            raise ValueError(reason.get("message", "invalid request"))
+        return out
+
+    def _control(self, kind: str):
+        req_id = uuid.uuid4().hex
+        q: queue.Queue = queue.Queue()
+        self._replies[req_id] = q
+        self._inbox.put(ControlReq(req_id=req_id, kind=kind))
+        return q.get(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox(block=not self.scheduler.has_work())
+            try:
+                out = self.scheduler.step() if self.scheduler.has_work() else None
+            except Exception:
+                logger.exception("scheduler step failed; aborting every request")
+                self.scheduler.abort("", abort_all=True)
+                continue
+            if out is not None:
+                self._dispatch(self._detokenizer.handle(out))
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            reply = self.scheduler.handle(msg)
+            if reply is not None:
+                self._replies.pop(reply.req_id).put(reply)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, out) -> None:
+        for i, rid in enumerate(out.token_out.rids):
+            entry = self._results.get(rid)
+            if entry is None:
+                continue
+            result, q = entry
+            result.update(out, i)
+            q.put(_FINISHED if result.is_finished else result.to_dict())

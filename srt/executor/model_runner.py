@@ -1,0 +1,130 @@
+"""Owns the model, its KV memory and its attention backend; runs one forward per batch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from radixlm.kernels.attention.registry import make_attention_backend
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.models.default_model import resolve_model_path
+from radixlm.srt.models.loader import load_model, load_tokenizer
+from radixlm.srt.models.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BUDGET_GB = 2.0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+@dataclass
+class BatchLayout:
+    """A scheduled batch in plain Python lists, one entry per request (tokens flattened)."""
+
+    mode: ForwardMode
+    input_ids: list[int]
+    positions: list[int]
+    out_kv_slots: torch.Tensor  # [T] int64
+    req_slots: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+
+
+class ModelRunner:
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cpu" and cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.model_dir = resolve_model_path(cfg.model_path)
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
+        self.model = load_model(self.model_dir, self.dtype, self.device)
+        mc = self.model_config
+        self.max_total_tokens = self._size_kv_pool()
+        self.context_length = min(cfg.context_length or mc.context_length, self.max_total_tokens)
+        self.kv_pool = KVPool(self.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                              self.dtype, self.device)
+        self.allocator = TokenSlotAllocator(self.max_total_tokens, cfg.page_size, self.device)
+        self.max_total_tokens = self.allocator.max_total_tokens
+        self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests + 8, self.context_length + 1,
+                                                self.device)
+        self.attn_backend = make_attention_backend(cfg.attention_backend, self.device)
+        logger.info(
+            "model %s (%s) on %s/%s; KV pool: %d tokens (%.2f GiB), context length %d, attention %s",
+            self.model_dir, mc.architecture, self.device, self.dtype, self.max_total_tokens,
+            self.max_total_tokens * self._kv_bytes_per_token() / 2**30, self.context_length,
+            self.attn_backend.name,
+        )
+
+    def _kv_bytes_per_token(self) -> int:
+        mc = self.model_config
+        return KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+
+    def _size_kv_pool(self) -> int:
+        if self.cfg.max_total_tokens is not None:
+            return self.cfg.max_total_tokens
+        if self.cfg.mem_budget_gb is not None:
+            budget = self.cfg.mem_budget_gb * 2**30
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = max(total * self.cfg.mem_fraction_static - used, 0)
+        else:
+            budget = min(CPU_DEFAULT_KV_BUDGET_GB * 2**30, 0.25 * psutil.virtual_memory().available)
+        tokens = int(budget // self._kv_bytes_per_token())
+        if tokens < 16:
+            raise ValueError(f"not enough memory for the KV pool ({budget / 2**30:.2f} GiB); "
+                             "lower --mem-fraction-static use or pass --max-total-tokens")
+        return tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def build_forward_batch(self, layout: BatchLayout) -> ForwardBatch:
+        dev = self.device
+        seq_lens = [p + e for p, e in zip(layout.prefix_lens, layout.extend_lens)]
+        return ForwardBatch(
+            mode=layout.mode,
+            input_ids=torch.tensor(layout.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(layout.positions, dtype=torch.int64, device=dev),
+            out_kv_slots=layout.out_kv_slots.to(dev),
+            req_slots=torch.tensor(layout.req_slots, dtype=torch.int64, device=dev),
+            req_slots_cpu=layout.req_slots,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=layout.prefix_lens,
+            extend_lens_cpu=layout.extend_lens,
+            req_to_token_pool=self.req_to_token_pool,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+        )
+
+    @torch.inference_mode()
+    def forward(self, layout: BatchLayout, logit_rows: list[int]) -> torch.Tensor:
+        """Runs the model and returns float32 logits ``[len(logit_rows), vocab]`` for the given
+        token rows of the batch (e.g. the last new token of each request)."""
+        fb = self.build_forward_batch(layout)
+        self.attn_backend.plan(fb)
+        hidden = self.model(fb.input_ids, fb.positions, fb)
+        if len(logit_rows) != hidden.shape[0]:
+            hidden = hidden[torch.tensor(logit_rows, dtype=torch.int64, device=self.device)]
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,66 @@
+"""A scheduled batch: which requests run, how many new tokens each, and the model inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.srt.executor.forward_batch import ForwardMode
+from radixlm.srt.executor.model_runner import BatchLayout
+from radixlm.srt.scheduler.req import Req
+
+
+@dataclass
+class ScheduledBatch:
+    mode: ForwardMode
+    reqs: list[Req] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # tokens already in the KV cache before this step
+    extend_lens: list[int] = field(default_factory=list)
+    slots: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, req: Req, start: int, extend_len: int, slots: torch.Tensor) -> None:
+        self.reqs.append(req)
+        self.starts.append(start)
+        self.extend_lens.append(extend_len)
+        self.slots.append(slots)
+
+    def completes_fill(self, i: int) -> bool:
+        """Whether request i has all its tokens cached after this step (it samples next)."""
+        return self.starts[i] + self.extend_lens[i] == len(self.reqs[i].fill_ids)
+
+    def layout(self) -> BatchLayout:
+        ids: list[int] = []
+        positions: list[int] = []
+        for req, start, ext in zip(self.reqs, self.starts, self.extend_lens):
+            ids += req.fill_ids[start : start + ext]
+            positions += range(start, start + ext)
+        return BatchLayout(
+            mode=self.mode,
+            input_ids=ids,
+            positions=positions,
+            out_kv_slots=torch.cat(self.slots),
+            req_slots=[r.req_slot for r in self.reqs],
+            prefix_lens=list(self.starts),
+            extend_lens=list(self.extend_lens),
+        )
+
+    def logit_rows(self) -> tuple[list[int], list[list[int]]]:
+        """Rows of the batch's tokens that need logits, and per request the indices (into the
+        returned row list) of its rows: input-logprob positions first, the sampling row last."""
+        rows: list[int] = []
+        per_req: list[list[int]] = []
+        offset = 0
+        for i, (req, start, ext) in enumerate(zip(self.reqs, self.starts, self.extend_lens)):
+            mine: list[int] = []
+            if req.wants_input_logprobs:
+                first = max(req.logprob_start_len - 1, 0)
+                for pos in range(max(first, start), min(start + ext, len(req.prompt_ids) - 1)):
+                    mine.append(len(rows))
+                    rows.append(offset + pos - start)
+            if self.completes_fill(i):
+                mine.append(len(rows))
+                rows.append(offset + ext - 1)
+            per_req.append(mine)
+            offset += ext
+        return rows, per_req

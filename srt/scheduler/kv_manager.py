@@ -1,0 +1,116 @@
+"""Moves requests' KV between the slot allocator, the request table and the prefix cache.
+
+One owner for the accounting rule: every usable slot is either free in the allocator, held by
+the prefix cache (evictable or protected), or owned by exactly one running request's
+uncached tail. So when nothing runs, ``available + evictable + protected == max_total_tokens``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.srt.executor.memory_pool import ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+class KVManager:
+    def __init__(self, allocator: TokenSlotAllocator, req_to_token_pool: ReqToTokenPool, cache):
+        self.allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.cache = cache
+        self.page_size = allocator.page_size
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.allocator.max_total_tokens
+
+    def ensure_available(self, num_tokens: int) -> bool:
+        """Evicts unlocked cached prefixes until ``num_tokens`` slots are free, if possible."""
+        short = num_tokens - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.available_size() >= num_tokens
+
+    def match_and_lock(self, req: Req) -> torch.Tensor:
+        """Attaches and locks the longest cached prefix of the request's tokens; returns its
+        KV slots."""
+        fill = req.fill_ids
+        limit = req.max_prefix_match()
+        match = self.cache.match_prefix(fill[:limit])
+        num = len(match.kv_slots)
+        req.cache_node = match.last_node
+        self.cache.inc_lock_ref(req.cache_node)
+        req.num_cached_prefix = num
+        req.num_kv_tokens = num
+        return match.kv_slots
+
+    def bind_req_slot(self, req: Req, prefix_slots: torch.Tensor) -> bool:
+        slot = self.req_to_token_pool.alloc()
+        if slot is None:
+            return False
+        req.req_slot = slot
+        if len(prefix_slots):
+            self.req_to_token_pool.write(slot, 0, prefix_slots)
+        return True
+
+    def alloc_tokens(self, req: Req, num_tokens: int) -> torch.Tensor | None:
+        """Slots for the request's next ``num_tokens`` tokens, written into its table row."""
+        if not self.ensure_available(num_tokens + self.page_size):
+            if not self.ensure_available(num_tokens):
+                return None
+        used = req.num_kv_tokens
+        last = int(self.req_to_token_pool.req_to_token[req.req_slot, used - 1]) if used else 0
+        slots = self.allocator.alloc_for(num_tokens, last, used)
+        if slots is None:
+            return None
+        self.req_to_token_pool.write(req.req_slot, used, slots)
+        req.num_kv_tokens += num_tokens
+        return slots
+
+    def release(self, req: Req, keep_in_cache: bool = True) -> None:
+        """Gives the request's KV back: into the prefix cache where it can be kept, else to the
+        allocator; frees its table row and unlocks its cached prefix."""
+        if req.req_slot < 0:
+            if req.cache_node is not None:
+                self.cache.dec_lock_ref(req.cache_node)
+                req.cache_node = None
+            return
+        n = req.num_kv_tokens
+        kv = self.req_to_token_pool.read(req.req_slot, n).clone()
+        kept = 0
+        if keep_in_cache:
+            present = self.cache.insert(req.fill_ids[:n], kv)
+            kept = self.cache.storable_len(n)
+            if present > req.num_cached_prefix:
+                self.allocator.free(kv[req.num_cached_prefix : present])
+        else:
+            kept = req.num_cached_prefix
+        self.allocator.free(kv[kept:n])
+        self.cache.dec_lock_ref(req.cache_node)
+        req.cache_node = None
+        self.req_to_token_pool.free(req.req_slot)
+        req.req_slot = -1
+        req.num_kv_tokens = 0
+        req.num_cached_prefix = 0
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "max_total_tokens": self.max_total_tokens,
+            "available": self.allocator.available_size(),
+            "evictable": self.cache.evictable_size(),
+            "protected": self.cache.protected_size(),
+        }
+
+    def check_idle_invariant(self) -> bool:
+        u = self.usage()
+        total = u["available"] + u["evictable"] + u["protected"]
+        free_rows = self.req_to_token_pool.available_size()
+        ok = total == u["max_total_tokens"] and free_rows == self.req_to_token_pool.num_req_slots
+        if not ok:
+            logger.error("KV leak detected when idle: %s (sum %d), free request rows %d/%d",
+                         u, total, free_rows, self.req_to_token_pool.num_req_slots)
+        return ok

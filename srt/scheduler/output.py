@@ -1,0 +1,72 @@
+"""Turns what requests did in a step into a BatchTokenOut; records input logprobs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from radixlm.srt.managers.messages import BatchTokenOut
+from radixlm.srt.sampling.logprobs import top_logprobs
+from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.req import Req
+
+_HAS_STOP_STRS = "stop_strs" in {f.name for f in dataclasses.fields(BatchTokenOut)}
+
+
+def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: list[list[int]]) -> None:
+    """Stores the logprob of each prompt token (from the position before it) for requests that
+    asked for input logprobs; completes them once the whole prompt has been seen."""
+    for i, req in enumerate(batch.reqs):
+        if not req.wants_input_logprobs:
+            continue
+        rows = per_req[i][:-1] if batch.completes_fill(i) else per_req[i]
+        if rows:
+            first_pos = max(req.logprob_start_len - 1, 0, batch.starts[i])
+            targets = req.prompt_ids[first_pos + 1 : first_pos + 1 + len(rows)]
+            lp = torch.log_softmax(logits[rows].float(), dim=-1)
+            ids = torch.tensor(targets, dtype=torch.int64, device=lp.device)
+            vals = lp.gather(1, ids[:, None])[:, 0].tolist()
+            req.partial_input_logprobs += [[v, t] for v, t in zip(vals, targets)]
+            if req.top_logprobs_num > 0:
+                tv, ti = top_logprobs(logits[rows], req.top_logprobs_num)
+                req.partial_input_top += [
+                    [[v, t] for v, t in zip(a, b)] for a, b in zip(tv.tolist(), ti.tolist())
+                ]
+        if batch.completes_fill(i):
+            head = [[None, req.prompt_ids[0]]] if req.logprob_start_len == 0 else []
+            req.input_token_logprobs = head + req.partial_input_logprobs
+            req.input_top_logprobs = ([[]] if head else []) + req.partial_input_top
+
+
+def build_batch_output(reqs: list[Req]) -> BatchTokenOut | None:
+    """One entry per request that has something to report: streamed tokens or its finish."""
+    chosen = [r for r in reqs if r.is_finished or (r.stream and len(r.output_ids) > r.num_sent_tokens)]
+    if not chosen:
+        return None
+    out = BatchTokenOut(
+        rids=[], new_token_ids=[], finish_reason=[], prompt_tokens=[], completion_tokens=[],
+        cached_tokens=[], no_stop_trim=[], skip_special_tokens=[], output_token_logprobs=[],
+        output_top_logprobs=[], input_token_logprobs=[], input_top_logprobs=[],
+    )
+    for r in chosen:
+        sent = r.num_sent_tokens
+        out.rids.append(r.rid)
+        out.new_token_ids.append(r.output_ids[sent:])
+        out.finish_reason.append(r.finish_reason)
+        out.prompt_tokens.append(len(r.prompt_ids))
+        out.completion_tokens.append(len(r.output_ids))
+        out.cached_tokens.append(r.cached_tokens)
+        out.no_stop_trim.append(r.params.no_stop_trim)
+        out.skip_special_tokens.append(r.params.skip_special_tokens)
+        out.output_token_logprobs.append(r.output_token_logprobs[sent:] if r.return_logprob else None)
+        out.output_top_logprobs.append(r.output_top_logprobs[sent:] if r.top_logprobs_num else None)
+        first_input = r.return_logprob and not r.sent_input_logprobs and r.input_token_logprobs is not None
+        out.input_token_logprobs.append(r.input_token_logprobs if first_input else None)
+        out.input_top_logprobs.append(r.input_top_logprobs if first_input and r.top_logprobs_num else None)
+        if first_input:
+            r.sent_input_logprobs = True
+        if _HAS_STOP_STRS:
+            out.stop_strs.append(r.params.stop_strs)
+        r.num_sent_tokens = len(r.output_ids)
+    return out

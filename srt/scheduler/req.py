@@ -1,0 +1,79 @@
+"""A request's life inside the scheduler: tokens, KV placement, sampling state, logprobs."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixlm.srt.sampling.params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: dict[str, Any] | None = None
+    generator: torch.Generator | None = None  # own RNG when the request carries a seed
+
+    # KV placement (valid while the request holds a req slot)
+    req_slot: int = -1
+    num_kv_tokens: int = 0  # tokens whose K/V are in the pool, req_to_token[req_slot, :num_kv_tokens]
+    num_cached_prefix: int = 0  # of those, the leading tokens owned by the prefix cache
+    cache_node: Any = None  # the prefix cache node locked for this request
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    # streaming bookkeeping
+    num_sent_tokens: int = 0
+    sent_input_logprobs: bool = False
+    output_token_logprobs: list[list[float]] = field(default_factory=list)
+    output_top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    partial_input_logprobs: list[list[float | None]] = field(default_factory=list)
+    partial_input_top: list[list[list[float]]] = field(default_factory=list)
+    input_token_logprobs: list[list[float | None]] | None = None
+    input_top_logprobs: list[list[list[float]]] | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token that must be in the KV cache before the next token can be sampled."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and self.input_token_logprobs is None
+
+    def max_prefix_match(self) -> int:
+        """How many leading fill tokens may come from the cache: never all of them (the last
+        one is computed to sample from), and not past the first position whose input logprob
+        the user asked for."""
+        limit = len(self.fill_ids) - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason

@@ -1,0 +1,47 @@
+"""Samples the next token of every request that finished its fill this step."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.srt.sampling.logprobs import token_logprobs, top_logprobs
+from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo
+from radixlm.srt.scheduler.req import Req
+from radixlm.srt.scheduler.stop import StopChecker
+
+
+class SamplingStep:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.sampler = Sampler()
+        self.default_generator = torch.Generator(device=device).manual_seed(seed)
+
+    def run(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], stop: StopChecker) -> list[int]:
+        """``logits[rows[i]]`` belongs to ``reqs[i]``; returns the sampled ids and records the
+        output logprobs of requests that asked for them."""
+        if not reqs:
+            return []
+        logits = logits[torch.tensor(rows, dtype=torch.int64, device=logits.device)]
+        lp_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+        raw_lp = logits[lp_rows].clone() if lp_rows else None
+        info = SamplingBatchInfo.build(
+            [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
+            self.vocab_size, self.device, self.default_generator,
+        )
+        suppress = [stop.suppressed_ids(r) for r in reqs]
+        next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)
+        if raw_lp is not None:
+            self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
+        return next_ids.tolist()
+
+    @staticmethod
+    def _record(raw: torch.Tensor, ids: torch.Tensor, reqs: list[Req]) -> None:
+        lps = token_logprobs(raw, ids).tolist()
+        k = max(r.top_logprobs_num for r in reqs)
+        tops = top_logprobs(raw, k) if k > 0 else None
+        for i, (req, lp, tok) in enumerate(zip(reqs, lps, ids.tolist())):
+            req.output_token_logprobs.append([lp, tok])
+            if req.top_logprobs_num > 0:
+                vals, top_ids = tops[0][i, : req.top_logprobs_num], tops[1][i, : req.top_logprobs_num]
+                req.output_top_logprobs.append([[v, t] for v, t in zip(vals.tolist(), top_ids.tolist())])

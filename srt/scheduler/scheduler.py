@@ -1,0 +1,277 @@
+"""The scheduler: admits requests, builds one batch per step, runs it, and reports outputs.
+
+Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, as SGLang),
+otherwise a decode batch of every running request; one forward; sampling; finish checks.
+The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
+``handle`` for incoming messages and ``step`` while ``has_work()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+import torch
+
+from radixlm.radix import make_prefix_cache
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.executor.forward_batch import ForwardMode
+from radixlm.srt.executor.model_runner import ModelRunner
+from radixlm.srt.managers.messages import (
+    AbortReq,
+    BatchTokenOut,
+    ControlReply,
+    ControlReq,
+    TokenizedGenerateReq,
+)
+from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.kv_manager import KVManager
+from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
+from radixlm.srt.scheduler.policy import make_policy
+from radixlm.srt.scheduler.req import Req, ReqStatus
+from radixlm.srt.scheduler.sampling_step import SamplingStep
+from radixlm.srt.scheduler.stop import StopChecker
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, cfg: ServerConfig, runner: ModelRunner | None = None):
+        self.cfg = cfg
+        self.runner = runner or ModelRunner(cfg)
+        r = self.runner
+        self.cache = make_prefix_cache(cfg.disable_radix_cache, cfg.page_size, r.allocator.free)
+        self.kv = KVManager(r.allocator, r.req_to_token_pool, self.cache)
+        eos = set(r.model_config.eos_token_ids)
+        if r.tokenizer.eos_token_id is not None:
+            eos.add(r.tokenizer.eos_token_id)
+        self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
+        self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
+        self.policy = make_policy(cfg.schedule_policy)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.chunked: Req | None = None  # a request between two chunks of its prefill
+        self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
+        self.num_forward_steps = 0
+
+    # ---------------------------------------------------------------- messages
+    def handle(self, msg: Any) -> ControlReply | None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid, msg.abort_all)
+        elif isinstance(msg, ControlReq):
+            return self.control(msg)
+        else:
+            raise TypeError(f"unexpected message {type(msg).__name__}")
+        return None
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        req = Req(rid=msg.rid, prompt_ids=list(msg.input_ids), params=SamplingParams(),
+                  return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
+                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream)
+        try:
+            req.params = SamplingParams.from_dict(msg.sampling_params)
+            req.params.validate(self.runner.vocab_size)
+            self._check_fits(req)
+        except ValueError as e:
+            req.finish({"type": "abort", "message": str(e), "status_code": 400})
+            self.finished_outside_step.append(req)
+            return
+        if req.params.seed is not None:
+            req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
+        self.waiting.append(req)
+
+    def _check_fits(self, req: Req) -> None:
+        n = len(req.prompt_ids)
+        limit = min(self.runner.context_length, self.kv.max_total_tokens)
+        if n == 0:
+            raise ValueError("the prompt is empty; send at least one token")
+        if n >= limit:
+            raise ValueError(
+                f"the prompt has {n} tokens, but this server holds at most {limit - 1} prompt "
+                f"tokens (context length {self.runner.context_length}, KV pool "
+                f"{self.kv.max_total_tokens} tokens); shorten the prompt"
+            )
+        if max(req.prompt_ids) >= self.runner.vocab_size or min(req.prompt_ids) < 0:
+            raise ValueError(f"input_ids must be in [0, {self.runner.vocab_size})")
+
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        def hit(r: Req) -> bool:
+            return abort_all or r.rid.startswith(rid)
+
+        reason = {"type": "abort", "message": "aborted by request"}
+        for req in [r for r in self.waiting if hit(r)]:
+            self.waiting.remove(req)
+            self._finish_now(req, reason)
+        for req in [r for r in self.running if hit(r)]:
+            self.running.remove(req)
+            self._finish_now(req, reason)
+        if self.chunked is not None and hit(self.chunked):
+            req, self.chunked = self.chunked, None
+            self._finish_now(req, reason)
+
+    def _finish_now(self, req: Req, reason: dict) -> None:
+        req.finish(reason)
+        self.kv.release(req)
+        req.status = ReqStatus.FINISHED
+        self.finished_outside_step.append(req)
+
+    def control(self, msg: ControlReq) -> ControlReply:
+        if msg.kind == "server_info":
+            return ControlReply(msg.req_id, True, self.server_info())
+        if msg.kind == "flush_cache":
+            if self.has_work():
+                return ControlReply(msg.req_id, False, {"message": "requests are running"})
+            self.cache.reset()
+            return ControlReply(msg.req_id, True, self.server_info())
+        return ControlReply(msg.req_id, False, {"message": f"unknown control kind {msg.kind!r}"})
+
+    # ---------------------------------------------------------------- state
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked or self.finished_outside_step)
+
+    def ready_info(self) -> dict[str, Any]:
+        r = self.runner
+        return {
+            "model_path": str(r.model_dir),
+            "architecture": r.model_config.architecture,
+            "max_total_tokens": self.kv.max_total_tokens,
+            "context_length": r.context_length,
+            "vocab_size": r.vocab_size,
+            "device": str(r.device),
+            "dtype": str(r.dtype).replace("torch.", ""),
+            "attention_backend": r.attn_backend.name,
+            "eos_token_ids": sorted(self.stop_checker.eos_token_ids),
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        info = self.kv.usage()
+        info.update(num_running=len(self.running) + (self.chunked is not None),
+                    num_waiting=len(self.waiting), num_forward_steps=self.num_forward_steps)
+        return info
+
+    def check_idle(self) -> bool:
+        """The leak invariant; only meaningful when nothing runs."""
+        return self.kv.check_idle_invariant()
+
+    # ---------------------------------------------------------------- the step
+    def step(self) -> BatchTokenOut | None:
+        batch = self._schedule_prefill() or self._schedule_decode()
+        touched: list[Req] = []
+        if batch is not None:
+            touched = self._run(batch)
+        touched += self.finished_outside_step
+        self.finished_outside_step = []
+        out = build_batch_output(touched)
+        if not self.has_work():
+            self.check_idle()
+        return out
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        batch = ScheduledBatch(ForwardMode.EXTEND)
+        budget = self.cfg.max_prefill_tokens
+        chunk = self.cfg.chunked_prefill_size if self.cfg.chunked_prefill_size > 0 else None
+        if self.chunked is not None:
+            used = self._add_extend(batch, self.chunked, budget, chunk)
+            if used == 0:
+                return None
+            self.chunked = None
+            budget -= used
+        for req in self.policy.order(self.waiting, self.cache):
+            if budget <= 0 or len(self.running) + len(batch.reqs) >= self.cfg.max_running_requests:
+                break
+            self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
+            if req.req_slot < 0:
+                self.kv.release(req)
+                break
+            if not req.output_ids:
+                req.cached_tokens = req.num_cached_prefix
+            used = self._add_extend(batch, req, budget, chunk)
+            if used == 0:
+                self.kv.release(req)
+                break
+            self.waiting.remove(req)
+            budget -= used
+        return batch if batch.reqs else None
+
+    def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunk: int | None) -> int:
+        """Adds the request's next prefill piece to the batch; returns its token count (0 when
+        it does not fit now)."""
+        start = req.num_kv_tokens
+        remaining = len(req.fill_ids) - start
+        ext = remaining if chunk is None else min(remaining, chunk, budget)
+        if chunk is None and ext > budget and batch.reqs:
+            return 0
+        slots = self.kv.alloc_tokens(req, ext)
+        if slots is None:
+            return 0
+        req.status = ReqStatus.RUNNING
+        batch.add(req, start, ext, slots)
+        return ext
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        if not self.running:
+            return None
+        self._make_room_for_decode()
+        batch = ScheduledBatch(ForwardMode.DECODE)
+        for req in self.running:
+            start = req.num_kv_tokens
+            slots = self.kv.alloc_tokens(req, 1)
+            assert slots is not None, "decode slots were reserved"
+            batch.add(req, start, 1, slots)
+        return batch
+
+    def _make_room_for_decode(self) -> None:
+        """Evicts cached prefixes, then retracts requests, until every running one gets a slot."""
+        while not self.kv.ensure_available(len(self.running) * self.kv.page_size):
+            victim = self.running.pop()
+            if not self.running:
+                victim.finish({"type": "length", "length": len(victim.output_ids)})
+                self._finish_now(victim, victim.finish_reason)
+                return
+            logger.info("KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len)
+            self.kv.release(victim)
+            victim.status = ReqStatus.WAITING
+            self.waiting.appendleft(victim)
+
+    def _run(self, batch: ScheduledBatch) -> list[Req]:
+        rows, per_req = batch.logit_rows()
+        try:
+            logits = self.runner.forward(batch.layout(), rows)
+        except Exception as e:  # one bad batch must not take the scheduler down
+            logger.exception("forward failed")
+            for req in batch.reqs:
+                req.finish({"type": "abort", "message": f"internal error: {e}"})
+            return self._retire(batch.reqs, keep_in_cache=False)
+        self.num_forward_steps += 1
+        record_input_logprobs(batch, logits, per_req)
+        samplers = []
+        for i, req in enumerate(batch.reqs):
+            if batch.completes_fill(i) and req.params.max_new_tokens == 0:
+                req.finish({"type": "length", "length": 0})  # prefill-only request
+            elif batch.completes_fill(i):
+                samplers.append(i)
+        sample_reqs = [batch.reqs[i] for i in samplers]
+        sample_rows = [per_req[i][-1] for i in samplers]
+        next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker)
+        for req, tok in zip(sample_reqs, next_ids):
+            req.output_ids.append(tok)
+            self.stop_checker.check(req)
+        for i, req in enumerate(batch.reqs):
+            if not batch.completes_fill(i):
+                self.chunked = req
+            elif not req.is_finished and req not in self.running:
+                self.running.append(req)
+        return self._retire(batch.reqs)
+
+    def _retire(self, reqs: list[Req], keep_in_cache: bool = True) -> list[Req]:
+        for req in reqs:
+            if req.is_finished and req.status is not ReqStatus.FINISHED:
+                if req in self.running:
+                    self.running.remove(req)
+                self.kv.release(req, keep_in_cache)
+                req.status = ReqStatus.FINISHED
+        return reqs
