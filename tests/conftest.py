@@ -25,3 +25,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The embedded SmolLM2-135M-Instruct, converted once into the test cache."""
+    from radixlm.srt.models.default_model import resolve_model_path
+
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, default_model_dir):
+    """A randomly initialised 2-layer Llama with SmolLM2's tokenizer (fast engine tests)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smol_engine(default_model_dir):
+    """One Engine over the default model for the whole session."""
+    from radixlm.srt import Engine
+
+    engine = Engine(max_total_tokens=8192, log_level="warning")
+    yield engine
+    engine.shutdown()

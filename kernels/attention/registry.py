@@ -1,14 +1,84 @@
-"""Picks an attention backend by name (placeholder until the GPU backends land)."""
+"""Picks an attention backend by name: ``auto``, ``torch``, ``triton`` or ``flashinfer``.
+
+``auto`` resolves once at start-up: flashinfer where it imports on a CUDA device, else triton
+on a CUDA device, else torch. The GPU backends import their libraries lazily, so this module
+imports on any machine.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from radixlm.kernels.attention.base import AttentionBackend
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 
+ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton", "flashinfer")
 
-def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    if name in ("auto", "torch"):
+
+def flashinfer_available() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:  # a broken install counts as missing
+        return False
+    return True
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """The concrete backend name for ``name`` on ``device`` (``auto`` resolved)."""
+    if name not in ATTENTION_BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of "
+                         f"{', '.join(ATTENTION_BACKEND_NAMES)}")
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        if flashinfer_available():
+            return "flashinfer"
+        if triton_available():
+            return "triton"
+    return "torch"
+
+
+def make_attention_backend(
+    name: str,
+    device: torch.device,
+    *,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    page_size: int = 1,
+    scaling: float | None = None,
+) -> AttentionBackend:
+    """Builds the backend ``name`` for ``device``. flashinfer needs the model's attention shape
+    (``num_heads``, ``num_kv_heads``, ``head_dim``) and the KV ``page_size`` at construction."""
+    resolved = resolve_attention_backend(name, device)
+    if resolved == "torch":
         return TorchAttentionBackend()
-    raise ValueError(f"attention backend {name!r} is not available on {device}")
+    if resolved == "triton":
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        if device.type != "cuda" and not interpreted:
+            raise ValueError(f"the triton attention backend needs a CUDA device, got {device} "
+                             "(set TRITON_INTERPRET=1 to debug the kernels on the CPU)")
+        if not triton_available():
+            raise ValueError("the triton attention backend needs the triton package")
+        from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    if None in (num_heads, num_kv_heads, head_dim):
+        raise ValueError("the flashinfer attention backend needs num_heads, num_kv_heads and "
+                         "head_dim")
+    from radixlm.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    return FlashInferAttentionBackend(
+        device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        page_size=page_size, scaling=scaling,
+    )

@@ -54,7 +54,7 @@ class ModelRunner:
         if self.device.type == "cpu" and cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.model_dir = resolve_model_path(cfg.model_path)
-        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.model_config = ModelConfig.from_pretrained(self.model_dir)
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, self.device)
         mc = self.model_config

@@ -74,6 +74,8 @@ class BatchTokenOut:
     output_top_logprobs: list[list[list[list[float]]] | None]
     input_token_logprobs: list[list[list[float]] | None]  # sent once, with the first output
     input_top_logprobs: list[list[list[list[float]]] | None]
+    # the stop strings of each request, so the detokenizer can hold back a partial match
+    stop_strs: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

@@ -18,16 +18,18 @@ class ScheduledBatch:
     starts: list[int] = field(default_factory=list)  # tokens already in the KV cache before this step
     extend_lens: list[int] = field(default_factory=list)
     slots: list[torch.Tensor] = field(default_factory=list)
+    completes: list[bool] = field(default_factory=list)  # fill complete after this step: samples
 
     def add(self, req: Req, start: int, extend_len: int, slots: torch.Tensor) -> None:
         self.reqs.append(req)
         self.starts.append(start)
         self.extend_lens.append(extend_len)
         self.slots.append(slots)
+        self.completes.append(start + extend_len == len(req.fill_ids))
 
     def completes_fill(self, i: int) -> bool:
         """Whether request i has all its tokens cached after this step (it samples next)."""
-        return self.starts[i] + self.extend_lens[i] == len(self.reqs[i].fill_ids)
+        return self.completes[i]
 
     def layout(self) -> BatchLayout:
         ids: list[int] = []

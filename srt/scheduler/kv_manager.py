@@ -84,7 +84,7 @@ class KVManager:
         kept = 0
         if keep_in_cache:
             present = self.cache.insert(req.fill_ids[:n], kv)
-            kept = self.cache.storable_len(n)
+            kept = self.cache.cacheable_len(n)
             if present > req.num_cached_prefix:
                 self.allocator.free(kv[req.num_cached_prefix : present])
         else:

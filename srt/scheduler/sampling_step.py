@@ -28,6 +28,7 @@ class SamplingStep:
         info = SamplingBatchInfo.build(
             [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
             self.vocab_size, self.device, self.default_generator,
+            prompt_ids=[r.prompt_ids for r in reqs],
         )
         suppress = [stop.suppressed_ids(r) for r in reqs]
         next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)

@@ -42,7 +42,7 @@ class Scheduler:
         self.cfg = cfg
         self.runner = runner or ModelRunner(cfg)
         r = self.runner
-        self.cache = make_prefix_cache(cfg.disable_radix_cache, cfg.page_size, r.allocator.free)
+        self.cache = make_prefix_cache(cfg.disable_radix_cache, cfg.page_size, r.allocator.free, r.device)
         self.kv = KVManager(r.allocator, r.req_to_token_pool, self.cache)
         eos = set(r.model_config.eos_token_ids)
         if r.tokenizer.eos_token_id is not None:

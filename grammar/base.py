@@ -1,0 +1,203 @@
+"""The constrained-decoding contract: grammar specs, backends, compiled grammars and matchers.
+
+Layers (each backend implements the three classes below):
+
+    GrammarSpec ──GrammarBackend.compile()──> CompiledGrammar ──new_matcher()──> GrammarMatcher
+    (what the user asked for)                 (shared, immutable,   (one per request; mutable
+                                               cached by spec)       decoding state)
+
+Token masks are packed int32 bitmasks of shape ``[batch, ceil(V / 32)]``: token ``t`` is allowed
+in row ``r`` when bit ``t % 32`` of ``bitmask[r, t // 32]`` is set (the layout shared by
+outlines-core, llguidance and XGrammar). ``V`` is the model's logits width, which may exceed the
+tokenizer's length; ids without a token are never allowed.
+
+EOS contract: an EOS id is allowed only where the grammar may end; accepting it terminates the
+matcher; a terminated matcher allows EOS only and rejects every other token.
+
+Threads: ``GrammarBackend.compile`` may run on any thread (the compile cache runs it on worker
+threads). A ``CompiledGrammar`` is shared by many matchers and must tolerate concurrent
+``new_matcher`` calls. A ``GrammarMatcher`` belongs to one request and is used from one thread.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
+_MAX_REASON_CHARS = 600
+
+
+class GrammarCompileError(ValueError):
+    """A grammar that cannot be compiled; the message starts with ``Failed to compile``."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        reason = reason.strip() or "unknown error"
+        if len(reason) > _MAX_REASON_CHARS:
+            reason = reason[: _MAX_REASON_CHARS - 3] + "..."
+        self.kind = kind
+        self.reason = reason
+        super().__init__(f"Failed to compile {kind} grammar: {reason}")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request constrains its output to.
+
+    ``value`` is the JSON schema text (``json_schema``), the pattern (``regex``), the grammar
+    text (``ebnf``: Lark or GBNF), the tuple of allowed strings (``choices``), or ``""``
+    (``json_object``: any JSON object). Build one with the class methods.
+    """
+
+    kind: str
+    value: str | tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(
+                f"grammar kind must be one of {list(GRAMMAR_KINDS)}, got {self.kind!r}"
+            )
+        if self.kind == "choices":
+            if not isinstance(self.value, tuple) or not self.value:
+                raise ValueError("choices must be a non-empty list of strings")
+            if not all(isinstance(c, str) for c in self.value):
+                raise ValueError("every choice must be a string")
+        elif not isinstance(self.value, str):
+            raise ValueError(f"a {self.kind} grammar must be given as a string")
+
+    @classmethod
+    def json_schema(cls, schema: str | dict[str, Any] | bool) -> GrammarSpec:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return cls("json_schema", text)
+
+    @classmethod
+    def regex(cls, pattern: str) -> GrammarSpec:
+        return cls("regex", pattern)
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> GrammarSpec:
+        return cls("ebnf", grammar)
+
+    @classmethod
+    def choices(cls, options: list[str] | tuple[str, ...]) -> GrammarSpec:
+        return cls("choices", tuple(options))
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls("json_object", "")
+
+    def canonical(self) -> str:
+        """A normal form for cache keys: equal for specs that compile to the same grammar.
+
+        JSON schemas are re-serialized without insignificant whitespace but with their key
+        order kept (property order decides the generated field order). Unparsable schemas keep
+        their text, so they still get a stable key (and a cached failure).
+        """
+        if self.kind == "choices":
+            return json.dumps(list(self.value), ensure_ascii=False)
+        if self.kind == "json_schema":
+            try:
+                parsed = json.loads(self.value)
+            except ValueError:
+                return str(self.value)
+            return json.dumps(parsed, separators=(",", ":"), ensure_ascii=False)
+        return str(self.value)
+
+    def describe(self, max_chars: int = 80) -> str:
+        text = self.canonical()
+        short = text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+        return f"{self.kind}:{short}"
+
+
+class GrammarMatcher(ABC):
+    """Per-request decoding state over one compiled grammar."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Writes the allowed next tokens into ``bitmask[row]`` (CPU int32 ``[B, ceil(V/32)]``)."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advances by one token; returns False (and leaves the state unchanged) if disallowed."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last ``num_tokens`` accepted tokens (EOS included)."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once an EOS token has been accepted."""
+
+    @abstractmethod
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next (for jump-forward); may be empty; never EOS."""
+
+    def forced_bytes(self) -> bytes:
+        """The text the grammar forces next, as UTF-8 bytes, where the backend knows it."""
+        return b""
+
+    @abstractmethod
+    def copy(self) -> GrammarMatcher:
+        """An independent matcher in the same state."""
+
+    @property
+    @abstractmethod
+    def num_accepted_tokens(self) -> int:
+        """How many tokens are currently accepted (what ``rollback`` can undo)."""
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        """Accepts all tokens or none: on a rejection the accepted prefix is rolled back."""
+        for i, token_id in enumerate(token_ids):
+            if not self.accept_token(token_id):
+                self.rollback(i)
+                return False
+        return True
+
+
+class CompiledGrammar(ABC):
+    """An immutable compiled grammar; cheap to turn into matchers."""
+
+    spec: GrammarSpec
+    backend_name: str
+
+    @abstractmethod
+    def new_matcher(self) -> GrammarMatcher:
+        """A matcher at the grammar's start state."""
+
+    def serialize(self) -> bytes | None:
+        """Bytes the owning backend's ``deserialize`` turns back into this grammar, or None."""
+        return None
+
+
+class GrammarBackend(ABC):
+    """Compiles grammar specs against one tokenizer vocabulary."""
+
+    name: str
+
+    @abstractmethod
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compiles ``spec``; raises ``GrammarCompileError`` for grammars it cannot compile."""
+
+    def cache_tag(self) -> str:
+        """Names everything besides the spec and vocabulary that shapes compiled grammars
+        (backend, options, library version): part of compile-cache keys."""
+        return self.name
+
+    def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> CompiledGrammar:
+        """Rebuilds a grammar from ``CompiledGrammar.serialize()`` output of ``backend_name``."""
+        raise GrammarCompileError(spec.kind, f"backend {self.name} cannot load cached grammars")
+
+
+class NullGrammarBackend(GrammarBackend):
+    """The backend used when constrained decoding is turned off: every spec is rejected."""
+
+    name = "none"
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        raise GrammarCompileError(
+            spec.kind, "constrained decoding is disabled; start the server with a grammar backend"
+        )

@@ -1,0 +1,208 @@
+"""llguidance backend: Lark / GBNF grammars, JSON schemas, regexes and choices.
+
+llguidance parses lazily (an Earley parser over a lexer), so compiling is cheap even for schemas
+outlines-core cannot turn into a DFA in time. A compiled grammar keeps one validated template
+``LLMatcher``; each request gets a deep copy of it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import llguidance
+import numpy as np
+import torch
+from llguidance import LLMatcher, LLTokenizer
+from radixlm.grammar.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarCompileError,
+    GrammarMatcher,
+    GrammarSpec,
+)
+from radixlm.grammar.bitmask import pack_token_ids
+from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
+from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.vocab import TokenizerVocab
+
+
+class _VocabTokenizerView:
+    """Presents a ``TokenizerVocab`` the way ``llguidance.TokenizerWrapper`` expects."""
+
+    def __init__(self, vocab: TokenizerVocab) -> None:
+        self.eos_token_id = vocab.eos_token_ids[0]
+        self.bos_token_id = getattr(vocab.tokenizer, "bos_token_id", None)
+        self.special_token_ids = sorted(vocab.special_token_ids)
+        self.tokens = [
+            data if data else b"\xff<|special_%d|>" % i for i, data in enumerate(vocab.token_bytes)
+        ]
+        self._vocab = vocab
+
+    def __call__(self, text: str) -> list[int]:
+        return self._vocab.encode(text)
+
+
+def build_lltokenizer(vocab: TokenizerVocab, use_hf_json: bool = True) -> LLTokenizer:
+    """llguidance's tokenizer: from the HF tokenizer JSON, else from the decoded vocabulary."""
+    eos = list(vocab.eos_token_ids)
+    if use_hf_json and vocab.tokenizer is not None:
+        try:
+            from llguidance.hf import from_tokenizer  # imports transformers; only needed here
+
+            return from_tokenizer(vocab.tokenizer, n_vocab=vocab.vocab_size, eos_token=eos)
+        except Exception:  # slow or unusual tokenizers: fall back to the decoded vocabulary
+            pass
+    wrapper = llguidance.TokenizerWrapper(_VocabTokenizerView(vocab))
+    return LLTokenizer(wrapper, n_vocab=vocab.vocab_size, eos_token=eos)
+
+
+class LLGuidanceGrammar(CompiledGrammar):
+    backend_name = "llguidance"
+
+    def __init__(self, spec: GrammarSpec, grammar_text: str, template: LLMatcher, vocab) -> None:
+        self.spec = spec
+        self.grammar_text = grammar_text
+        self.vocab: TokenizerVocab = vocab
+        self.eos_ids = frozenset(vocab.eos_token_ids)
+        self.eos_row = pack_token_ids(np.array(vocab.eos_token_ids), vocab.vocab_size)
+        self._template = template
+        self._lock = threading.Lock()
+
+    def new_matcher(self) -> LLGuidanceMatcher:
+        with self._lock:
+            return LLGuidanceMatcher(self, self._template.deep_copy())
+
+    def serialize(self) -> bytes:
+        return self.grammar_text.encode("utf-8")
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    """Wraps an ``LLMatcher``, testing tokens before consuming them (a rejected token would put
+    the ``LLMatcher`` into a permanent error state)."""
+
+    def __init__(self, grammar: LLGuidanceGrammar, matcher: LLMatcher) -> None:
+        self._grammar = grammar
+        self._matcher = matcher
+        self._terminated = False
+        self._num_accepted = 0
+        self._repeated_eos = 0  # EOS tokens accepted after termination (not given to llguidance)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return self._num_accepted
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._terminated:
+            bitmask[row].copy_(self._grammar.eos_row)
+        else:
+            # The pointer call writes one row in place (llguidance.torch does the same, but
+            # importing it pulls in torch.compile).
+            target = bitmask[row]
+            assert target.is_cpu and target.is_contiguous() and target.dtype == torch.int32
+            self._matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
+
+    def accept_token(self, token_id: int) -> bool:
+        if token_id in self._grammar.eos_ids:
+            return self._accept_eos(token_id)
+        if self._terminated or not 0 <= token_id < self._grammar.vocab.vocab_size:
+            return False
+        if self._matcher.validate_tokens([token_id]) != 1:
+            return False
+        accepted = self._matcher.consume_token(token_id)
+        assert accepted, self._matcher.get_error()
+        self._num_accepted += 1
+        return True
+
+    def _accept_eos(self, token_id: int) -> bool:
+        if self._terminated:
+            self._repeated_eos += 1
+        elif self._matcher.is_accepting():
+            accepted = self._matcher.consume_token(token_id)
+            assert accepted, self._matcher.get_error()
+            self._terminated = True
+        else:
+            return False
+        self._num_accepted += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self._num_accepted:
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: {self._num_accepted} are accepted"
+            )
+        repeated = min(num_tokens, self._repeated_eos)
+        self._repeated_eos -= repeated
+        real = num_tokens - repeated
+        if real:
+            assert self._matcher.rollback(real), self._matcher.get_error()
+            self._terminated = False
+        self._num_accepted -= num_tokens
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def forced_tokens(self) -> list[int]:
+        if self._terminated:
+            return []
+        eos = self._grammar.eos_ids
+        return [t for t in self._matcher.compute_ff_tokens() if t not in eos]
+
+    def forced_bytes(self) -> bytes:
+        return b"" if self._terminated else bytes(self._matcher.compute_ff_bytes())
+
+    def copy(self) -> LLGuidanceMatcher:
+        clone = LLGuidanceMatcher(self._grammar, self._matcher.deep_copy())
+        clone._terminated = self._terminated
+        clone._num_accepted = self._num_accepted
+        clone._repeated_eos = self._repeated_eos
+        return clone
+
+
+class LLGuidanceBackend(GrammarBackend):
+    name = "llguidance"
+
+    def __init__(
+        self, vocab: TokenizerVocab, whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN
+    ) -> None:
+        self.vocab = vocab
+        self.whitespace_pattern = whitespace_pattern
+        self._tokenizer: LLTokenizer | None = None  # built on first use (about 1 s for 128k)
+        self._lock = threading.Lock()
+
+    def cache_tag(self) -> str:
+        return f"llguidance(ws={self.whitespace_pattern!r},v={llguidance.__version__})"
+
+    def lltokenizer(self) -> LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = build_lltokenizer(self.vocab)
+            return self._tokenizer
+
+    def grammar_text(self, spec: GrammarSpec) -> str:
+        """The llguidance grammar for ``spec``; raises ``GrammarCompileError``."""
+        try:
+            if spec.kind == "ebnf":
+                return llguidance.grammar_from("ebnf", str(spec.value))
+            if spec.kind == "regex":
+                return LLMatcher.grammar_from_regex(ascii_digit_classes(str(spec.value)))
+            if spec.kind == "choices":
+                return LLMatcher.grammar_from_regex(choices_regex(spec.value))
+            schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
+            options = {"whitespace_pattern": self.whitespace_pattern}
+            return LLMatcher.grammar_from_json_schema(schema, overrides=options)
+        except (ValueError, TypeError) as exc:
+            raise GrammarCompileError(spec.kind, str(exc)) from exc
+
+    def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
+        return self._build(spec, self.grammar_text(spec))
+
+    def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:
+        if backend_name != self.name:
+            raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
+        return self._build(spec, data.decode("utf-8"))
+
+    def _build(self, spec: GrammarSpec, grammar_text: str) -> LLGuidanceGrammar:
+        template = LLMatcher(self.lltokenizer(), grammar_text, log_level=0)
+        if template.is_error():
+            raise GrammarCompileError(spec.kind, template.get_error().strip())
+        return LLGuidanceGrammar(spec, grammar_text, template, self.vocab)

@@ -1,0 +1,107 @@
+"""outlines-core backend: regex, choices, JSON schema and any-JSON-object as token-level DFAs.
+
+A JSON schema becomes a regex (``outlines_core.json_schema.build_regex_from_schema``), the regex
+becomes an ``Index`` over the vocabulary. Recursive structures are unrolled to a fixed depth, so
+``json_object`` works but compiles slowly on large vocabularies (the auto backend sends it to
+llguidance). EBNF grammars are not regular and are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from importlib.metadata import version
+
+import outlines_core
+from radixlm.grammar.base import GrammarBackend, GrammarCompileError, GrammarSpec
+from radixlm.grammar.outlines_grammar import OutlinesGrammar
+from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.vocab import TokenizerVocab
+
+# JSON whitespace allowed between tokens: at most one space. Unbounded whitespace lets a model
+# loop on blanks and makes the automata larger.
+DEFAULT_WHITESPACE_PATTERN = r"[ ]?"
+ANY_JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def _failure_reason(error: BaseException) -> str:
+    return str(error).strip() or type(error).__name__
+
+
+def anchor_regex(regex: str) -> str:
+    r"""Wraps ``regex`` as ``(?:regex)$`` (dropping a leading ``^``).
+
+    outlines-core builds its DFA with leftmost-first match semantics: without the end anchor,
+    tokens leading out of an accepting state into a non-accepting one are missing from the
+    index (``a(bc)?`` never continues after ``a``, ``0(\.[0-9]+)?`` never after ``0``, and in
+    ``cat|category`` the second choice is unreachable). Anchoring at the end of the text makes
+    every complete match count, which is the full-match semantics a grammar needs.
+    """
+    body = regex[1:] if regex.startswith("^") else regex
+    return f"(?:{body})$"
+
+
+def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
+    """The (end-anchored) regex outlines-core compiles for ``spec``."""
+    return anchor_regex(_unanchored_regex(spec, whitespace_pattern))
+
+
+def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
+    if spec.kind == "regex":
+        return ascii_digit_classes(str(spec.value))
+    if spec.kind == "choices":
+        return choices_regex(spec.value)
+    if spec.kind == "ebnf":
+        raise GrammarCompileError(
+            "ebnf", "the outlines backend handles regular grammars only; use llguidance or auto"
+        )
+    schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
+    try:
+        json.loads(schema)
+    except ValueError as exc:
+        raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
+    try:
+        regex = outlines_core.json_schema.build_regex_from_schema(schema, whitespace_pattern)
+    except BaseException as exc:  # pyo3 panics derive from BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
+    return ascii_digit_classes(regex)  # JSON Schema patterns read \d as [0-9]
+
+
+class OutlinesBackend(GrammarBackend):
+    name = "outlines"
+
+    def __init__(
+        self, vocab: TokenizerVocab, whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN
+    ) -> None:
+        self.vocab = vocab
+        self.whitespace_pattern = whitespace_pattern
+        self._vocabulary = None  # outlines_core.Vocabulary, built on first use
+        self._lock = threading.Lock()
+
+    def cache_tag(self) -> str:
+        return f"outlines(ws={self.whitespace_pattern!r},v={version('outlines_core')})"
+
+    def _outlines_vocabulary(self):
+        with self._lock:
+            if self._vocabulary is None:
+                eos = self.vocab.eos_token_ids[0]
+                self._vocabulary = outlines_core.Vocabulary(eos, self.vocab.ids_by_bytes)
+            return self._vocabulary
+
+    def compile(self, spec: GrammarSpec) -> OutlinesGrammar:
+        regex = spec_to_regex(spec, self.whitespace_pattern)
+        vocabulary = self._outlines_vocabulary()
+        try:
+            index = outlines_core.Index(regex, vocabulary)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
+        return OutlinesGrammar(spec, index, self.vocab)
+
+    def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> OutlinesGrammar:
+        if backend_name != self.name:
+            raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
+        return OutlinesGrammar(spec, outlines_core.Index.from_binary(data), self.vocab)

@@ -1,0 +1,201 @@
+"""A compiled outlines-core index and its per-request matcher.
+
+The index maps (DFA state, token id) to the next state. Everything the matcher needs per state
+is derived once and memoized on the shared grammar: the packed allowed-token row (so a repeated
+state costs one row copy) and the forced continuation (for jump-forward).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from radixlm.grammar.base import CompiledGrammar, GrammarMatcher, GrammarSpec
+from radixlm.grammar.bitmask import pack_token_ids
+from radixlm.grammar.vocab import TokenizerVocab
+
+_MAX_FORCED_DEPTH = 64  # tokens followed when computing a forced continuation
+
+
+class OutlinesGrammar(CompiledGrammar):
+    """An outlines-core ``Index`` plus per-state memo tables, shared by all its matchers."""
+
+    backend_name = "outlines"
+
+    def __init__(self, spec: GrammarSpec, index, vocab: TokenizerVocab) -> None:
+        self.spec = spec
+        self.index = index
+        self.vocab = vocab
+        self.initial_state: int = index.get_initial_state()
+        self._final_states = frozenset(index.get_final_states())
+        self._eos_ids = frozenset(vocab.eos_token_ids)
+        self._eos_array = np.array(vocab.eos_token_ids, dtype=np.int64)
+        self.eos_row = pack_token_ids(self._eos_array, vocab.vocab_size)
+        self._rows: dict[int, torch.Tensor] = {}  # state -> packed int32 row (CPU)
+        self._forced: dict[int, bytes] = {}  # state -> forced continuation bytes
+        self._forced_lock = threading.Lock()
+
+    def new_matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self, self.initial_state)
+
+    def serialize(self) -> bytes:
+        _, (data,) = self.index.__reduce__()
+        return bytes(data)
+
+    def is_final(self, state: int) -> bool:
+        return state in self._final_states
+
+    def is_eos(self, token_id: int) -> bool:
+        return token_id in self._eos_ids
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        if token_id in self._eos_ids or not 0 <= token_id < self.vocab.vocab_size:
+            return None
+        return self.index.get_next_state(state, token_id)
+
+    def text_token_ids(self, state: int) -> np.ndarray:
+        """Allowed non-EOS tokens in ``state``."""
+        ids = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
+        return ids[~np.isin(ids, self._eos_array)]
+
+    def mask_row(self, state: int) -> torch.Tensor:
+        row = self._rows.get(state)
+        if row is None:
+            ids = self.text_token_ids(state)
+            if self.is_final(state):
+                ids = np.concatenate([ids, self._eos_array])
+            row = pack_token_ids(ids, self.vocab.vocab_size)
+            self._rows[state] = row
+        return row
+
+    def forced_bytes(self, state: int) -> bytes:
+        """Bytes every continuation from ``state`` starts with (empty where it may end)."""
+        with self._forced_lock:
+            return self._forced_from(state, 0)
+
+    def _forced_from(self, state: int, depth: int) -> bytes:
+        if state in self._forced:
+            return self._forced[state]
+        if depth >= _MAX_FORCED_DEPTH:
+            return b""
+        self._forced[state] = b""  # guards cycles; any prefix of the truth is a safe answer
+        result = self._compute_forced(state, depth)
+        self._forced[state] = result
+        return result
+
+    def _compute_forced(self, state: int, depth: int) -> bytes:
+        if self.is_final(state):
+            return b""
+        token_bytes = self.vocab.token_bytes
+        ids = self.text_token_ids(state)
+        if len(ids) == 0 or len({token_bytes[t][:1] for t in ids[:512]}) != 1:
+            return b""
+        if len({token_bytes[t][:1] for t in ids}) != 1:
+            return b""
+        common: bytes | None = None
+        for token_id in ids.tolist():
+            nxt = self.index.get_next_state(state, token_id)
+            text = token_bytes[token_id] + self._forced_from(nxt, depth + 1)
+            common = text if common is None else _common_prefix(common, text)
+            if len(common) <= 1:  # every allowed token shares the first byte
+                break
+        return common or b""
+
+    def forced_token_ids(self, state: int) -> list[int]:
+        """Tokens spelling the forced bytes, longest vocabulary match first."""
+        remaining = self.forced_bytes(state)
+        ids_by_bytes = self.vocab.ids_by_bytes
+        tokens: list[int] = []
+        while remaining:
+            step = self._longest_forced_token(state, remaining, ids_by_bytes)
+            if step is None:
+                break
+            token_id, state = step
+            tokens.append(token_id)
+            remaining = remaining[len(self.vocab.token_bytes[token_id]) :]
+        return tokens
+
+    def _longest_forced_token(self, state: int, remaining: bytes, ids_by_bytes):
+        for length in range(min(len(remaining), self.vocab.max_token_len), 0, -1):
+            for token_id in ids_by_bytes.get(remaining[:length], ()):
+                nxt = self.next_state(state, token_id)
+                if nxt is not None:
+                    return token_id, nxt
+        return None
+
+
+def _common_prefix(a: bytes, b: bytes) -> bytes:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return a[:i]
+
+
+class OutlinesMatcher(GrammarMatcher):
+    """A DFA state plus the stack of states before each accepted token."""
+
+    def __init__(self, grammar: OutlinesGrammar, state: int) -> None:
+        self._grammar = grammar
+        self._state = state
+        self._terminated = False
+        self._history: list[tuple[int, bool]] = []  # (state, terminated) before each token
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return len(self._history)
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        source = self._grammar.eos_row if self._terminated else self._grammar.mask_row(self._state)
+        bitmask[row].copy_(source)
+
+    def accept_token(self, token_id: int) -> bool:
+        grammar = self._grammar
+        if grammar.is_eos(token_id):
+            if not (self._terminated or grammar.is_final(self._state)):
+                return False
+            self._history.append((self._state, self._terminated))
+            self._terminated = True
+            return True
+        if self._terminated:
+            return False
+        nxt = grammar.next_state(self._state, token_id)
+        if nxt is None:
+            return False
+        self._history.append((self._state, self._terminated))
+        self._state = nxt
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= len(self._history):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: {len(self._history)} are accepted"
+            )
+        if num_tokens == 0:
+            return
+        self._state, self._terminated = self._history[-num_tokens]
+        del self._history[-num_tokens:]
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def forced_tokens(self) -> list[int]:
+        if self._terminated:
+            return []
+        return self._grammar.forced_token_ids(self._state)
+
+    def forced_bytes(self) -> bytes:
+        if self._terminated:
+            return b""
+        return self._grammar.forced_bytes(self._state)
+
+    def copy(self) -> OutlinesMatcher:
+        clone = OutlinesMatcher(self._grammar, self._state)
+        clone._terminated = self._terminated
+        clone._history = list(self._history)
+        return clone

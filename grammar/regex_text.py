@@ -1,0 +1,61 @@
+"""Regex text helpers shared by the backends (both parse the Rust ``regex`` syntax)."""
+
+from __future__ import annotations
+
+_REGEX_META = set("\\.^$|?*+()[]{}-&~#")
+
+
+def escape_regex_literal(text: str) -> str:
+    """Escapes ``text`` so the Rust regex syntax reads it literally."""
+    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+def choices_regex(choices: tuple[str, ...] | list[str]) -> str:
+    """An alternation of the literal choices."""
+    return "(?:" + "|".join(escape_regex_literal(c) for c in choices) + ")"
+
+
+def _class_body_start(regex: str, open_index: int) -> int:
+    """Index of the first character that may close the class opened at ``open_index``
+    (``]`` right after ``[`` or ``[^`` is a literal)."""
+    i = open_index + 1
+    if regex[i : i + 1] == "^":
+        i += 1
+    if regex[i : i + 1] == "]":
+        i += 1
+    return i
+
+
+def ascii_digit_classes(regex: str) -> str:
+    """Rewrites ``\\d`` as ``[0-9]`` (and ``\\D`` outside classes as ``[^0-9]``).
+
+    The Rust syntax reads ``\\d`` as any Unicode decimal digit (about 700 characters); grammar
+    users mean ASCII digits, as ``\\d`` does in JSON Schema (ECMAScript) patterns.
+    """
+    out: list[str] = []
+    depth = 0  # nesting depth of character classes
+    may_close_at = 0
+    i = 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\" and i + 1 < len(regex):
+            escaped = regex[i + 1]
+            if escaped == "d":
+                out.append("0-9" if depth else "[0-9]")
+            elif escaped == "D" and not depth:
+                out.append("[^0-9]")
+            else:
+                out.append(regex[i : i + 2])
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+            may_close_at = _class_body_start(regex, i)
+            out.append(regex[i:may_close_at])
+            i = may_close_at
+            continue
+        if ch == "]" and depth and i >= may_close_at:
+            depth -= 1
+        out.append(ch)
+        i += 1
+    return "".join(out)

@@ -1,0 +1,200 @@
+"""Grammar backends by name (``--grammar-backend auto|outlines|llguidance``).
+
+``auto`` compiles regexes, choices and JSON schemas with outlines-core, falling back to
+llguidance when outlines-core rejects the spec or does not finish within a time budget (it runs
+on a worker thread; outlines-core releases the GIL while it builds an index). EBNF grammars and
+``json_object`` go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas
+with numeric bounds (which outlines-core accepts but ignores) try llguidance first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from radixlm.grammar.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarCompileError,
+    GrammarSpec,
+    NullGrammarBackend,
+)
+from radixlm.grammar.cache import GrammarCompileCache
+from radixlm.grammar.llguidance_backend import LLGuidanceBackend
+from radixlm.grammar.outlines_backend import DEFAULT_WHITESPACE_PATTERN, OutlinesBackend
+from radixlm.grammar.vocab import TokenizerVocab
+
+logger = logging.getLogger(__name__)
+
+GRAMMAR_BACKEND_NAMES = ("auto", "outlines", "llguidance", "none")
+_LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object")
+# JSON Schema keywords outlines-core accepts but does not enforce, while llguidance does.
+_OUTLINES_IGNORED_KEYWORDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    backend: str = "auto"  # one of GRAMMAR_BACKEND_NAMES
+    outlines_budget_s: float = 5.0  # auto: give up on outlines-core after this long
+    max_abandoned_outlines: int = 2  # auto: skip outlines while this many over-budget runs go on
+    whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN  # JSON whitespace between tokens
+    compile_timeout_s: float = 60.0  # compile cache: fail a compilation after this long
+    cache_max_entries: int = 512  # compile cache: in-memory LRU bound
+    cache_dir: str | None = None  # compile cache: on-disk folder (None: memory only)
+    compile_workers: int = 2  # compile cache: worker threads
+
+    def __post_init__(self) -> None:
+        if self.backend not in GRAMMAR_BACKEND_NAMES:
+            raise ValueError(
+                f"grammar backend must be one of {list(GRAMMAR_BACKEND_NAMES)}, got {self.backend!r}"
+            )
+        if self.outlines_budget_s <= 0 or self.compile_timeout_s <= 0:
+            raise ValueError("grammar compile budgets and timeouts must be positive seconds")
+        if self.cache_max_entries < 1 or self.compile_workers < 1:
+            raise ValueError("cache_max_entries and compile_workers must be >= 1")
+
+
+def _uses_keywords_outlines_ignores(spec: GrammarSpec) -> bool:
+    if spec.kind != "json_schema":
+        return False
+    try:
+        schema = json.loads(str(spec.value))
+    except ValueError:
+        return False
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if _OUTLINES_IGNORED_KEYWORDS.intersection(node):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+class AutoGrammarBackend(GrammarBackend):
+    """outlines-core first for regular specs, llguidance for the rest and as the fallback."""
+
+    name = "auto"
+
+    def __init__(
+        self,
+        outlines: OutlinesBackend,
+        llguidance: LLGuidanceBackend,
+        outlines_budget_s: float = 5.0,
+        max_abandoned_outlines: int = 2,
+    ) -> None:
+        self.outlines = outlines
+        self.llguidance = llguidance
+        self.outlines_budget_s = outlines_budget_s
+        self.max_abandoned_outlines = max_abandoned_outlines
+        self.num_fallbacks = 0
+        self._num_abandoned = 0  # over-budget outlines runs still going
+        self._lock = threading.Lock()
+
+    def cache_tag(self) -> str:
+        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}]"
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        first, second = self._order(spec)
+        try:
+            return self._compile_with(first, spec)
+        except GrammarCompileError as first_error:
+            if second is None:
+                raise
+            with self._lock:
+                self.num_fallbacks += 1
+            logger.info(
+                "%s failed on %s (%s); trying %s",
+                first.name,
+                spec.describe(),
+                first_error.reason,
+                second.name,
+            )
+            try:
+                return self._compile_with(second, spec)
+            except GrammarCompileError as second_error:
+                reason = f"{second_error.reason} ({first.name}: {first_error.reason})"
+                raise GrammarCompileError(spec.kind, reason) from second_error
+
+    def _order(self, spec: GrammarSpec) -> tuple[GrammarBackend, GrammarBackend | None]:
+        if spec.kind in _LLGUIDANCE_ONLY_KINDS:
+            return self.llguidance, None
+        if self._too_many_abandoned() or _uses_keywords_outlines_ignores(spec):
+            return self.llguidance, self.outlines
+        return self.outlines, self.llguidance
+
+    def _compile_with(self, backend: GrammarBackend, spec: GrammarSpec) -> CompiledGrammar:
+        if backend is self.outlines:
+            return self._compile_outlines_within_budget(spec)
+        return backend.compile(spec)
+
+    def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> CompiledGrammar:
+        backend = self.outlines if backend_name == self.outlines.name else self.llguidance
+        return backend.deserialize(spec, backend_name, data)
+
+    def _too_many_abandoned(self) -> bool:
+        with self._lock:
+            return self._num_abandoned >= self.max_abandoned_outlines
+
+    def _compile_outlines_within_budget(self, spec: GrammarSpec) -> CompiledGrammar:
+        result: Future[CompiledGrammar] = Future()
+        state = {"abandoned": False}
+
+        def run() -> None:
+            try:
+                result.set_result(self.outlines.compile(spec))
+            except BaseException as exc:  # handed to the waiting thread
+                result.set_exception(exc)
+            with self._lock:
+                if state["abandoned"]:
+                    self._num_abandoned -= 1
+
+        # A daemon thread: an over-budget compile cannot be stopped, only left behind.
+        threading.Thread(target=run, name="outlines-compile", daemon=True).start()
+        try:
+            return result.result(timeout=self.outlines_budget_s)
+        except FutureTimeout:
+            with self._lock:
+                if not result.done():
+                    state["abandoned"] = True
+                    self._num_abandoned += 1
+            if result.done():
+                return result.result()
+            raise GrammarCompileError(
+                spec.kind, f"outlines-core did not finish within {self.outlines_budget_s:g} s"
+            ) from None
+
+
+def create_grammar_backend(config: GrammarConfig, vocab: TokenizerVocab) -> GrammarBackend:
+    """The backend named by ``config.backend`` over ``vocab``."""
+    if config.backend == "none":
+        return NullGrammarBackend()
+    outlines = OutlinesBackend(vocab, config.whitespace_pattern)
+    if config.backend == "outlines":
+        return outlines
+    llguidance = LLGuidanceBackend(vocab, config.whitespace_pattern)
+    if config.backend == "llguidance":
+        return llguidance
+    return AutoGrammarBackend(
+        outlines, llguidance, config.outlines_budget_s, config.max_abandoned_outlines
+    )
+
+
+def create_compile_cache(config: GrammarConfig, vocab: TokenizerVocab) -> GrammarCompileCache:
+    """The configured backend behind a compile cache: what a scheduler holds."""
+    return GrammarCompileCache(
+        create_grammar_backend(config, vocab),
+        vocab.fingerprint,
+        max_entries=config.cache_max_entries,
+        cache_dir=config.cache_dir,
+        compile_timeout_s=config.compile_timeout_s,
+        num_workers=config.compile_workers,
+    )

@@ -1,0 +1,203 @@
+"""Attention on FlashInfer's paged kernels (GPU only; flashinfer-python 0.6.x).
+
+FlashInfer reads K/V as pages ``[num_pages, page_size, kv_heads, head_dim]`` ("NHD"). Our
+per-layer buffers are ``[1 + max_total_tokens, kv_heads, head_dim]`` with slot 0 as padding and
+page ``p`` covering slots ``1 + p * page_size ... (p + 1) * page_size``, so the paged view is
+``buf[1 : 1 + num_pages * page_size]`` and a slot's page is ``(slot - 1) // page_size``. Slot 0
+(the padding slot, used by padded rows of a CUDA-graph batch) is mapped to page 0; those rows'
+outputs are discarded, so what they read does not matter.
+
+Requirement: position ``j`` of every request lives at offset ``j % page_size`` of its page (the
+slot allocator guarantees this by continuing a request's partly filled last page). Only the
+first slot of each page is looked up; the kernels address the rest by offset.
+
+``plan`` builds the page table once per batch and calls the wrappers' ``plan``; ``forward`` runs
+one wrapper per layer: decode for decode batches (tensor cores when the GQA group is >= 4), and
+paged prefill with a causal mask for extend batches (the new tokens' K/V are written to the pool
+first, so one paged pass covers prefix and new tokens; FlashInfer aligns the causal mask to the
+end of the sequence, which is exactly ``kv_pos <= prefix_len + row``).
+
+CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan(fb, for_cuda_graph=True)`` on the
+static batch before capture and before every replay; each batch size gets its own decode
+wrapper over slices of fixed index buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.kernels.attention.base import AttentionBackend, AttentionLayer
+
+WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+def import_flashinfer():
+    """Imports flashinfer or raises a ValueError that says how to get it."""
+    try:
+        import flashinfer
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise ValueError(
+            "the flashinfer attention backend needs flashinfer-python on a CUDA machine "
+            "(pip install flashinfer-python); use --attention-backend triton or torch instead"
+        ) from exc
+    return flashinfer
+
+
+@dataclass
+class _PageTable:
+    kv_indptr: torch.Tensor  # [B + 1] int32, cpu: prefix sums of pages per request
+    kv_indices: torch.Tensor  # [total_pages] int32, device: page ids in request order
+    last_page_len: torch.Tensor  # [B] int32, cpu: tokens in each request's last page
+
+
+@dataclass
+class _GraphBuffers:
+    kv_indptr: torch.Tensor  # [max_bs + 1] int32, device
+    kv_indices: torch.Tensor  # [max_num_pages] int32, device
+    last_page_len: torch.Tensor  # [max_bs] int32, device
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int = 1,
+        scaling: float | None = None,
+        use_tensor_cores: bool | None = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ):
+        if device.type != "cuda":
+            raise ValueError(f"the flashinfer attention backend needs a CUDA device, got {device}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                             f"({num_kv_heads})")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self._fi = import_flashinfer()
+        self.device = device
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.page_size = page_size
+        self.scaling = head_dim**-0.5 if scaling is None else scaling
+        group = num_heads // num_kv_heads
+        self._tensor_cores = group >= 4 if use_tensor_cores is None else use_tensor_cores
+        self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+        self._decode_wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_tensor_cores=self._tensor_cores)
+        self._prefill_wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self._graph: _GraphBuffers | None = None
+        self._graph_wrappers: dict[int, object] = {}
+        self._active = None  # the wrapper planned for the current batch
+        self._is_decode = False
+
+    def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
+        """Preallocates the fixed index buffers that graph-captured decode steps read.
+        ``max_num_tokens`` bounds the cached tokens of one captured batch (e.g. the pool size)."""
+        max_pages = -(-max_num_tokens // self.page_size) + max_batch_size
+        dev = self.device
+        self._graph = _GraphBuffers(
+            kv_indptr=torch.zeros(max_batch_size + 1, dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=dev),
+            last_page_len=torch.ones(max_batch_size, dtype=torch.int32, device=dev),
+        )
+        self._graph_wrappers.clear()
+
+    def plan(self, fb, for_cuda_graph: bool = False) -> None:
+        table = self._page_table(fb)
+        dtype = fb.kv_pool.dtype
+        common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scaling)
+        dims = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
+        self._is_decode = fb.mode.is_decode
+        if fb.mode.is_decode:
+            wrapper = self._graph_wrapper(fb.batch_size) if for_cuda_graph else self._decode_wrapper
+            wrapper.plan(table.kv_indptr, table.kv_indices, table.last_page_len, *dims, **common)
+        else:
+            if for_cuda_graph:
+                raise ValueError("only decode batches can be captured in a CUDA graph")
+            qo_indptr = _indptr(fb.extend_lens_cpu)
+            wrapper = self._prefill_wrapper
+            wrapper.plan(qo_indptr, table.kv_indptr, table.kv_indices, table.last_page_len,
+                         *dims, causal=True, **common)
+        self._active = wrapper
+
+    def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
+        self._check_layer(layer)
+        kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
+        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
+        k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        assert self._active is not None, "plan(fb) must run before forward"
+        q3 = q.view(-1, layer.num_heads, layer.head_dim)
+        if q3.dtype != k_buf.dtype:
+            q3 = q3.to(k_buf.dtype)
+        out = self._active.run(q3, (self._paged(k_buf), self._paged(v_buf)))
+        return out.reshape(q.shape[0], layer.num_heads * layer.head_dim).to(q.dtype)
+
+    def _paged(self, buf: torch.Tensor) -> torch.Tensor:
+        """``[1 + slots, kv_heads, d]`` -> ``[num_pages, page_size, kv_heads, d]`` (a view)."""
+        num_pages = (buf.shape[0] - 1) // self.page_size
+        usable = buf[1 : 1 + num_pages * self.page_size]
+        return usable.view(num_pages, self.page_size, buf.shape[1], buf.shape[2])
+
+    def _page_table(self, fb) -> _PageTable:
+        ps = self.page_size
+        if min(fb.seq_lens_cpu, default=1) < 1:
+            raise ValueError("every request of a batch needs at least one token")
+        pages = [-(-n // ps) for n in fb.seq_lens_cpu]
+        last = [n - (p - 1) * ps for n, p in zip(fb.seq_lens_cpu, pages, strict=True)]
+        kv_indptr = _indptr(pages)
+        total = int(kv_indptr[-1])
+        dev = fb.req_slots.device
+        pages_dev = torch.tensor(pages, dtype=torch.int64).to(dev, non_blocking=True)
+        req_of = torch.repeat_interleave(
+            torch.arange(len(pages), device=dev), pages_dev, output_size=total)
+        first_page = torch.cumsum(pages_dev, 0) - pages_dev  # [B] first page row per request
+        page_in_req = torch.arange(total, device=dev) - first_page[req_of]
+        table = fb.req_to_token_pool.req_to_token
+        slots = table[fb.req_slots[req_of], page_in_req * ps]
+        kv_indices = (torch.clamp(slots - 1, min=0) // ps).to(torch.int32)
+        return _PageTable(kv_indptr, kv_indices, torch.tensor(last, dtype=torch.int32))
+
+    def _graph_wrapper(self, batch_size: int):
+        if self._graph is None:
+            raise ValueError("call init_cuda_graph_state before planning for a CUDA graph")
+        wrapper = self._graph_wrappers.get(batch_size)
+        if wrapper is None:
+            g = self._graph
+            if batch_size + 1 > g.kv_indptr.shape[0]:
+                raise ValueError(f"batch size {batch_size} exceeds the CUDA-graph maximum "
+                                 f"{g.kv_indptr.shape[0] - 1}")
+            wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self._tensor_cores,
+                paged_kv_indptr_buffer=g.kv_indptr[: batch_size + 1],
+                paged_kv_indices_buffer=g.kv_indices,
+                paged_kv_last_page_len_buffer=g.last_page_len[:batch_size],
+            )
+            self._graph_wrappers[batch_size] = wrapper
+        return wrapper
+
+    def _check_layer(self, layer: AttentionLayer) -> None:
+        if (layer.num_heads, layer.num_kv_heads, layer.head_dim) != (
+            self.num_heads, self.num_kv_heads, self.head_dim
+        ):
+            raise ValueError(
+                f"layer {layer.layer_id} has heads/kv_heads/head_dim {layer.num_heads}/"
+                f"{layer.num_kv_heads}/{layer.head_dim}, the backend was built for "
+                f"{self.num_heads}/{self.num_kv_heads}/{self.head_dim}")
+        if abs(layer.scaling - self.scaling) > 1e-6 * self.scaling:
+            raise ValueError(f"layer {layer.layer_id} uses attention scaling {layer.scaling}, "
+                             f"the backend was built with {self.scaling}")
+
+
+def _indptr(lengths: list[int]) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ...]`` as an int32 CPU tensor."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        out[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    return out

@@ -1,0 +1,105 @@
+"""Attention on Triton kernels (GPU; runs on CPU tensors under ``TRITON_INTERPRET=1``).
+
+Same contract as the torch reference (see ``base.py``). The kernels read K/V slots through
+``req_to_token`` directly, so every page size works and ``plan`` builds only small per-request
+tensors. Decode references the batch's own ``req_slots``/``seq_lens`` tensors and reads no
+length on the host, so a decode step can be captured in a CUDA graph: plan on the static batch
+once before capture, then refill those tensors in place before each replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.kernels.attention.base import AttentionBackend, AttentionLayer
+from radixlm.kernels.attention.triton_decode import decode_attention
+from radixlm.kernels.attention.triton_extend import extend_attention
+
+MAX_KV_SPLITS = 16
+
+
+@dataclass
+class _DecodePlan:
+    req_to_token: torch.Tensor  # [num_req_slots, max_context_len] int64, device
+    req_slots: torch.Tensor  # [B] int64, device
+    seq_lens: torch.Tensor  # [B] int64, device
+
+
+@dataclass
+class _ExtendPlan:
+    req_to_token: torch.Tensor  # [num_req_slots, max_context_len] int64, device
+    req_slots: torch.Tensor  # [B] int64, device
+    prefix_lens: torch.Tensor  # [B] int32, device
+    extend_lens: torch.Tensor  # [B] int32, device
+    extend_starts: torch.Tensor  # [B] int32, device: first row of each request in q
+    max_extend_len: int
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, num_kv_splits: int | None = None):
+        """``num_kv_splits`` fixes the decode split count; by default it is chosen from the batch
+        size and the number of KV heads so that a decode step fills the GPU."""
+        if num_kv_splits is not None and num_kv_splits < 1:
+            raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        self._num_kv_splits = num_kv_splits
+        self._sm_count: int | None = None
+        self._decode: _DecodePlan | None = None
+        self._extend: _ExtendPlan | None = None
+
+    def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
+        """Nothing to preallocate: decode reads the static batch tensors it was planned with."""
+
+    def plan(self, fb, for_cuda_graph: bool = False) -> None:
+        table = fb.req_to_token_pool.req_to_token
+        if fb.mode.is_decode:
+            self._decode = _DecodePlan(table, fb.req_slots, fb.seq_lens)
+            self._extend = None
+            return
+        device = fb.req_slots.device
+        starts, total = [], 0
+        for ext in fb.extend_lens_cpu:
+            starts.append(total)
+            total += ext
+        meta = torch.tensor([fb.prefix_lens_cpu, fb.extend_lens_cpu, starts], dtype=torch.int32)
+        meta = meta.to(device, non_blocking=True)
+        self._extend = _ExtendPlan(
+            req_to_token=table,
+            req_slots=fb.req_slots,
+            prefix_lens=meta[0],
+            extend_lens=meta[1],
+            extend_starts=meta[2],
+            max_extend_len=max(fb.extend_lens_cpu, default=0),
+        )
+        self._decode = None
+
+    def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
+        kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
+        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
+        k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        dims = dict(num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
+                    head_dim=layer.head_dim, scaling=layer.scaling)
+        if fb.mode.is_decode:
+            plan = self._decode
+            assert plan is not None, "plan(fb) must run before forward for a decode batch"
+            splits = self._splits(q.shape[0], layer.num_kv_heads, q.device)
+            return decode_attention(q, k_buf, v_buf, plan.req_to_token, plan.req_slots,
+                                    plan.seq_lens, num_splits=splits, **dims)
+        plan = self._extend
+        assert plan is not None, "plan(fb) must run before forward for an extend batch"
+        return extend_attention(q, k_buf, v_buf, plan.req_to_token, plan.req_slots,
+                                plan.prefix_lens, plan.extend_lens, plan.extend_starts,
+                                plan.max_extend_len, **dims)
+
+    def _splits(self, batch: int, num_kv_heads: int, device: torch.device) -> int:
+        if self._num_kv_splits is not None:
+            return self._num_kv_splits
+        if device.type != "cuda":
+            return 2
+        if self._sm_count is None:
+            self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        programs = max(1, batch * num_kv_heads)
+        return max(1, min(MAX_KV_SPLITS, -(-2 * self._sm_count // programs)))

@@ -1,0 +1,195 @@
+"""Paged decode attention in Triton: one query token per request over its cached K/V.
+
+Two passes (split-K, "flash decoding"):
+
+1. ``_decode_partial_kernel``, grid ``[B, kv_heads, num_splits]``: each program takes one KV head
+   with all the query heads of its group (GQA) and one contiguous slice of the request's
+   sequence, reads the K/V slots through ``req_to_token``, and keeps an online softmax in fp32.
+   It writes the slice's normalised output and its log-sum-exp (base 2).
+2. ``_decode_merge_kernel``, grid ``[B, num_heads]``: merges the slices by their log-sum-exp.
+
+The number of splits depends only on the batch size and the layer's shape, never on sequence
+lengths, and no length is read on the host: the launch is safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_partial_kernel(
+    q_ptr,  # [B, num_heads * head_dim]
+    k_ptr,  # [num_slots, kv_heads, head_dim]
+    v_ptr,
+    req_to_token_ptr,  # [num_req_slots, max_context_len] int64
+    req_slots_ptr,  # [B] int
+    seq_lens_ptr,  # [B] int
+    part_o_ptr,  # [B, num_heads, NUM_SPLITS, head_dim] fp32
+    part_lse_ptr,  # [B, num_heads, NUM_SPLITS] fp32 (base 2)
+    stride_q_tok,
+    stride_kv_slot,
+    stride_kv_head,
+    stride_r2t_row,
+    qk_scale_log2,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    bid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + bid).to(tl.int32)
+    req_row = tl.load(req_slots_ptr + bid).to(tl.int64)
+    split_len = tl.cdiv(seq_len, NUM_SPLITS)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    heads = kv_head * GROUP + offs_g
+    mask_h = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + bid * stride_q_tok + heads[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        slots = tl.load(req_to_token_ptr + req_row * stride_r2t_row + pos, mask=mask_n, other=0)
+        kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+    row = (bid * NUM_HEADS + heads) * NUM_SPLITS + split
+    tl.store(
+        part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        out,
+        mask=mask_h[:, None] & mask_d[None, :],
+    )
+    tl.store(part_lse_ptr + row, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,  # [B, num_heads * head_dim]
+    stride_out_tok,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    bid = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    base = (bid * NUM_HEADS + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    o = tl.load(
+        part_o_ptr + (base + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    num = tl.sum(w[:, None] * o, 0)
+    den = tl.sum(w, 0)
+    out = num / tl.where(den > 0, den, 1.0)
+    tl.store(
+        out_ptr + bid * stride_out_tok + head * HEAD_DIM + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask_d,
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scaling: float,
+    num_splits: int,
+) -> torch.Tensor:
+    """Attention of ``q`` ``[B, num_heads * head_dim]`` over each request's first ``seq_lens[i]``
+    cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype."""
+    batch = q.shape[0]
+    group = num_heads // num_kv_heads
+    assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
+    assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    part_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32,
+                         device=q.device)
+    part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    cfg = _decode_config(q, head_dim, group)
+    _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_buf, v_buf, req_to_token, req_slots, seq_lens, part_o, part_lse,
+        q.stride(0), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
+        scaling * LOG2E,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, GROUP=group, NUM_SPLITS=num_splits,
+        **cfg,
+    )
+    _decode_merge_kernel[(batch, num_heads)](
+        part_o, part_lse, out, out.stride(0),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    return out
+
+
+def _decode_config(q: torch.Tensor, head_dim: int, group: int) -> dict:
+    interpreted = q.device.type == "cpu"
+    wide = q.dtype == torch.float32 or interpreted
+    cfg = dict(
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=32 if wide or head_dim > 128 else 64,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        UPCAST=interpreted,
+        DOT_PRECISION="ieee" if wide else "tf32",
+    )
+    if not interpreted:
+        cfg.update(num_warps=4, num_stages=2)
+    return cfg

@@ -1,0 +1,147 @@
+"""Paged extend (prefill on top of a cached prefix) attention in Triton.
+
+One launch serves every request of the batch, whatever its prefix and extend lengths: the grid
+is ``[B, num_heads, cdiv(max_extend_len, BLOCK_M)]`` and a program whose block of query rows lies
+past its request's extend length exits at once. Each program reads the request's K/V (prefix and
+new tokens alike, the new ones having just been written to the pool) through ``req_to_token``
+and applies the causal mask ``kv_pos <= prefix_len + row``, with an fp32 online softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.kernels.attention.triton_decode import LOG2E
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,  # [T, num_heads * head_dim]
+    k_ptr,  # [num_slots, kv_heads, head_dim]
+    v_ptr,
+    out_ptr,  # [T, num_heads * head_dim]
+    req_to_token_ptr,  # [num_req_slots, max_context_len] int64
+    req_slots_ptr,  # [B] int
+    prefix_lens_ptr,  # [B] int32
+    extend_lens_ptr,  # [B] int32
+    extend_starts_ptr,  # [B] int32: first token row of each request in q
+    stride_q_tok,
+    stride_out_tok,
+    stride_kv_slot,
+    stride_kv_head,
+    stride_r2t_row,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    bid = tl.program_id(0)
+    head = tl.program_id(1)
+    mblk = tl.program_id(2)
+    extend_len = tl.load(extend_lens_ptr + bid)
+    if mblk * BLOCK_M >= extend_len:
+        return
+    prefix_len = tl.load(prefix_lens_ptr + bid)
+    tok_start = tl.load(extend_starts_ptr + bid).to(tl.int64)
+    req_row = tl.load(req_slots_ptr + bid).to(tl.int64)
+    kv_head = head // GROUP
+
+    rows = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = rows < extend_len
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + (tok_start + rows)[:, None] * stride_q_tok + head * HEAD_DIM + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = prefix_len + rows  # absolute position of each query row
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    kv_end = prefix_len + tl.minimum((mblk + 1) * BLOCK_M, extend_len)
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < kv_end
+        slots = tl.load(req_to_token_ptr + req_row * stride_r2t_row + pos, mask=mask_n, other=0)
+        kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        allowed = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        qk = tl.where(allowed, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]  # every row sees at least kv position 0
+    tl.store(
+        out_ptr + (tok_start + rows)[:, None] * stride_out_tok + head * HEAD_DIM + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_starts: torch.Tensor,
+    max_extend_len: int,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scaling: float,
+) -> torch.Tensor:
+    """Causal attention of the new tokens' queries ``q`` ``[T, num_heads * head_dim]`` over
+    each request's prefix and new tokens, all read from the pool through ``req_to_token``."""
+    group = num_heads // num_kv_heads
+    assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
+    assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
+    out = torch.empty_like(q)
+    batch = req_slots.shape[0]
+    if batch == 0 or max_extend_len == 0:
+        return out
+    cfg = _extend_config(q, head_dim)
+    grid = (batch, num_heads, triton.cdiv(max_extend_len, cfg["BLOCK_M"]))
+    _extend_kernel[grid](
+        q, k_buf, v_buf, out, req_to_token, req_slots, prefix_lens, extend_lens, extend_starts,
+        q.stride(0), out.stride(0), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
+        scaling * LOG2E,
+        HEAD_DIM=head_dim, GROUP=group, **cfg,
+    )
+    return out
+
+
+def _extend_config(q: torch.Tensor, head_dim: int) -> dict:
+    interpreted = q.device.type == "cpu"
+    wide = q.dtype == torch.float32 or interpreted
+    block = 32 if wide or head_dim > 128 else 64
+    cfg = dict(
+        BLOCK_M=block,
+        BLOCK_N=block,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        UPCAST=interpreted,
+        DOT_PRECISION="ieee" if wide else "tf32",
+    )
+    if not interpreted:
+        cfg.update(num_warps=4, num_stages=2)
+    return cfg

@@ -1,0 +1,118 @@
+"""Incremental detokenization: token ids in, UTF-8-safe text deltas out.
+
+Each request keeps two offsets into its output ids (as SGLang does): ``surrogate_offset`` marks
+where the decode window starts (a few ids of context so the tokenizer sees word boundaries) and
+``read_offset`` marks the ids whose text is already confirmed. A step decodes the window with and
+without the new ids; the difference is accepted only when it no longer ends in U+FFFD, so a
+multi-byte character split across tokens is emitted whole, one step later.
+
+While a request with stop strings is still running, text that might be the start of a stop string
+is held back; when the scheduler reports a matched stop string it is trimmed from the final text
+(unless ``no_stop_trim``), so a stop string never reaches the client, not even in part. A matched
+stop token id is dropped before decoding for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from radixlm.srt.managers.messages import BatchStrOut, BatchTokenOut
+
+INCOMPLETE_CHAR = "\ufffd"
+
+
+class DecodesIds(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass
+class _DecodeState:
+    output_ids: list[int] = field(default_factory=list)
+    surrogate_offset: int = 0
+    read_offset: int = 0
+    text: str = ""  # confirmed text (complete characters only)
+    num_sent_chars: int = 0  # prefix of ``text`` already sent to the client
+
+
+def held_back_len(text: str, stop_strs: list[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stop_strs:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
+
+
+def trim_stop_str(text: str, start: int, matched: str) -> str:
+    """Cuts ``text`` at the first occurrence of ``matched`` at or after ``start``."""
+    pos = text.find(matched, start)
+    return text if pos < 0 else text[:pos]
+
+
+class Detokenizer:
+    """Turns ``BatchTokenOut`` into ``BatchStrOut``, keeping per-rid state until a request ends."""
+
+    def __init__(self, tokenizer: DecodesIds) -> None:
+        self.tokenizer = tokenizer
+        self._states: dict[str, _DecodeState] = {}
+
+    @property
+    def num_active(self) -> int:
+        return len(self._states)
+
+    def handle(self, out: BatchTokenOut) -> BatchStrOut:
+        deltas = [self._step(out, i) for i in range(len(out.rids))]
+        return BatchStrOut(token_out=out, text_delta=deltas)
+
+    def drop(self, rid: str) -> None:
+        self._states.pop(rid, None)
+
+    def _step(self, out: BatchTokenOut, i: int) -> str:
+        rid = out.rids[i]
+        state = self._states.setdefault(rid, _DecodeState())
+        finish = out.finish_reason[i]
+        matched = finish.get("matched") if finish else None
+        state.output_ids.extend(out.new_token_ids[i])
+        trims = finish is not None and not out.no_stop_trim[i]
+        if trims and isinstance(matched, int) and len(state.output_ids) > state.read_offset:
+            if state.output_ids[-1] == matched:
+                state.output_ids.pop()
+        self._advance(state, out.skip_special_tokens[i], force=finish is not None)
+        if finish is None:
+            stops = out.stop_strs[i] if i < len(out.stop_strs) else []
+            limit = len(state.text) - held_back_len(state.text, stops)
+            return self._emit(state, limit)
+        del self._states[rid]
+        final = state.text
+        if trims and isinstance(matched, str) and matched:
+            final = trim_stop_str(final, state.num_sent_chars, matched)
+        return final[state.num_sent_chars :]
+
+    def _advance(self, state: _DecodeState, skip_special: bool, force: bool) -> None:
+        """Moves newly complete text into ``state.text`` (all of it when ``force``)."""
+        if len(state.output_ids) <= state.read_offset:
+            return
+        ids = state.output_ids
+        prefix = self._decode(ids[state.surrogate_offset : state.read_offset], skip_special)
+        window = self._decode(ids[state.surrogate_offset :], skip_special)
+        if window.endswith(INCOMPLETE_CHAR) and not force:
+            return
+        state.text += window[len(prefix) :]
+        state.surrogate_offset = state.read_offset
+        state.read_offset = len(ids)
+
+    def _emit(self, state: _DecodeState, limit: int) -> str:
+        if limit <= state.num_sent_chars:
+            return ""
+        delta = state.text[state.num_sent_chars : limit]
+        state.num_sent_chars = limit
+        return delta
+
+    def _decode(self, ids: list[int], skip_special: bool) -> str:
+        if not ids:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+

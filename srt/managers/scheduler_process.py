@@ -1,0 +1,201 @@
+"""The scheduler process: ZMQ in, ``Scheduler.step()`` in a loop, token ids out.
+
+Also holds what every child process of the server shares: the ipc endpoints, the start-up
+handshake (a ready report on a pipe) and the ties to the parent (a child never outlives it).
+
+Loop: drain every pending message without blocking and hand it to the scheduler (control
+replies go straight back to the tokenizer manager), run one step and push its ``BatchTokenOut``
+to the detokenizer; with no work, block on the socket (with a timeout, to watch the parent).
+SIGTERM makes the loop finish the requests it holds, then exit; SIGINT is left to the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import zmq
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.messages import (
+    AbortReq,
+    BatchTokenOut,
+    ControlReply,
+    ControlReq,
+    TokenizedGenerateReq,
+    decode,
+    encode,
+)
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL_MS = 500
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class IpcEndpoints:
+    """ZMQ addresses; each socket is bound by the process that reads it (PULL)."""
+
+    scheduler: str  # tokenizer manager -> scheduler
+    detokenizer: str  # scheduler -> detokenizer
+    tokenizer: str  # detokenizer / scheduler -> tokenizer manager
+
+    @classmethod
+    def in_dir(cls, ipc_dir: str | Path) -> IpcEndpoints:
+        d = Path(ipc_dir)
+        return cls(f"ipc://{d / 'scheduler'}", f"ipc://{d / 'detokenizer'}", f"ipc://{d / 'tokenizer'}")
+
+
+class ChildLifecycle:
+    """Ties a child process to its parent and turns SIGTERM into a drain request."""
+
+    def __init__(self, parent_pid: int, name: str) -> None:
+        self.parent_pid = parent_pid
+        self.name = name
+        self.term_requested = threading.Event()
+
+    def install(self, log_level: str) -> None:
+        configure_child_logging(self.name, log_level)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the parent decides
+        signal.signal(signal.SIGTERM, lambda *_: self.term_requested.set())
+        set_parent_death_signal()
+        if not self.is_parent_alive():  # the parent died before the signal was armed
+            os._exit(1)
+        threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
+
+    def is_parent_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def _watch_parent(self) -> None:
+        while not self.term_requested.wait(1.0):
+            if not self.is_parent_alive():
+                os._exit(1)
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends ``sig`` to this process when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+
+
+def configure_child_logging(name: str, log_level: str) -> None:
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+
+
+def report_ready(conn: Connection, info: dict[str, Any]) -> None:
+    conn.send({"ok": True, "info": info})
+    conn.close()
+
+
+def report_failure(conn: Connection, what: str) -> None:
+    conn.send({"ok": False, "error": f"{what}:\n{traceback.format_exc()}"})
+    conn.close()
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Any, endpoints: IpcEndpoints, life: ChildLifecycle) -> None:
+        self.scheduler = scheduler
+        self.life = life
+        self.ctx = zmq.Context()
+        self.recv_sock = self.ctx.socket(zmq.PULL)
+        self.recv_sock.bind(endpoints.scheduler)
+        self.detok_sock = self.ctx.socket(zmq.PUSH)
+        self.detok_sock.setsockopt(zmq.SNDHWM, 0)
+        self.detok_sock.connect(endpoints.detokenizer)
+        self.reply_sock = self.ctx.socket(zmq.PUSH)
+        self.reply_sock.setsockopt(zmq.SNDHWM, 0)
+        self.reply_sock.connect(endpoints.tokenizer)
+
+    def run(self) -> None:
+        while not self._should_exit():
+            self.receive(block=not self.scheduler.has_work())
+            if self.scheduler.has_work():
+                self.run_step()
+        logger.info("scheduler loop exits")
+        self.ctx.destroy(linger=1000)
+
+    def run_step(self) -> None:
+        try:
+            out = self.scheduler.step()
+        except Exception:  # never die for one batch: finish what it held with an error
+            logger.exception("scheduler step failed; aborting every request")
+            self.scheduler.abort("", abort_all=True)
+            return
+        if out is not None:
+            self.detok_sock.send(encode(out))
+
+    def _should_exit(self) -> bool:
+        if not self.life.is_parent_alive():
+            return True
+        return self.life.term_requested.is_set() and not self.scheduler.has_work()
+
+    def receive(self, block: bool) -> None:
+        timeout = POLL_INTERVAL_MS if block else 0
+        while self.recv_sock.poll(timeout, zmq.POLLIN):
+            self.dispatch(decode(self.recv_sock.recv()))
+            timeout = 0
+
+    def dispatch(self, msg: Any) -> None:
+        try:
+            reply = self.scheduler.handle(msg)
+        except Exception as e:  # one bad message must not take the scheduler down
+            logger.exception("scheduler failed on %s", type(msg).__name__)
+            reply = self._failure_reply(msg, e)
+        if isinstance(reply, ControlReply):
+            self.reply_sock.send(encode(reply))
+        elif isinstance(reply, BatchTokenOut):
+            self.detok_sock.send(encode(reply))
+
+    @staticmethod
+    def _failure_reply(msg: Any, e: Exception) -> ControlReply | BatchTokenOut | None:
+        if isinstance(msg, ControlReq):
+            return ControlReply(msg.req_id, False, {"message": f"internal error: {e}"})
+        if isinstance(msg, TokenizedGenerateReq):
+            return abort_output(msg.rid, len(msg.input_ids), f"internal error: {e}")
+        assert isinstance(msg, AbortReq), type(msg).__name__
+        return None
+
+
+def abort_output(rid: str, prompt_tokens: int, message: str) -> BatchTokenOut:
+    """A BatchTokenOut that finishes one request with an error before it produced anything."""
+    return BatchTokenOut(
+        rids=[rid], new_token_ids=[[]],
+        finish_reason=[{"type": "abort", "message": message, "status_code": 500}],
+        prompt_tokens=[prompt_tokens], completion_tokens=[0], cached_tokens=[0],
+        no_stop_trim=[False], skip_special_tokens=[True], output_token_logprobs=[None],
+        output_top_logprobs=[None], input_token_logprobs=[None], input_top_logprobs=[None],
+    )
+
+
+def run_scheduler_process(
+    cfg: ServerConfig, endpoints: IpcEndpoints, ready_conn: Connection, parent_pid: int
+) -> None:
+    """Entry point of the scheduler child (started with the ``spawn`` method)."""
+    life = ChildLifecycle(parent_pid, "scheduler")
+    life.install(cfg.log_level)
+    try:
+        from radixlm.srt.scheduler import Scheduler
+
+        scheduler = Scheduler(cfg)
+        loop = SchedulerLoop(scheduler, endpoints, life)
+    except BaseException:
+        report_failure(ready_conn, "the scheduler failed to start")
+        sys.exit(1)
+    report_ready(ready_conn, scheduler.ready_info())
+    loop.run()

@@ -1,0 +1,210 @@
+"""Building blocks of the decoder models: norms, rotary embedding, linear layers, MLP, embeddings.
+
+Every parameter that a checkpoint fills carries a ``weight_loader(param, tensor[, shard_id])``
+attribute: merged layers (QKV, gate+up) know where each checkpoint tensor goes, so the model's
+``load_weights`` only maps names. Parameters are created uninitialised (``torch.empty``); they
+are meant to be filled from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Creates floating tensors in ``dtype`` inside the block (model construction only)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    copy_checked(param.data, loaded)
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(hidden_size)  # [hidden]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(norm(x + residual), x + residual)``."""
+        summed = x + residual
+        return self.forward(summed), summed
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies ``[rotary_dim / 2]`` float32 for plain, linear or Llama-3 rope."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {list(ROPE_TYPES)}")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths are slowed down by `factor`, short ones kept, the band between blended
+    scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
+    smooth = (original_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    in_band = (wavelen >= original_len / high) & (wavelen <= original_len / low)
+    return torch.where(in_band, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (rotates the two halves of each head) over the full head."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        # [max_positions, head_dim / 2] float32
+        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
+        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` ``[T, H*d]`` and ``k`` ``[T, KVH*d]`` rotated by their token's position."""
+        cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [T, 1, d/2]
+        sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        heads = x.view(x.shape[0], -1, self.head_dim)
+        x1, x2 = heads.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.view(x.shape[0], -1)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` ``[out_features, in_features]``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _param(out_features, in_features)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = _param(out_features)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        copy_checked(param.data, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input stacked along the output dim (e.g. gate + up).
+
+    Checkpoints store them separately; ``weight_loader(param, tensor, shard_id)`` copies shard
+    ``shard_id`` (an index into ``output_sizes``) into its rows.
+    """
+
+    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = False):
+        super().__init__(in_features, sum(output_sizes), bias)
+        self.output_sizes = list(output_sizes)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        offset = sum(self.output_sizes[:shard_id])
+        copy_checked(param.data.narrow(0, offset, self.output_sizes[shard_id]), loaded)
+
+
+class QKVLinear(MergedLinear):
+    """Query, key and value projections in one matmul; shard ids are ``"q"``, ``"k"``, ``"v"``."""
+
+    SHARDS = ("q", "k", "v")
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:  # type: ignore[override]
+        super().weight_loader(param, loaded, self.SHARDS.index(shard_id))
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up merged into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size)  # [vocab, hidden]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class LMHead(nn.Module):
+    """Projects hidden states to vocabulary logits; can share the input embedding's weight."""
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size)  # [vocab, hidden]
+
+    def tie_to(self, embedding: VocabEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` -> ``[N, vocab]`` float32."""
+        return F.linear(hidden, self.weight).float()

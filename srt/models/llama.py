@@ -1,0 +1,187 @@
+"""Llama-family decoder (SmolLM2, Llama 3.x); Qwen2 and Qwen3 reuse it with other options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from radixlm.srt.executor.forward_batch import ForwardBatch
+from radixlm.srt.models.layers import (
+    GatedMLP,
+    Linear,
+    LMHead,
+    QKVLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+    default_dtype,
+    default_weight_loader,
+)
+from radixlm.srt.models.model_config import ModelConfig
+
+# (our parameter, checkpoint name, shard id): checkpoint tensors that go into merged parameters
+STACKED_PARAMS = (
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Where architectures of the family differ."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k before rope (Qwen3)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.qkv_proj = QKVLinear(
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, options.qkv_bias
+        )
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, options.o_bias)
+        self.rotary_emb = rotary  # shared by all layers
+        self.qk_norm = options.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).flatten(1)
+            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
+        q, k = self.rotary_emb(positions, q, k)
+        out = fb.attn_backend.forward(q, k, v.contiguous(), self, fb)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, options, rotary)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, options.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(mlp output, residual)``; their sum is this layer's output."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, fb)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, options: DecoderOptions):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        rotary = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, options, rotary) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, fb)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Contract shared by every architecture: see ``forward``, ``compute_logits``, ``load_weights``."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        hidden_act = getattr(config.hf_config, "hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"{config.architecture}: hidden_act {hidden_act!r} is not supported (only silu)")
+        if getattr(config.hf_config, "use_sliding_window", False):
+            raise ValueError(f"{config.architecture}: sliding-window attention is not supported")
+        self.config = config
+        with torch.device(device), default_dtype(dtype):
+            self.model = LlamaModel(config, self.decoder_options(config))
+            self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def decoder_options(cls, config: ModelConfig) -> DecoderOptions:
+        bias = bool(getattr(config.hf_config, "attention_bias", False))
+        return DecoderOptions(
+            qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(config.hf_config, "mlp_bias", False))
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """``input_ids``, ``positions``: ``[T]`` int64 -> hidden states ``[T, hidden]`` after the final norm."""
+        return self.model(input_ids, positions, fb)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` -> ``[N, vocab]`` float32."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fills every parameter from ``(checkpoint name, tensor)`` pairs with Hugging Face names."""
+        params = dict(self.named_parameters())
+        loaded: dict[str, set] = {}
+        for ckpt_name, tensor in weights:
+            if ckpt_name.endswith(IGNORED_SUFFIXES):
+                continue
+            if ckpt_name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            name, shard_id = _param_name(ckpt_name)
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}")
+            param = params[name]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r}: {e}") from e
+            loaded.setdefault(name, set()).add(shard_id)
+        if "lm_head.weight" in params and "lm_head.weight" not in loaded:
+            self.lm_head.tie_to(self.model.embed_tokens)  # checkpoints without lm_head share it
+            loaded["lm_head.weight"] = {None}
+        _check_all_loaded(params, loaded)
+
+
+def _param_name(ckpt_name: str) -> tuple[str, str | int | None]:
+    for merged, part, shard_id in STACKED_PARAMS:
+        if f".{part}." in ckpt_name:
+            return ckpt_name.replace(f".{part}.", f".{merged}."), shard_id
+    return ckpt_name, None
+
+
+def _expected_shards(name: str) -> set:
+    shards = {shard for merged, _, shard in STACKED_PARAMS if f".{merged}." in name}
+    return shards or {None}
+
+
+def _check_all_loaded(params: dict[str, nn.Parameter], loaded: dict[str, set]) -> None:
+    missing = [
+        name for name in params if not _expected_shards(name) <= loaded.get(name, set())
+    ]
+    if missing:
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")

@@ -1,0 +1,73 @@
+"""Builds a model from a Hugging Face folder (config.json + safetensors) and loads its tokenizer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The checkpoint files: those named by the shard index if there is one, else every ``*.safetensors``."""
+    model_dir = Path(model_dir)
+    index = model_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / name for name in names]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names shard(s) that do not exist: {absent}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors files (a Hugging Face model folder was expected)")
+    return files
+
+
+def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields ``(name, tensor)`` for every tensor of the checkpoint, one file at a time (on CPU)."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, f.get_tensor(name)
+
+
+@torch.inference_mode()
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """The model of ``model_dir`` in ``dtype`` on ``device``, weights loaded, in eval mode.
+
+    The result has ``forward(input_ids, positions, fb)``, ``compute_logits(hidden)`` and a
+    ``config`` attribute (:class:`ModelConfig`).
+    """
+    config = ModelConfig.from_pretrained(model_dir)
+    model_class = get_model_class(config.architecture)
+    model = model_class(config, dtype, torch.device(device))
+    model.load_weights(iter_safetensors(model_dir))
+    logger.info(
+        "loaded %s from %s (%d layers, %s, %s)",
+        config.architecture, model_dir, config.num_layers, dtype, device,
+    )
+    return model.eval()
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The transformers tokenizer of a local folder (with its chat template, if it has one)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from {model_dir}: {e}") from e

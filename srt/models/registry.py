@@ -1,0 +1,29 @@
+"""Model classes by the ``architectures`` name of a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixlm.srt.models.llama import LlamaForCausalLM
+from radixlm.srt.models.qwen2 import Qwen2ForCausalLM
+from radixlm.srt.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    try:
+        return MODEL_REGISTRY[architecture]
+    except KeyError:
+        raise ValueError(
+            f"model architecture {architecture!r} is not supported; supported architectures: "
+            f"{', '.join(supported_architectures())}"
+        ) from None

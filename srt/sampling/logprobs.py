@@ -1,0 +1,60 @@
+"""Log-probabilities returned to users.
+
+They are ``log_softmax`` of the model's raw logits: before temperature, penalties, bias and
+filtering, so they describe the model, not the sampler. All functions are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """``[N]`` float32: logprob of ``token_ids[i]`` under ``logits[i]`` (``[N, V]``)."""
+    assert logits.dim() == 2 and token_ids.shape == logits.shape[:1], (
+        logits.shape,
+        token_ids.shape,
+    )
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    index = token_ids.to(device=logits.device, dtype=torch.int64).unsqueeze(1)
+    return logprobs.gather(1, index).squeeze(1)
+
+
+def top_logprobs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` most likely tokens per row: ``(values [N, k] float32, ids [N, k] int64)``,
+    most likely first. ``k`` is capped at the vocabulary size; ``k == 0`` gives empty tensors."""
+    assert k >= 0, k
+    k = min(k, logits.shape[-1])
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logprobs.topk(k, dim=-1)
+    return values, ids
+
+
+def input_token_logprobs(
+    prompt_logits: Tensor, prompt_ids: Sequence[int] | Tensor, start: int = 0, logits_start: int = 0
+) -> list[float | None]:
+    """Logprobs of prompt tokens ``prompt_ids[start:]``, each given the tokens before it.
+
+    ``prompt_logits[j]`` are the logits computed at prompt position ``logits_start + j`` (they
+    predict the token at position ``logits_start + j + 1``). Token 0 has no logprob: when
+    ``start == 0`` the first entry is ``None`` (as SGLang returns it). The result has
+    ``len(prompt_ids) - start`` entries.
+    """
+    ids = torch.as_tensor(prompt_ids, dtype=torch.int64)
+    n = ids.shape[0]
+    assert 0 <= start <= n, (start, n)
+    first = max(start, 1)  # first position that has a logprob
+    head: list[float | None] = [None] if start == 0 and n > 0 else []
+    if first >= n:
+        return head
+    rows = torch.arange(first - 1, n - 1) - logits_start
+    assert rows[0] >= 0 and rows[-1] < prompt_logits.shape[0], (
+        f"logits cover positions [{logits_start}, {logits_start + prompt_logits.shape[0]}), "
+        f"need [{first - 1}, {n - 1})"
+    )
+    rows = rows.to(prompt_logits.device)
+    values = token_logprobs(prompt_logits[rows], ids[first:].to(prompt_logits.device))
+    return head + values.tolist()

@@ -1,0 +1,270 @@
+"""Per-request sampling parameters, with SGLang's field names and defaults.
+
+A request's parameters arrive as a dict (HTTP JSON, the DSL, the in-process Engine):
+:meth:`SamplingParams.from_dict` checks names and types, :meth:`SamplingParams.validate` checks
+ranges (and token ids against the vocabulary once it is known), :meth:`SamplingParams.to_dict`
+gives plain values for the wire. ``temperature == 0`` (or ``top_k == 1``) means greedy decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+# Temperatures below this are treated as 0 (greedy), as SGLang does.
+GREEDY_TEMPERATURE_EPS = 1e-6
+
+_INT_FIELDS = frozenset({"max_new_tokens", "min_new_tokens", "top_k", "n", "seed"})
+_FLOAT_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+    }
+)
+_BOOL_FIELDS = frozenset(
+    {"ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
+)
+_STR_FIELDS = frozenset({"regex", "ebnf"})
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops. Build it with :meth:`from_dict`."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None
+    n: int = 1
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    logit_bias: dict[str | int, float] | None = None  # token id -> added to its logit
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingParams:
+        """Parameters from a request dict. ``None`` values mean the default (clients send
+        nulls). Raises ValueError for unknown names and for values of the wrong type."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ValueError(f"sampling params must be an object, got {type(d).__name__}")
+        unknown = sorted(str(k) for k in d if k not in _FIELD_NAMES)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling parameter(s): {', '.join(unknown)}; "
+                f"known ones are: {', '.join(sorted(_FIELD_NAMES))}"
+            )
+        return cls(**{k: _coerce(k, v) for k, v in d.items() if v is not None})
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the parameter and its allowed range if a value is invalid.
+        Token ids (``stop_token_ids``, ``logit_bias`` keys) are checked against ``vocab_size``
+        when it is given."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                _coerce(f.name, value)
+        _check_ranges(self)
+        _check_token_ids("stop_token_ids", self.stop_token_ids or [], vocab_size)
+        _check_token_ids("logit_bias", list((self.logit_bias or {}).keys()), vocab_size)
+        grammars = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(grammars) > 1:
+            raise ValueError(
+                f"at most one of json_schema, regex, ebnf may be set, got {', '.join(grammars)}"
+            )
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
+
+    @property
+    def stop_strs(self) -> list[str]:
+        """The stop strings as a list (empty when there are none)."""
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, str):
+            return [self.stop]
+        return list(self.stop)
+
+    @property
+    def logit_bias_by_id(self) -> dict[int, float]:
+        """``logit_bias`` with integer keys (JSON clients send ``{"123": 5.0}``)."""
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+
+    @property
+    def has_grammar(self) -> bool:
+        return any(getattr(self, name) is not None for name in _GRAMMAR_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (orjson-able) such that ``from_dict(p.to_dict()) == p``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if isinstance(self.stop, list):
+            out["stop"] = list(self.stop)
+        if self.stop_token_ids is not None:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        return out
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+
+
+def _type_error(name: str, expected: str, value: Any) -> ValueError:
+    return ValueError(
+        f"sampling parameter {name} must be {expected}, got {type(value).__name__} {value!r}"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """``value`` converted to the field's plain type; ValueError naming the field if it has
+    the wrong type. Never called with None."""
+    if name in _INT_FIELDS:
+        if not _is_int(value):
+            raise _type_error(name, "an integer", value)
+        return value
+    if name in _FLOAT_FIELDS:
+        if not (_is_int(value) or isinstance(value, float)):
+            raise _type_error(name, "a number", value)
+        return float(value)
+    if name in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise _type_error(name, "a boolean", value)
+        return value
+    if name in _STR_FIELDS:
+        if not isinstance(value, str):
+            raise _type_error(name, "a string", value)
+        return value
+    return _COERCERS[name](value)
+
+
+def _coerce_stop(value: Any) -> str | list[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise _type_error("stop", "a string or a list of strings", value)
+
+
+def _coerce_stop_token_ids(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple)) and all(_is_int(t) for t in value):
+        return list(value)
+    raise _type_error("stop_token_ids", "a list of integer token ids", value)
+
+
+def _coerce_json_schema(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return json.dumps(value)
+    raise _type_error("json_schema", "a JSON schema (string or object)", value)
+
+
+def _coerce_logit_bias(value: Any) -> dict[int, float]:
+    if not isinstance(value, Mapping):
+        raise _type_error("logit_bias", "an object mapping token ids to numbers", value)
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        token_id = _parse_token_id(key)
+        if token_id is None:
+            raise ValueError(f"logit_bias keys must be integer token ids, got {key!r}")
+        if not (_is_int(bias) or isinstance(bias, float)):
+            raise _type_error(f"logit_bias[{key!r}]", "a number", bias)
+        out[token_id] = float(bias)
+    return out
+
+
+def _parse_token_id(key: Any) -> int | None:
+    if _is_int(key):
+        return key
+    if isinstance(key, str):
+        try:
+            return int(key)
+        except ValueError:
+            return None
+    return None
+
+
+_COERCERS = {
+    "stop": _coerce_stop,
+    "stop_token_ids": _coerce_stop_token_ids,
+    "json_schema": _coerce_json_schema,
+    "logit_bias": _coerce_logit_bias,
+}
+
+
+def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _check_ranges(p: SamplingParams) -> None:
+    # Comparisons are written so that NaN fails them.
+    _require(
+        p.temperature >= 0.0 and math.isfinite(p.temperature),
+        "temperature",
+        ">= 0 (0 means greedy)",
+        p.temperature,
+    )
+    _require(0.0 < p.top_p <= 1.0, "top_p", "in (0, 1]", p.top_p)
+    _require(p.top_k == -1 or p.top_k >= 1, "top_k", "-1 (off) or >= 1", p.top_k)
+    _require(0.0 <= p.min_p <= 1.0, "min_p", "in [0, 1]", p.min_p)
+    _require(
+        -2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", p.frequency_penalty
+    )
+    _require(
+        -2.0 <= p.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", p.presence_penalty
+    )
+    _require(
+        0.0 < p.repetition_penalty <= 2.0, "repetition_penalty", "in (0, 2]", p.repetition_penalty
+    )
+    _require(p.max_new_tokens >= 0, "max_new_tokens", ">= 0", p.max_new_tokens)
+    _require(
+        0 <= p.min_new_tokens <= p.max_new_tokens,
+        "min_new_tokens",
+        f"in [0, max_new_tokens={p.max_new_tokens}]",
+        p.min_new_tokens,
+    )
+    _require(p.n >= 1, "n", ">= 1", p.n)
+    _require(all(s != "" for s in p.stop_strs), "stop", "non-empty strings", p.stop)
+    for token_id, bias in p.logit_bias_by_id.items():
+        _require(math.isfinite(bias), f"logit_bias[{token_id}]", "a finite number", bias)
+
+
+def _check_token_ids(name: str, token_ids: list[Any], vocab_size: int | None) -> None:
+    for raw in token_ids:
+        token_id = _parse_token_id(raw)
+        if token_id is None:
+            raise ValueError(f"{name} must hold integer token ids, got {raw!r}")
+        in_range = token_id >= 0 and (vocab_size is None or token_id < vocab_size)
+        allowed = ">= 0" if vocab_size is None else f"in [0, {vocab_size}) (the vocabulary)"
+        _require(in_range, f"{name} token id", allowed, token_id)

@@ -1,0 +1,221 @@
+"""Batched sampling of the next token from logits ``[B, V]``.
+
+Per step the scheduler builds a :class:`SamplingBatchInfo` from the running requests and calls
+:meth:`Sampler.sample`. The pipeline, per row:
+
+1. logit bias, repetition penalty, frequency / presence penalties, suppression of token ids
+   (see :mod:`radixlm.srt.sampling.penalties`);
+2. greedy rows take the argmax of these logits;
+3. other rows: softmax(logits / temperature), then top-k, top-p and min-p are applied to these
+   probabilities (all three judge the same unfiltered distribution, so their order does not
+   matter: the kept set is the intersection), then one token is drawn with the exponential
+   race ``argmax(probs / E)``, ``E ~ Exp(1)`` i.i.d. per vocabulary entry.
+
+Seeds: a row with its own ``torch.Generator`` draws its noise (one ``[V]`` draw per step) from
+that generator only, and everything else is row-local, so a seeded request samples the same
+tokens whatever else is in the batch and wherever its row is. Greedy rows draw nothing.
+Generators must live on the logits' device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.sampling.penalties import (
+    LogitBias,
+    PenaltyInputs,
+    sparse_rows,
+    suppress_tokens,
+)
+from torch import Tensor
+
+
+@dataclass
+class SamplingBatchInfo:
+    """Per-row sampling inputs of one step, on the logits' device."""
+
+    vocab_size: int
+    temperatures: Tensor  # [B, 1] float32; 1.0 on greedy rows
+    top_ps: Tensor  # [B] float32
+    top_ks: Tensor  # [B] int64; vocab_size where top-k is off
+    min_ps: Tensor  # [B] float32
+    is_greedy: Tensor  # [B] bool
+    is_all_greedy: bool
+    need_top_k: bool  # some row restricts top-k
+    need_top_p: bool
+    need_min_p: bool
+    penalties: PenaltyInputs | None
+    logit_bias: LogitBias | None
+    min_tokens_suppress: tuple[Tensor, Tensor] | None  # (rows, ids) set to -inf
+    generators: list[torch.Generator | None]  # per row; None: use default_generator
+    default_generator: torch.Generator
+    sampled_rows: list[int]  # rows that are not greedy
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        output_ids: Sequence[Sequence[int]],
+        generators: Sequence[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device | str,
+        default_generator: torch.Generator,
+        *,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> SamplingBatchInfo:
+        """Inputs for rows ``params[i]`` whose outputs so far are ``output_ids[i]``.
+
+        ``prompt_ids`` (optional) makes the repetition penalty count prompt tokens too (HF
+        semantics); without it only output tokens are penalized. With ``eos_token_ids`` given,
+        rows that have fewer than ``min_new_tokens`` outputs get those ids and their own
+        ``stop_token_ids`` suppressed (``Sampler.sample`` can also be handed ids to suppress).
+        """
+        assert len(params) == len(output_ids) == len(generators)
+        greedy = [p.is_greedy for p in params]
+        top_ks = [vocab_size if p.top_k < 0 else min(p.top_k, vocab_size) for p in params]
+        sampled_rows = [i for i, g in enumerate(greedy) if not g]
+        active = [params[i] for i in sampled_rows]  # only non-greedy rows need the filters
+        return cls(
+            vocab_size=vocab_size,
+            temperatures=_floats(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], device
+            ).unsqueeze(1),
+            top_ps=_floats([p.top_p for p in params], device),
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            min_ps=_floats([p.min_p for p in params], device),
+            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            is_all_greedy=not sampled_rows,
+            need_top_k=any(top_ks[i] < vocab_size for i in sampled_rows),
+            need_top_p=any(p.top_p < 1.0 for p in active),
+            need_min_p=any(p.min_p > 0.0 for p in active),
+            penalties=PenaltyInputs.build(params, output_ids, vocab_size, device, prompt_ids),
+            logit_bias=LogitBias.build(params, device),
+            min_tokens_suppress=_min_tokens_suppress(params, output_ids, eos_token_ids, device),
+            generators=list(generators),
+            default_generator=default_generator,
+            sampled_rows=sampled_rows,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.generators)
+
+    @property
+    def has_logit_edits(self) -> bool:
+        return (
+            self.penalties is not None
+            or self.logit_bias is not None
+            or self.min_tokens_suppress is not None
+        )
+
+
+def _floats(values: list[float], device: torch.device | str) -> Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _min_tokens_suppress(
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[Sequence[int]],
+    eos_token_ids: Sequence[int] | None,
+    device: torch.device | str,
+) -> tuple[Tensor, Tensor] | None:
+    if eos_token_ids is None:
+        return None
+    per_row = [
+        sorted(set(eos_token_ids) | set(p.stop_token_ids or ()))
+        if len(out) < p.min_new_tokens
+        else []
+        for p, out in zip(params, output_ids, strict=True)
+    ]
+    return sparse_rows(per_row, device)
+
+
+class Sampler:
+    """Stateless: all per-step state lives in :class:`SamplingBatchInfo`."""
+
+    def sample(
+        self,
+        logits: Tensor,
+        info: SamplingBatchInfo,
+        suppress_token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> Tensor:
+        """Next token per row, ``[B]`` int64. ``logits`` [B, V] is never written to.
+
+        ``suppress_token_ids[i]`` are token ids row ``i`` may not produce this step (the
+        scheduler passes EOS / stop token ids until ``min_new_tokens`` is reached).
+        """
+        assert logits.dim() == 2 and logits.shape[0] == info.batch_size, logits.shape
+        suppress = (
+            None if suppress_token_ids is None else sparse_rows(suppress_token_ids, logits.device)
+        )
+        if info.is_all_greedy and not info.has_logit_edits and suppress is None:
+            return logits.argmax(dim=-1)
+        processed = self.process_logits(logits, info, suppress)
+        if info.is_all_greedy:
+            return processed.argmax(dim=-1)
+        probs = filtered_probs(processed, info)
+        sampled = exponential_race(probs, info)
+        if not info.sampled_rows or len(info.sampled_rows) == info.batch_size:
+            return sampled
+        return torch.where(info.is_greedy, processed.argmax(dim=-1), sampled)
+
+    def process_logits(
+        self, logits: Tensor, info: SamplingBatchInfo, suppress: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """A float32 copy of ``logits`` with bias, penalties and suppression applied."""
+        out = logits.to(torch.float32, copy=True)
+        if info.logit_bias is not None:
+            info.logit_bias.apply(out)
+        if info.penalties is not None:
+            info.penalties.apply(out)
+        for index in (info.min_tokens_suppress, suppress):
+            if index is not None:
+                suppress_tokens(out, index)
+        return out
+
+
+def filtered_probs(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
+    """softmax(logits / T) with entries outside top-k / top-p / min-p set to 0 (not
+    renormalized: the exponential race does not need it). The most likely token is always
+    kept. Top-p keeps a token when the probability mass of more likely tokens is <= top_p."""
+    probs = torch.softmax(logits / info.temperatures, dim=-1)
+    if info.need_min_p:
+        threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    if not (info.need_top_k or info.need_top_p):
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_probs, dtype=torch.bool)
+    if info.need_top_k:
+        ranks = torch.arange(probs.shape[-1], device=probs.device)
+        drop |= ranks.unsqueeze(0) >= info.top_ks.unsqueeze(1)
+    if info.need_top_p:
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_before > info.top_ps.unsqueeze(1)
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+def exponential_race(probs: Tensor, info: SamplingBatchInfo) -> Tensor:
+    """One draw per row from (unnormalized) ``probs``: ``argmax(probs / E)``. Seeded rows draw
+    their noise from their own generator; the other sampled rows share one draw from the
+    default generator; greedy rows draw nothing (their result is discarded)."""
+    noise = torch.ones_like(probs)
+    unseeded = [i for i in info.sampled_rows if info.generators[i] is None]
+    if len(unseeded) == info.batch_size:
+        noise.exponential_(generator=info.default_generator)
+    elif unseeded:
+        rows = torch.tensor(unseeded, dtype=torch.int64, device=probs.device)
+        draw = torch.empty((len(unseeded), probs.shape[-1]), dtype=probs.dtype, device=probs.device)
+        noise[rows] = draw.exponential_(generator=info.default_generator)
+    for i in info.sampled_rows:
+        generator = info.generators[i]
+        if generator is not None:
+            noise[i].exponential_(generator=generator)
+    # Exp(1) draws can be exactly 0 in float32; 0 / 0 would be NaN.
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+    return (probs / noise).argmax(dim=-1)

@@ -1,0 +1,140 @@
+"""The FastAPI application: routes, errors, API-key check, /health and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.server import native_api, openai_api
+from radixlm.srt.server.errors import error_body, error_response, install_error_handlers
+from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+METRICS_SCHEDULER_TIMEOUT_S = 2.0
+
+Watcher = Callable[[TokenizerManager], Awaitable[None]]
+
+
+def package_version() -> str:
+    try:
+        return version("radixlm")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def served_model_name(cfg: ServerConfig, info: dict[str, Any]) -> str:
+    if cfg.served_model_name:
+        return cfg.served_model_name
+    if info.get("served_model_name"):
+        return str(info["served_model_name"])
+    if cfg.model_path is None:
+        return DEFAULT_MODEL_NAME
+    path = Path(cfg.model_path.rstrip("/"))
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def accepted_model_names(cfg: ServerConfig, info: dict[str, Any], served: str) -> set[str]:
+    """What a request's ``model`` may say: the served name, the path it was given as, or
+    ``default`` (what SGLang's examples send)."""
+    names = {served, "default"}
+    for path in (cfg.model_path, info.get("model_path")):
+        if path:
+            names.add(str(path))
+    return names
+
+
+class ApiKeyMiddleware:
+    """Every route except OPEN_PATHS needs ``Authorization: Bearer <key>`` (constant-time
+    comparison; the key is never logged)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        body = orjson.dumps(error_body("missing or wrong API key: send Authorization: Bearer "
+                                       "<key>", 401, code="invalid_api_key"))
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope: dict) -> bool:
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+def create_app(
+    tm: TokenizerManager,
+    metrics: ServerMetrics | None = None,
+    watchers: tuple[Watcher, ...] = (),
+) -> FastAPI:
+    """The app for a tokenizer manager whose ``info`` (the scheduler's ready report) is set."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await tm.start()
+        tasks = [asyncio.create_task(w(tm)) for w in watchers]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await tm.close()
+
+    app = FastAPI(title="radixlm", version=package_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    name = served_model_name(tm.cfg, tm.info)
+    app.state.tm = tm
+    app.state.metrics = metrics
+    app.state.served_model_name = name
+    app.state.accepted_model_names = accepted_model_names(tm.cfg, tm.info, name)
+    app.state.created = int(time.time())
+    install_error_handlers(app)
+    app.include_router(native_api.router)
+    app.include_router(openai_api.router)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", metrics_route, methods=["GET"])
+    if tm.cfg.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=tm.cfg.api_key)
+    return app
+
+
+async def health(request: Request) -> Response:
+    tm: TokenizerManager = request.app.state.tm
+    if not tm.is_alive:
+        return error_response(f"server unavailable: {tm.dead_reason}", 503)
+    return native_api.json_response({"status": "ok"})
+
+
+async def metrics_route(request: Request) -> Response:
+    metrics: ServerMetrics | None = request.app.state.metrics
+    if metrics is None:
+        return error_response("metrics are not enabled", 404)
+    tm: TokenizerManager = request.app.state.tm
+    if tm.is_alive:
+        try:
+            reply = await tm.control("server_info", timeout_s=METRICS_SCHEDULER_TIMEOUT_S)
+            metrics.update_scheduler(reply.data)
+        except GenerateError as e:
+            logger.warning("metrics: no scheduler figures (%s)", e.message)
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

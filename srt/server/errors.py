@@ -1,0 +1,107 @@
+"""Errors as OpenAI error objects, on every route: ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+CLIENT_CLOSED_REQUEST = 499
+
+
+def error_body(message: str, status_code: int, param: str | None = None,
+               code: str | int | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status_code, "server_error"),
+            "param": param,
+            "code": code if code is not None else status_code,
+        }
+    }
+
+
+def error_response(message: str, status_code: int, param: str | None = None,
+                   code: str | int | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status_code, param, code), status_code=status_code)
+
+
+def sse_error(e: GenerateError) -> bytes:
+    """The mid-stream form of an error: one SSE event carrying the error object."""
+    return b"data: " + orjson.dumps(error_body(e.message, e.status_code, e.param)) + b"\n\n"
+
+
+def describe_validation_error(
+    exc: RequestValidationError | ValidationError,
+) -> tuple[str, str | None]:
+    """A one-line message (and the offending field) from pydantic's error list."""
+    parts, first_param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        first_param = first_param or param
+        if err.get("type") == "json_invalid":
+            parts.append(f"the request body is not valid JSON ({err.get('msg')})")
+        else:
+            parts.append(f"{param or 'body'}: {err.get('msg')}")
+    return "; ".join(parts[:5]) or "invalid request", first_param
+
+
+async def parse_body(request: Request, model: type[BaseModel]) -> Any:
+    """The JSON body (whatever the Content-Type says) validated as ``model``; GenerateError 400
+    for malformed JSON or wrong fields."""
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise GenerateError(f"the request body is not valid JSON: {e}", 400) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        message, param = describe_validation_error(e)
+        raise GenerateError(message, 400, param) from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_error(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(GenerateError)
+    async def _generate(_: Request, exc: GenerateError) -> JSONResponse:
+        return error_response(exc.message, exc.status_code, exc.param)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _disconnected(_: Request, exc: ClientDisconnected) -> Response:
+        logger.info("client disconnected; request %s aborted", exc)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return error_response(f"internal server error: {type(exc).__name__}: {exc}", 500)

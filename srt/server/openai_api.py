@@ -1,0 +1,228 @@
+"""The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from radixlm.srt.managers.tokenizer_manager import (
+    ClientDisconnected,
+    GenerateError,
+    PreparedReq,
+    TokenizerManager,
+)
+from radixlm.srt.server.errors import parse_body, sse_error
+from radixlm.srt.server.native_api import get_tm, json_response
+from radixlm.srt.server.openai_convert import (
+    OpenAIPlan,
+    chat_logprobs,
+    chat_plan,
+    check_model,
+    completion_entries,
+    completion_logprobs,
+    completion_plan,
+    finish_reason,
+    usage,
+)
+from radixlm.srt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixlm.srt.server.streaming import SSE_DONE, SSE_HEADERS, collect_all, merge, sse
+
+router = APIRouter()
+
+
+@dataclass
+class Call:
+    """What every response piece of one OpenAI call shares."""
+
+    tm: TokenizerManager
+    plan: OpenAIPlan
+    id: str
+    created: int
+    model: str
+    object: str
+    echo: bool = False
+    logprobs: bool = False
+    top_logprobs: bool = False
+    include_usage: bool = False
+
+    def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": choices, **extra}
+
+
+@dataclass
+class ChoiceCursor:
+    """How much of one choice a stream has sent."""
+
+    num_chars: int = 0
+    num_logprobs: int = 0
+    text_offset: int = 0
+    started: bool = False
+
+
+def _matched_stop(out: dict[str, Any]) -> Any:
+    reason = out["meta_info"]["finish_reason"] or {}
+    return reason.get("matched")
+
+
+# ---------------------------------------------------------------------- models
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [model_card(request)]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> Response:
+    check_model(model_id, request.app.state.accepted_model_names)
+    return json_response(model_card(request))
+
+
+def model_card(request: Request) -> dict[str, Any]:
+    tm = get_tm(request)
+    return {
+        "id": request.app.state.served_model_name,
+        "object": "model",
+        "created": request.app.state.created,
+        "owned_by": "radixlm",
+        "root": tm.info.get("model_path"),
+        "max_model_len": tm.info.get("context_length"),
+    }
+
+
+# ---------------------------------------------------------------------- chat
+def chat_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
+    meta = out["meta_info"]
+    logprobs = None
+    if call.logprobs:
+        logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
+    return {"index": i, "message": {"role": "assistant", "content": out["text"]},
+            "logprobs": logprobs, "finish_reason": finish_reason(out),
+            "matched_stop": _matched_stop(out)}
+
+
+def chat_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
+    meta = out["meta_info"]
+    reason = finish_reason(out)
+    text = out["text"][cur.num_chars :]
+    entries = meta.get("output_token_logprobs", [])[cur.num_logprobs :] if call.logprobs else []
+    if cur.started and not text and not entries and reason is None:
+        return None
+    delta: dict[str, Any] = {"content": text}
+    if not cur.started:
+        delta["role"] = "assistant"
+    logprobs = None
+    if call.logprobs:
+        logprobs = chat_logprobs(entries, meta["output_top_logprobs"][cur.num_logprobs :])
+    cur.started, cur.num_chars = True, len(out["text"])
+    cur.num_logprobs += len(entries)
+    choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    if reason is not None:
+        choice["matched_stop"] = _matched_stop(out)
+    return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
+    tm = get_tm(request)
+    check_model(body.model, request.app.state.accepted_model_names)
+    plan = chat_plan(body, tm)
+    prepared = [tm.prepare(inp) for inp in plan.inputs]
+    call = Call(tm, plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model,
+                "chat.completion", logprobs=body.logprobs,
+                include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    if body.stream:
+        call.object = "chat.completion.chunk"
+        return _streaming(stream_choices(call, prepared, request, chat_chunk))
+    outs = await collect_all([tm.generate(p, request) for p in prepared])
+    choices = [chat_choice(call, i, out) for i, out in enumerate(outs)]
+    return json_response(call.envelope(choices, usage=usage(outs, plan)))
+
+
+# ---------------------------------------------------------------------- completions
+def completion_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
+    prompt = call.plan.prompt_texts[call.plan.prompt_of(i)]
+    logprobs = None
+    if call.logprobs:
+        entries, tops = completion_entries(out, call.echo)
+        offset = 0 if call.echo else len(prompt)
+        logprobs = completion_logprobs(entries, tops, call.top_logprobs, offset)
+    return {"index": i, "text": (prompt if call.echo else "") + out["text"],
+            "logprobs": logprobs, "finish_reason": finish_reason(out),
+            "matched_stop": _matched_stop(out)}
+
+
+def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
+    reason = finish_reason(out)
+    prompt = call.plan.prompt_texts[call.plan.prompt_of(i)]
+    text = out["text"][cur.num_chars :]
+    entries, tops = completion_entries(out, call.echo) if call.logprobs else ([], [])
+    entries, tops = entries[cur.num_logprobs :], tops[cur.num_logprobs :]
+    if cur.started and not text and not entries and reason is None:
+        return None
+    if not cur.started:
+        cur.text_offset = 0 if call.echo else len(prompt)
+        text = (prompt if call.echo else "") + text
+    logprobs = None
+    if call.logprobs:
+        logprobs = completion_logprobs(entries, tops, call.top_logprobs, cur.text_offset)
+        cur.text_offset += sum(len(e[2] or "") for e in entries)
+    cur.started, cur.num_chars = True, len(out["text"])
+    cur.num_logprobs += len(entries)
+    choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
+    if reason is not None:
+        choice["matched_stop"] = _matched_stop(out)
+    return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    body = await parse_body(request, CompletionRequest)
+    tm = get_tm(request)
+    check_model(body.model, request.app.state.accepted_model_names)
+    plan = completion_plan(body, tm)
+    prepared = [tm.prepare(inp) for inp in plan.inputs]
+    call = Call(tm, plan, f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model,
+                "text_completion", echo=body.echo, logprobs=body.logprobs is not None,
+                top_logprobs=bool(body.logprobs),
+                include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    if body.stream:
+        return _streaming(stream_choices(call, prepared, request, completion_chunk))
+    outs = await collect_all([tm.generate(p, request) for p in prepared])
+    choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
+    return json_response(call.envelope(choices, usage=usage(outs, plan)))
+
+
+# ---------------------------------------------------------------------- streaming
+ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "dict | None"]
+
+
+def _streaming(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def stream_choices(
+    call: Call, prepared: list[PreparedReq], request: Request, make_chunk: ChunkFn
+) -> AsyncIterator[bytes]:
+    """One chunk per update of any choice, one ``finish_reason`` per choice, then the usage
+    chunk (when asked for) and ``[DONE]``; an error becomes an error event."""
+    cursors = [ChoiceCursor() for _ in prepared]
+    finals: list[dict[str, Any]] = [{} for _ in prepared]
+    try:
+        async for i, out in merge([call.tm.generate(p, request) for p in prepared]):
+            chunk = make_chunk(call, i, out, cursors[i])
+            if chunk is not None:
+                yield sse(chunk)
+            finals[i] = out
+        if call.include_usage:
+            yield sse(call.envelope([], usage=usage(finals, call.plan)))
+    except GenerateError as e:
+        yield sse_error(e)
+    except ClientDisconnected:
+        return
+    yield SSE_DONE

@@ -1,0 +1,123 @@
+"""Request bodies of the HTTP API as pydantic models (responses are built as plain dicts).
+
+Native requests use SGLang's field names. OpenAI requests accept the OpenAI fields plus SGLang's
+sampling extras (what clients put in ``extra_body`` arrives as top-level fields); other unknown
+fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ---------------------------------------------------------------------- native API
+class GenerateReqInput(_Body):
+    """``POST /generate``: one prompt or a batch (lists), as text or token ids."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+class AbortRequestInput(_Body):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class TokenizeInput(_Body):
+    prompt: str | list[str]
+    add_special_tokens: bool = True
+
+
+class DetokenizeInput(_Body):
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+# ---------------------------------------------------------------------- OpenAI API
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class SGLangSamplingExtras(_Body):
+    """SGLang sampling parameters accepted on the OpenAI routes (``extra_body``)."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    rid: str | None = None
+
+
+class _OpenAISampling(SGLangSamplingExtras):
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None

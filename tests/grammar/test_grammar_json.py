@@ -1,0 +1,149 @@
+"""JSON schema constraints: random walks over the mask always produce valid documents."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from radixlm.grammar.base import GrammarCompileError, GrammarSpec
+from radixlm.grammar.llguidance_backend import LLGuidanceBackend
+from radixlm.grammar.outlines_backend import OutlinesBackend
+from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
+from radixlm.grammar.vocab import build_vocab
+
+BACKENDS = {"outlines": OutlinesBackend, "llguidance": LLGuidanceBackend}
+SHORT = {"type": "string", "maxLength": 8}
+
+SCHEMAS = {
+    "required_fields": {
+        "type": "object",
+        "properties": {"name": SHORT, "age": {"type": "integer"}, "active": {"type": "boolean"}},
+        "required": ["name", "age", "active"],
+        "additionalProperties": False,
+    },
+    "optional_fields": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "note": SHORT, "score": {"type": "number"}},
+        "required": ["id"],
+        "additionalProperties": False,
+    },
+    "enums": {
+        "type": "object",
+        "properties": {
+            "colour": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M", "L"]},
+            "level": {"const": 3},
+        },
+        "required": ["colour", "size", "level"],
+        "additionalProperties": False,
+    },
+    "array": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}, "email": {"type": "string", "format": "email"}},
+                "required": ["id", "email"],
+                "additionalProperties": False,
+            },
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+        },
+        "required": ["user", "tags"],
+        "additionalProperties": False,
+    },
+    "nullable_and_patterns": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "day": {"type": "string", "format": "date"},
+            "parent": {"anyOf": [{"type": "null"}, {"type": "integer"}]},
+        },
+        "required": ["code", "day", "parent"],
+        "additionalProperties": False,
+    },
+}
+RANGES = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        "count": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 5},
+    },
+    "required": ["age", "ratio", "count"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return build_vocab(train_byte_level_tokenizer())
+
+
+@pytest.fixture(scope="module", params=sorted(BACKENDS))
+def backend(request, vocab):
+    return BACKENDS[request.param](vocab)
+
+
+def _walk_documents(backend, vocab, schema, num_walks, seed):
+    grammar = backend.compile(GrammarSpec.json_schema(schema))
+    rng = random.Random(seed)
+    documents = []
+    for _ in range(num_walks):
+        matcher = grammar.new_matcher()
+        exact = backend.name == "outlines"
+        ids, finished = random_walk(matcher, vocab, rng, max_tokens=600, check_rejections=exact)
+        text = vocab.decode_bytes(ids).decode("utf-8")
+        assert finished, f"no EOS after {text!r}"
+        documents.append(json.loads(text))
+    return documents
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_random_walks_validate(backend, vocab, name):
+    schema = SCHEMAS[name]
+    documents = _walk_documents(backend, vocab, schema, num_walks=8, seed=len(name))
+    for document in documents:
+        jsonschema.validate(document, schema, format_checker=jsonschema.FormatChecker())
+    assert len({json.dumps(d) for d in documents}) > 1
+
+
+def test_llguidance_enforces_numeric_ranges(vocab):
+    documents = _walk_documents(LLGuidanceBackend(vocab), vocab, RANGES, num_walks=10, seed=5)
+    for document in documents:
+        jsonschema.validate(document, RANGES)
+
+
+def test_json_object_accepts_objects_only(backend, vocab):
+    grammar = backend.compile(GrammarSpec.json_object())
+    eos = vocab.eos_token_ids[0]
+    good = grammar.new_matcher()
+    assert good.accept_tokens(vocab.encode('{"a": [1, 2.5, "x"], "b": {"c": null}}'))
+    assert good.accept_token(eos)
+    for bad_text in ["[1, 2]", '"text"', '{"a" 1}']:
+        bad = grammar.new_matcher()
+        assert not (bad.accept_tokens(vocab.encode(bad_text)) and bad.accept_token(eos)), bad_text
+    unfinished = grammar.new_matcher()
+    assert unfinished.accept_tokens(vocab.encode('{"a": 1'))
+    assert not unfinished.accept_token(eos)
+
+
+@pytest.mark.parametrize(
+    "schema_text",
+    ['{"type": "strin"}', '{"type": "object", "properties": ', '{"not": {"type": "string"}}'],
+)
+def test_invalid_schema_raises_compile_error(backend, schema_text):
+    with pytest.raises(GrammarCompileError, match=r"^Failed to compile json_schema grammar: "):
+        backend.compile(GrammarSpec("json_schema", schema_text))
+
+
+def test_canonical_form_ignores_whitespace_but_keeps_key_order():
+    compact = GrammarSpec.json_schema('{"type":"object","properties":{"a":{},"b":{}}}')
+    spaced = GrammarSpec.json_schema({"type": "object", "properties": {"a": {}, "b": {}}})
+    reordered = GrammarSpec.json_schema({"type": "object", "properties": {"b": {}, "a": {}}})
+    assert compact.canonical() == spaced.canonical()
+    assert compact.canonical() != reordered.canonical()
+    assert GrammarSpec("json_schema", "{not json").canonical() == "{not json"

@@ -1,0 +1,277 @@
+"""Triton and FlashInfer attention against the torch reference on fresh random paged batches.
+
+Without CUDA the Triton kernels run on CPU tensors under the Triton interpreter (fp32, plus one
+bf16 case through the interpreter's upcast path); with CUDA the same tests run compiled, and the
+``gpu`` tests add bf16/fp16, FlashInfer and CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+pytest.importorskip("triton")
+
+from radixlm.kernels.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from radixlm.kernels.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from radixlm.srt.executor.memory_pool import (  # noqa: E402
+    KVPool,
+    ReqToTokenPool,
+    TokenSlotAllocator,
+)
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@dataclass
+class Layer:
+    layer_id: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+@dataclass
+class Case:
+    fb: ForwardBatch
+    layer: Layer
+    q: torch.Tensor  # [T, H * d]
+    k: torch.Tensor  # [T, kv_heads * d]
+    v: torch.Tensor
+
+
+def _alloc_slots(prefix_lens, extend_lens, page_size, pool_tokens, gen):
+    """Prefix slots for every request first, then their new tokens' slots, interleaved so that
+    requests' pages are scattered; a few pages are taken and freed first to shuffle the pool."""
+    alloc = TokenSlotAllocator(pool_tokens, page_size, torch.device("cpu"))
+    junk = [alloc.alloc(int(n)) for n in torch.randint(1, 3 * page_size, (3,), generator=gen)]
+    prefix = [alloc.alloc(p) for p in prefix_lens]
+    alloc.free(junk[1])
+    new = []
+    for pre, p, e in zip(prefix, prefix_lens, extend_lens, strict=True):
+        last = int(pre[-1]) if p else 0
+        new.append(alloc.alloc_for(e, last_slot=last, used_len=p))
+    return prefix, new
+
+
+def make_case(prefix_lens, extend_lens, *, heads=4, kv_heads=4, head_dim=64, page_size=1,
+              dtype=torch.float32, decode=False, seed=0, device=DEVICE) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    pool_tokens = 4 * (sum(seq_lens) + 8 * page_size * (len(seq_lens) + 3))
+    prefix, new = _alloc_slots(prefix_lens, extend_lens, page_size, pool_tokens, gen)
+    kv_pool = KVPool(pool_tokens, 1, kv_heads, head_dim, dtype, device)
+    for buf in (*kv_pool.k_buffers, *kv_pool.v_buffers):
+        buf.copy_(torch.randn(buf.shape, generator=gen))  # slot 0 too: it must never be read
+    r2t = ReqToTokenPool(len(seq_lens) + 4, max(seq_lens) + 5, device)
+    req_slots = torch.randperm(r2t.num_req_slots, generator=gen)[: len(seq_lens)].tolist()
+    for slot, pre, nw in zip(req_slots, prefix, new, strict=True):
+        r2t.write(slot, 0, torch.cat([pre, nw]).to(device))
+    num_tokens = sum(extend_lens)
+    new_ranges = zip(prefix_lens, seq_lens, strict=True)
+    fb = ForwardBatch(
+        mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        positions=torch.cat([torch.arange(p, n) for p, n in new_ranges]).to(device),
+        out_kv_slots=torch.cat(new).to(device),
+        req_slots=torch.tensor(req_slots, dtype=torch.int64, device=device),
+        req_slots_cpu=req_slots,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        seq_lens_cpu=seq_lens,
+        prefix_lens_cpu=list(prefix_lens),
+        extend_lens_cpu=list(extend_lens),
+        req_to_token_pool=r2t,
+        kv_pool=kv_pool,
+        attn_backend=None,
+    )
+    layer = Layer(0, heads, kv_heads, head_dim, head_dim**-0.5)
+
+    def rand(n):
+        return torch.randn((num_tokens, n * head_dim), generator=gen).to(device, dtype)
+
+    return Case(fb, layer, rand(heads), rand(kv_heads), rand(kv_heads))
+
+
+def run_backend(backend, case: Case) -> torch.Tensor:
+    backend.plan(case.fb)
+    return backend.forward(case.q, case.k, case.v, case.layer, case.fb)
+
+
+def reference(case: Case) -> torch.Tensor:
+    return run_backend(TorchAttentionBackend(), case).float()
+
+
+def assert_close(out, ref, tol):
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= tol, f"max abs error {err} > {tol}"
+
+
+EXTEND_SHAPES = [
+    # (prefix_lens, extend_lens): no prefix, a prefix, a single new token, a long one
+    ([0, 0], [5, 37]),
+    ([7, 0, 19, 33], [13, 9, 1, 40]),
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("lens", EXTEND_SHAPES)
+def test_extend_matches_torch(lens, heads, kv_heads, page_size):
+    case = make_case(*lens, heads=heads, kv_heads=kv_heads, page_size=page_size, seed=len(lens[0]))
+    out = run_backend(TritonAttentionBackend(), case)
+    assert_close(out, reference(case), 1e-4)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_decode_matches_torch(num_splits, heads, kv_heads, page_size):
+    seq_lens = [1, 9, 70, 17]  # length 1 leaves most splits empty
+    case = make_case([n - 1 for n in seq_lens], [1] * 4, heads=heads, kv_heads=kv_heads,
+                     page_size=page_size, decode=True, seed=heads + page_size)
+    out = run_backend(TritonAttentionBackend(num_kv_splits=num_splits), case)
+    assert_close(out, reference(case), 1e-4)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_head_dim_128_and_writes_kv(decode):
+    lens = ([10, 3], [1, 1]) if decode else ([10, 0], [6, 3])
+    case = make_case(*lens, heads=8, kv_heads=2, head_dim=128, page_size=4, decode=decode, seed=5)
+    out = run_backend(TritonAttentionBackend(), case)
+    k_buf, v_buf = case.fb.kv_pool.get_kv(0)
+    slots = case.fb.out_kv_slots
+    assert torch.equal(k_buf[slots], case.k.view(-1, 2, 128))
+    assert torch.equal(v_buf[slots], case.v.view(-1, 2, 128))
+    assert_close(out, reference(case), 1e-4)
+
+
+def test_bf16_through_upcast_path():
+    """bf16 inputs; the interpreter upcasts before tl.dot. Reference: fp32 on the same values."""
+    for decode, lens in ((False, ([6, 0], [9, 4])), (True, ([20, 2], [1, 1]))):
+        case = make_case(*lens, heads=8, kv_heads=2, page_size=2, dtype=torch.bfloat16,
+                         decode=decode, seed=11)
+        out = run_backend(TritonAttentionBackend(), case)
+        case.fb.kv_pool.k_buffers[0] = case.fb.kv_pool.k_buffers[0].float()
+        case.fb.kv_pool.v_buffers[0] = case.fb.kv_pool.v_buffers[0].float()
+        case.fb.kv_pool.dtype = torch.float32
+        ref_case = Case(case.fb, case.layer, case.q.float(), case.k.float(), case.v.float())
+        assert out.dtype == torch.bfloat16
+        assert_close(out, reference(ref_case), 2e-2)
+
+
+def test_plan_is_per_batch():
+    """A decode plan must not leak into the next extend batch and vice versa."""
+    backend = TritonAttentionBackend()
+    ext = make_case([3], [4], seed=1)
+    dec = make_case([9], [1], decode=True, seed=2)
+    assert_close(run_backend(backend, ext), reference(ext), 1e-4)
+    assert_close(run_backend(backend, dec), reference(dec), 1e-4)
+    assert_close(run_backend(backend, ext), reference(ext), 1e-4)
+
+
+# ---------------------------------------------------------------- GPU only ------------------
+
+
+def _gpu_backends(case: Case, page_size: int):
+    backends = {"triton": TritonAttentionBackend()}
+    if _has_flashinfer():
+        from radixlm.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        layer = case.layer
+        backends["flashinfer"] = FlashInferAttentionBackend(
+            DEVICE, num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim, page_size=page_size)
+    return backends
+
+
+def _has_flashinfer() -> bool:
+    from radixlm.kernels.attention.registry import flashinfer_available
+
+    return flashinfer_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 8, 64), (32, 8, 128), (16, 2, 128)])
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_backends_match_torch(decode, heads, kv_heads, head_dim, page_size, dtype):
+    if decode:
+        seq_lens = [1, 33, 517, 1200, 64, 250]
+        lens = ([n - 1 for n in seq_lens], [1] * len(seq_lens))
+    else:
+        lens = ([0, 100, 37, 0, 600], [300, 1, 77, 5, 129])
+    case = make_case(*lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     page_size=page_size, dtype=dtype, decode=decode, seed=head_dim + page_size)
+    ref = reference(case)
+    for name, backend in _gpu_backends(case, page_size).items():
+        out = run_backend(backend, case)
+        assert out.dtype == dtype, name
+        assert_close(out, ref, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_gpu_backends_fp32_are_exact(page_size):
+    """fp32 (no tf32 in the Triton kernels): tight agreement, as greedy decoding needs."""
+    for decode, lens in ((False, ([0, 50], [70, 9])), (True, ([99, 4, 300], [1, 1, 1]))):
+        case = make_case(*lens, heads=16, kv_heads=4, head_dim=64, page_size=page_size,
+                         decode=decode, seed=3)
+        assert_close(run_backend(TritonAttentionBackend(), case), reference(case), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_gpu_decode_replays_in_cuda_graph(page_size):
+    """Capture one decode step, then grow every sequence by one token and replay after
+    re-planning on the same static batch tensors: the output must follow the new lengths."""
+    seq_lens = [5, 40, 301]
+    case = make_case([n - 1 for n in seq_lens], [1] * 3, heads=32, kv_heads=8, head_dim=128,
+                     page_size=page_size, dtype=torch.bfloat16, decode=True, seed=7)
+    fb = case.fb
+    for backend in _gpu_backends(case, page_size).values():
+        backend.init_cuda_graph_state(max_batch_size=8, max_num_tokens=fb.kv_pool.max_total_tokens)
+        backend.plan(fb, for_cuda_graph=True)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            backend.forward(case.q, case.k, case.v, case.layer, fb)  # warm-up (compiles)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = backend.forward(case.q, case.k, case.v, case.layer, fb)
+        _grow_by_one(case, page_size)
+        backend.plan(fb, for_cuda_graph=True)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(static_out, reference(case), 2e-2)
+
+
+def _grow_by_one(case: Case, page_size: int) -> None:
+    """Appends one fresh token to every request in place (static tensors keep their storage):
+    the next slot of the request's last page, or the first slot of a page nobody uses."""
+    fb = case.fb
+    table = fb.req_to_token_pool.req_to_token
+    used_pages = {(s - 1) // page_size for s in table[fb.req_slots].flatten().tolist() if s}
+    free_pages = (p for p in range(fb.kv_pool.max_total_tokens // page_size) if p not in used_pages)
+    new_slots = []
+    for i, (slot, n) in enumerate(zip(fb.req_slots_cpu, fb.seq_lens_cpu, strict=True)):
+        new = int(table[slot, n - 1]) + 1 if n % page_size else 1 + next(free_pages) * page_size
+        table[slot, n] = new
+        new_slots.append(new)
+        fb.seq_lens_cpu[i] = n + 1
+        fb.prefix_lens_cpu[i] = n
+    fb.seq_lens.copy_(torch.tensor(fb.seq_lens_cpu, device=DEVICE))
+    fb.out_kv_slots.copy_(torch.tensor(new_slots, device=DEVICE))
+    for t in (case.q, case.k, case.v):
+        t.copy_(torch.randn_like(t))

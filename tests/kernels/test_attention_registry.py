@@ -1,0 +1,51 @@
+"""Backend selection by name: auto resolution and clear errors for what a machine lacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels.attention import registry
+from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
+
+CPU = torch.device("cpu")
+
+
+def test_auto_on_cpu_is_torch():
+    assert registry.resolve_attention_backend("auto", CPU) == "torch"
+    assert isinstance(registry.make_attention_backend("auto", CPU), TorchAttentionBackend)
+
+
+def test_auto_on_cuda_prefers_flashinfer_then_triton(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(registry, "flashinfer_available", lambda: True)
+    assert registry.resolve_attention_backend("auto", cuda) == "flashinfer"
+    monkeypatch.setattr(registry, "flashinfer_available", lambda: False)
+    monkeypatch.setattr(registry, "triton_available", lambda: True)
+    assert registry.resolve_attention_backend("auto", cuda) == "triton"
+    monkeypatch.setattr(registry, "triton_available", lambda: False)
+    assert registry.resolve_attention_backend("auto", cuda) == "torch"
+
+
+def test_explicit_names_are_kept():
+    for name in ("torch", "triton", "flashinfer"):
+        assert registry.resolve_attention_backend(name, CPU) == name
+
+
+def test_unknown_name_is_rejected():
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        registry.make_attention_backend("xformers", CPU)
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        registry.make_attention_backend("triton", CPU)
+
+
+def test_flashinfer_needs_shape_and_cuda():
+    with pytest.raises(ValueError, match="num_heads"):
+        registry.make_attention_backend("flashinfer", CPU)
+    with pytest.raises(ValueError, match="CUDA"):
+        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
+                                        head_dim=64)

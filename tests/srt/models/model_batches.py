@@ -1,0 +1,77 @@
+"""Builds ForwardBatches over real KV pools for model tests (torch attention backend, CPU)."""
+
+from __future__ import annotations
+
+import torch
+from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
+from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.models.model_config import ModelConfig
+
+
+class KVSession:
+    """Pools for a few requests; tracks each request's cached length."""
+
+    def __init__(self, config: ModelConfig, max_total_tokens: int = 512, num_req_slots: int = 4,
+                 max_context_len: int = 256, dtype: torch.dtype = torch.float32):
+        cpu = torch.device("cpu")
+        self.req_pool = ReqToTokenPool(num_req_slots, max_context_len, cpu)
+        self.kv_pool = KVPool(max_total_tokens, config.num_layers, config.num_kv_heads,
+                              config.head_dim, dtype, cpu)
+        self.allocator = TokenSlotAllocator(max_total_tokens, 1, cpu)
+        self.backend = TorchAttentionBackend()
+        self.cached_lens: dict[int, int] = {}
+
+    def new_request(self) -> int:
+        req_slot = self.req_pool.alloc()
+        assert req_slot is not None
+        self.cached_lens[req_slot] = 0
+        return req_slot
+
+    def batch(self, mode: ForwardMode, new_tokens: list[tuple[int, list[int]]]) -> ForwardBatch:
+        """A batch holding ``new_tokens[i][1]`` for request slot ``new_tokens[i][0]``."""
+        ids, positions, slots, prefix_lens, extend_lens = [], [], [], [], []
+        for req_slot, tokens in new_tokens:
+            prefix = self.cached_lens[req_slot]
+            kv_slots = self.allocator.alloc(len(tokens))
+            assert kv_slots is not None
+            self.req_pool.write(req_slot, prefix, kv_slots)
+            ids += tokens
+            positions += range(prefix, prefix + len(tokens))
+            slots.append(kv_slots)
+            prefix_lens.append(prefix)
+            extend_lens.append(len(tokens))
+            self.cached_lens[req_slot] = prefix + len(tokens)
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        req_slots = [r for r, _ in new_tokens]
+        fb = ForwardBatch(
+            mode=mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            out_kv_slots=torch.cat(slots),
+            req_slots=torch.tensor(req_slots, dtype=torch.int64),
+            req_slots_cpu=req_slots,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=prefix_lens,
+            extend_lens_cpu=extend_lens,
+            req_to_token_pool=self.req_pool,
+            kv_pool=self.kv_pool,
+            attn_backend=self.backend,
+        )
+        self.backend.plan(fb)
+        return fb
+
+
+@torch.inference_mode()
+def run_logits(model, session: KVSession, mode: ForwardMode,
+               new_tokens: list[tuple[int, list[int]]]) -> torch.Tensor:
+    """Logits ``[T, vocab]`` float32 for every new token of the batch."""
+    fb = session.batch(mode, new_tokens)
+    hidden = model(fb.input_ids, fb.positions, fb)
+    return model.compute_logits(hidden)
+
+
+def max_rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest absolute difference relative to the largest absolute reference value."""
+    return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())

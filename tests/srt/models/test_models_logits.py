@@ -1,0 +1,103 @@
+"""Our Llama / Qwen2 / Qwen3 implementations give transformers' logits on the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from model_batches import KVSession, max_rel_err, run_logits
+from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
+
+from radixlm.srt.executor.forward_batch import ForwardMode
+from radixlm.srt.models.loader import load_model
+from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.registry import get_model_class
+
+PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def our_logits(folder, input_ids: list[int]) -> torch.Tensor:
+    model = load_model(folder, torch.float32, "cpu")
+    session = KVSession(model.config)
+    return run_logits(model, session, ForwardMode.EXTEND, [(session.new_request(), input_ids)])
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_logits_match_transformers(name, tmp_path):
+    folder = write_checkpoint(name, tmp_path)
+    ref = hf_logits(folder, PROMPT)
+    ours = our_logits(folder, PROMPT)
+    assert ours.dtype == torch.float32 and ours.shape == (len(PROMPT), VOCAB)
+    assert max_rel_err(ours, ref) < 1e-4
+
+
+def test_config_reads_rope_head_dim_eos_and_dtype(tmp_path):
+    folder = write_checkpoint("qwen3_qk_norm", tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    config = ModelConfig.from_pretrained(folder)
+    assert (config.architecture, config.head_dim, config.num_kv_heads) == ("Qwen3ForCausalLM", 32, 2)
+    assert config.eos_token_ids == (2, 7)
+    assert config.rope_theta == 1e6 and config.rope_scaling is None
+    assert config.dtype == torch.float32
+    llama3 = ModelConfig.from_pretrained(write_checkpoint("llama3_rope_sharded", tmp_path / "l3"))
+    assert llama3.rope_scaling["rope_type"] == "llama3" and llama3.rope_scaling["factor"] == 8.0
+
+
+def test_checkpoint_without_lm_head_shares_the_embedding(tmp_path):
+    folder = write_checkpoint("llama_tied", tmp_path)
+    ref = hf_logits(folder, PROMPT)
+    config_file = folder / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "tie_word_embeddings": False}))
+    model = load_model(folder, torch.float32, "cpu")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    session = KVSession(model.config)
+    ours = run_logits(model, session, ForwardMode.EXTEND, [(session.new_request(), PROMPT)])
+    assert max_rel_err(ours, ref) < 1e-4
+
+
+def test_bfloat16_model_is_close_to_float32(tmp_path):
+    folder = write_checkpoint("llama", tmp_path)
+    ref = our_logits(folder, PROMPT)
+    model = load_model(folder, torch.bfloat16, "cpu")
+    assert model.model.layers[0].mlp.gate_up_proj.weight.dtype == torch.bfloat16
+    assert model.model.layers[0].self_attn.rotary_emb.cos_cache.dtype == torch.float32
+    session = KVSession(model.config, dtype=torch.bfloat16)
+    ours = run_logits(model, session, ForwardMode.EXTEND, [(session.new_request(), PROMPT)])
+    assert ours.dtype == torch.float32
+    assert max_rel_err(ours, ref) < 5e-2
+    assert torch.get_default_dtype() == torch.float32  # construction restored the default
+
+
+def test_missing_tensor_is_reported(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = write_checkpoint("llama", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"lacks 1 tensor.*layers\.1\.self_attn\.qkv_proj\.weight"):
+        load_model(folder, torch.float32, "cpu")
+
+
+def test_wrong_shape_is_reported(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = write_checkpoint("llama", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.zeros(64, 64)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"up_proj\.weight.*shape \(64, 64\), expected \(128, 64\)"):
+        load_model(folder, torch.float32, "cpu")
+
+
+def test_unknown_architecture_lists_supported():
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        get_model_class("GPT2LMHeadModel")
+
+
+def test_unknown_rope_type_is_rejected(tmp_path):
+    from radixlm.srt.models.layers import rope_inv_freq
+
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
+        rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
