@@ -16,6 +16,13 @@ from radixlm.grammar.bitmask import (
     fill_all_allowed,
 )
 from radixlm.grammar.cache import GrammarCompileCache
+from radixlm.grammar.jump_forward import (
+    ForcedContinuation,
+    JumpForwardEdit,
+    apply_edit,
+    forced_continuation,
+    retokenize_forced,
+)
 from radixlm.grammar.registry import (
     GRAMMAR_BACKEND_NAMES,
     GrammarConfig,
@@ -28,18 +35,23 @@ __all__ = [
     "GRAMMAR_BACKEND_NAMES",
     "GRAMMAR_KINDS",
     "CompiledGrammar",
+    "ForcedContinuation",
     "GrammarBackend",
     "GrammarCompileCache",
     "GrammarCompileError",
     "GrammarConfig",
     "GrammarMatcher",
     "GrammarSpec",
+    "JumpForwardEdit",
     "NullGrammarBackend",
     "TokenizerVocab",
     "allocate_token_bitmask",
+    "apply_edit",
     "apply_token_bitmask_inplace",
     "build_vocab",
     "create_compile_cache",
     "create_grammar_backend",
     "fill_all_allowed",
+    "forced_continuation",
+    "retokenize_forced",
 ]

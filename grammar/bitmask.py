@@ -62,8 +62,10 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def allowed_token_ids(bitmask: torch.Tensor, row: int, vocab_size: int) -> list[int]:
-    """The token ids allowed by ``bitmask[row]``."""
-    return torch.nonzero(unpack_bitmask(bitmask[row], vocab_size)).flatten().tolist()
+    """The token ids allowed by ``bitmask[row]`` (for tests, debugging and CPU samplers)."""
+    packed = bitmask[row].detach().cpu().contiguous().numpy().view(np.uint8)
+    allowed = np.unpackbits(packed, bitorder="little")[:vocab_size]
+    return np.flatnonzero(allowed).tolist()
 
 
 def apply_token_bitmask_inplace(

@@ -7,6 +7,7 @@ outlines-core cannot turn into a DFA in time. A compiled grammar keeps one valid
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import llguidance
@@ -24,6 +25,8 @@ from radixlm.grammar.bitmask import pack_token_ids
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
 from radixlm.grammar.vocab import TokenizerVocab
+
+logger = logging.getLogger(__name__)
 
 
 class _VocabTokenizerView:
@@ -50,8 +53,8 @@ def build_lltokenizer(vocab: TokenizerVocab, use_hf_json: bool = True) -> LLToke
             from llguidance.hf import from_tokenizer  # imports transformers; only needed here
 
             return from_tokenizer(vocab.tokenizer, n_vocab=vocab.vocab_size, eos_token=eos)
-        except Exception:  # slow or unusual tokenizers: fall back to the decoded vocabulary
-            pass
+        except Exception as exc:  # unusual tokenizers: fall back to the decoded vocabulary
+            logger.info("llguidance cannot read the tokenizer JSON (%s); using decoded bytes", exc)
     wrapper = llguidance.TokenizerWrapper(_VocabTokenizerView(vocab))
     return LLTokenizer(wrapper, n_vocab=vocab.vocab_size, eos_token=eos)
 
@@ -59,10 +62,12 @@ def build_lltokenizer(vocab: TokenizerVocab, use_hf_json: bool = True) -> LLToke
 class LLGuidanceGrammar(CompiledGrammar):
     backend_name = "llguidance"
 
-    def __init__(self, spec: GrammarSpec, grammar_text: str, template: LLMatcher, vocab) -> None:
+    def __init__(
+        self, spec: GrammarSpec, grammar_text: str, template: LLMatcher, vocab: TokenizerVocab
+    ) -> None:
         self.spec = spec
         self.grammar_text = grammar_text
-        self.vocab: TokenizerVocab = vocab
+        self.vocab = vocab
         self.eos_ids = frozenset(vocab.eos_token_ids)
         self.eos_row = pack_token_ids(np.array(vocab.eos_token_ids), vocab.vocab_size)
         self._template = template

@@ -63,8 +63,7 @@ class OutlinesGrammar(CompiledGrammar):
         row = self._rows.get(state)
         if row is None:
             ids = self.text_token_ids(state)
-            if self.is_final(state):
-                ids = np.concatenate([ids, self._eos_array])
+            ids = np.concatenate([ids, self._eos_array])
             row = pack_token_ids(ids, self.vocab.vocab_size)
             self._rows[state] = row
         return row
@@ -88,13 +87,14 @@ class OutlinesGrammar(CompiledGrammar):
         if self.is_final(state):
             return b""
         token_bytes = self.vocab.token_bytes
-        ids = self.text_token_ids(state)
-        if len(ids) == 0 or len({token_bytes[t][:1] for t in ids[:512]}) != 1:
+        ids = self.text_token_ids(state).tolist()
+        if not ids:
             return b""
-        if len({token_bytes[t][:1] for t in ids}) != 1:
+        first_byte = token_bytes[ids[0]][:1]
+        if any(token_bytes[t][:1] != first_byte for t in ids):
             return b""
         common: bytes | None = None
-        for token_id in ids.tolist():
+        for token_id in ids:
             nxt = self.index.get_next_state(state, token_id)
             text = token_bytes[token_id] + self._forced_from(nxt, depth + 1)
             common = text if common is None else _common_prefix(common, text)
@@ -116,7 +116,9 @@ class OutlinesGrammar(CompiledGrammar):
             remaining = remaining[len(self.vocab.token_bytes[token_id]) :]
         return tokens
 
-    def _longest_forced_token(self, state: int, remaining: bytes, ids_by_bytes):
+    def _longest_forced_token(
+        self, state: int, remaining: bytes, ids_by_bytes: dict[bytes, list[int]]
+    ) -> tuple[int, int] | None:
         for length in range(min(len(remaining), self.vocab.max_token_len), 0, -1):
             for token_id in ids_by_bytes.get(remaining[:length], ()):
                 nxt = self.next_state(state, token_id)

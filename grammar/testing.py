@@ -52,7 +52,7 @@ def train_byte_level_tokenizer(vocab_size: int = 500, seed: int = 0):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(2000, seed), trainer)
+    tokenizer.train_from_iterator(_corpus(600, seed), trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN)
 
 

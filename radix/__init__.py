@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import torch
-
 from radixlm.radix.base import FreeSlotsFn, MatchResult, PrefixCache
 from radixlm.radix.null_cache import NullCache
 from radixlm.radix.radix_cache import RadixCache
 
-__all__ = ["FreeSlotsFn", "MatchResult", "NullCache", "PrefixCache", "RadixCache",
-           "make_prefix_cache"]
+__all__ = [
+    "FreeSlotsFn",
+    "MatchResult",
+    "NullCache",
+    "PrefixCache",
+    "RadixCache",
+    "make_prefix_cache",
+]
 
 
 def make_prefix_cache(

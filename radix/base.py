@@ -63,10 +63,8 @@ class PrefixCache(ABC):
     page_size: int
 
     @abstractmethod
-    def match_prefix(
-        self, token_ids: Sequence[int], namespace: str | None = None
-    ) -> MatchResult:
-        """Return the longest cached page-aligned prefix of ``token_ids``; refreshes its LRU time."""
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        """The longest cached page-aligned prefix of ``token_ids``; refreshes its LRU time."""
 
     @abstractmethod
     def insert(

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from radixlm.radix.base import MatchResult, PrefixCache
 
 
@@ -23,9 +22,7 @@ class NullCache(PrefixCache):
         self.page_size = page_size
         self.device = torch.device(device)
 
-    def match_prefix(
-        self, token_ids: Sequence[int], namespace: str | None = None
-    ) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         return MatchResult(kv_slots=empty, matched_len=0, last_node=None)
 

@@ -6,7 +6,6 @@ import heapq
 from collections.abc import Sequence
 
 import torch
-
 from radixlm.radix.base import FreeSlotsFn, MatchResult, PrefixCache
 from radixlm.radix.tree_node import TreeNode, check_node, check_root, child_key, iter_subtree
 
@@ -52,9 +51,7 @@ class RadixCache(PrefixCache):
     def protected_size(self) -> int:
         return self._protected_tokens
 
-    def match_prefix(
-        self, token_ids: Sequence[int], namespace: str | None = None
-    ) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
         tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
         self._clock += 1
         node = self._root(namespace)
@@ -119,10 +116,12 @@ class RadixCache(PrefixCache):
             node = node.parent  # type: ignore[assignment]
 
     def evict(self, num_tokens: int) -> int:
-        heap = [(n.last_access_time, n.node_id, n) for n in self._all_nodes() if n.is_evictable_leaf]
+        heap = [
+            (n.last_access_time, n.node_id, n) for n in self._all_nodes() if n.is_evictable_leaf
+        ]
         heapq.heapify(heap)
         num_freed = 0
-        while num_freed <= num_tokens and heap:
+        while num_freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             num_freed += self._remove_leaf(node)

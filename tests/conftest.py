@@ -9,17 +9,25 @@ import pytest
 
 # Converted default-model weights are cached here for the whole run (and reused across runs
 # when RADIXLM_CACHE_DIR is set by the caller).
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+# Without a GPU, Triton kernels run (and are tested) under the Triton interpreter; this must be
+# set before anything imports triton.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 os.environ.setdefault("RADIXLM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "radixlm-test-cache"))
 
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if has_cuda:
+    if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

@@ -66,7 +66,10 @@ class ModelRunner:
         self.max_total_tokens = self.allocator.max_total_tokens
         self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests + 8, self.context_length + 1,
                                                 self.device)
-        self.attn_backend = make_attention_backend(cfg.attention_backend, self.device)
+        self.attn_backend = make_attention_backend(
+            cfg.attention_backend, self.device, num_heads=mc.num_heads,
+            num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=cfg.page_size,
+        )
         logger.info(
             "model %s (%s) on %s/%s; KV pool: %d tokens (%.2f GiB), context length %d, attention %s",
             self.model_dir, mc.architecture, self.device, self.dtype, self.max_total_tokens,

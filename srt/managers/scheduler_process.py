@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_MS = 500
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ChildLifecycle:
         configure_child_logging(self.name, log_level)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the parent decides
         signal.signal(signal.SIGTERM, lambda *_: self.term_requested.set())
+        set_process_name(f"radixlm-{self.name}")
         set_parent_death_signal()
         if not self.is_parent_alive():  # the parent died before the signal was armed
             os._exit(1)
@@ -81,13 +83,22 @@ class ChildLifecycle:
                 os._exit(1)
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Linux: the kernel sends ``sig`` to this process when its parent exits."""
+def _prctl(option: int, arg: int | bytes) -> None:
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        logger.warning("prctl(%d) failed: errno %d", option, ctypes.get_errno())
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends ``sig`` to this process when its parent exits."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def set_process_name(name: str) -> None:
+    """Linux: the name ``ps -o comm`` and ``top`` show (15 bytes at most)."""
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def configure_child_logging(name: str, log_level: str) -> None:

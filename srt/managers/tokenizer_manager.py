@@ -42,11 +42,13 @@ MAX_TOP_LOGPROBS = 20
 class GenerateError(Exception):
     """A request that cannot be served; ``status_code`` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None) -> None:
+    def __init__(self, message: str, status_code: int = 400, param: str | None = None,
+                 code: str | int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.param = param
+        self.code = code
 
 
 class ClientDisconnected(Exception):

@@ -35,7 +35,9 @@ def resolve_model_path(model_path: str | Path | None) -> Path:
         raise FileNotFoundError(f"model path {str(path)!r} does not exist; expected {EXPECTED}")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file; expected {EXPECTED}")
+            raise ValueError(
+                f"model path {str(path)!r} is a file but not a .gguf file; expected {EXPECTED}"
+            )
         return _converted(path)
     return _resolve_folder(path)
 
@@ -62,7 +64,9 @@ def _resolve_folder(folder: Path) -> Path:
     try:
         entries = list(folder.iterdir())
     except OSError as e:
-        raise FileNotFoundError(f"cannot read model folder {str(folder)!r} ({e}); expected {EXPECTED}") from e
+        raise FileNotFoundError(
+            f"cannot read model folder {str(folder)!r} ({e}); expected {EXPECTED}"
+        ) from e
     names = {p.name for p in entries}
     if "config.json" in names and any(p.suffix == ".safetensors" for p in entries):
         return folder
@@ -74,7 +78,9 @@ def _resolve_folder(folder: Path) -> Path:
             f"model folder {str(folder)!r} holds several .gguf files "
             f"({', '.join(p.name for p in ggufs)}); pass the path of the one to use"
         )
-    raise ValueError(f"model folder {str(folder)!r} has neither config.json + *.safetensors nor a .gguf file; expected {EXPECTED}")
+    raise ValueError(
+        f"model folder {str(folder)!r} has neither config.json + *.safetensors nor a .gguf file; expected {EXPECTED}"
+    )
 
 
 def cache_root() -> Path:

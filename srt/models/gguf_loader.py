@@ -16,14 +16,21 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from radixlm.srt.models.gguf_file import GGUFFile, GGUFTensorInfo
 from radixlm.srt.models.layers import rope_inv_freq
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 _BLOCK_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -39,7 +46,11 @@ _BLOCK_TENSORS = {
 }
 # Llama 3 long-context rope: llama.cpp keeps only the per-frequency divisors (rope_freqs.weight);
 # every Llama 3.x release uses these band parameters with its own factor.
-_LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_BANDS = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 _SHARD_BYTES = 4 << 30
 
 
@@ -71,7 +82,9 @@ def _hf_config(meta: GGUFFile) -> dict[str, Any]:
     head_dim = int(meta.get("{arch}.attention.key_length", hidden_size // num_heads))
     rotary_dim = int(meta.get("{arch}.rope.dimension_count", head_dim))
     if rotary_dim != head_dim:
-        raise ValueError(f"{meta.path}: partial rotary embeddings ({rotary_dim} of {head_dim}) are not supported")
+        raise ValueError(
+            f"{meta.path}: partial rotary embeddings ({rotary_dim} of {head_dim}) are not supported"
+        )
     token_embd = meta.tensor("token_embd.weight")
     if token_embd is None:
         raise ValueError(f"{meta.path}: the GGUF file has no token_embd.weight tensor")
@@ -104,7 +117,9 @@ def _rope_scaling(meta: GGUFFile, head_dim: int, theta: float) -> dict[str, Any]
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(meta.get("{arch}.rope.scaling.factor"))}
     if kind not in ("none", ""):
-        raise ValueError(f"{meta.path}: rope scaling {kind!r} is not supported (none, linear, llama3)")
+        raise ValueError(
+            f"{meta.path}: rope scaling {kind!r} is not supported (none, linear, llama3)"
+        )
     freqs = meta.tensor("rope_freqs.weight")
     if freqs is None:
         return None
@@ -173,7 +188,9 @@ def _write_weights(meta: GGUFFile, config: dict[str, Any], out_dir: Path) -> Non
         name = hf_tensor_name(tensor.name)
         if name is None:
             if tensor.name != "rope_freqs.weight":
-                logger.warning("%s: skipping GGUF tensor %s (no counterpart)", meta.path, tensor.name)
+                logger.warning(
+                    "%s: skipping GGUF tensor %s (no counterpart)", meta.path, tensor.name
+                )
             continue
         if shard_bytes >= _SHARD_BYTES:
             flush()
@@ -192,10 +209,14 @@ def _write_tokenizer(meta: GGUFFile, out_dir: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     if meta.get("tokenizer.ggml.model", None) is None:
-        logger.warning("%s has no tokenizer metadata; the converted folder has no tokenizer", meta.path)
+        logger.warning(
+            "%s has no tokenizer metadata; the converted folder has no tokenizer", meta.path
+        )
         return
     # the tokenizer class itself: AutoTokenizer would first re-read the whole file for a config
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(meta.path.parent), gguf_file=meta.path.name)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(
+        str(meta.path.parent), gguf_file=meta.path.name
+    )
     template = meta.get("tokenizer.chat_template", None)
     if template and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = template

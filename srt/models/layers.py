@@ -33,7 +33,9 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
+        )
     dst.copy_(src)
 
 
@@ -56,7 +58,9 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(norm(x + residual), x + residual)``."""
         summed = x + residual
         return self.forward(summed), summed
@@ -92,7 +96,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotates the two halves of each head) over the full head."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ):
         super().__init__()
         self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
@@ -158,7 +164,9 @@ class QKVLinear(MergedLinear):
 
     SHARDS = ("q", "k", "v")
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool
+    ):
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias)
 

@@ -6,8 +6,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.models.layers import (
     GatedMLP,
@@ -21,6 +19,7 @@ from radixlm.srt.models.layers import (
     default_weight_loader,
 )
 from radixlm.srt.models.model_config import ModelConfig
+from torch import nn
 
 # (our parameter, checkpoint name, shard id): checkpoint tensors that go into merged parameters
 STACKED_PARAMS = (
@@ -44,7 +43,9 @@ class DecoderOptions:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding
+    ):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
@@ -60,18 +61,22 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).flatten(1)
-            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
+            k = (k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
         q, k = self.rotary_emb(positions, q, k)
         out = fb.attn_backend.forward(q, k, v.contiguous(), self, fb)
         return self.o_proj(out)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding
+    ):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, options, rotary)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, options.mlp_bias)
@@ -79,7 +84,11 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        fb: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(mlp output, residual)``; their sum is this layer's output."""
         if residual is None:
@@ -95,13 +104,17 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, options: DecoderOptions):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        rotary = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(
+            config.head_dim, config.context_length, config.rope_theta, config.rope_scaling
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, options, rotary) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, fb)
@@ -116,7 +129,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         hidden_act = getattr(config.hf_config, "hidden_act", "silu")
         if hidden_act != "silu":
-            raise ValueError(f"{config.architecture}: hidden_act {hidden_act!r} is not supported (only silu)")
+            raise ValueError(
+                f"{config.architecture}: hidden_act {hidden_act!r} is not supported (only silu)"
+            )
         if getattr(config.hf_config, "use_sliding_window", False):
             raise ValueError(f"{config.architecture}: sliding-window attention is not supported")
         self.config = config
@@ -133,7 +148,9 @@ class LlamaForCausalLM(nn.Module):
             qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(config.hf_config, "mlp_bias", False))
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         """``input_ids``, ``positions``: ``[T]`` int64 -> hidden states ``[T, hidden]`` after the final norm."""
         return self.model(input_ids, positions, fb)
 
@@ -152,7 +169,9 @@ class LlamaForCausalLM(nn.Module):
                 continue
             name, shard_id = _param_name(ckpt_name)
             if name not in params:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}"
+                )
             param = params[name]
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
@@ -179,9 +198,7 @@ def _expected_shards(name: str) -> set:
 
 
 def _check_all_loaded(params: dict[str, nn.Parameter], loaded: dict[str, set]) -> None:
-    missing = [
-        name for name in params if not _expected_shards(name) <= loaded.get(name, set())
-    ]
+    missing = [name for name in params if not _expected_shards(name) <= loaded.get(name, set())]
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
         raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")

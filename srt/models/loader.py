@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.registry import get_model_class
+from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,9 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
         return files
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_dir} has no *.safetensors files (a Hugging Face model folder was expected)")
+        raise FileNotFoundError(
+            f"{model_dir} has no *.safetensors files (a Hugging Face model folder was expected)"
+        )
     return files
 
 
@@ -58,7 +59,11 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
     model.load_weights(iter_safetensors(model_dir))
     logger.info(
         "loaded %s from %s (%d layers, %s, %s)",
-        config.architecture, model_dir, config.num_layers, dtype, device,
+        config.architecture,
+        model_dir,
+        config.num_layers,
+        dtype,
+        device,
     )
     return model.eval()
 

@@ -48,7 +48,8 @@ def error_response(message: str, status_code: int, param: str | None = None,
 
 def sse_error(e: GenerateError) -> bytes:
     """The mid-stream form of an error: one SSE event carrying the error object."""
-    return b"data: " + orjson.dumps(error_body(e.message, e.status_code, e.param)) + b"\n\n"
+    body = error_body(e.message, e.status_code, e.param, e.code)
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 def describe_validation_error(
@@ -90,7 +91,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(GenerateError)
     async def _generate(_: Request, exc: GenerateError) -> JSONResponse:
-        return error_response(exc.message, exc.status_code, exc.param)
+        return error_response(exc.message, exc.status_code, exc.param, exc.code)
 
     @app.exception_handler(ClientDisconnected)
     async def _disconnected(_: Request, exc: ClientDisconnected) -> Response:

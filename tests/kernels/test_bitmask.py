@@ -28,11 +28,10 @@ def per_token_reference(logits, bitmask, rows=None):
     """Token t allowed iff bit t % 32 of word t // 32 is set; tokens past the mask disallowed."""
     out = logits.clone()
     words = bitmask.shape[1]
-    row_ids = range(bitmask.shape[0]) if rows is None else rows.tolist()
-    for i, r in enumerate(row_ids):
+    for r in range(bitmask.shape[0]) if rows is None else rows.tolist():
         for t in range(logits.shape[1]):
             w = t // 32
-            allowed = w < words and (int(bitmask[i, w]) >> (t % 32)) & 1
+            allowed = w < words and (int(bitmask[r, w]) >> (t % 32)) & 1
             if not allowed:
                 out[r, t] = float("-inf")
     return out
@@ -70,18 +69,21 @@ def test_triton_kernel_matches_torch(dtype):
     assert torch.isinf(logits[:, (vocab // 32) * 32 :]).all()
 
 
-def test_triton_kernel_with_row_indices():
-    pytest.importorskip("triton")
-    from radixlm.kernels.bitmask import apply_token_bitmask_inplace_triton
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_only_selected_rows_are_masked(path):
+    if path == "triton":
+        pytest.importorskip("triton")
+    from radixlm.kernels import bitmask as bm
 
+    apply = getattr(bm, f"apply_token_bitmask_inplace_{path}")
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn((5, 300), generator=gen).to(DEVICE)
-    mask = random_bitmask(2, 10, gen).to(DEVICE)
+    mask = random_bitmask(5, 10, gen).to(DEVICE)
     rows = torch.tensor([3, 0], device=DEVICE)
     expected = per_token_reference(logits.cpu(), mask.cpu(), rows.cpu())
-    apply_token_bitmask_inplace_triton(logits, mask, rows)
+    apply(logits, mask, rows)
     assert torch.equal(logits.cpu(), expected)
-    assert torch.isfinite(logits[[1, 2, 4]]).all()  # rows without a mask are untouched
+    assert torch.isfinite(logits[[1, 2, 4]]).all()  # rows not selected are untouched
 
 
 def test_dispatch_and_validation():
@@ -94,3 +96,7 @@ def test_dispatch_and_validation():
         apply_token_bitmask_inplace(logits, mask.long())
     with pytest.raises(ValueError, match="rows"):
         apply_token_bitmask_inplace(logits, mask[:1])
+    apply_token_bitmask_inplace(logits.fill_(0), mask, rows=[1])
+    assert logits[0].eq(0).all() and logits[1, 0] == 0 and torch.isinf(logits[1, 1:]).all()
+    apply_token_bitmask_inplace(logits, mask, rows=[])  # nothing selected: a no-op
+    assert logits[0].eq(0).all()

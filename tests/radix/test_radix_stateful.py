@@ -31,7 +31,6 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-
 from radixlm.radix import MatchResult, RadixCache
 
 PageKey = tuple[str | None, tuple[int, ...]]
@@ -58,7 +57,9 @@ class ReferenceCache:
 
     def match(self, tokens: list[int], namespace: str | None) -> tuple[int, list[int]]:
         self.clock += 1
-        present = [e for e in self.page_ends(len(tokens)) if (namespace, tuple(tokens[:e])) in self.pages]
+        present = [
+            e for e in self.page_ends(len(tokens)) if (namespace, tuple(tokens[:e])) in self.pages
+        ]
         matched_len = max(present, default=0)
         slots: list[int] = []
         for end in self.page_ends(matched_len):
@@ -80,7 +81,9 @@ class ReferenceCache:
                 self.pages[key] = RefPage(tuple(slots[end - self.page_size : end]), self.clock)
         return num_present
 
-    def add_lock(self, tokens: list[int], matched_len: int, namespace: str | None, delta: int) -> None:
+    def add_lock(
+        self, tokens: list[int], matched_len: int, namespace: str | None, delta: int
+    ) -> None:
         for end in self.page_ends(matched_len):
             page = self.pages[(namespace, tuple(tokens[:end]))]
             page.lock += delta
@@ -126,7 +129,9 @@ class RadixMachineBase(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.freed_calls: list[list[int]] = []
-        self.cache = RadixCache(self.page_size, lambda slots: self.freed_calls.append(slots.tolist()))
+        self.cache = RadixCache(
+            self.page_size, lambda slots: self.freed_calls.append(slots.tolist())
+        )
         self.ref = ReferenceCache(self.page_size)
         self.locks: list[tuple[MatchResult, list[int], str | None]] = []
         self.history: list[list[int]] = []  # every sequence inserted so far
@@ -190,7 +195,9 @@ class RadixMachineBase(RuleBasedStateMachine):
         assert num_present >= match.matched_len
         aligned = self.cache.cacheable_len(len(seq))
         own = range(match.matched_len, len(seq))
-        self.caller_kept.update(new_slots[i - match.matched_len] for i in own if not num_present <= i < aligned)
+        self.caller_kept.update(
+            new_slots[i - match.matched_len] for i in own if not num_present <= i < aligned
+        )
 
     @rule(tokens=st.data(), namespace=NAMESPACES)
     def match(self, tokens: st.DataObject, namespace: str | None) -> None:
@@ -211,8 +218,9 @@ class RadixMachineBase(RuleBasedStateMachine):
         self.cache.dec_lock_ref(result.last_node)
         self.ref.add_lock(seq, result.matched_len, namespace, -1)
 
-    @rule(num_tokens=st.integers(0, 12))
-    def evict(self, num_tokens: int) -> None:
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        num_tokens = data.draw(st.integers(0, 3 * self.page_size))
         returned = self.cache.evict(num_tokens)
         self.ref.apply_eviction(num_tokens, self.collect_freed(), returned)
 
@@ -250,7 +258,7 @@ class RadixMachineBase(RuleBasedStateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=60,
+    max_examples=50,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

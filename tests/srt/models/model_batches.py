@@ -12,12 +12,19 @@ from radixlm.srt.models.model_config import ModelConfig
 class KVSession:
     """Pools for a few requests; tracks each request's cached length."""
 
-    def __init__(self, config: ModelConfig, max_total_tokens: int = 512, num_req_slots: int = 4,
-                 max_context_len: int = 256, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_total_tokens: int = 512,
+        num_req_slots: int = 4,
+        max_context_len: int = 256,
+        dtype: torch.dtype = torch.float32,
+    ):
         cpu = torch.device("cpu")
         self.req_pool = ReqToTokenPool(num_req_slots, max_context_len, cpu)
-        self.kv_pool = KVPool(max_total_tokens, config.num_layers, config.num_kv_heads,
-                              config.head_dim, dtype, cpu)
+        self.kv_pool = KVPool(
+            max_total_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype, cpu
+        )
         self.allocator = TokenSlotAllocator(max_total_tokens, 1, cpu)
         self.backend = TorchAttentionBackend()
         self.cached_lens: dict[int, int] = {}
@@ -42,7 +49,7 @@ class KVSession:
             prefix_lens.append(prefix)
             extend_lens.append(len(tokens))
             self.cached_lens[req_slot] = prefix + len(tokens)
-        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
         req_slots = [r for r, _ in new_tokens]
         fb = ForwardBatch(
             mode=mode,
@@ -64,8 +71,9 @@ class KVSession:
 
 
 @torch.inference_mode()
-def run_logits(model, session: KVSession, mode: ForwardMode,
-               new_tokens: list[tuple[int, list[int]]]) -> torch.Tensor:
+def run_logits(
+    model, session: KVSession, mode: ForwardMode, new_tokens: list[tuple[int, list[int]]]
+) -> torch.Tensor:
     """Logits ``[T, vocab]`` float32 for every new token of the batch."""
     fb = session.batch(mode, new_tokens)
     hidden = model(fb.input_ids, fb.positions, fb)

@@ -10,20 +10,22 @@ import numpy as np
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
-from tiny_checkpoints import LLAMA3_ROPE, VOCAB, hf_config, random_hf_model
-from tiny_gguf import prepare_model, write_gguf
-
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models import default_model
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.gguf_loader import convert_gguf
 from radixlm.srt.models.loader import load_model, load_tokenizer
+from tiny_checkpoints import LLAMA3_ROPE, VOCAB, hf_config, random_hf_model
+from tiny_gguf import prepare_model, write_gguf
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(2)).tolist()
 LLAMA3_8K = {**LLAMA3_ROPE, "original_max_position_embeddings": 8192}
 # gguf architecture -> (tiny checkpoint, config overrides)
 CASES = {
-    "llama": ("llama", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_8K, "max_position_embeddings": 16384}),
+    "llama": (
+        "llama",
+        {"rope_theta": 500000.0, "rope_scaling": LLAMA3_8K, "max_position_embeddings": 16384},
+    ),
     "qwen2": ("qwen2_bias", {}),
     "qwen3": ("qwen3_bias_tied", {}),
 }
@@ -59,8 +61,13 @@ def test_converted_gguf_matches_source_model(arch, tmp_path):
     head_dim = getattr(hf_model.config, "head_dim", None) or 16
     assert (config.num_heads, config.num_kv_heads, config.head_dim) == (4, 2, head_dim)
     if arch == "llama":
-        assert config.rope_scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        assert config.rope_scaling == {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
 
 
 def test_converted_tokenizer_keeps_vocab_and_chat_template(tmp_path):
@@ -70,8 +77,9 @@ def test_converted_tokenizer_keeps_vocab_and_chat_template(tmp_path):
     ids = tokenizer.encode("hello world", add_special_tokens=False)
     assert tokenizer.decode(ids) == "hello world"
     assert len(ids) < len("hello world")  # merges were applied
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token == "<|im_end|>"
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
@@ -120,7 +128,9 @@ def test_corrupt_gguf_is_rejected_and_leaves_no_cache(tmp_path, cache_dir):
 
 
 def test_bad_model_paths_give_one_clear_error(tmp_path, cache_dir):
-    with pytest.raises(FileNotFoundError, match=r"does-not-exist.*does not exist.*config\.json.*\.gguf"):
+    with pytest.raises(
+        FileNotFoundError, match=r"does-not-exist.*does not exist.*config\.json.*\.gguf"
+    ):
         resolve_model_path(str(tmp_path / "does-not-exist"))
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"weights\.bin.*not a \.gguf file"):

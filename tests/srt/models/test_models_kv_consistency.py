@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
-from tiny_checkpoints import VOCAB, write_checkpoint
-
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
+from tiny_checkpoints import VOCAB, write_checkpoint
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 TOL = 1e-5
@@ -59,16 +58,25 @@ def test_batched_requests_match_each_alone(model):
     session = KVSession(model.config)
     reqs = [session.new_request() for _ in lens]
     # 1) one extend batch of three fresh prompts (without their last 3 prompt tokens)
-    out = run_logits(model, session, EXTEND, [(r, f[: n - 3]) for r, f, n in zip(reqs, full, lens)])
+    out = run_logits(
+        model, session, EXTEND, [(r, f[: n - 3]) for r, f, n in zip(reqs, full, lens, strict=True)]
+    )
     _check_rows(out, refs, [(0, n - 3) for n in lens])
     # 2) one extend batch on top of the cached prefixes, of different lengths
     ext = [3, 4, 5]
-    out = run_logits(model, session, EXTEND, [(r, f[n - 3 : n - 3 + e]) for r, f, n, e in zip(reqs, full, lens, ext)])
-    _check_rows(out, refs, [(n - 3, n - 3 + e) for n, e in zip(lens, ext)])
+    out = run_logits(
+        model,
+        session,
+        EXTEND,
+        [(r, f[n - 3 : n - 3 + e]) for r, f, n, e in zip(reqs, full, lens, ext, strict=True)],
+    )
+    _check_rows(out, refs, [(n - 3, n - 3 + e) for n, e in zip(lens, ext, strict=True)])
     # 3) decode steps of the whole batch (sequences of different lengths)
-    pos = [n - 3 + e for n, e in zip(lens, ext)]
+    pos = [n - 3 + e for n, e in zip(lens, ext, strict=True)]
     for _ in range(3):
-        out = run_logits(model, session, DECODE, [(r, [f[p]]) for r, f, p in zip(reqs, full, pos)])
+        out = run_logits(
+            model, session, DECODE, [(r, [f[p]]) for r, f, p in zip(reqs, full, pos, strict=True)]
+        )
         _check_rows(out, refs, [(p, p + 1) for p in pos])
         pos = [p + 1 for p in pos]
 

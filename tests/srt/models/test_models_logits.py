@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
-from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
-
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.registry import get_model_class
+from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -36,7 +35,11 @@ def test_config_reads_rope_head_dim_eos_and_dtype(tmp_path):
     folder = write_checkpoint("qwen3_qk_norm", tmp_path)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     config = ModelConfig.from_pretrained(folder)
-    assert (config.architecture, config.head_dim, config.num_kv_heads) == ("Qwen3ForCausalLM", 32, 2)
+    assert (config.architecture, config.head_dim, config.num_kv_heads) == (
+        "Qwen3ForCausalLM",
+        32,
+        2,
+    )
     assert config.eos_token_ids == (2, 7)
     assert config.rope_theta == 1e6 and config.rope_scaling is None
     assert config.dtype == torch.float32
@@ -48,7 +51,9 @@ def test_checkpoint_without_lm_head_shares_the_embedding(tmp_path):
     folder = write_checkpoint("llama_tied", tmp_path)
     ref = hf_logits(folder, PROMPT)
     config_file = folder / "config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "tie_word_embeddings": False}))
+    config_file.write_text(
+        json.dumps({**json.loads(config_file.read_text()), "tie_word_embeddings": False})
+    )
     model = load_model(folder, torch.float32, "cpu")
     assert model.lm_head.weight is model.model.embed_tokens.weight
     session = KVSession(model.config)
@@ -87,12 +92,16 @@ def test_wrong_shape_is_reported(tmp_path):
     tensors = load_file(folder / "model.safetensors")
     tensors["model.layers.0.mlp.up_proj.weight"] = torch.zeros(64, 64)
     save_file(tensors, folder / "model.safetensors")
-    with pytest.raises(ValueError, match=r"up_proj\.weight.*shape \(64, 64\), expected \(128, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"up_proj\.weight.*shape \(64, 64\), expected \(128, 64\)"
+    ):
         load_model(folder, torch.float32, "cpu")
 
 
 def test_unknown_architecture_lists_supported():
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(
+        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    ):
         get_model_class("GPT2LMHeadModel")
 
 

@@ -8,22 +8,46 @@ import torch
 
 VOCAB = 300
 _COMMON = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
 )
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 # name -> (config class name, extra config fields, save_pretrained max_shard_size or None)
 CHECKPOINTS = {
     "llama": ("LlamaConfig", {"rope_theta": 10000.0}, None),
-    "llama3_rope_sharded": ("LlamaConfig", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE}, "40KB"),
-    "llama_linear_rope": ("LlamaConfig", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, None),
+    "llama3_rope_sharded": (
+        "LlamaConfig",
+        {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE},
+        "40KB",
+    ),
+    "llama_linear_rope": (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+        None,
+    ),
     "llama_tied": ("LlamaConfig", {"tie_word_embeddings": True}, None),
     "qwen2_bias": ("Qwen2Config", {"rope_theta": 1000000.0}, None),
     "qwen3_qk_norm": ("Qwen3Config", {"head_dim": 32, "rope_theta": 1000000.0}, None),
-    "qwen3_bias_tied": ("Qwen3Config", {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": True}, None),
+    "qwen3_bias_tied": (
+        "Qwen3Config",
+        {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": True},
+        None,
+    ),
 }
 
 
@@ -41,7 +65,9 @@ def random_hf_model(config, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
     for param in model.parameters():
         param.add_(torch.randn_like(param) * 0.05)
     return model.eval()
@@ -61,5 +87,7 @@ def hf_logits(folder: Path, input_ids: list[int]) -> torch.Tensor:
     """Reference logits ``[T, vocab]`` from transformers loading ``folder`` (fp32, eager)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
     return model(torch.tensor([input_ids])).logits[0].float()

@@ -13,11 +13,19 @@ import numpy as np
 import torch
 
 HF_TO_GGUF = {
-    "model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
 Q8_TENSOR = "blk.0.ffn_down.weight"
@@ -38,7 +46,11 @@ def gguf_name(hf_name: str) -> str:
 
 def interleave_rope_halves(w: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's q/k row order: per head, rows i and i + d/2 become neighbours."""
-    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 @torch.no_grad()
@@ -116,7 +128,7 @@ def _add_tokenizer(writer, vocab_size: int) -> None:
     symbols = byte_symbols()
     pairs = []
     for word in "the quick brown fox jumps over the lazy dog while hello world every mountain gives views".split():
-        pairs += [(a, b) for a, b in zip(word, word[1:]) if (a, b) not in pairs]
+        pairs += [(a, b) for a, b in zip(word[:-1], word[1:], strict=True) if (a, b) not in pairs]
     pairs = pairs[: vocab_size - len(SPECIAL_TOKENS) - len(symbols)]
     tokens = SPECIAL_TOKENS + symbols + [a + b for a, b in pairs]
     assert len(tokens) == vocab_size, len(tokens)

@@ -1,0 +1,188 @@
+"""``@function`` programs and how they run: ``run``, ``run(stream=True)``, ``run_batch``, ``bind``.
+
+    @rl.function
+    def qa(s, question):
+        s += rl.user(question)
+        s += rl.assistant(rl.gen("answer", max_tokens=64))
+
+    state = qa.run(question="What is the capital of France?", temperature=0)
+    print(state["answer"])
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from radixlm.lang.backend_base import BaseBackend
+from radixlm.lang.errors import ProgramError
+from radixlm.lang.interpreter import StreamExecutor
+from radixlm.lang.ir import GenParams
+from radixlm.lang.state import ProgramState
+
+DEFAULT_MAX_NEW_TOKENS = 128
+_default_backend: BaseBackend | None = None
+
+
+def set_default_backend(backend: BaseBackend | None) -> None:
+    """The backend used by ``run`` and ``run_batch`` when none is passed."""
+    global _default_backend
+    if backend is not None and not isinstance(backend, BaseBackend):
+        raise ValueError(f"a backend must be a LocalBackend, RuntimeEndpoint, OpenAI or another "
+                         f"BaseBackend, got {type(backend).__name__}")
+    _default_backend = backend
+
+
+def get_default_backend() -> BaseBackend | None:
+    return _default_backend
+
+
+def _resolve_backend(backend: BaseBackend | None) -> BaseBackend:
+    backend = backend or _default_backend
+    if backend is None:
+        raise ValueError("no backend: pass backend=... or call rl.set_default_backend("
+                         "rl.LocalBackend(engine)) / rl.set_default_backend(rl.RuntimeEndpoint(url))")
+    return backend
+
+
+def sampling_defaults(max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS, stop: Any = None,
+                      stop_token_ids: Any = None, temperature: float | None = None,
+                      top_p: float | None = None, top_k: int | None = None,
+                      min_p: float | None = None, frequency_penalty: float | None = None,
+                      presence_penalty: float | None = None, ignore_eos: bool | None = None,
+                      seed: int | None = None) -> GenParams:
+    """The program-wide sampling parameters every ``gen`` inherits (None: the server's)."""
+    return GenParams(
+        max_new_tokens=max_new_tokens,
+        stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
+        stop_token_ids=None if stop_token_ids is None else tuple(stop_token_ids),
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos, seed=seed,
+    )
+
+
+_SAMPLING_NAMES = tuple(inspect.signature(sampling_defaults).parameters)
+
+
+class Program:
+    """A function ``f(s, *args, **kwargs)`` made runnable. Calling it with a ProgramState as
+    the first argument runs it inline inside another program."""
+
+    def __init__(self, func: Callable[..., Any], bound: dict[str, Any] | None = None) -> None:
+        if not callable(func):
+            raise ValueError(f"@function decorates a function, got {func!r}")
+        params = list(inspect.signature(func).parameters.values())
+        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
+                                                params[0].POSITIONAL_OR_KEYWORD):
+            raise ValueError(f"program {func.__name__}() must take the state s as its first argument")
+        self.func = func
+        self.bound = dict(bound or {})
+        self._arg_names = {p.name for p in params[1:]}
+        self._takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> Program:
+        """A copy with some arguments fixed."""
+        unknown = sorted(set(kwargs) - self._arg_names)
+        if unknown and not self._takes_kwargs:
+            raise ValueError(f"{self.__name__}() has no argument(s) {unknown}; it takes "
+                             f"{sorted(self._arg_names)}")
+        return Program(self.func, {**self.bound, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], ProgramState):
+            return self.func(*args, **{**self.bound, **kwargs})
+        return self.run(*args, **kwargs)
+
+    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_NAMES}
+        return sampling, {**self.bound, **kwargs}
+
+    def run(self, *args: Any, backend: BaseBackend | None = None, stream: bool = False,
+            **kwargs: Any) -> ProgramState:
+        """Run once. Keyword arguments are the program's, plus the sampling defaults
+        (max_new_tokens, stop, temperature, top_p, top_k, min_p, ...). Without ``stream`` it
+        returns once the program finished (raising its error); with ``stream=True`` at once:
+        read the text as it comes with ``state.text_iter()``."""
+        sampling, program_kwargs = self._split(dict(kwargs))
+        backend = _resolve_backend(backend)
+        executor = StreamExecutor(backend, sampling_defaults(**sampling), stream)
+        state = ProgramState(executor)
+        if stream:
+            threading.Thread(target=self._execute, args=(state, args, program_kwargs),
+                             name=f"radixlm-{self.__name__}", daemon=True).start()
+            return state
+        error = self._execute(state, args, program_kwargs)
+        if error is not None:
+            raise error
+        state.sync()
+        return state
+
+    def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+        """Runs the body and ends the state. An exception from the body is stored in the state
+        (as a ProgramError) and returned."""
+        executor = state._ex
+        try:
+            self.func(state, *args, **kwargs)
+            return None
+        except Exception as e:
+            err = e if isinstance(e, ProgramError) else ProgramError(
+                self.__name__, None, f"{type(e).__name__}: {e}")
+            if err is not e:
+                err.__cause__ = e
+            executor.fail(err)
+            return e
+        finally:
+            executor.end()
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: BaseBackend | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  **sampling: Any) -> list[ProgramState]:
+        """Run once per dict of arguments, ``num_threads`` at a time; the states come back in
+        the order of ``batch_kwargs``. A failed program's state holds its error
+        (``state.error()``; reading it raises)."""
+        unknown = sorted(set(sampling) - set(_SAMPLING_NAMES))
+        if unknown:
+            raise ValueError(f"run_batch() got unknown option(s) {unknown}; program arguments go "
+                             f"in batch_kwargs, options are {list(_SAMPLING_NAMES)}")
+        if not all(isinstance(kw, dict) for kw in batch_kwargs):
+            raise ValueError("batch_kwargs must be a list of dicts of program arguments")
+        if not batch_kwargs:
+            return []
+        backend = _resolve_backend(backend)
+        defaults = sampling_defaults(**sampling)
+        workers = _num_threads(num_threads, len(batch_kwargs))
+
+        def one(kw: dict[str, Any]) -> ProgramState:
+            state = ProgramState(StreamExecutor(backend, defaults))
+            self._execute(state, (), {**self.bound, **kw})
+            return state
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = pool.map(one, batch_kwargs)
+            if progress_bar:
+                from tqdm import tqdm
+
+                results = tqdm(results, total=len(batch_kwargs), desc=self.__name__)
+            return list(results)
+
+
+def _num_threads(num_threads: int | str, batch_size: int) -> int:
+    if num_threads == "auto":
+        return max(1, min(batch_size, max(64, 16 * (os.cpu_count() or 1))))
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
+    return num_threads
+
+
+def function(func: Callable[..., Any] | None = None) -> Any:
+    """Decorator: ``@function`` (or ``@function()``) turns ``f(s, ...)`` into a Program."""
+    if func is None:
+        return Program
+    return Program(func)

@@ -1,0 +1,291 @@
+"""The frontend's semantics over a scripted backend (no model): ordering, fork/join, scopes,
+streaming, batches, errors."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+import radixlm.lang as rl
+from radixlm.lang.backend_base import BaseBackend, Prompt
+from radixlm.lang.choices import ChoiceLogprobs
+from radixlm.lang.ir import GenParams
+
+
+class ScriptedBackend(BaseBackend):
+    """generate() answers "<N>" where N counts the prompt's characters; select() prefers the
+    choice whose logprobs are given in ``choice_logprobs``. Every call is recorded."""
+
+    def __init__(self, delay_s: float = 0.0, barrier: threading.Barrier | None = None) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+        self.params: list[GenParams] = []
+        self.delay_s = delay_s
+        self.barrier = barrier
+        self.choice_logprobs: dict[str, list[float]] = {}
+        self.fail_with: Exception | None = None
+        self._lock = threading.Lock()
+
+    def _record(self, kind: str, prompt: Prompt) -> None:
+        with self._lock:
+            self.calls.append((kind, prompt.text))
+
+    def cache_prefix(self, prompt: Prompt) -> None:
+        self._record("prefill", prompt)
+
+    def generate(self, prompt: Prompt, params: GenParams) -> tuple[str, dict]:
+        self._record("gen", prompt)
+        self.params.append(params)
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.barrier is not None:
+            self.barrier.wait(timeout=5)
+        if self.delay_s:
+            time.sleep(random.random() * self.delay_s)
+        return f"<{len(prompt.text)}>", {"prompt_tokens": len(prompt.text)}
+
+    def generate_stream(self, prompt: Prompt, params: GenParams):
+        text, meta = self.generate(prompt, params)
+        for ch in text:
+            yield ch, None
+        yield "", meta
+
+    def score_choices(self, prompt: Prompt, choices: list[str], unconditional: bool):
+        self._record("score", prompt)
+        cond = [self.choice_logprobs.get(c, [-5.0]) for c in choices]
+        return ChoiceLogprobs(cond, [[-1.0] * (len(c) - 1) for c in cond] if unconditional else None)
+
+
+@pytest.fixture
+def backend() -> ScriptedBackend:
+    return ScriptedBackend()
+
+
+def test_text_and_gen_run_in_order_and_fill_variables(backend):
+    @rl.function
+    def prog(s, topic):
+        s += "About " + topic + ":"
+        s += rl.gen("first", max_tokens=3)
+        s += " then" + rl.gen("second")
+
+    state = prog.run(topic="cats", backend=backend, temperature=0.5)
+    assert state["first"] == "<11>"
+    assert state["second"] == f"<{len('About cats:<11> then')}>"
+    assert state.text() == "About cats:<11> then<20>"
+    assert backend.params[0].max_new_tokens == 3 and backend.params[0].temperature == 0.5
+    assert backend.params[1].max_new_tokens == rl.program.DEFAULT_MAX_NEW_TOKENS
+
+
+def test_missing_variable_names_the_known_ones(backend):
+    state = rl.function(lambda s: s.__iadd__("x" + rl.gen("a"))).run(backend=backend)
+    with pytest.raises(KeyError, match=r"no variable 'b'.*\['a'\]"):
+        state["b"]
+
+
+def test_fork_prefills_the_prefix_then_runs_branches_concurrently():
+    backend = ScriptedBackend(barrier=threading.Barrier(3))  # sequential branches would time out
+
+    @rl.function
+    def prog(s):
+        s += "Prefix. "
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"Branch {i}: " + rl.gen("answer")
+        forks.join()
+        s += "Done."
+
+    state = prog.run(backend=backend)
+    assert backend.calls[0] == ("prefill", "Prefix. ")
+    assert sorted(c[1] for c in backend.calls[1:]) == [f"Prefix. Branch {i}: " for i in range(3)]
+    assert state["answer"] == ["<18>", "<18>", "<18>"]
+    assert state.text() == "Prefix. Done."
+
+
+def test_join_gathers_per_branch_and_concatenates(backend):
+    @rl.function
+    def prog(s):
+        s += "P|"
+        forks = s.fork(2)
+        forks += ["a" + rl.gen("x"), "bb"]
+        forks[1] += rl.gen("y")
+        forks.join("concate_join")
+
+    state = prog.run(backend=backend)
+    assert state["x"] == ["<3>", None]
+    assert state["y"] == [None, "<4>"]
+    assert state.text() == "P|a<3>bb<4>"
+
+
+def test_var_scope_and_roles(backend):
+    @rl.function
+    def prog(s):
+        with s.user():
+            with s.var_scope("question"):
+                s += "Why?"
+        s += rl.assistant(rl.gen("answer"))
+
+    state = prog.run(backend=backend)
+    assert state["question"] == "Why?"
+    assert state.messages() == [{"role": "user", "content": "Why?"},
+                                {"role": "assistant", "content": state["answer"]}]
+    assert state.text() == rl.ChatTemplate.chatml().render(state.messages())
+
+
+def test_select_uses_the_method_and_records_scores(backend):
+    backend.choice_logprobs = {"yes": [-1.0, -1.0], "no": [-0.5, -3.0], "maybe": [-9.0]}
+
+    @rl.function
+    def prog(s):
+        s += "Q?"
+        s += rl.select("norm", ["yes", "no", "maybe"])
+        s += rl.select("greedy", ["yes", "no", "maybe"], choices_method=rl.greedy_token)
+
+    state = prog.run(backend=backend)
+    assert state["norm"] == "yes" and state["greedy"] == "no"
+    assert state.get_meta_info("norm")["scores"] == [-1.0, -1.75, -9.0]
+    assert state.text() == "Q?yesno"
+
+
+def test_choices_methods_rank_from_logprobs():
+    lp = rl.choices.ChoiceLogprobs([[-1.0, -0.1], [-1.0, -0.01], [-0.2, -5.0, -5.0]],
+                                   [[-0.5], [-3.0], [-0.1, -0.1]])
+    names = ["a", "b", "c"]
+    assert rl.token_length_normalized(names, lp).decision == "b"
+    assert rl.greedy_token(names, lp).decision == "c"
+    # (cond - uncond) / len: a: (-1.1+0.5)/2, b: (-1.01+3)/2, c: (-10.2+0.2)/3
+    result = rl.unconditional_likelihood_normalized(names, lp)
+    assert result.decision == "b"
+    assert result.scores == pytest.approx([-0.3, 0.995, -10.0 / 3])
+
+
+def test_greedy_token_breaks_ties_on_later_tokens():
+    lp = rl.choices.ChoiceLogprobs([[-0.5, -2.0], [-0.5, -0.1], [-0.6]])
+    assert rl.greedy_token(["x", "y", "z"], lp).index == 1
+
+
+def test_stream_yields_the_same_text_as_a_normal_run(backend):
+    @rl.function
+    def prog(s):
+        s += rl.user("hello")
+        s += rl.assistant(rl.gen("a"))
+
+    whole = prog.run(backend=backend)
+    streamed = prog.run(backend=backend, stream=True)
+    pieces = list(streamed.text_iter())
+    assert len(pieces) > 5
+    assert "".join(pieces) == streamed.text() == whole.text()
+    assert "".join(prog.run(backend=backend, stream=True).text_iter("a")) == whole["a"]
+
+
+def test_run_batch_keeps_the_order():
+    backend = ScriptedBackend(delay_s=0.02)
+    prog = rl.function(lambda s, word: s.__iadd__(word + rl.gen("g")))
+    words = ["x" * (i + 1) for i in range(12)]
+    states = prog.run_batch([{"word": w} for w in words], backend=backend, num_threads=4)
+    assert [s["g"] for s in states] == [f"<{len(w)}>" for w in words]
+    assert [s.text() for s in states] == [w + f"<{len(w)}>" for w in words]
+
+
+def test_bind_and_nested_calls(backend):
+    @rl.function
+    def inner(s, tag):
+        s += f"[{tag}]"
+
+    @rl.function
+    def outer(s, a, b):
+        inner(s, tag=a)
+        s += b
+
+    state = outer.bind(a="A").run(b="B", backend=backend)
+    assert state.text() == "[A]B"
+    with pytest.raises(ValueError, match="no argument"):
+        outer.bind(c=1)
+
+
+def test_backend_errors_name_the_primitive(backend):
+    backend.fail_with = RuntimeError("HTTP 400 from /generate: bad regex")
+
+    @rl.function
+    def prog(s):
+        s += "x" + rl.gen("answer")
+
+    with pytest.raises(rl.ProgramError, match=r"gen\('answer'\) failed: HTTP 400") as info:
+        prog.run(backend=backend)
+    assert info.value.primitive == "gen" and info.value.name == "answer"
+    states = prog.run_batch([{}, {}], backend=backend)
+    assert all(isinstance(s.error(), rl.ProgramError) for s in states)
+    with pytest.raises(rl.ProgramError):
+        states[0].text()
+
+
+def test_bad_arguments_are_rejected_where_written():
+    with pytest.raises(ValueError, match=r"gen\('n'\): regex"):
+        rl.gen("n", regex="(unclosed")
+    with pytest.raises(ValueError, match=r"gen\('n'\): dtype"):
+        rl.gen("n", dtype=list)
+    with pytest.raises(ValueError, match=r"gen\('j'\): json_schema"):
+        rl.gen("j", json_schema="{not json")
+    with pytest.raises(ValueError, match=r"select\('c'\): choices"):
+        rl.select("c", [])
+    with pytest.raises(ValueError, match=r"select\('c'\): choices_method"):
+        rl.select("c", ["a"], choices_method="best")
+    assert rl.gen("n", dtype=int).params.regex == rl.primitives.INT_REGEX
+    assert rl.gen("n", json_schema={"type": "object"}).params.json_schema == '{"type": "object"}'
+
+
+def test_int_gen_converts_and_reports_unparsable_text(backend):
+    @rl.function
+    def prog(s):
+        s += "n=" + rl.gen("n", dtype=int)
+
+    with pytest.raises(rl.ProgramError, match=r"gen\('n'\) failed: .*not a valid int"):
+        prog.run(backend=backend)
+
+
+def test_role_mistakes_and_empty_prompts_are_clear(backend):
+    with pytest.raises(rl.ProgramError, match="user_end"):
+        rl.function(lambda s: s.__iadd__(rl.user_end())).run(backend=backend)
+    with pytest.raises(rl.ProgramError, match="inside the open role"):
+        rl.function(lambda s: s.__iadd__(rl.user_begin() + rl.system("x"))).run(backend=backend)
+    with pytest.raises(rl.ProgramError, match=r"gen\('a'\) failed: the prompt is empty"):
+        rl.function(lambda s: s.__iadd__(rl.gen("a"))).run(backend=backend)
+    with pytest.raises(TypeError, match="got int"):
+        rl.function(lambda s: s.__iadd__(3)).run(backend=backend)
+
+
+def test_run_without_a_backend_says_how_to_set_one():
+    rl.set_default_backend(None)
+    with pytest.raises(ValueError, match="set_default_backend"):
+        rl.function(lambda s: None).run()
+
+
+def test_chat_template_is_measured_from_the_tokenizer_template():
+    import jinja2
+
+    source = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<s>DEFAULT</s>"
+              "{% endif %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]{% endfor %}")
+
+    class Tok:
+        chat_template = source
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return jinja2.Template(source).render(messages=messages)
+
+    tpl = rl.ChatTemplate.from_tokenizer(Tok())
+    assert tpl.prefix("user", is_first=True) == "<s>DEFAULT</s>[user]"
+    assert tpl.prefix("user", is_first=False) == "[user]"
+    assert tpl.suffix("assistant") == "[/assistant]"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert tpl.render(msgs) == Tok().apply_chat_template(msgs, False, False)
+
+
+def test_openai_reply_maps_to_the_closest_choice():
+    from radixlm.lang.backend_openai import closest_choice
+
+    choices = ["Paris", "London", "New York"]
+    assert closest_choice("London", choices) == 1
+    assert closest_choice("The answer is new york.", choices) == 2
+    assert closest_choice("Pariss", choices) == 0
