@@ -14,6 +14,7 @@ import llguidance
 import numpy as np
 import torch
 from llguidance import LLMatcher, LLTokenizer
+
 from radixlm.grammar.base import (
     CompiledGrammar,
     GrammarBackend,

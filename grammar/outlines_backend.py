@@ -13,6 +13,7 @@ import threading
 from importlib.metadata import version
 
 import outlines_core
+
 from radixlm.grammar.base import GrammarBackend, GrammarCompileError, GrammarSpec
 from radixlm.grammar.outlines_grammar import OutlinesGrammar
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import torch
+
 from radixlm.grammar.base import CompiledGrammar, GrammarMatcher, GrammarSpec
 from radixlm.grammar.bitmask import pack_token_ids
 from radixlm.grammar.vocab import TokenizerVocab
@@ -63,7 +64,8 @@ class OutlinesGrammar(CompiledGrammar):
         row = self._rows.get(state)
         if row is None:
             ids = self.text_token_ids(state)
-            ids = np.concatenate([ids, self._eos_array])
+            if self.is_final(state):
+                ids = np.concatenate([ids, self._eos_array])
             row = pack_token_ids(ids, self.vocab.vocab_size)
             self._rows[state] = row
         return row

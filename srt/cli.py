@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import orjson
+
 from radixlm.srt.config import ServerConfig, add_cli_args, config_from_args
 
 

@@ -10,6 +10,7 @@ from multiprocessing.connection import Connection
 
 import psutil
 import zmq
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.messages import BatchTokenOut, decode, encode

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.messages import (
     AbortReq,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.messages import (
     AbortReq,
@@ -276,6 +277,8 @@ class TokenizerManager:
         """Runs one prepared request; yields cumulative outputs (every update when streaming,
         else only the final one). Aborts the request if the consumer stops early."""
         self._check_alive()
+        if req.rid in self.states:
+            raise GenerateError(f"a request with rid {req.rid!r} is already running", 400, "rid")
         inp = req.inp
         result = RequestResult(req.rid, inp.return_logprob, inp.return_text_in_logprobs)
         state = ReqState(req, time.perf_counter(), result)

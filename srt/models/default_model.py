@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -95,22 +97,42 @@ def cache_folder_for(gguf_path: Path) -> Path:
 
 
 def _converted(gguf_path: Path) -> Path:
-    from radixlm.srt.models.gguf_loader import convert_gguf
-
     if not os.access(gguf_path, os.R_OK):
         raise FileNotFoundError(f"cannot read GGUF file {str(gguf_path)!r}; expected {EXPECTED}")
     target = cache_folder_for(gguf_path)
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / f".{target.name}.lock"):  # one converter per file at a time
+        if not target.is_dir():
+            _convert_into(gguf_path, target)
+    return target
+
+
+def _convert_into(gguf_path: Path, target: Path) -> None:
+    """Converts into a temporary sibling folder, then renames it into place."""
+    from radixlm.srt.models.gguf_loader import convert_gguf
+
     logger.info("converting %s into %s (first use only)", gguf_path, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         convert_gguf(gguf_path, tmp)
         os.rename(tmp, target)
-    except OSError:
-        if not target.is_dir():  # not a lost race with another process converting the same file
-            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An inter-process lock (advisory ``flock``; no locking where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from radixlm.srt.models.gguf_file import GGUFFile, GGUFTensorInfo
 from radixlm.srt.models.layers import rope_inv_freq
 

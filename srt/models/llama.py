@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.models.layers import (
     GatedMLP,
@@ -19,7 +21,6 @@ from radixlm.srt.models.layers import (
     default_weight_loader,
 )
 from radixlm.srt.models.model_config import ModelConfig
-from torch import nn
 
 # (our parameter, checkpoint name, shard id): checkpoint tensors that go into merged parameters
 STACKED_PARAMS = (
@@ -67,7 +68,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).flatten(1)
-            k = (k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
+            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
         q, k = self.rotary_emb(positions, q, k)
         out = fb.attn_backend.forward(q, k, v.contiguous(), self, fb)
         return self.o_proj(out)

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.registry import get_model_class
-from torch import nn
 
 logger = logging.getLogger(__name__)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from radixlm.srt.models.llama import LlamaForCausalLM
 from radixlm.srt.models.qwen2 import Qwen2ForCausalLM
 from radixlm.srt.models.qwen3 import Qwen3ForCausalLM
-from torch import nn
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

@@ -71,6 +71,22 @@ class KVManager:
         req.num_kv_tokens += num_tokens
         return slots
 
+    def cache_chunk(self, req: Req) -> None:
+        """After a prefill chunk of a still-running request: puts its KV so far into the prefix
+        cache (others can share it at once) and points the request at the cache's slots."""
+        n = req.num_kv_tokens
+        tokens = req.fill_ids[:n]
+        kv = self.req_to_token_pool.read(req.req_slot, n).clone()
+        present = self.cache.insert(tokens, kv)
+        if present > req.num_cached_prefix:
+            self.allocator.free(kv[req.num_cached_prefix : present])
+        match = self.cache.match_prefix(tokens)
+        self.req_to_token_pool.write(req.req_slot, 0, match.kv_slots)
+        self.cache.inc_lock_ref(match.last_node)
+        self.cache.dec_lock_ref(req.cache_node)
+        req.cache_node = match.last_node
+        req.num_cached_prefix = len(match.kv_slots)
+
     def release(self, req: Req, keep_in_cache: bool = True) -> None:
         """Gives the request's KV back: into the prefix cache where it can be kept, else to the
         allocator; frees its table row and unlocks its cached prefix."""

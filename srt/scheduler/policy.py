@@ -1,21 +1,79 @@
-"""Orders the waiting queue before admission (fcfs now; cache-aware policies plug in here)."""
+"""Orders the waiting queue before admission.
+
+- ``fcfs``: arrival order.
+- ``lpm``: longest cached prefix first, so requests that reuse the cache run while it holds
+  their prefix (falls back to fcfs for very long queues, where matching them all costs more
+  than it saves).
+- ``dfs-weight``: walk the radix tree depth first, heaviest subtree (most waiting requests)
+  first, so requests sharing a prefix are admitted together.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Sequence
 
 from radixlm.srt.scheduler.req import Req
+
+LPM_MAX_QUEUE = 128
 
 
 class FCFSPolicy:
     name = "fcfs"
 
-    def order(self, waiting: Iterable[Req], cache) -> list[Req]:
+    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
         return list(waiting)
 
 
+def _match(req: Req, cache):
+    return cache.match_prefix(req.fill_ids[: req.max_prefix_match()])
+
+
+class LPMPolicy:
+    name = "lpm"
+
+    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+        if len(waiting) > LPM_MAX_QUEUE:
+            return list(waiting)
+        matched = {id(r): _match(r, cache).matched_len for r in waiting}
+        return sorted(waiting, key=lambda r: -matched[id(r)])  # stable: fcfs among equals
+
+
+class DFSWeightPolicy:
+    name = "dfs-weight"
+
+    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+        if len(waiting) > LPM_MAX_QUEUE:
+            return list(waiting)
+        at_node: dict[object, list[Req]] = defaultdict(list)
+        for r in waiting:
+            at_node[_match(r, cache).last_node].append(r)
+        weight: dict[object, int] = defaultdict(int)
+        children: dict[object, list[object]] = defaultdict(list)
+        roots = []
+        for node, reqs in at_node.items():
+            weight[node] += len(reqs)
+            child, parent = node, getattr(node, "parent", None)
+            while parent is not None:
+                if child not in children[parent]:
+                    children[parent].append(child)
+                weight[parent] += len(reqs)
+                child, parent = parent, getattr(parent, "parent", None)
+            if child not in roots:
+                roots.append(child)
+        out: list[Req] = []
+        stack = sorted(roots, key=lambda n: weight[n])
+        while stack:
+            node = stack.pop()
+            out += at_node.get(node, [])
+            stack += sorted(children[node], key=lambda n: weight[n])
+        return out
+
+
+POLICIES = {p.name: p for p in (FCFSPolicy, LPMPolicy, DFSWeightPolicy)}
+
+
 def make_policy(name: str):
-    policies = {"fcfs": FCFSPolicy}
-    if name not in policies:
-        raise ValueError(f"schedule policy {name!r} is not available; choose one of {sorted(policies)}")
-    return policies[name]()
+    if name not in POLICIES:
+        raise ValueError(f"schedule policy {name!r} is not available; choose one of {sorted(POLICIES)}")
+    return POLICIES[name]()

@@ -36,6 +36,8 @@ from radixlm.srt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
+IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
+
 
 class Scheduler:
     def __init__(self, cfg: ServerConfig, runner: ModelRunner | None = None):
@@ -187,6 +189,9 @@ class Scheduler:
             if req.req_slot < 0:
                 self.kv.release(req)
                 break
+            if self._shares_uncached_prefix(req, batch):
+                self.kv.release(req)  # defer: next step it finds that prefix in the cache
+                continue
             if not req.output_ids:
                 req.cached_tokens = req.num_cached_prefix
             used = self._add_extend(batch, req, budget, chunk)
@@ -196,6 +201,17 @@ class Scheduler:
             self.waiting.remove(req)
             budget -= used
         return batch if batch.reqs else None
+
+    @staticmethod
+    def _shares_uncached_prefix(req: Req, batch: ScheduledBatch) -> bool:
+        """Whether an admitted request of this batch computes a long stretch of ``req``'s
+        uncached prefix (in-batch prefix sharing: compute it once)."""
+        k = req.num_cached_prefix + IN_BATCH_PREFIX_MIN_SHARED
+        fill = req.fill_ids
+        if len(fill) - 1 < k:
+            return False
+        head = fill[:k]
+        return any(len(o.fill_ids) >= k and o.fill_ids[:k] == head for o in batch.reqs)
 
     def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunk: int | None) -> int:
         """Adds the request's next prefill piece to the batch; returns its token count (0 when
@@ -261,6 +277,8 @@ class Scheduler:
             req.output_ids.append(tok)
             self.stop_checker.check(req)
         for i, req in enumerate(batch.reqs):
+            if batch.mode is ForwardMode.EXTEND and not req.is_finished:
+                self.kv.cache_chunk(req)  # share the prefilled tokens with later requests now
             if not batch.completes_fill(i):
                 self.chunked = req
             elif not req.is_finished and req not in self.running:

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server import native_api, openai_api

@@ -10,8 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import orjson
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer_process import run_detokenizer_process
 from radixlm.srt.managers.scheduler_process import IpcEndpoints, run_scheduler_process
@@ -148,10 +149,11 @@ def load_tokenizer_for(cfg: ServerConfig) -> Any:
 def launch_server(cfg: ServerConfig) -> None:
     """Runs the server until SIGTERM/SIGINT; children never outlive this call."""
     import uvicorn
+    from tqdm import tqdm
+
     from radixlm.srt.models.default_model import resolve_model_path
     from radixlm.srt.server.app import create_app, served_model_name
     from radixlm.srt.server.metrics import ServerMetrics
-    from tqdm import tqdm
 
     configure_logging(cfg.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
     GenerateError,

@@ -11,8 +11,8 @@ from radixlm.srt.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    OpenAISamplingFields,
     ResponseFormat,
-    _OpenAISampling,
 )
 
 MAX_COMPLETION_LOGPROBS = 5
@@ -52,7 +52,7 @@ def check_model(requested: str, accepted: set[str]) -> None:
         )
 
 
-def sampling_params(req: _OpenAISampling, max_new_tokens: int) -> dict[str, Any]:
+def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str, Any]:
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for name, native in _PASSTHROUGH.items():
         value = getattr(req, name)
@@ -66,7 +66,7 @@ def _check_n(n: int) -> None:
         raise GenerateError(f"n must be >= 1, got {n}", 400, "n")
 
 
-def _expand(plan: OpenAIPlan, req: _OpenAISampling, ids: list[int], sp: dict[str, Any],
+def _expand(plan: OpenAIPlan, req: OpenAISamplingFields, ids: list[int], sp: dict[str, Any],
             logprob: tuple[bool, int, int]) -> None:
     """Adds ``req.n`` native inputs for one prompt (seeded samples get seeds seed, seed+1, ...)."""
     return_logprob, start_len, top_num = logprob

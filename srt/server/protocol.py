@@ -69,7 +69,7 @@ class SGLangSamplingExtras(_Body):
     rid: str | None = None
 
 
-class _OpenAISampling(SGLangSamplingExtras):
+class OpenAISamplingFields(SGLangSamplingExtras):
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -83,7 +83,7 @@ class _OpenAISampling(SGLangSamplingExtras):
     stream_options: StreamOptions | None = None
 
 
-class CompletionRequest(_OpenAISampling):
+class CompletionRequest(OpenAISamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
@@ -114,7 +114,7 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatCompletionRequest(_OpenAISampling):
+class ChatCompletionRequest(OpenAISamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

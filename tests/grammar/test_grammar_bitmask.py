@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixlm.grammar.bitmask import (
     allocate_token_bitmask,
     allowed_token_ids,

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec
 from radixlm.grammar.cache import GrammarCompileCache
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend

@@ -8,6 +8,7 @@ import random
 import re
 
 import pytest
+
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import OutlinesBackend

@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import pytest
+
 from radixlm.grammar.base import GrammarSpec
 from radixlm.grammar.jump_forward import (
     JumpForwardEdit,

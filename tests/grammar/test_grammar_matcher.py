@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from radixlm.grammar.base import GrammarSpec
 from radixlm.grammar.bitmask import allocate_token_bitmask, allowed_token_ids
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec, NullGrammarBackend
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import OutlinesBackend

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+
 from radixlm.grammar.base import GrammarSpec
 from radixlm.grammar.jump_forward import forced_continuation, retokenize_forced
 from radixlm.grammar.llguidance_backend import build_lltokenizer

@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 from radixlm.grammar.llguidance_backend import build_lltokenizer
 from radixlm.grammar.testing import EOS_TOKEN, train_byte_level_tokenizer
 from radixlm.grammar.vocab import _sentencepiece_bytes, build_vocab
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from radixlm.srt.managers.detokenizer import Detokenizer, held_back_len, trim_stop_str
 from radixlm.srt.managers.messages import BatchTokenOut, decode, encode
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

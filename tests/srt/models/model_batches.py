@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
@@ -19,13 +20,19 @@ class KVSession:
         num_req_slots: int = 4,
         max_context_len: int = 256,
         dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
     ):
-        cpu = torch.device("cpu")
-        self.req_pool = ReqToTokenPool(num_req_slots, max_context_len, cpu)
+        self.device = torch.device(device)
+        self.req_pool = ReqToTokenPool(num_req_slots, max_context_len, self.device)
         self.kv_pool = KVPool(
-            max_total_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype, cpu
+            max_total_tokens,
+            config.num_layers,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype,
+            self.device,
         )
-        self.allocator = TokenSlotAllocator(max_total_tokens, 1, cpu)
+        self.allocator = TokenSlotAllocator(max_total_tokens, 1, self.device)
         self.backend = TorchAttentionBackend()
         self.cached_lens: dict[int, int] = {}
 
@@ -51,14 +58,15 @@ class KVSession:
             self.cached_lens[req_slot] = prefix + len(tokens)
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
         req_slots = [r for r, _ in new_tokens]
+        dev = self.device
         fb = ForwardBatch(
             mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             out_kv_slots=torch.cat(slots),
-            req_slots=torch.tensor(req_slots, dtype=torch.int64),
+            req_slots=torch.tensor(req_slots, dtype=torch.int64, device=dev),
             req_slots_cpu=req_slots,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
             seq_lens_cpu=seq_lens,
             prefix_lens_cpu=prefix_lens,
             extend_lens_cpu=extend_lens,

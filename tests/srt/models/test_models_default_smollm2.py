@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
+
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.default_model import default_gguf_path, resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
+from tiny_checkpoints import LLAMA3_ROPE, VOCAB, hf_config, random_hf_model
+from tiny_gguf import prepare_model, write_gguf
+
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models import default_model
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.gguf_loader import convert_gguf
 from radixlm.srt.models.loader import load_model, load_tokenizer
-from tiny_checkpoints import LLAMA3_ROPE, VOCAB, hf_config, random_hf_model
-from tiny_gguf import prepare_model, write_gguf
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(2)).tolist()
 LLAMA3_8K = {**LLAMA3_ROPE, "original_max_position_embeddings": 8192}
@@ -85,6 +86,15 @@ def test_converted_tokenizer_keeps_vocab_and_chat_template(tmp_path):
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
 
 
+def cache_entries(cache_dir: Path) -> list[str]:
+    """What the cache holds besides lock files."""
+    return (
+        []
+        if not cache_dir.exists()
+        else sorted(n for n in os.listdir(cache_dir) if not n.endswith(".lock"))
+    )
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
@@ -98,7 +108,7 @@ def test_gguf_is_converted_once_into_the_cache(tmp_path, cache_dir, monkeypatch)
     folder = resolve_model_path(str(src))  # a folder holding exactly one .gguf
     assert folder.parent == cache_dir and folder.name.startswith("tiny-")
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-    assert os.listdir(cache_dir) == [folder.name]  # no temporary folder left behind
+    assert cache_entries(cache_dir) == [folder.name]  # no temporary folder left behind
 
     def no_conversion(*args):
         raise AssertionError("converted twice")
@@ -106,6 +116,25 @@ def test_gguf_is_converted_once_into_the_cache(tmp_path, cache_dir, monkeypatch)
     monkeypatch.setattr("radixlm.srt.models.gguf_loader.convert_gguf", no_conversion)
     assert resolve_model_path(str(src / "tiny.gguf")) == folder
     assert resolve_model_path(str(folder)) == folder  # a Hugging Face folder is itself
+
+
+def test_concurrent_first_uses_convert_once(tmp_path, cache_dir, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from radixlm.srt.models import gguf_loader
+
+    _, gguf_path = make_gguf("qwen3", tmp_path / "tiny.gguf")
+    calls = []
+
+    def counting_convert(*args):
+        calls.append(args)
+        return convert_gguf(*args)
+
+    monkeypatch.setattr(gguf_loader, "convert_gguf", counting_convert)
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(resolve_model_path, [str(gguf_path)] * 3))
+    assert len(set(folders)) == 1 and len(calls) == 1
+    assert cache_entries(cache_dir) == [folders[0].name]
 
 
 def test_gguf_change_gives_a_new_cache_folder(tmp_path, cache_dir):
@@ -120,7 +149,7 @@ def test_corrupt_gguf_is_rejected_and_leaves_no_cache(tmp_path, cache_dir):
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40)
     with pytest.raises(ValueError, match="bad.gguf"):
         resolve_model_path(str(bad))
-    assert not cache_dir.exists() or os.listdir(cache_dir) == []
+    assert cache_entries(cache_dir) == []
     not_gguf = tmp_path / "x.gguf"
     not_gguf.write_text("hello")
     with pytest.raises(ValueError, match="x.gguf is not a readable GGUF file"):

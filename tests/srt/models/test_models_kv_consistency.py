@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
+from tiny_checkpoints import VOCAB, write_checkpoint
+
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
-from tiny_checkpoints import VOCAB, write_checkpoint
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 TOL = 1e-5

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 from model_batches import KVSession, max_rel_err, run_logits
+from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
+
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.registry import get_model_class
-from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1)).tolist()
 

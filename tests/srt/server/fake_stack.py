@@ -12,6 +12,9 @@ from typing import Any
 
 import uvicorn
 import zmq
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.messages import (
@@ -29,8 +32,6 @@ from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.server.app import create_app
 from radixlm.srt.server.metrics import ServerMetrics
 from radixlm.srt.server.server_process import free_port
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 CONTINUATION = "Hello world! 你好 🎉 done. "
 CONTEXT_LENGTH = 256

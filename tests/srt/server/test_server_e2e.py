@@ -15,6 +15,7 @@ import httpx
 import openai
 import psutil
 import pytest
+
 from radixlm.srt.server.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow

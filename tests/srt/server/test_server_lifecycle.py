@@ -10,6 +10,7 @@ import time
 import httpx
 import psutil
 import pytest
+
 from radixlm.srt.server.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
