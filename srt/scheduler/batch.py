@@ -27,6 +27,9 @@ class ScheduledBatch:
         self.slots.append(slots)
         self.completes.append(start + extend_len == len(req.fill_ids))
 
+    def all_complete(self) -> bool:
+        return all(self.completes)
+
     def completes_fill(self, i: int) -> bool:
         """Whether request i has all its tokens cached after this step (it samples next)."""
         return self.completes[i]

@@ -173,17 +173,24 @@ class Scheduler:
         return out
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
+        """Admits waiting requests under the step's token budget. With chunked prefill the
+        budget is at most one chunk, and only the last request of a batch may be cut short
+        (it becomes ``self.chunked`` and continues first next step)."""
         batch = ScheduledBatch(ForwardMode.EXTEND)
+        chunking = self.cfg.chunked_prefill_size > 0
         budget = self.cfg.max_prefill_tokens
-        chunk = self.cfg.chunked_prefill_size if self.cfg.chunked_prefill_size > 0 else None
+        if chunking:
+            budget = min(budget, self.cfg.chunked_prefill_size)
         if self.chunked is not None:
-            used = self._add_extend(batch, self.chunked, budget, chunk)
+            used = self._add_extend(batch, self.chunked, budget, chunking)
             if used == 0:
                 return None
             self.chunked = None
             budget -= used
         for req in self.policy.order(self.waiting, self.cache):
-            if budget <= 0 or len(self.running) + len(batch.reqs) >= self.cfg.max_running_requests:
+            if budget <= 0 or not batch.all_complete():
+                break
+            if len(self.running) + len(batch.reqs) >= self.cfg.max_running_requests:
                 break
             self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
             if req.req_slot < 0:
@@ -194,7 +201,7 @@ class Scheduler:
                 continue
             if not req.output_ids:
                 req.cached_tokens = req.num_cached_prefix
-            used = self._add_extend(batch, req, budget, chunk)
+            used = self._add_extend(batch, req, budget, chunking)
             if used == 0:
                 self.kv.release(req)
                 break
@@ -213,13 +220,13 @@ class Scheduler:
         head = fill[:k]
         return any(len(o.fill_ids) >= k and o.fill_ids[:k] == head for o in batch.reqs)
 
-    def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunk: int | None) -> int:
+    def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunking: bool) -> int:
         """Adds the request's next prefill piece to the batch; returns its token count (0 when
-        it does not fit now)."""
+        it does not fit now). Without chunking a prompt over budget runs alone."""
         start = req.num_kv_tokens
         remaining = len(req.fill_ids) - start
-        ext = remaining if chunk is None else min(remaining, chunk, budget)
-        if chunk is None and ext > budget and batch.reqs:
+        ext = min(remaining, budget) if chunking else remaining
+        if not chunking and ext > budget and batch.reqs:
             return 0
         slots = self.kv.alloc_tokens(req, ext)
         if slots is None:
