@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import requests
+
 from radixlm.lang.backend_base import (
     BOUNDARY_TOKENS,
     BaseBackend,
@@ -144,7 +145,8 @@ class RuntimeEndpoint(BaseBackend):
             start = min(start, len(row) - 1)
             conditional.append(logprob_values(row[start:]))
         uncond = self._unconditional(choices) if unconditional else None
-        return ChoiceLogprobs(conditional, uncond)
+        cached = [out["meta_info"].get("cached_tokens", 0) for out in outs[1:]]
+        return ChoiceLogprobs(conditional, uncond, cached)
 
     def _unconditional(self, choices: list[str]) -> list[list[float]]:
         outs = self._generate({"text": list(choices), "sampling_params": [PREFILL_ONLY] * len(choices),

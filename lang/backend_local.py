@@ -61,6 +61,8 @@ class LocalBackend(BaseBackend):
                       unconditional: bool) -> ChoiceLogprobs:
         encode = self.tokenizer.encode
         prefix_ids = encode(prompt.text)
+        if self.is_cache_enabled and prefix_ids:  # the prefix first, so that every choice reuses it
+            self._run(input_ids=prefix_ids, sampling_params=PREFILL_ONLY)
         full = [encode(prompt.text + c) for c in choices]
         starts = [choice_start(prefix_ids, ids) for ids in full]
         first = min(starts)
@@ -71,7 +73,7 @@ class LocalBackend(BaseBackend):
             for out, start in zip(outs, starts, strict=True)
         ]
         uncond = self._unconditional(choices) if unconditional else None
-        return ChoiceLogprobs(conditional, uncond)
+        return ChoiceLogprobs(conditional, uncond, [o["meta_info"]["cached_tokens"] for o in outs])
 
     def _unconditional(self, choices: list[str]) -> list[list[float]]:
         outs = self._run(prompt=list(choices), sampling_params=[PREFILL_ONLY] * len(choices),

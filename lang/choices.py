@@ -21,6 +21,7 @@ class ChoiceLogprobs:
 
     conditional: list[list[float]]
     unconditional: list[list[float]] | None = None
+    cached_tokens: list[int] | None = None  # per choice, as the server reported
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class ChoicesMethod:
         index = self.pick(logprobs, scores)
         meta = {"choices_method": self.name, "normalized_prompt_logprobs": scores,
                 "input_token_logprobs": logprobs.conditional,
-                "unconditional_token_logprobs": logprobs.unconditional}
+                "unconditional_token_logprobs": logprobs.unconditional,
+                "cached_tokens": logprobs.cached_tokens}
         return SelectResult(choices[index], index, scores, meta)
 
     def __repr__(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
-GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance")
+GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -27,6 +27,7 @@ class ServerConfig:
     model_path: str | None = _opt(None, "HF folder, .gguf file or folder holding one (default: SmolLM2-135M-Instruct)")
     tokenizer_path: str | None = _opt(None, "tokenizer folder (default: the model's)")
     served_model_name: str | None = _opt(None, "model id reported by the API (default: derived from the path)")
+    load_format: str = _opt("auto", "auto: read the checkpoint; dummy: random weights (benchmarks)", ("auto", "dummy"))
     dtype: str = _opt("auto", "weight and activation dtype (auto: bfloat16 on GPU, float32 on CPU)", DTYPES)
     device: str = _opt("auto", "cpu, cuda or cuda:N (auto: cuda when available)")
     context_length: int | None = _opt(None, "maximum prompt + output length (default: the model's)")
@@ -42,7 +43,11 @@ class ServerConfig:
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
     attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
-    grammar_backend: str = _opt("auto", "constrained decoding engine", GRAMMAR_BACKENDS)
+    grammar_backend: str = _opt("auto", "constrained decoding engine (none: reject grammars)", GRAMMAR_BACKENDS)
+    grammar_cache_dir: str | None = _opt(None, "folder for compiled grammars shared across restarts (default: memory only)")
+    grammar_compile_timeout_s: float = _opt(60.0, "fail a grammar compilation after this many seconds")
+    grammar_whitespace_pattern: str | None = _opt(None, "regex for JSON whitespace between tokens (default: at most one space; '' for compact JSON)")
+    disable_jump_forward: bool = _opt(False, "decode text a grammar forces token by token instead of appending it at once")
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs")
     disable_overlap_schedule: bool = _opt(False, "do not prepare the next batch during the forward")
     random_seed: int = _opt(0, "seed of unseeded sampling")
@@ -81,6 +86,8 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"max_total_tokens must be >= 16, got {cfg.max_total_tokens}")
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
+    if not cfg.grammar_compile_timeout_s > 0:
+        raise ValueError(f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}")
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
         raise ValueError(f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}")
 

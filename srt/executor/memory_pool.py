@@ -10,14 +10,20 @@ import torch
 
 
 class ReqToTokenPool:
-    """Maps ``(req_slot, position) -> kv_slot`` for every running request."""
+    """Maps ``(req_slot, position) -> kv_slot`` for every running request.
+
+    Row 0 is a padding row that is never handed out: it stays all zeros (the padding KV slot),
+    for padded rows of fixed-size batches such as CUDA-graph replays.
+    """
+
+    PADDING_ROW = 0
 
     def __init__(self, num_req_slots: int, max_context_len: int, device: torch.device):
-        # [num_req_slots, max_context_len] int64 on `device`; 0 where unused (the padding slot)
-        self.req_to_token = torch.zeros((num_req_slots, max_context_len), dtype=torch.int64, device=device)
+        # [num_req_slots + 1, max_context_len] int64 on `device`; 0 where unused (the padding slot)
+        self.req_to_token = torch.zeros((num_req_slots + 1, max_context_len), dtype=torch.int64, device=device)
         self.num_req_slots = num_req_slots
         self.max_context_len = max_context_len
-        self._free = list(range(num_req_slots - 1, -1, -1))
+        self._free = list(range(num_req_slots, 0, -1))
 
     def available_size(self) -> int:
         return len(self._free)

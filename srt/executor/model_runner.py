@@ -10,6 +10,7 @@ import torch
 
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.executor.cuda_graph import CudaGraphRunner
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from radixlm.srt.models.default_model import resolve_model_path
@@ -19,6 +20,7 @@ from radixlm.srt.models.model_config import ModelConfig
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BUDGET_GB = 2.0
+MAX_GRAPH_BATCH = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,10 +55,10 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if self.device.type == "cpu" and cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.model_dir = resolve_model_path(cfg.model_path)
+        self.model_dir = resolve_model_path(cfg.model_path, need_weights=cfg.load_format != "dummy")
         self.model_config = ModelConfig.from_pretrained(self.model_dir)
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
-        self.model = load_model(self.model_dir, self.dtype, self.device)
+        self.model = load_model(self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy")
         mc = self.model_config
         self.max_total_tokens = self._size_kv_pool()
         self.context_length = min(cfg.context_length or mc.context_length, self.max_total_tokens)
@@ -70,12 +72,20 @@ class ModelRunner:
             cfg.attention_backend, self.device, num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=cfg.page_size,
         )
+        self.padding_req_slot = ReqToTokenPool.PADDING_ROW
+        self.graph_runner = None
+        if self._use_cuda_graph():
+            self.graph_runner = CudaGraphRunner(self, min(cfg.max_running_requests, MAX_GRAPH_BATCH))
         logger.info(
             "model %s (%s) on %s/%s; KV pool: %d tokens (%.2f GiB), context length %d, attention %s",
             self.model_dir, mc.architecture, self.device, self.dtype, self.max_total_tokens,
             self.max_total_tokens * self._kv_bytes_per_token() / 2**30, self.context_length,
             self.attn_backend.name,
         )
+
+    def _use_cuda_graph(self) -> bool:
+        return (self.device.type == "cuda" and not self.cfg.disable_cuda_graph
+                and self.attn_backend.name in ("flashinfer", "triton"))
 
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
@@ -126,6 +136,11 @@ class ModelRunner:
         """Runs the model and returns float32 logits ``[len(logit_rows), vocab]`` for the given
         token rows of the batch (e.g. the last new token of each request)."""
         fb = self.build_forward_batch(layout)
+        if fb.mode.is_decode and self.graph_runner is not None and self.graph_runner.can_run(fb.batch_size):
+            logits = self.graph_runner.replay(fb)
+            if len(logit_rows) != logits.shape[0]:
+                logits = logits[torch.tensor(logit_rows, dtype=torch.int64, device=self.device)]
+            return logits
         self.attn_backend.plan(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         if len(logit_rows) != hidden.shape[0]:

@@ -28,8 +28,9 @@ CONVERTER_VERSION = "1"  # bump when the converted folder's layout changes
 EXPECTED = "a Hugging Face model folder (config.json + *.safetensors) or a .gguf file"
 
 
-def resolve_model_path(model_path: str | Path | None) -> Path:
-    """A Hugging Face folder for ``model_path`` (converting GGUF files on first use)."""
+def resolve_model_path(model_path: str | Path | None, need_weights: bool = True) -> Path:
+    """A Hugging Face folder for ``model_path`` (converting GGUF files on first use).
+    ``need_weights=False`` accepts a folder with only config.json (random-weight benchmarks)."""
     if model_path is None:
         return _converted(default_gguf_path())
     path = Path(model_path).expanduser()
@@ -41,6 +42,8 @@ def resolve_model_path(model_path: str | Path | None) -> Path:
                 f"model path {str(path)!r} is a file but not a .gguf file; expected {EXPECTED}"
             )
         return _converted(path)
+    if not need_weights and (path / "config.json").is_file():
+        return path
     return _resolve_folder(path)
 
 

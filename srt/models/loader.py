@@ -48,7 +48,20 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
 
 
 @torch.inference_mode()
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights for benchmarks: N(0, 0.02) matrices and biases, ones for norm scales."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() == 1 and "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
+@torch.inference_mode()
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device | str, dummy: bool = False
+) -> nn.Module:
     """The model of ``model_dir`` in ``dtype`` on ``device``, weights loaded, in eval mode.
 
     The result has ``forward(input_ids, positions, fb)``, ``compute_logits(hidden)`` and a
@@ -57,7 +70,10 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
     config = ModelConfig.from_pretrained(model_dir)
     model_class = get_model_class(config.architecture)
     model = model_class(config, dtype, torch.device(device))
-    model.load_weights(iter_safetensors(model_dir))
+    if dummy:
+        init_dummy_weights(model)
+    else:
+        model.load_weights(iter_safetensors(model_dir))
     logger.info(
         "loaded %s from %s (%d layers, %s, %s)",
         config.architecture,

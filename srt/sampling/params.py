@@ -33,7 +33,7 @@ _BOOL_FIELDS = frozenset(
     {"ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
 )
 _STR_FIELDS = frozenset({"regex", "ebnf"})
-_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "choices")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    choices: list[str] | None = None  # the output is exactly one of these strings
     logit_bias: dict[str | int, float] | None = None  # token id -> added to its logit
 
     @classmethod
@@ -92,7 +93,8 @@ class SamplingParams:
         grammars = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(grammars) > 1:
             raise ValueError(
-                f"at most one of json_schema, regex, ebnf may be set, got {', '.join(grammars)}"
+                "at most one of json_schema, regex, ebnf, choices may be set, got "
+                f"{', '.join(grammars)}"
             )
 
     @property
@@ -122,6 +124,8 @@ class SamplingParams:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if isinstance(self.stop, list):
             out["stop"] = list(self.stop)
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
         if self.stop_token_ids is not None:
             out["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:
@@ -189,6 +193,12 @@ def _coerce_json_schema(value: Any) -> str:
     raise _type_error("json_schema", "a JSON schema (string or object)", value)
 
 
+def _coerce_choices(value: Any) -> list[str]:
+    if isinstance(value, (list, tuple)) and value and all(isinstance(c, str) for c in value):
+        return list(value)
+    raise _type_error("choices", "a non-empty list of strings", value)
+
+
 def _coerce_logit_bias(value: Any) -> dict[int, float]:
     if not isinstance(value, Mapping):
         raise _type_error("logit_bias", "an object mapping token ids to numbers", value)
@@ -218,6 +228,7 @@ _COERCERS = {
     "stop": _coerce_stop,
     "stop_token_ids": _coerce_stop_token_ids,
     "json_schema": _coerce_json_schema,
+    "choices": _coerce_choices,
     "logit_bias": _coerce_logit_bias,
 }
 

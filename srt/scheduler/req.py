@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixlm.srt.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.grammar import GrammarMatcher
 
 
 class ReqStatus(enum.Enum):
@@ -37,6 +40,10 @@ class Req:
     num_cached_prefix: int = 0  # of those, the leading tokens owned by the prefix cache
     cache_node: Any = None  # the prefix cache node locked for this request
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    # constrained decoding (both stay unset for unconstrained requests)
+    grammar: GrammarMatcher | None = None  # has accepted exactly output_ids; set once compiled
+    num_forced_tokens: int = 0  # output tokens appended by jump-forward instead of sampled
 
     # streaming bookkeeping
     num_sent_tokens: int = 0

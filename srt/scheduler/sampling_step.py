@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from radixlm.kernels.bitmask import apply_token_bitmask_inplace
 from radixlm.srt.sampling.logprobs import token_logprobs, top_logprobs
 from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.stop import StopChecker
+
+if TYPE_CHECKING:
+    from radixlm.srt.scheduler.grammar_manager import GrammarMasks
 
 
 class SamplingStep:
@@ -17,20 +23,25 @@ class SamplingStep:
         self.sampler = Sampler()
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
 
-    def run(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], stop: StopChecker) -> list[int]:
+    def run(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], stop: StopChecker,
+            masks: GrammarMasks | None = None) -> list[int]:
         """``logits[rows[i]]`` belongs to ``reqs[i]``; returns the sampled ids and records the
-        output logprobs of requests that asked for them."""
+        output logprobs of requests that asked for them (from the unmasked logits). ``masks``
+        (row ``i`` for ``reqs[i]``) restricts constrained requests to the tokens their grammar
+        allows; their EOS is never suppressed (the grammar decides where output may end)."""
         if not reqs:
             return []
         logits = logits[torch.tensor(rows, dtype=torch.int64, device=logits.device)]
         lp_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
         raw_lp = logits[lp_rows].clone() if lp_rows else None
+        if masks is not None:
+            apply_token_bitmask_inplace(logits, masks.bitmask, masks.rows)
         info = SamplingBatchInfo.build(
             [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
             self.vocab_size, self.device, self.default_generator,
             prompt_ids=[r.prompt_ids for r in reqs],
         )
-        suppress = [stop.suppressed_ids(r) for r in reqs]
+        suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
         next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)
         if raw_lp is not None:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
@@ -41,8 +52,9 @@ class SamplingStep:
         lps = token_logprobs(raw, ids).tolist()
         k = max(r.top_logprobs_num for r in reqs)
         tops = top_logprobs(raw, k) if k > 0 else None
-        for i, (req, lp, tok) in enumerate(zip(reqs, lps, ids.tolist())):
+        for i, (req, lp, tok) in enumerate(zip(reqs, lps, ids.tolist(), strict=True)):
             req.output_token_logprobs.append([lp, tok])
             if req.top_logprobs_num > 0:
                 vals, top_ids = tops[0][i, : req.top_logprobs_num], tops[1][i, : req.top_logprobs_num]
-                req.output_top_logprobs.append([[v, t] for v, t in zip(vals.tolist(), top_ids.tolist())])
+                req.output_top_logprobs.append(
+                    [[v, t] for v, t in zip(vals.tolist(), top_ids.tolist(), strict=True)])

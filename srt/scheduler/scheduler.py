@@ -27,6 +27,7 @@ from radixlm.srt.managers.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.grammar_manager import GrammarManager, grammar_spec
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.policy import make_policy
@@ -37,6 +38,7 @@ from radixlm.srt.scheduler.stop import StopChecker
 logger = logging.getLogger(__name__)
 
 IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
+GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar before looking at new messages
 
 
 class Scheduler:
@@ -52,6 +54,7 @@ class Scheduler:
         self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
         self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
         self.policy = make_policy(cfg.schedule_policy)
+        self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, cfg.page_size)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked: Req | None = None  # a request between two chunks of its prefill
@@ -78,13 +81,17 @@ class Scheduler:
             req.params = SamplingParams.from_dict(msg.sampling_params)
             req.params.validate(self.runner.vocab_size)
             self._check_fits(req)
+            spec = grammar_spec(req.params)
         except ValueError as e:
             req.finish({"type": "abort", "message": str(e), "status_code": 400})
             self.finished_outside_step.append(req)
             return
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
-        self.waiting.append(req)
+        if spec is not None:
+            self.grammars.submit(req, spec)  # joins self.waiting once compiled
+        else:
+            self.waiting.append(req)
 
     def _check_fits(self, req: Req) -> None:
         n = len(req.prompt_ids)
@@ -105,6 +112,8 @@ class Scheduler:
             return abort_all or r.rid.startswith(rid)
 
         reason = {"type": "abort", "message": "aborted by request"}
+        for req in self.grammars.remove(hit):
+            self._finish_now(req, reason)
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
             self._finish_now(req, reason)
@@ -133,7 +142,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- state
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.finished_outside_step)
+        return bool(self.waiting or self.running or self.chunked or self.finished_outside_step
+                    or self.grammars.has_pending())
 
     def ready_info(self) -> dict[str, Any]:
         r = self.runner
@@ -152,7 +162,8 @@ class Scheduler:
     def server_info(self) -> dict[str, Any]:
         info = self.kv.usage()
         info.update(num_running=len(self.running) + (self.chunked is not None),
-                    num_waiting=len(self.waiting), num_forward_steps=self.num_forward_steps)
+                    num_waiting=len(self.waiting), num_forward_steps=self.num_forward_steps,
+                    grammar=self.grammars.info())
         return info
 
     def check_idle(self) -> bool:
@@ -161,16 +172,29 @@ class Scheduler:
 
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
-        batch = self._schedule_prefill() or self._schedule_decode()
+        self._admit_compiled_grammars()
+        prefill = self._schedule_prefill()
+        batch = prefill or self._schedule_decode()
         touched: list[Req] = []
         if batch is not None:
-            touched = self._run(batch)
+            touched = self._run(batch, is_prefill=prefill is not None)
+        elif not self.finished_outside_step:
+            self.grammars.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         self.finished_outside_step = []
         out = build_batch_output(touched)
         if not self.has_work():
             self.check_idle()
         return out
+
+    def _admit_compiled_grammars(self) -> None:
+        """Requests whose grammar finished compiling join the waiting queue; failed ones
+        finish with their 400 error."""
+        ready, failed = self.grammars.poll()
+        self.waiting.extend(ready)
+        for req in failed:
+            req.status = ReqStatus.FINISHED
+        self.finished_outside_step += failed
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         """Admits waiting requests under the step's token budget. With chunked prefill the
@@ -236,20 +260,28 @@ class Scheduler:
         return ext
 
     def _schedule_decode(self) -> ScheduledBatch | None:
+        """One new token per running request; requests with jump-forward tokens pending
+        compute those too, and then the batch runs as an extend."""
         if not self.running:
             return None
         self._make_room_for_decode()
-        batch = ScheduledBatch(ForwardMode.DECODE)
-        for req in self.running:
+        pending = [len(req.fill_ids) - req.num_kv_tokens for req in self.running]
+        mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
+        batch = ScheduledBatch(mode)
+        for req, num_new in zip(self.running, pending, strict=True):
             start = req.num_kv_tokens
-            slots = self.kv.alloc_tokens(req, 1)
+            slots = self.kv.alloc_tokens(req, num_new)
             assert slots is not None, "decode slots were reserved"
-            batch.add(req, start, 1, slots)
+            batch.add(req, start, num_new, slots)
         return batch
+
+    def _decode_slots_needed(self) -> int:
+        forced = sum(len(req.fill_ids) - req.num_kv_tokens - 1 for req in self.running)
+        return len(self.running) * self.kv.page_size + forced
 
     def _make_room_for_decode(self) -> None:
         """Evicts cached prefixes, then retracts requests, until every running one gets a slot."""
-        while not self.kv.ensure_available(len(self.running) * self.kv.page_size):
+        while not self.kv.ensure_available(self._decode_slots_needed()):
             victim = self.running.pop()
             if not self.running:
                 victim.finish({"type": "length", "length": len(victim.output_ids)})
@@ -260,7 +292,7 @@ class Scheduler:
             victim.status = ReqStatus.WAITING
             self.waiting.appendleft(victim)
 
-    def _run(self, batch: ScheduledBatch) -> list[Req]:
+    def _run(self, batch: ScheduledBatch, is_prefill: bool) -> list[Req]:
         rows, per_req = batch.logit_rows()
         try:
             logits = self.runner.forward(batch.layout(), rows)
@@ -279,12 +311,18 @@ class Scheduler:
                 samplers.append(i)
         sample_reqs = [batch.reqs[i] for i in samplers]
         sample_rows = [per_req[i][-1] for i in samplers]
-        next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker)
-        for req, tok in zip(sample_reqs, next_ids):
+        masks = self.grammars.fill_masks(sample_reqs)
+        next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
+        for req, tok in zip(sample_reqs, next_ids, strict=True):
             req.output_ids.append(tok)
-            self.stop_checker.check(req)
+            if req.grammar is not None:
+                self.grammars.accept_sampled(req)  # may end it with an error
+            if not req.is_finished:
+                self.stop_checker.check(req)
+            if req.grammar is not None:
+                self.grammars.advance(req, self.kv, self.stop_checker)
         for i, req in enumerate(batch.reqs):
-            if batch.mode is ForwardMode.EXTEND and not req.is_finished:
+            if is_prefill and not req.is_finished:
                 self.kv.cache_chunk(req)  # share the prefilled tokens with later requests now
             if not batch.completes_fill(i):
                 self.chunked = req

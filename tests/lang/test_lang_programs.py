@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 import radixlm.lang as rl
+from radixlm.lang.backend_base import BOUNDARY_TOKENS
 from radixlm.srt.server.server_process import ServerProcess
 
 GREEDY = {"temperature": 0}
@@ -99,11 +100,15 @@ def test_select_picks_the_highest_normalized_logprob(backend, raw, tok, method):
     def quiz(s):
         s += FEW_SHOT + rl.select("answer", CHOICES, choices_method=method)
 
+    backend.flush_cache()
     state = quiz.run(backend=backend)
+    meta = state.get_meta_info("answer")
+    num_prefix = len(tok.encode(FEW_SHOT))  # the prefix was prefilled first: every choice reuses it
+    assert all(c >= num_prefix - 1 - BOUNDARY_TOKENS for c in meta["cached_tokens"]), meta
     expected = expected_scores(raw, tok, method)
     best = max(range(len(CHOICES)), key=lambda i: expected[i])
     assert state["answer"] == CHOICES[best]
-    assert state.get_meta_info("answer")["scores"] == pytest.approx(expected, abs=2e-3)
+    assert meta["scores"] == pytest.approx(expected, abs=2e-3)
     assert state.text() == FEW_SHOT + CHOICES[best]
 
 

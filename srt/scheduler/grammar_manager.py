@@ -1,0 +1,348 @@
+"""Constrained decoding inside the scheduler: the grammar queue, per-step masks, jump-forward.
+
+A request with ``json_schema``, ``regex``, ``ebnf`` or ``choices`` enters the grammar queue
+(not ``Scheduler.waiting``) while its grammar compiles on the compile cache's worker threads;
+``poll`` hands it to the waiting queue with a matcher attached once the compilation is done, or
+finishes it with a 400 abort ("Failed to compile <kind> grammar: <reason>"). Other requests keep
+flowing meanwhile. The grammar vocabulary and the compile cache are built on first use, off the
+scheduler loop, so servers that never see a grammar pay nothing.
+
+Per step (only when a batch holds constrained requests):
+
+    fill_masks(sampling reqs) -> GrammarMasks      rows of constrained requests, after forward
+    SamplingStep.run(..., masks)                   disallowed logits -> -inf, then sampling
+    accept_sampled(req)                            the matcher takes the sampled token
+    advance(req, ...)                              finish on termination; jump-forward
+
+Invariant (``check_integrity``): a request's matcher has accepted exactly its ``output_ids``.
+Retraction keeps ``output_ids`` (the request re-prefills them), so the matcher needs no rollback.
+
+Jump-forward: when the grammar forces a continuation, it is re-tokenized together with the
+last few output tokens (``retokenize_forced``), the request's output is edited accordingly
+(dropped tokens lose their KV slots), and the new tokens are computed by the next step as a
+short extend instead of one decode step each. Requests that return logprobs are not jumped
+(forced tokens have no logprobs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixlm.grammar import (
+    GrammarCompileCache,
+    GrammarCompileError,
+    GrammarConfig,
+    GrammarSpec,
+    JumpForwardEdit,
+    TokenizerVocab,
+    apply_edit,
+    build_vocab,
+    create_compile_cache,
+    forced_continuation,
+    retokenize_forced,
+)
+from radixlm.grammar.bitmask import bitmask_width
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.scheduler.kv_manager import KVManager
+from radixlm.srt.scheduler.req import Req
+from radixlm.srt.scheduler.stop import StopChecker
+
+logger = logging.getLogger(__name__)
+
+JUMP_FORWARD_LOOKBACK = 4  # output tokens re-encoded together with forced text
+
+
+def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
+    """The request's output constraint, or None; ValueError for an unusable one."""
+    if params.json_schema is not None:
+        if _is_any_object_schema(params.json_schema):
+            return GrammarSpec.json_object()  # same language; compiles fast on llguidance
+        return GrammarSpec.json_schema(params.json_schema)
+    if params.regex is not None:
+        return GrammarSpec.regex(params.regex)
+    if params.ebnf is not None:
+        return GrammarSpec.ebnf(params.ebnf)
+    if params.choices is not None:
+        return GrammarSpec.choices(params.choices)
+    return None
+
+
+def _is_any_object_schema(text: str) -> bool:
+    try:
+        return json.loads(text) == {"type": "object"}
+    except ValueError:
+        return False
+
+
+def grammar_config(cfg: ServerConfig) -> GrammarConfig:
+    extra: dict[str, Any] = {}
+    if cfg.grammar_whitespace_pattern is not None:
+        extra["whitespace_pattern"] = cfg.grammar_whitespace_pattern
+    return GrammarConfig(backend=cfg.grammar_backend, cache_dir=cfg.grammar_cache_dir,
+                         compile_timeout_s=cfg.grammar_compile_timeout_s, **extra)
+
+
+@dataclass
+class PendingGrammar:
+    req: Req
+    spec: GrammarSpec
+    future: Future | None = None  # the compile cache's future, once the cache exists
+
+
+@dataclass(frozen=True)
+class GrammarMasks:
+    bitmask: torch.Tensor  # [num sampling rows, ceil(V/32)] int32, CPU; only `rows` are valid
+    rows: list[int]  # sampling rows of constrained requests
+
+
+@dataclass
+class GrammarStats:
+    num_compiled: int = 0  # requests that got a matcher
+    num_failed: int = 0  # requests finished by a compile error
+    num_mask_rows: int = 0  # mask rows filled
+    mask_fill_s: float = 0.0  # time spent filling them
+    num_jump_forwards: int = 0  # edits applied
+    num_forced_tokens: int = 0  # output tokens appended net of rolled-back ones
+
+    def as_dict(self) -> dict[str, Any]:
+        per_row_us = 1e6 * self.mask_fill_s / self.num_mask_rows if self.num_mask_rows else 0.0
+        return {**self.__dict__, "mask_fill_us_per_row": per_row_us}
+
+
+class GrammarManager:
+    def __init__(self, cfg: ServerConfig, tokenizer: Any, eos_token_ids: set[int],
+                 vocab_size: int, page_size: int) -> None:
+        self.config = grammar_config(cfg)
+        self.jump_forward_enabled = not cfg.disable_jump_forward
+        self.tokenizer = tokenizer
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.page_size = page_size
+        self.queue: list[PendingGrammar] = []
+        self.stats = GrammarStats()
+        self.vocab: TokenizerVocab | None = None
+        self._setup: Future[GrammarCompileCache] | None = None  # vocab + cache, built once
+        self._setup_pool: ThreadPoolExecutor | None = None
+        self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
+
+    # ------------------------------------------------------------------ compile queue
+    def submit(self, req: Req, spec: GrammarSpec) -> None:
+        """Starts compiling ``spec`` for ``req``; the request waits in the grammar queue."""
+        if self._setup is None:
+            self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
+            self._setup = self._setup_pool.submit(self._build_cache)
+        self.queue.append(PendingGrammar(req, spec))
+        self._start_compiles()
+
+    def has_pending(self) -> bool:
+        return bool(self.queue)
+
+    def poll(self) -> tuple[list[Req], list[Req]]:
+        """Requests whose grammar is ready (matcher attached) and requests whose grammar
+        failed (finished with a 400 abort), both in arrival order."""
+        if not self.queue:
+            return [], []
+        self._start_compiles()
+        ready: list[Req] = []
+        failed: list[Req] = []
+        still: list[PendingGrammar] = []
+        for item in self.queue:
+            future = item.future if item.future is not None else self._failed_setup()
+            if future is None or not future.done():
+                still.append(item)
+            elif self._attach(item, future):
+                ready.append(item.req)
+            else:
+                failed.append(item.req)
+        self.queue = still
+        return ready, failed
+
+    def wait(self, timeout_s: float) -> None:
+        """Blocks until some pending compilation finishes (or ``timeout_s``): the loop calls
+        this instead of spinning when nothing but compilations is left to do."""
+        futures = [p.future for p in self.queue if p.future is not None]
+        if self._setup is not None and not self._setup.done():
+            futures.append(self._setup)
+        if futures:
+            wait_futures(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
+
+    def remove(self, hit: Callable[[Req], bool]) -> list[Req]:
+        """Takes the queued requests ``hit`` selects out of the queue (aborts)."""
+        gone = [p.req for p in self.queue if hit(p.req)]
+        self.queue = [p for p in self.queue if not hit(p.req)]
+        return gone
+
+    def _build_cache(self) -> GrammarCompileCache:
+        start = time.perf_counter()
+        self.vocab = build_vocab(self.tokenizer, self.eos_token_ids, self.vocab_size)
+        cache = create_compile_cache(self.config, self.vocab)
+        logger.info("grammar backend %s ready in %.2f s", self.config.backend,
+                    time.perf_counter() - start)
+        return cache
+
+    def _cache(self) -> GrammarCompileCache | None:
+        if self._setup is None or not self._setup.done() or self._setup.exception() is not None:
+            return None
+        return self._setup.result()
+
+    def _failed_setup(self) -> Future | None:
+        """The setup future when building the vocabulary or backend failed (its error then
+        fails every queued request), else None."""
+        if self._setup is not None and self._setup.done() and self._setup.exception() is not None:
+            return self._setup
+        return None
+
+    def _start_compiles(self) -> None:
+        cache = self._cache()
+        if cache is None:
+            return
+        for item in self.queue:
+            if item.future is None:
+                item.future = cache.get_or_compile(item.spec)
+
+    def _attach(self, item: PendingGrammar, future: Future) -> bool:
+        try:
+            item.req.grammar = future.result().new_matcher()
+        except GrammarCompileError as e:
+            return self._fail(item.req, str(e))
+        except Exception as e:  # a failed set-up (vocabulary, backend) fails the request too
+            logger.exception("grammar set-up failed for %s", item.req.rid)
+            return self._fail(item.req, str(GrammarCompileError(item.spec.kind, str(e))))
+        self.stats.num_compiled += 1
+        return True
+
+    def _fail(self, req: Req, message: str) -> bool:
+        req.finish({"type": "abort", "message": message, "status_code": 400})
+        self.stats.num_failed += 1
+        return False
+
+    # ------------------------------------------------------------------ per step
+    def fill_masks(self, reqs: list[Req]) -> GrammarMasks | None:
+        """Masks for the sampling rows of ``reqs`` (None when none is constrained)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        if self._bitmask.shape[0] < len(reqs):
+            self._bitmask = torch.zeros((max(len(reqs), 2 * self._bitmask.shape[0]),
+                                         self._bitmask.shape[1]), dtype=torch.int32)
+        bitmask = self._bitmask[: len(reqs)]
+        start = time.perf_counter()
+        for i in rows:
+            reqs[i].grammar.fill_bitmask(bitmask, i)
+        self.stats.mask_fill_s += time.perf_counter() - start
+        self.stats.num_mask_rows += len(rows)
+        return GrammarMasks(bitmask, rows)
+
+    def accept_sampled(self, req: Req) -> None:
+        """Feeds the token just appended to ``req.output_ids`` to the request's matcher. A
+        token the grammar rejects (only possible when no token was allowed) is taken back and
+        the request ends with an error."""
+        token = req.output_ids[-1]
+        if not req.grammar.accept_token(token):
+            req.output_ids.pop()
+            req.finish({"type": "abort", "message": f"internal error: the grammar rejected "
+                        f"sampled token {token}", "status_code": 500})
+
+    def advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
+        """After the stop check of a sampled token: a terminated grammar finishes the request
+        (``stop``: the EOS id, or None if it ended without one); otherwise forced text is
+        appended (jump-forward), then the stop check runs again (length, stop strings)."""
+        if req.is_finished:
+            return
+        if req.grammar.is_terminated():
+            last = req.output_ids[-1] if req.output_ids else None
+            req.finish({"type": "stop", "matched": last if last in stop.eos_token_ids else None})
+            return
+        if self.jump_forward_enabled and not req.return_logprob and self.vocab is not None:
+            if self._jump_forward(req, kv, stop.context_length):
+                stop.check(req)
+
+    def _jump_forward(self, req: Req, kv: KVManager, context_length: int) -> bool:
+        room = min(req.params.max_new_tokens - len(req.output_ids), context_length - req.seq_len)
+        if room <= 0:
+            return False
+        edit = self._forced_edit(req)
+        if edit is None:
+            return False
+        # The last forced token is left to the model: it may merge with the text after it
+        # (``"name"`` then ``:`` is naturally ``"name`` + ``":``).
+        num_new = min(len(edit.token_ids) - 1, room + edit.num_rollback)
+        edit = JumpForwardEdit(edit.num_rollback, edit.token_ids[:num_new])
+        if num_new <= edit.num_rollback or edit.num_rollback > self._max_rollback(req):
+            return False  # no net progress, or an edit reaching into fixed tokens
+        if not apply_edit(req.grammar, edit):
+            return False
+        self._edit_output(req, edit, kv)
+        return True
+
+    def _forced_edit(self, req: Req) -> JumpForwardEdit | None:
+        forced = forced_continuation(req.grammar, self.vocab)
+        if forced.text:
+            return retokenize_forced(req.grammar, self.vocab, req.output_ids, forced.text,
+                                     lookback=self._max_rollback(req))
+        if forced.token_ids:
+            return JumpForwardEdit(0, forced.token_ids)
+        return None
+
+    def _max_rollback(self, req: Req) -> int:
+        """Output tokens an edit may drop: never ones already streamed, never ones whose KV
+        the prefix cache owns, and with pages larger than one token only the token sampled
+        this step (its KV is not written yet)."""
+        limit = min(JUMP_FORWARD_LOOKBACK, len(req.output_ids) - req.num_sent_tokens,
+                    len(req.fill_ids) - req.num_cached_prefix)
+        if self.page_size > 1:
+            limit = min(limit, len(req.fill_ids) - req.num_kv_tokens)
+        return max(limit, 0)
+
+    def _edit_output(self, req: Req, edit: JumpForwardEdit, kv: KVManager) -> None:
+        keep = len(req.output_ids) - edit.num_rollback
+        new_len = len(req.prompt_ids) + keep
+        if req.num_kv_tokens > new_len:
+            drop_kv_tail(kv, req, new_len)
+        del req.output_ids[keep:]
+        req.output_ids.extend(edit.token_ids)
+        net = len(edit.token_ids) - edit.num_rollback
+        req.num_forced_tokens += net
+        self.stats.num_jump_forwards += 1
+        self.stats.num_forced_tokens += net
+
+    # ------------------------------------------------------------------ state
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.config.backend, "jump_forward": self.jump_forward_enabled,
+                "num_queued": len(self.queue), **self.stats.as_dict()}
+
+    def check_integrity(self, reqs: list[Req]) -> None:
+        """Every matcher has accepted exactly its request's output tokens."""
+        for req in reqs:
+            if req.grammar is not None:
+                n = req.grammar.num_accepted_tokens
+                assert n == len(req.output_ids), (req.rid, n, len(req.output_ids))
+        for item in self.queue:
+            assert item.req.grammar is None and not item.req.output_ids, item.req.rid
+
+    def shutdown(self) -> None:
+        cache = self._cache()
+        if cache is not None:
+            cache.shutdown()
+        if self._setup_pool is not None:
+            self._setup_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def drop_kv_tail(kv: KVManager, req: Req, new_len: int) -> None:
+    """Frees the KV slots of the request's positions ``[new_len, num_kv_tokens)``: tokens a
+    jump-forward edit dropped. They are never in the prefix cache (page size 1 here, or no
+    written KV at all with larger pages)."""
+    assert req.num_cached_prefix <= new_len < req.num_kv_tokens, (new_len, req.num_kv_tokens)
+    slots = kv.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=new_len).clone()
+    kv.allocator.free(slots)
+    req.num_kv_tokens = new_len
