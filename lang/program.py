@@ -101,7 +101,9 @@ class Program:
         return self.run(*args, **kwargs)
 
     def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_NAMES}
+        # a program argument that shares a sampling option's name stays the program's
+        sampling = {k: kwargs.pop(k) for k in list(kwargs)
+                    if k in _SAMPLING_NAMES and k not in self._arg_names}
         return sampling, {**self.bound, **kwargs}
 
     def run(self, *args: Any, backend: BaseBackend | None = None, stream: bool = False,

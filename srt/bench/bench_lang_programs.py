@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size")
     p.add_argument("--workloads", default="mc,chat,fork", help="comma list of mc, chat, fork")
     p.add_argument("--cache", default="on,off", help="comma list of on, off")
-    p.add_argument("--num-questions", type=int, default=16, help="mc: questions")
+    p.add_argument("--num-questions", type=int, default=12, help="mc: questions")
     p.add_argument("--num-conversations", type=int, default=4, help="chat: conversations")
     p.add_argument("--num-turns", type=int, default=3, help="chat: turns per conversation")
     p.add_argument("--num-programs", type=int, default=4, help="fork: programs")

@@ -25,7 +25,7 @@ class ScheduledBatch:
         self.starts.append(start)
         self.extend_lens.append(extend_len)
         self.slots.append(slots)
-        self.completes.append(start + extend_len == len(req.fill_ids))
+        self.completes.append(start + extend_len == req.fill_len)
 
     def all_complete(self) -> bool:
         return all(self.completes)
@@ -38,7 +38,7 @@ class ScheduledBatch:
         ids: list[int] = []
         positions: list[int] = []
         for req, start, ext in zip(self.reqs, self.starts, self.extend_lens):
-            ids += req.fill_ids[start : start + ext]
+            ids += req.fill_slice(start, start + ext)
             positions += range(start, start + ext)
         return BatchLayout(
             mode=self.mode,

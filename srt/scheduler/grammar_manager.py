@@ -190,7 +190,9 @@ class GrammarManager:
                     time.perf_counter() - start)
         return cache
 
-    def _cache(self) -> GrammarCompileCache | None:
+    @property
+    def compile_cache(self) -> GrammarCompileCache | None:
+        """The compile cache, once the first constrained request has built it."""
         if self._setup is None or not self._setup.done() or self._setup.exception() is not None:
             return None
         return self._setup.result()
@@ -203,7 +205,7 @@ class GrammarManager:
         return None
 
     def _start_compiles(self) -> None:
-        cache = self._cache()
+        cache = self.compile_cache
         if cache is None:
             return
         for item in self.queue:
@@ -331,7 +333,7 @@ class GrammarManager:
             assert item.req.grammar is None and not item.req.output_ids, item.req.rid
 
     def shutdown(self) -> None:
-        cache = self._cache()
+        cache = self.compile_cache
         if cache is not None:
             cache.shutdown()
         if self._setup_pool is not None:

@@ -63,13 +63,32 @@ class KVManager:
             if not self.ensure_available(num_tokens):
                 return None
         used = req.num_kv_tokens
-        last = int(self.req_to_token_pool.req_to_token[req.req_slot, used - 1]) if used else 0
+        last = 0  # only pages > 1 token continue the last slot's page (read it then)
+        if used and self.page_size > 1:
+            last = int(self.req_to_token_pool.req_to_token[req.req_slot, used - 1])
         slots = self.allocator.alloc_for(num_tokens, last, used)
         if slots is None:
             return None
         self.req_to_token_pool.write(req.req_slot, used, slots)
         req.num_kv_tokens += num_tokens
         return slots
+
+    def alloc_for_batch(self, reqs: list[Req], nums: list[int]) -> list[torch.Tensor] | None:
+        """Slots for ``nums[i]`` new tokens of each request (all or nothing). The common decode
+        case (one token each, page size 1) is one allocation and one table write."""
+        if self.page_size > 1 or any(n != 1 for n in nums):
+            out = [self.alloc_tokens(r, n) for r, n in zip(reqs, nums, strict=True)]
+            return None if any(o is None for o in out) else out
+        if not self.ensure_available(len(reqs)):
+            return None
+        slots = self.allocator.alloc(len(reqs))
+        table = self.req_to_token_pool.req_to_token
+        rows = torch.tensor([r.req_slot for r in reqs], dtype=torch.int64)
+        cols = torch.tensor([r.num_kv_tokens for r in reqs], dtype=torch.int64)
+        table[rows.to(table.device), cols.to(table.device)] = slots
+        for r in reqs:
+            r.num_kv_tokens += 1
+        return list(slots.split(1))
 
     def cache_chunk(self, req: Req) -> None:
         """After a prefill chunk of a still-running request: puts its KV so far into the prefix

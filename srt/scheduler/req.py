@@ -20,7 +20,7 @@ class ReqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # requests compare by identity (they live in lists)
 class Req:
     rid: str
     prompt_ids: list[int]
@@ -59,6 +59,17 @@ class Req:
     def fill_ids(self) -> list[int]:
         """Every token that must be in the KV cache before the next token can be sampled."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def fill_slice(self, start: int, end: int) -> list[int]:
+        """``fill_ids[start:end]`` without building the whole list (hot in decode)."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:end] + self.output_ids[: max(end - n, 0)]
 
     @property
     def seq_len(self) -> int:

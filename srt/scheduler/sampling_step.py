@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from radixlm.srt.scheduler.grammar_manager import GrammarMasks
 
 
+def _is_plain_greedy(p) -> bool:
+    return (p.is_greedy and not p.logit_bias and p.frequency_penalty == 0
+            and p.presence_penalty == 0 and p.repetition_penalty == 1)
+
+
 class SamplingStep:
     def __init__(self, vocab_size: int, device: torch.device, seed: int):
         self.vocab_size = vocab_size
@@ -36,13 +41,16 @@ class SamplingStep:
         raw_lp = logits[lp_rows].clone() if lp_rows else None
         if masks is not None:
             apply_token_bitmask_inplace(logits, masks.bitmask, masks.rows)
-        info = SamplingBatchInfo.build(
-            [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
-            self.vocab_size, self.device, self.default_generator,
-            prompt_ids=[r.prompt_ids for r in reqs],
-        )
         suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
-        next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)
+        if masks is None and not any(suppress) and all(_is_plain_greedy(r.params) for r in reqs):
+            next_ids = logits.argmax(dim=-1)  # the common greedy batch: no per-row inputs
+        else:
+            info = SamplingBatchInfo.build(
+                [r.params for r in reqs], [r.output_ids for r in reqs],
+                [r.generator for r in reqs], self.vocab_size, self.device,
+                self.default_generator, prompt_ids=[r.prompt_ids for r in reqs],
+            )
+            next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)
         if raw_lp is not None:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
         return next_ids.tolist()

@@ -248,7 +248,7 @@ class Scheduler:
         """Adds the request's next prefill piece to the batch; returns its token count (0 when
         it does not fit now). Without chunking a prompt over budget runs alone."""
         start = req.num_kv_tokens
-        remaining = len(req.fill_ids) - start
+        remaining = req.fill_len - start
         ext = min(remaining, budget) if chunking else remaining
         if not chunking and ext > budget and batch.reqs:
             return 0
@@ -265,18 +265,18 @@ class Scheduler:
         if not self.running:
             return None
         self._make_room_for_decode()
-        pending = [len(req.fill_ids) - req.num_kv_tokens for req in self.running]
+        pending = [req.fill_len - req.num_kv_tokens for req in self.running]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         batch = ScheduledBatch(mode)
-        for req, num_new in zip(self.running, pending, strict=True):
-            start = req.num_kv_tokens
-            slots = self.kv.alloc_tokens(req, num_new)
-            assert slots is not None, "decode slots were reserved"
+        starts = [req.num_kv_tokens for req in self.running]
+        all_slots = self.kv.alloc_for_batch(self.running, pending)
+        assert all_slots is not None, "decode slots were reserved"
+        for req, start, num_new, slots in zip(self.running, starts, pending, all_slots, strict=True):
             batch.add(req, start, num_new, slots)
         return batch
 
     def _decode_slots_needed(self) -> int:
-        forced = sum(len(req.fill_ids) - req.num_kv_tokens - 1 for req in self.running)
+        forced = sum(req.fill_len - req.num_kv_tokens - 1 for req in self.running)
         return len(self.running) * self.kv.page_size + forced
 
     def _make_room_for_decode(self) -> None:

@@ -289,3 +289,40 @@ def test_openai_reply_maps_to_the_closest_choice():
     assert closest_choice("London", choices) == 1
     assert closest_choice("The answer is new york.", choices) == 2
     assert closest_choice("Pariss", choices) == 0
+
+
+def test_program_arguments_win_over_sampling_option_names(backend):
+    @rl.function
+    def prog(s, stop):
+        s += f"stop={stop} " + rl.gen("x")
+
+    state = prog.run(stop="here", backend=backend, max_new_tokens=7)
+    assert state.text().startswith("stop=here ")
+    assert backend.params[0].stop is None and backend.params[0].max_new_tokens == 7
+
+
+def test_http_select_finds_choice_tokens_that_merged_with_the_prefix():
+    """The endpoint re-scores the prefix's last tokens: where a choice's row leaves the
+    prefix's own ids is where the choice begins, even inside the prefix's token count."""
+    from radixlm.lang.backend_http import RuntimeEndpoint
+
+    sent = []
+
+    def fake_generate(body):
+        sent.append(body)
+        if body["sampling_params"] == {"max_new_tokens": 0} and "return_logprob" not in body:
+            return {"meta_info": {"prompt_tokens": 10, "cached_tokens": 0}}
+        rows = [[[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None]],  # prefix
+                [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-2.0, 90, None],
+                 [-1.0, 91, None]],  # its last token merged with the choice's first
+                [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None],
+                 [-0.5, 92, None]]]  # a clean boundary
+        return [{"meta_info": {"input_token_logprobs": r, "cached_tokens": 5}} for r in rows]
+
+    endpoint = object.__new__(RuntimeEndpoint)
+    endpoint._generate = fake_generate
+    lp = endpoint.score_choices(Prompt("prefix text"), ["a", "b"], unconditional=False)
+    assert lp.conditional == [[-2.0, -1.0], [-0.5]]
+    assert lp.cached_tokens == [5, 5]
+    assert sent[1]["logprob_start_len"] == 10 - rl.backend_base.BOUNDARY_TOKENS
+    assert sent[1]["text"] == ["prefix text", "prefix texta", "prefix textb"]

@@ -7,6 +7,7 @@ that are both correct.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -22,6 +23,11 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
                rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+# FlashInfer compiles its kernels per shape on first use (minutes): RADIXLM_GPU_TEST_BACKENDS
+# narrows the run when device time is short.
+BACKENDS = os.environ.get("RADIXLM_GPU_TEST_BACKENDS", "triton,flashinfer").split(",")
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -47,17 +53,20 @@ def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0):
         engine.shutdown()
 
 
-def test_tiny_model_fp32_backends_agree(tmp_path):
+def test_tiny_model_backends_agree(tmp_path):
+    """fp32 for triton; flashinfer has no fp32 kernels, so it is compared in fp16."""
     folder = make_model_folder(tmp_path, TINY)
-    ref = _greedy(folder, TINY, "torch", "float32", 24, head_scale=20.0)
-    for backend in ("triton", "flashinfer"):
+    for backend, dtype in (("triton", "float32"), ("flashinfer", "float16")):
+        if backend not in BACKENDS:
+            continue
+        ref = _greedy(folder, TINY, "torch", dtype, 24, head_scale=20.0)
         for graphs in (True, False):
-            got = _greedy(folder, TINY, backend, "float32", 24, graphs, head_scale=20.0)
+            got = _greedy(folder, TINY, backend, dtype, 24, graphs, head_scale=20.0)
             assert got == ref, (backend, graphs)
 
 
 def test_smollm2_shape_bf16_first_32_tokens_agree(tmp_path):
     folder = make_model_folder(tmp_path, SMOLLM2)
     ref = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, head_scale=50.0)
-    for backend in ("triton", "flashinfer"):
+    for backend in BACKENDS:
         assert _greedy(folder, SMOLLM2, backend, "bfloat16", 32, head_scale=50.0) == ref, backend

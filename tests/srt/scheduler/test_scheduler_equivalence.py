@@ -69,10 +69,9 @@ def test_chunked_prefill_gives_the_same_greedy_outputs(tiny_llama_dir, reference
     assert outputs == reference
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_chunked_prefill_without_cache_gives_the_same_greedy_outputs(tiny_llama_dir, reference, policy):
-    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=4096, schedule_policy=policy,
-                              chunked_prefill_size=16, disable_radix_cache=True)
+def test_chunked_prefill_without_cache_gives_the_same_greedy_outputs(tiny_llama_dir, reference):
+    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=16,
+                              disable_radix_cache=True)
     assert outputs == reference
 
 
