@@ -35,7 +35,7 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(n)] for n in (5, 37, 200)]
 
 
-def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0):
+def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0, with_top=False):
     from radixlm.srt import Engine
 
     engine = Engine(model_path=str(folder), load_format="dummy", attention_backend=backend,
@@ -47,10 +47,17 @@ def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0):
                 if "lm_head" in name:
                     p.mul_(head_scale)
         outs = engine.generate(input_ids=_prompts(shape["vocab_size"]),
-                               sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True})
-        return [o["output_ids"] for o in outs]
+                               sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
+                               return_logprob=with_top, top_logprobs_num=2 if with_top else None)
+        ids = [o["output_ids"] for o in outs]
+        if not with_top:
+            return ids
+        return ids, [o["meta_info"]["output_top_logprobs"] for o in outs]
     finally:
         engine.shutdown()
+
+
+NEAR_TIE = 0.05  # logprob gap under which bf16 rounding may pick either token
 
 
 def test_tiny_model_backends_agree(tmp_path):
@@ -66,7 +73,16 @@ def test_tiny_model_backends_agree(tmp_path):
 
 
 def test_smollm2_shape_bf16_first_32_tokens_agree(tmp_path):
+    """Equal for 32 tokens, except that a random model can reach a near-tie (two tokens within
+    NEAR_TIE in the torch run) where bf16 kernels may legitimately part ways: the first
+    difference must be such a tie, and the sequences must agree up to it."""
     folder = make_model_folder(tmp_path, SMOLLM2)
-    ref = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, head_scale=50.0)
+    ref, ref_top = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, head_scale=50.0, with_top=True)
     for backend in BACKENDS:
-        assert _greedy(folder, SMOLLM2, backend, "bfloat16", 32, head_scale=50.0) == ref, backend
+        got = _greedy(folder, SMOLLM2, backend, "bfloat16", 32, head_scale=50.0)
+        for want, have, top in zip(ref, got, ref_top):
+            diff = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), None)
+            if diff is None:
+                continue
+            gap = top[diff][0][0] - top[diff][1][0]
+            assert gap < NEAR_TIE, (backend, diff, gap, want, have)
