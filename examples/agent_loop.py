@@ -5,7 +5,7 @@ argument with ``gen``. CALC runs the calculator here in Python and sends the res
 next user message; the conversation grows turn by turn and every turn reuses the cached prefix.
 
     python examples/agent_loop.py
-    python examples/agent_loop.py --task "What is 17 times 23, plus 5?"
+    python examples/agent_loop.py --task "..." --max-turns 6
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ EXAMPLE_TURNS = [
     ("user", "Calculator result: 10"),
     ("assistant", "ANSWER: 10"),
 ]
-EXPRESSION_REGEX = r"[0-9+\-*/(). ]{1,40}"
-NUMBER_REGEX = r"-?[0-9]+(\.[0-9]+)?"
+EXPRESSION_REGEX = r"[0-9]{1,6} [-+*/] [0-9]{1,6}"  # one operation per call
+NUMBER_REGEX = r"-?[0-9]{1,12}(\.[0-9]{1,4})?"
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
              ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 

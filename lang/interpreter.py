@@ -128,6 +128,17 @@ class StreamExecutor:
         child.role, child.role_start, child.scopes = self.role, self.role_start, dict(self.scopes)
         return child
 
+    def check_integrity(self) -> bool:
+        """The state's bookkeeping agrees with its text (call when idle, after sync)."""
+        assert self.text[self.fork_start:] == "".join(c for c, _ in self.chunks), \
+            "the streamed chunks do not add up to the text"
+        assert self.fork_start <= len(self.text)
+        assert self.role is None or self.role_start <= len(self.text), "role starts past the end"
+        assert all(m["role"] in ("system", "user", "assistant") for m in self.messages)
+        assert all(pos <= len(self.text) for pos in self.scopes.values()), "scope past the end"
+        assert set(self.assigned) <= set(self.variables), "an assigned variable is missing"
+        return True
+
     def wait_chunks(self, start: int) -> tuple[list[tuple[str, str | None]], bool]:
         """The chunks from index ``start`` once there are some (or the state ended), and
         whether the state has ended."""

@@ -106,7 +106,9 @@ def run_engine(args: argparse.Namespace, reqs: list[BenchRequest], cache_on: boo
         warm = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
         engine.generate(input_ids=reqs[0].input_ids[-64:], sampling_params=warm)
         engine.flush_cache()
+        print(f"radix cache {'on' if cache_on else 'off'}: running ...", flush=True)
         stats = run_workload(engine, reqs, "on" if cache_on else "off")
+        print(f"  done in {stats.wall_s:.1f} s", flush=True)
         assert engine.scheduler.check_idle(), "KV leak after the run"
     finally:
         engine.shutdown()

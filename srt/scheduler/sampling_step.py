@@ -40,7 +40,8 @@ class SamplingStep:
         lp_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
         raw_lp = logits[lp_rows].clone() if lp_rows else None
         if masks is not None:
-            apply_token_bitmask_inplace(logits, masks.bitmask, masks.rows)
+            every_row = len(masks.rows) == len(reqs)  # skips gathering rows
+            apply_token_bitmask_inplace(logits, masks.bitmask, None if every_row else masks.rows)
         suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
         if masks is None and not any(suppress) and all(_is_plain_greedy(r.params) for r in reqs):
             next_ids = logits.argmax(dim=-1)  # the common greedy batch: no per-row inputs

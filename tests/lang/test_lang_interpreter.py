@@ -98,6 +98,8 @@ def test_fork_prefills_the_prefix_then_runs_branches_concurrently():
         s += "Done."
 
     state = prog.run(backend=backend)
+    assert state._ex.check_integrity()
+    assert all(ex.check_integrity() and ex.is_ended for ex in state._ex.children)
     assert backend.calls[0] == ("prefill", "Prefix. ")
     assert sorted(c[1] for c in backend.calls[1:]) == [f"Prefix. Branch {i}: " for i in range(3)]
     assert state["answer"] == ["<18>", "<18>", "<18>"]
@@ -128,6 +130,7 @@ def test_var_scope_and_roles(backend):
         s += rl.assistant(rl.gen("answer"))
 
     state = prog.run(backend=backend)
+    assert state._ex.check_integrity()
     assert state["question"] == "Why?"
     assert state.messages() == [{"role": "user", "content": "Why?"},
                                 {"role": "assistant", "content": state["answer"]}]

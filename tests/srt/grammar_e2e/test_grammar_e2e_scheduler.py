@@ -45,8 +45,19 @@ def _params(i: int) -> dict:
     return {"temperature": 0, "max_new_tokens": 120, **grammar}
 
 
+_GRAMMAR_DIR: list[str] = []  # one on-disk compile cache for the module's schedulers
+
+
 def _scheduler(model_dir, **options) -> Scheduler:
+    options.setdefault("grammar_cache_dir", _GRAMMAR_DIR[0] if _GRAMMAR_DIR else None)
     return Scheduler(config_from_kwargs(model_path=str(model_dir), log_level="warning", **options))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def grammar_cache_dir(tmp_path_factory):
+    _GRAMMAR_DIR.append(str(tmp_path_factory.mktemp("grammars")))
+    yield
+    _GRAMMAR_DIR.clear()
 
 
 def _drive(sched: Scheduler, msgs: list[TokenizedGenerateReq], also: tuple[str, ...] = (),
@@ -143,7 +154,7 @@ def test_plain_requests_flow_while_a_grammar_compiles(tiny_llama_dir, monkeypatc
         return cache
 
     monkeypatch.setattr(grammar_manager_module, "create_compile_cache", gated_cache)
-    sched = _scheduler(tiny_llama_dir, max_total_tokens=4096)
+    sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_cache_dir=None)
     prompts = _prompts(2)
     sched.handle(TokenizedGenerateReq("constrained", prompts[0], _params(1)))
     sched.handle(TokenizedGenerateReq("plain", prompts[1], {"temperature": 0, "max_new_tokens": 8}))
@@ -177,7 +188,8 @@ def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
         return cache
 
     monkeypatch.setattr(grammar_manager_module, "create_compile_cache", slow_cache)
-    sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_compile_timeout_s=0.2)
+    sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_compile_timeout_s=0.2,
+                       grammar_cache_dir=None)
     msg = TokenizedGenerateReq("r", _prompts(1)[0], _params(1))
     ((_, reason),) = _drive(sched, [msg]).values()
     assert reason["status_code"] == 400
