@@ -25,7 +25,7 @@ SCHEMA = {
     "required": ["name", "age", "is_student"],
     "additionalProperties": False,
 }
-ASK = [{"role": "user", "content": "Give me a JSON object describing a person."}]
+ASK = [{"role": "user", "content": "Give me a JSON object with a name and an age."}]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 def test_response_format_json_schema(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model="default", messages=ASK, temperature=0, max_tokens=96,
+        model="default", messages=ASK, temperature=0, max_tokens=48,
         response_format={"type": "json_schema",
                          "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}},
     )
@@ -55,7 +55,7 @@ def test_response_format_json_schema(client: openai.OpenAI) -> None:
 
 def test_response_format_json_object_streamed(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="default", messages=ASK, temperature=0, max_tokens=96, stream=True,
+        model="default", messages=ASK, temperature=0, max_tokens=48, stream=True,
         response_format={"type": "json_object"},
     )
     chunks = list(stream)
