@@ -134,6 +134,7 @@ class GrammarManager:
         self._setup: Future[GrammarCompileCache] | None = None  # vocab + cache, built once
         self._setup_pool: ThreadPoolExecutor | None = None
         self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
+        self.mask_times_s: list[float] | None = None  # set to a list to record each row's fill
 
     # ------------------------------------------------------------------ compile queue
     def submit(self, req: Req, spec: GrammarSpec) -> None:
@@ -238,10 +239,13 @@ class GrammarManager:
             self._bitmask = torch.zeros((max(len(reqs), 2 * self._bitmask.shape[0]),
                                          self._bitmask.shape[1]), dtype=torch.int32)
         bitmask = self._bitmask[: len(reqs)]
-        start = time.perf_counter()
         for i in rows:
+            start = time.perf_counter()
             reqs[i].grammar.fill_bitmask(bitmask, i)
-        self.stats.mask_fill_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.stats.mask_fill_s += elapsed
+            if self.mask_times_s is not None:
+                self.mask_times_s.append(elapsed)
         self.stats.num_mask_rows += len(rows)
         return GrammarMasks(bitmask, rows)
 

@@ -43,8 +43,8 @@ class SamplingStep:
             every_row = len(masks.rows) == len(reqs)  # skips gathering rows
             apply_token_bitmask_inplace(logits, masks.bitmask, None if every_row else masks.rows)
         suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
-        if masks is None and not any(suppress) and all(_is_plain_greedy(r.params) for r in reqs):
-            next_ids = logits.argmax(dim=-1)  # the common greedy batch: no per-row inputs
+        if not any(suppress) and all(_is_plain_greedy(r.params) for r in reqs):
+            next_ids = logits.argmax(dim=-1)  # the common greedy batch (masks already applied)
         else:
             info = SamplingBatchInfo.build(
                 [r.params for r in reqs], [r.output_ids for r in reqs],
