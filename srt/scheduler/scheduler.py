@@ -238,11 +238,10 @@ class Scheduler:
         """Whether an admitted request of this batch computes a long stretch of ``req``'s
         uncached prefix (in-batch prefix sharing: compute it once)."""
         k = req.num_cached_prefix + IN_BATCH_PREFIX_MIN_SHARED
-        fill = req.fill_ids
-        if len(fill) - 1 < k:
+        if req.fill_len - 1 < k:
             return False
-        head = fill[:k]
-        return any(len(o.fill_ids) >= k and o.fill_ids[:k] == head for o in batch.reqs)
+        head = req.fill_slice(0, k)
+        return any(o.fill_len >= k and o.fill_slice(0, k) == head for o in batch.reqs)
 
     def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunking: bool) -> int:
         """Adds the request's next prefill piece to the batch; returns its token count (0 when
@@ -326,7 +325,7 @@ class Scheduler:
                 self.kv.cache_chunk(req)  # share the prefilled tokens with later requests now
             if not batch.completes_fill(i):
                 self.chunked = req
-            elif not req.is_finished and req not in self.running:
+            elif is_prefill and not req.is_finished:  # decode batches hold running requests
                 self.running.append(req)
         return self._retire(batch.reqs)
 
