@@ -126,3 +126,48 @@ def test_outlines_mask_rows_are_cached_per_state(vocab):
     expected = set(grammar.index.get_allowed_tokens(state)) - set(vocab.eos_token_ids)
     assert set(allowed_token_ids(bitmask, 0, vocab.vocab_size)) == expected
     assert np.all(grammar.text_token_ids(state) < vocab.vocab_size)
+
+
+def _index_row(grammar, state: int, vocab) -> set[int]:
+    """The allowed ids of ``state`` straight from the outlines-core index (the reference)."""
+    allowed = set(grammar.index.get_allowed_tokens(state)) - set(vocab.eos_token_ids)
+    return allowed | set(vocab.eos_token_ids) if grammar.is_final(state) else allowed
+
+
+def test_outlines_guide_rows_match_the_index(vocab):
+    """Rows built by the matcher's guide (native fill) equal the index's allowed ids, every
+    EOS id included exactly where the DFA may end (the index itself knows only the first)."""
+    grammar = OutlinesBackend(vocab).compile(GrammarSpec.regex(r"(ab|a'c)[0-9]{1,2}'?"))
+    rng = np.random.default_rng(0)
+    seen = 0
+    for _ in range(30):
+        matcher = grammar.new_matcher()
+        while not matcher.is_terminated():
+            allowed = _allowed(matcher, vocab)
+            assert allowed == _index_row(grammar, matcher.state, vocab), matcher.state
+            seen += 1
+            token = int(rng.choice(sorted(allowed)))
+            assert matcher.accept_token(token)
+    assert seen > 30 and len(grammar._rows) >= 5
+
+
+def test_outlines_rows_survive_deep_rollbacks(vocab):
+    """A rollback deeper than the guide keeps (32 tokens) drops the guide; rows stay exact."""
+    grammar = OutlinesBackend(vocab).compile(GrammarSpec.regex(r"[ab]{0,80}c[0-9]"))
+    matcher = grammar.new_matcher()
+    a, b, c = (_byte_token(vocab, ch) for ch in "abc")
+    tokens = [a, b] * 20
+    for i, token in enumerate(tokens):
+        if i % 7 == 0:
+            _allowed(matcher, vocab)  # syncs the guide now and then
+        assert matcher.accept_token(token)
+    matcher.rollback(38)  # deeper than the guide's history
+    assert matcher.accept_tokens([b, c])
+    grammar._rows.clear()  # force a fresh row through the guide
+    assert _allowed(matcher, vocab) == _index_row(grammar, matcher.state, vocab)
+    assert _allowed(matcher, vocab) == {_byte_token(vocab, d) for d in "0123456789"}
+    matcher.rollback(2)  # within the guide's history, then new tokens before the next row
+    assert matcher.accept_tokens([a, a, b])
+    grammar._rows.clear()
+    assert _allowed(matcher, vocab) == _index_row(grammar, matcher.state, vocab)
+    assert c in _allowed(matcher, vocab)
