@@ -40,7 +40,7 @@ class OutlinesGrammar(CompiledGrammar):
         self._eos_array = np.array(vocab.eos_token_ids, dtype=np.int64)
         self.eos_row = pack_token_ids(self._eos_array, vocab.vocab_size)
         self._eos_words = self._eos_array // 32  # word and bit of each EOS id in a row
-        self._eos_bits = (np.uint32(1) << (self._eos_array % 32).astype(np.uint32)).astype(np.uint32)
+        self._eos_bits = np.left_shift(1, self._eos_array % 32).astype(np.uint32)
         self._rows: dict[int, torch.Tensor] = {}  # state -> packed int32 row (CPU)
         self._forced: dict[int, bytes] = {}  # state -> forced continuation bytes
         self._forced_lock = threading.Lock()
