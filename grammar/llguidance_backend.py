@@ -3,6 +3,12 @@
 llguidance parses lazily (an Earley parser over a lexer), so compiling is cheap even for schemas
 outlines-core cannot turn into a DFA in time. A compiled grammar keeps one validated template
 ``LLMatcher``; each request gets a deep copy of it.
+
+JSON schema options: ``oneOf`` is compiled as ``anyOf`` (``coerce_one_of``; outlines-core does
+the same), so a document matching several branches is possible. A ``lenient`` backend (the last
+resort of ``auto``) also ignores keywords and formats llguidance does not implement (``not``,
+``uniqueItems``, ``propertyNames``, ``dependencies``, unknown ``format`` values) instead of
+rejecting the schema.
 """
 
 from __future__ import annotations
@@ -168,17 +174,31 @@ class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
     def __init__(
-        self, vocab: TokenizerVocab, whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN
+        self,
+        vocab: TokenizerVocab,
+        whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN,
+        lenient: bool = False,
     ) -> None:
         self.vocab = vocab
         self.whitespace_pattern = whitespace_pattern
+        self.lenient = lenient  # JSON schemas: ignore unimplemented keywords, do not reject
         self._tokenizer: LLTokenizer | None = None  # built on first use (about 1 s for 128k)
+        self._tokenizer_owner: LLGuidanceBackend = self  # a twin uses its origin's tokenizer
         self._lock = threading.Lock()
 
     def cache_tag(self) -> str:
-        return f"llguidance(ws={self.whitespace_pattern!r},v={llguidance.__version__})"
+        lenient = ",lenient" if self.lenient else ""
+        return f"llguidance(ws={self.whitespace_pattern!r}{lenient},v={llguidance.__version__})"
+
+    def lenient_twin(self) -> LLGuidanceBackend:
+        """A lenient backend sharing this one's tokenizer."""
+        twin = LLGuidanceBackend(self.vocab, self.whitespace_pattern, lenient=True)
+        twin._tokenizer_owner = self
+        return twin
 
     def lltokenizer(self) -> LLTokenizer:
+        if self._tokenizer_owner is not self:
+            return self._tokenizer_owner.lltokenizer()
         with self._lock:
             if self._tokenizer is None:
                 self._tokenizer = build_lltokenizer(self.vocab)
@@ -194,7 +214,11 @@ class LLGuidanceBackend(GrammarBackend):
             if spec.kind == "choices":
                 return LLMatcher.grammar_from_regex(choices_regex(spec.value))
             schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
-            options = {"whitespace_pattern": self.whitespace_pattern}
+            options = {
+                "whitespace_pattern": self.whitespace_pattern,
+                "coerce_one_of": True,
+                "lenient": self.lenient,
+            }
             return LLMatcher.grammar_from_json_schema(schema, overrides=options)
         except (ValueError, TypeError) as exc:
             raise GrammarCompileError(spec.kind, str(exc)) from exc

@@ -74,15 +74,22 @@ class OutlinesBackend(GrammarBackend):
     name = "outlines"
 
     def __init__(
-        self, vocab: TokenizerVocab, whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN
+        self,
+        vocab: TokenizerVocab,
+        whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN,
+        max_regex_chars: int | None = None,
     ) -> None:
         self.vocab = vocab
         self.whitespace_pattern = whitespace_pattern
+        # Longer regexes are rejected before building an index: their DFAs take tens of
+        # seconds and gigabytes (auto sets this and sends such specs to llguidance).
+        self.max_regex_chars = max_regex_chars
         self._vocabulary = None  # outlines_core.Vocabulary, built on first use
         self._lock = threading.Lock()
 
     def cache_tag(self) -> str:
-        return f"outlines(ws={self.whitespace_pattern!r},v={version('outlines_core')})"
+        limit = f",max={self.max_regex_chars}" if self.max_regex_chars else ""
+        return f"outlines(ws={self.whitespace_pattern!r}{limit},v={version('outlines_core')})"
 
     def _outlines_vocabulary(self):
         with self._lock:
@@ -93,6 +100,12 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, spec: GrammarSpec) -> OutlinesGrammar:
         regex = spec_to_regex(spec, self.whitespace_pattern)
+        if self.max_regex_chars is not None and len(regex) > self.max_regex_chars:
+            raise GrammarCompileError(
+                spec.kind,
+                f"its regex has {len(regex):,} characters, over the {self.max_regex_chars:,} "
+                "allowed for outlines-core",
+            )
         vocabulary = self._outlines_vocabulary()
         try:
             index = outlines_core.Index(regex, vocabulary)

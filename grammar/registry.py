@@ -1,10 +1,14 @@
 """Grammar backends by name (``--grammar-backend auto|outlines|llguidance``).
 
 ``auto`` compiles regexes, choices and JSON schemas with outlines-core, falling back to
-llguidance when outlines-core rejects the spec or does not finish within a time budget (it runs
-on a worker thread; outlines-core releases the GIL while it builds an index). EBNF grammars and
+llguidance when outlines-core rejects the spec, when the spec's regex is too long for a DFA
+(``outlines_max_regex_chars``) or when it does not finish within ``outlines_budget_s`` (it runs
+on a worker thread; outlines-core releases the GIL while it builds an index). llguidance
+compiles in tens of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars and
 ``json_object`` go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas
-with numeric bounds (which outlines-core accepts but ignores) try llguidance first.
+with numeric bounds (which outlines-core accepts but ignores) try llguidance first. A JSON schema
+neither backend accepts gets a last try on llguidance in lenient mode, which ignores the
+keywords it does not implement.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ _OUTLINES_IGNORED_KEYWORDS = frozenset(
 @dataclass(frozen=True)
 class GrammarConfig:
     backend: str = "auto"  # one of GRAMMAR_BACKEND_NAMES
-    outlines_budget_s: float = 5.0  # auto: give up on outlines-core after this long
+    outlines_budget_s: float = 3.0  # auto: give up on outlines-core after this long
+    outlines_max_regex_chars: int = 100_000  # auto: longer regexes go to llguidance
+    lenient_json_fallback: bool = True  # auto: last try on llguidance ignoring unknown keywords
     max_abandoned_outlines: int = 2  # auto: skip outlines while this many over-budget runs go on
     whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN  # JSON whitespace between tokens
     compile_timeout_s: float = 60.0  # compile cache: fail a compilation after this long
@@ -58,6 +64,8 @@ class GrammarConfig:
             raise ValueError("grammar compile budgets and timeouts must be positive seconds")
         if self.cache_max_entries < 1 or self.compile_workers < 1:
             raise ValueError("cache_max_entries and compile_workers must be >= 1")
+        if self.outlines_max_regex_chars < 1:
+            raise ValueError("outlines_max_regex_chars must be >= 1")
 
 
 def _uses_keywords_outlines_ignores(spec: GrammarSpec) -> bool:
@@ -88,11 +96,13 @@ class AutoGrammarBackend(GrammarBackend):
         self,
         outlines: OutlinesBackend,
         llguidance: LLGuidanceBackend,
-        outlines_budget_s: float = 5.0,
+        outlines_budget_s: float = 3.0,
         max_abandoned_outlines: int = 2,
+        lenient_llguidance: LLGuidanceBackend | None = None,
     ) -> None:
         self.outlines = outlines
         self.llguidance = llguidance
+        self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
         self.outlines_budget_s = outlines_budget_s
         self.max_abandoned_outlines = max_abandoned_outlines
         self.num_fallbacks = 0
@@ -100,36 +110,42 @@ class AutoGrammarBackend(GrammarBackend):
         self._lock = threading.Lock()
 
     def cache_tag(self) -> str:
-        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}]"
+        lenient = "+lenient" if self.lenient_llguidance is not None else ""
+        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient}]"
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        first, second = self._order(spec)
-        try:
-            return self._compile_with(first, spec)
-        except GrammarCompileError as first_error:
-            if second is None:
-                raise
-            with self._lock:
-                self.num_fallbacks += 1
-            logger.info(
-                "%s failed on %s (%s); trying %s",
-                first.name,
-                spec.describe(),
-                first_error.reason,
-                second.name,
-            )
+        candidates = self._order(spec)
+        errors: list[tuple[GrammarBackend, GrammarCompileError]] = []
+        for backend in candidates:
+            if errors:
+                with self._lock:
+                    self.num_fallbacks += 1
+                logger.info(
+                    "%s failed on %s (%s); trying %s",
+                    _label(errors[-1][0]),
+                    spec.describe(),
+                    errors[-1][1].reason,
+                    _label(backend),
+                )
             try:
-                return self._compile_with(second, spec)
-            except GrammarCompileError as second_error:
-                reason = f"{second_error.reason} ({first.name}: {first_error.reason})"
-                raise GrammarCompileError(spec.kind, reason) from second_error
+                return self._compile_with(backend, spec)
+            except GrammarCompileError as error:
+                errors.append((backend, error))
+        last = errors[-1][1]
+        earlier = "; ".join(f"{_label(b)}: {e.reason}" for b, e in errors[:-1])
+        reason = f"{last.reason} ({earlier})" if earlier else last.reason
+        raise GrammarCompileError(spec.kind, reason) from last
 
-    def _order(self, spec: GrammarSpec) -> tuple[GrammarBackend, GrammarBackend | None]:
+    def _order(self, spec: GrammarSpec) -> list[GrammarBackend]:
         if spec.kind in _LLGUIDANCE_ONLY_KINDS:
-            return self.llguidance, None
+            return [self.llguidance]
         if self._too_many_abandoned() or _uses_keywords_outlines_ignores(spec):
-            return self.llguidance, self.outlines
-        return self.outlines, self.llguidance
+            order: list[GrammarBackend] = [self.llguidance, self.outlines]
+        else:
+            order = [self.outlines, self.llguidance]
+        if spec.kind == "json_schema" and self.lenient_llguidance is not None:
+            order.append(self.lenient_llguidance)
+        return order
 
     def _compile_with(self, backend: GrammarBackend, spec: GrammarSpec) -> CompiledGrammar:
         if backend is self.outlines:
@@ -137,6 +153,7 @@ class AutoGrammarBackend(GrammarBackend):
         return backend.compile(spec)
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> CompiledGrammar:
+        # A lenient llguidance grammar's text carries its options: any llguidance backend loads it.
         backend = self.outlines if backend_name == self.outlines.name else self.llguidance
         return backend.deserialize(spec, backend_name, data)
 
@@ -173,18 +190,25 @@ class AutoGrammarBackend(GrammarBackend):
             ) from None
 
 
+def _label(backend: GrammarBackend) -> str:
+    return f"{backend.name} (lenient)" if getattr(backend, "lenient", False) else backend.name
+
+
 def create_grammar_backend(config: GrammarConfig, vocab: TokenizerVocab) -> GrammarBackend:
     """The backend named by ``config.backend`` over ``vocab``."""
     if config.backend == "none":
         return NullGrammarBackend()
-    outlines = OutlinesBackend(vocab, config.whitespace_pattern)
     if config.backend == "outlines":
-        return outlines
+        return OutlinesBackend(vocab, config.whitespace_pattern)
     llguidance = LLGuidanceBackend(vocab, config.whitespace_pattern)
     if config.backend == "llguidance":
         return llguidance
     return AutoGrammarBackend(
-        outlines, llguidance, config.outlines_budget_s, config.max_abandoned_outlines
+        OutlinesBackend(vocab, config.whitespace_pattern, config.outlines_max_regex_chars),
+        llguidance,
+        config.outlines_budget_s,
+        config.max_abandoned_outlines,
+        llguidance.lenient_twin() if config.lenient_json_fallback else None,
     )
 
 

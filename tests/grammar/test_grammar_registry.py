@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import random
 import time
 
+import jsonschema
 import pytest
 
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec, NullGrammarBackend
@@ -15,10 +18,21 @@ from radixlm.grammar.registry import (
     create_compile_cache,
     create_grammar_backend,
 )
-from radixlm.grammar.testing import train_byte_level_tokenizer
+from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
 
 HOSTNAME = {"type": "string", "format": "hostname"}  # outlines-core: "not supported"
+# outlines-core rejects the hostname format, llguidance rejects uniqueItems: only the lenient
+# last resort (which ignores uniqueItems) compiles it.
+HOST_AND_IDS = {
+    "type": "object",
+    "properties": {
+        "host": HOSTNAME,
+        "ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 3, "uniqueItems": True},
+    },
+    "required": ["host", "ids"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +53,8 @@ def test_config_names_the_backend(vocab):
         GrammarConfig(backend="xgrammar")
     with pytest.raises(ValueError, match="positive"):
         GrammarConfig(outlines_budget_s=0)
+    with pytest.raises(ValueError, match="outlines_max_regex_chars"):
+        GrammarConfig(outlines_max_regex_chars=0)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +83,40 @@ def test_auto_falls_back_when_outlines_rejects(vocab):
     matcher = grammar.new_matcher()
     assert matcher.accept_tokens(vocab.encode('"example.com"'))
     assert matcher.accept_token(vocab.eos_token_ids[0])
+
+
+def test_auto_lenient_last_resort_ignores_only_unimplemented_keywords(vocab):
+    auto = create_grammar_backend(GrammarConfig(), vocab)
+    grammar = auto.compile(GrammarSpec.json_schema(HOST_AND_IDS))
+    assert grammar.backend_name == "llguidance" and auto.num_fallbacks == 2
+    rng = random.Random(3)
+    without_unique = json.loads(json.dumps(HOST_AND_IDS))
+    del without_unique["properties"]["ids"]["uniqueItems"]
+    for _ in range(6):  # everything else is still enforced
+        ids, finished = random_walk(grammar.new_matcher(), vocab, rng, check_rejections=False)
+        assert finished
+        jsonschema.validate(json.loads(vocab.decode_bytes(ids)), without_unique)
+    repeated = grammar.new_matcher()  # the ignored keyword: duplicates pass
+    assert repeated.accept_tokens(vocab.encode('{"host": "a.com", "ids": [1, 1]}'))
+    assert repeated.accept_token(vocab.eos_token_ids[0])
+
+
+def test_auto_without_lenient_fallback_reports_every_failure(vocab):
+    auto = create_grammar_backend(GrammarConfig(lenient_json_fallback=False), vocab)
+    with pytest.raises(GrammarCompileError) as info:
+        auto.compile(GrammarSpec.json_schema(HOST_AND_IDS))
+    assert "uniqueItems" in info.value.reason and "outlines: " in info.value.reason
+
+
+def test_auto_sends_long_regexes_to_llguidance(vocab):
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    with pytest.raises(GrammarCompileError, match="characters, over the 50 allowed"):
+        OutlinesBackend(vocab, max_regex_chars=50).compile(GrammarSpec.json_schema(schema))
+    auto = create_grammar_backend(GrammarConfig(outlines_max_regex_chars=50), vocab)
+    began = time.perf_counter()
+    assert auto.compile(GrammarSpec.json_schema(schema)).backend_name == "llguidance"
+    assert auto.num_fallbacks == 1 and time.perf_counter() - began < 1.0
+    assert auto.compile(GrammarSpec.regex("[a-z]{3}")).backend_name == "outlines"  # short
 
 
 class SlowOutlines(OutlinesBackend):
