@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 
 from radixlm.kernels.bitmask import (  # noqa: E402
     apply_token_bitmask_inplace,
+    apply_token_bitmask_inplace_lut,
     apply_token_bitmask_inplace_torch,
     unpack_bitmask,
 )
@@ -50,6 +51,22 @@ def test_torch_fallback_matches_reference(vocab, words):
     mask = random_bitmask(3, words, gen)
     expected = per_token_reference(logits, mask)
     apply_token_bitmask_inplace_torch(logits, mask)
+    assert torch.equal(logits, expected)
+
+
+# Widths: whole words, a partial last byte, a partial word, a mask short of the vocabulary,
+# a mask wider than it, fewer than 8 tokens.
+@pytest.mark.parametrize("vocab,words", [(128, 4), (100, 4), (70, 2), (45, 3), (96, 2), (5, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [None, [3, 0]])
+def test_lut_path_matches_reference(vocab, words, dtype, rows):
+    gen = torch.Generator().manual_seed(vocab * words)
+    logits = torch.randn((5, vocab), generator=gen).to(dtype)
+    logits[:, 1] = float("inf")  # an infinite logit: kept if allowed, -inf if not
+    mask = random_bitmask(5, words, gen)
+    index = None if rows is None else torch.tensor(rows)
+    expected = per_token_reference(logits, mask, index)
+    apply_token_bitmask_inplace_lut(logits, mask, index)
     assert torch.equal(logits, expected)
 
 
