@@ -1,6 +1,13 @@
-"""Reference attention on plain torch (CPU and GPU): per-request prefill, padded batched decode."""
+"""Attention on plain torch (the CPU path, and the reference on GPUs).
+
+Decode gathers the batch's cached K/V once per layer into one ragged buffer (only real tokens, no
+padding to the longest request) and runs one SDPA call per request over a view of it: on a CPU the
+gather is the bandwidth cost, and padding a mixed-length batch to its longest request doubled it.
+"""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -12,20 +19,21 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self):
-        self._kv_index: torch.Tensor | None = None  # decode: [B, max_len] kv slots (0 = padding)
-        self._mask: torch.Tensor | None = None  # decode: [B, 1, 1, max_len] bool, None if B == 1
+        self._kv_flat: torch.Tensor | None = None  # decode: every request's kv slots, concatenated
+        self._kv_offsets: list[int] = []  # decode: request i's slots are _kv_flat[off[i]:off[i+1]]
         self._extend_rows: list[tuple[int, int, int, torch.Tensor]] = []  # (start, prefix, ext, kv idx)
 
     def plan(self, fb) -> None:
         table = fb.req_to_token_pool.req_to_token
         if fb.mode.is_decode:
-            max_len = max(fb.seq_lens_cpu)
-            self._kv_index = table[fb.req_slots, :max_len]
+            lens = fb.seq_lens_cpu
             if fb.batch_size == 1:
-                self._mask = None
+                self._kv_flat = table[fb.req_slots_cpu[0], : lens[0]]
             else:
+                max_len = max(lens)
                 cols = torch.arange(max_len, device=fb.seq_lens.device)
-                self._mask = (cols[None, :] < fb.seq_lens[:, None])[:, None, None, :]
+                self._kv_flat = table[fb.req_slots, :max_len][cols[None, :] < fb.seq_lens[:, None]]
+            self._kv_offsets = [0, *itertools.accumulate(lens)]
             return
         rows, start = [], 0
         for i, (p, e) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)):
@@ -42,23 +50,27 @@ class TorchAttentionBackend(AttentionBackend):
         return self._extend(q, k_buf, v_buf, layer)
 
     def _decode(self, q, k_buf, v_buf, layer) -> torch.Tensor:
-        b = q.shape[0]
-        qh = q.view(b, layer.num_heads, 1, layer.head_dim)
-        kh = k_buf[self._kv_index].transpose(1, 2).to(q.dtype)  # [B, kv_heads, L, d]
-        vh = v_buf[self._kv_index].transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=self._mask, scale=layer.scaling,
-            enable_gqa=layer.num_heads != layer.num_kv_heads,
-        )
-        return o.reshape(b, layer.num_heads * layer.head_dim)
+        b, h, d = q.shape[0], layer.num_heads, layer.head_dim
+        qh = q.view(b, 1, h, 1, d)
+        kf = k_buf.index_select(0, self._kv_flat).to(q.dtype)  # [sum(L), kv_heads, d]
+        vf = v_buf.index_select(0, self._kv_flat).to(q.dtype)
+        out = torch.empty(b, 1, h, 1, d, dtype=q.dtype, device=q.device)
+        offs, gqa = self._kv_offsets, h != layer.num_kv_heads
+        for i in range(b):
+            lo, hi = offs[i], offs[i + 1]
+            out[i] = F.scaled_dot_product_attention(
+                qh[i], kf[lo:hi].transpose(0, 1)[None], vf[lo:hi].transpose(0, 1)[None],
+                scale=layer.scaling, enable_gqa=gqa,
+            )
+        return out.view(b, h * d)
 
     def _extend(self, q, k_buf, v_buf, layer) -> torch.Tensor:
         out = torch.empty_like(q)
         h, d = layer.num_heads, layer.head_dim
         for start, prefix, ext, kv_index in self._extend_rows:
             qh = q[start : start + ext].view(ext, h, d).transpose(0, 1)[None]  # [1, H, ext, d]
-            kh = k_buf[kv_index].transpose(0, 1)[None].to(q.dtype)  # [1, kv_heads, L, d]
-            vh = v_buf[kv_index].transpose(0, 1)[None].to(q.dtype)
+            kh = k_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)  # [1, kv_heads, L, d]
+            vh = v_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)
             if prefix == 0:
                 o = F.scaled_dot_product_attention(
                     qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=h != layer.num_kv_heads

@@ -5,7 +5,7 @@
 
 Sections: ``calib`` (copy bandwidth, bf16 matmul rate, the decode roofline = weight bytes /
 bandwidth), ``decode`` (batch-1 inter-token latency and output throughput at batch 64 and 256,
-1,024 in / 256 out, per attention backend, with and without CUDA graphs), ``prefill``
+1,024 in / 256 out, per attention backend, with and without CUDA graphs and overlap scheduling), ``prefill``
 (prefill tokens/s), ``prefix`` (shared-prefix workload, radix cache on and off), ``hf``
 (transformers' ``generate`` on the same shapes: eager, and its static-cache compiled path).
 Prints one table; ``--json`` also writes the figures to a file.
@@ -80,11 +80,12 @@ def generate(engine, ids: list[list[int]], out_len: int) -> float:
     return timed(lambda: engine.generate(input_ids=ids, sampling_params=params))
 
 
-def bench_engine(folder: Path, backend: str, graphs: bool, args, vocab: int) -> dict:
+def bench_engine(folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True) -> dict:
     from radixlm.srt import Engine
 
     engine = Engine(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                    disable_cuda_graph=not graphs, max_running_requests=256,
+                    disable_cuda_graph=not graphs, disable_overlap_schedule=not overlap,
+                    max_running_requests=256,
                     mem_fraction_static=0.85, log_level="warning")
     try:
         out: dict = {"weight_bytes": sum(p.numel() * p.element_size()
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="calib,decode,prefill,prefix,hf")
     ap.add_argument("--backends", default="flashinfer,triton")
     ap.add_argument("--graphs", default="on,off")
+    ap.add_argument("--overlap", default="on,off", help="overlap scheduling on, off, or both")
     ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
@@ -214,8 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     if "decode" in args.sections or "prefill" in args.sections:
         for backend in args.backends.split(","):
             for g in args.graphs.split(","):
-                section(f"{backend}/graphs-{g}", lambda b=backend, g=g: bench_engine(folder, b, g == "on", args, vocab))
-                weight_bytes = weight_bytes or results[f"{backend}/graphs-{g}"].get("weight_bytes", 0)
+                for ov in args.overlap.split(","):
+                    name = f"{backend}/graphs-{g}" + ("" if ov == "on" else "/no-overlap")
+                    section(name, lambda b=backend, g=g, ov=ov: bench_engine(
+                        folder, b, g == "on", args, vocab, overlap=ov == "on"))
+                    weight_bytes = weight_bytes or results[name].get("weight_bytes", 0)
     if "calib" in args.sections:
         section("calib", lambda: calibrate(weight_bytes or 16_060_522_496))
     if "prefix" in args.sections:

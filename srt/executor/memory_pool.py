@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.srt.executor.transfer import tensor_to_device
+
 
 class ReqToTokenPool:
     """Maps ``(req_slot, position) -> kv_slot`` for every running request.
@@ -114,7 +116,9 @@ class TokenSlotAllocator:
         if pages:
             starts = torch.tensor(pages, dtype=torch.int64) * ps + 1
             parts.append((starts[:, None] + torch.arange(ps)).flatten()[: num_tokens - from_tail])
-        return torch.cat(parts).to(self.device) if parts else torch.empty(0, dtype=torch.int64, device=self.device)
+        if not parts:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return tensor_to_device(torch.cat(parts), self.device)
 
     def free(self, kv_slots: torch.Tensor) -> None:
         """Frees the pages that ``kv_slots`` start or cover (callers free whole sequences' pages)."""

@@ -13,6 +13,7 @@ from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.cuda_graph import CudaGraphRunner
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.executor.transfer import tensor_to_device, to_device
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 from radixlm.srt.models.model_config import ModelConfig
@@ -46,6 +47,8 @@ class BatchLayout:
     req_slots: list[int]
     prefix_lens: list[int]
     extend_lens: list[int]
+    # set when the input ids are still on the device (the previous step's samples, not yet read)
+    input_ids_on_device: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -115,14 +118,15 @@ class ModelRunner:
     def build_forward_batch(self, layout: BatchLayout) -> ForwardBatch:
         dev = self.device
         seq_lens = [p + e for p, e in zip(layout.prefix_lens, layout.extend_lens)]
+        ids = layout.input_ids_on_device
         return ForwardBatch(
             mode=layout.mode,
-            input_ids=torch.tensor(layout.input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(layout.positions, dtype=torch.int64, device=dev),
-            out_kv_slots=layout.out_kv_slots.to(dev),
-            req_slots=torch.tensor(layout.req_slots, dtype=torch.int64, device=dev),
+            input_ids=to_device(layout.input_ids, dev) if ids is None else ids,
+            positions=to_device(layout.positions, dev),
+            out_kv_slots=tensor_to_device(layout.out_kv_slots, dev),
+            req_slots=to_device(layout.req_slots, dev),
             req_slots_cpu=layout.req_slots,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            seq_lens=to_device(seq_lens, dev),
             seq_lens_cpu=seq_lens,
             prefix_lens_cpu=layout.prefix_lens,
             extend_lens_cpu=layout.extend_lens,
@@ -139,10 +143,10 @@ class ModelRunner:
         if fb.mode.is_decode and self.graph_runner is not None and self.graph_runner.can_run(fb.batch_size):
             logits = self.graph_runner.replay(fb)
             if len(logit_rows) != logits.shape[0]:
-                logits = logits[torch.tensor(logit_rows, dtype=torch.int64, device=self.device)]
+                logits = logits[to_device(logit_rows, self.device)]
             return logits
         self.attn_backend.plan(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         if len(logit_rows) != hidden.shape[0]:
-            hidden = hidden[torch.tensor(logit_rows, dtype=torch.int64, device=self.device)]
+            hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)

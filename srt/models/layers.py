@@ -54,6 +54,8 @@ class RMSNorm(nn.Module):
         self.weight = _param(hidden_size)  # [hidden]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op: on a CPU each op costs its dispatch
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -107,19 +109,29 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, signed sin)``, each ``[T, 1, head_dim]``: computed once per forward, used by
+        every layer. ``signed sin`` is ``-sin`` on the first half so that one multiply-add
+        rotates: ``x * cos + swap_halves(x) * signed_sin``."""
+        cos = self.cos_cache[positions]
+        sin = self.sin_cache[positions]
+        return (torch.cat((cos, cos), -1).unsqueeze(1).to(dtype),
+                torch.cat((-sin, sin), -1).unsqueeze(1).to(dtype))
+
+    def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x`` ``[T, n*head_dim]`` (rows may be strided) -> rotated ``[T, n, head_dim]``, contiguous."""
+        t, d = x.shape[0], self.head_dim
+        heads = x.view(t, -1, d)
+        swapped = heads.view(t, -1, 2, d // 2).flip(2).view(t, -1, d)
+        cos, sin = cos_sin
+        return torch.addcmul(heads * cos, swapped, sin)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[T, H*d]`` and ``k`` ``[T, KVH*d]`` rotated by their token's position."""
-        cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [T, 1, d/2]
-        sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        heads = x.view(x.shape[0], -1, self.head_dim)
-        x1, x2 = heads.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.view(x.shape[0], -1)
+        cos_sin = self.cos_sin(positions, q.dtype)
+        return self.rotate(q, cos_sin).flatten(1), self.rotate(k, cos_sin).flatten(1)
 
 
 class Linear(nn.Module):

@@ -62,15 +62,20 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        """``rope``: the batch's ``RotaryEmbedding.cos_sin``, shared by every layer."""
+        qkv = self.qkv_proj(hidden)
+        t, q_size, kv_size = qkv.shape[0], self.qkv_proj.q_size, self.qkv_proj.kv_size
         if self.qk_norm:
-            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).flatten(1)
-            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).flatten(1)
-        q, k = self.rotary_emb(positions, q, k)
-        out = fb.attn_backend.forward(q, k, v.contiguous(), self, fb)
+            q, k, v = self.qkv_proj.split(qkv)
+            q = self.rotary_emb.rotate(self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope)
+            k = self.rotary_emb.rotate(self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope)
+        else:  # q and k are adjacent in qkv: rotate them in one pass
+            qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, q_size + kv_size :]
+        out = fb.attn_backend.forward(q.reshape(t, q_size), k.reshape(t, kv_size), v.contiguous(), self, fb)
         return self.o_proj(out)
 
 
@@ -86,7 +91,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         fb: ForwardBatch,
@@ -96,7 +101,7 @@ class LlamaDecoderLayer(nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, fb)
+        hidden = self.self_attn(rope, hidden, fb)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -105,11 +110,11 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, options: DecoderOptions):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        rotary = RotaryEmbedding(
+        self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.context_length, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, options, rotary) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, i, options, self.rotary_emb) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -117,8 +122,9 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary_emb.cos_sin(positions, hidden.dtype)
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, fb)
+            hidden, residual = layer(rope, hidden, residual, fb)
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 

@@ -12,6 +12,7 @@ import logging
 import torch
 
 from radixlm.srt.executor.memory_pool import ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -83,9 +84,9 @@ class KVManager:
             return None
         slots = self.allocator.alloc(len(reqs))
         table = self.req_to_token_pool.req_to_token
-        rows = torch.tensor([r.req_slot for r in reqs], dtype=torch.int64)
-        cols = torch.tensor([r.num_kv_tokens for r in reqs], dtype=torch.int64)
-        table[rows.to(table.device), cols.to(table.device)] = slots
+        rows = to_device([r.req_slot for r in reqs], table.device)
+        cols = to_device([r.num_kv_tokens for r in reqs], table.device)
+        table[rows, cols] = slots
         for r in reqs:
             r.num_kv_tokens += 1
         return list(slots.split(1))

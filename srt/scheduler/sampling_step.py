@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from radixlm.srt.scheduler.grammar_manager import GrammarMasks
 
 
+def is_overlappable(req: Req) -> bool:
+    """Whether the request's next token can be sampled before its last one is known on the host
+    (overlap scheduling): nothing in its sampling reads its output tokens, and no logprobs or
+    grammar state are needed."""
+    p = req.params
+    return (req.grammar is None and not req.return_logprob and p.min_new_tokens == 0
+            and not p.logit_bias and p.frequency_penalty == 0 and p.presence_penalty == 0
+            and p.repetition_penalty == 1)
+
+
 def _is_plain_greedy(p) -> bool:
     return (p.is_greedy and not p.logit_bias and p.frequency_penalty == 0
             and p.presence_penalty == 0 and p.repetition_penalty == 1)
@@ -55,6 +65,17 @@ class SamplingStep:
         if raw_lp is not None:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
         return next_ids.tolist()
+
+    def sample_on_device(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """Next ids ``[len(reqs)]`` on the logits' device, nothing read back to the host: for
+        plain requests (see ``is_overlappable``) whose logits rows are ``logits[i]``."""
+        if all(_is_plain_greedy(r.params) for r in reqs):
+            return logits.argmax(dim=-1)
+        info = SamplingBatchInfo.build(
+            [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
+            self.vocab_size, self.device, self.default_generator,
+        )
+        return self.sampler.sample(logits, info, None)
 
     @staticmethod
     def _record(raw: torch.Tensor, ids: torch.Tensor, reqs: list[Req]) -> None:

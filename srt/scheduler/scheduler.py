@@ -4,12 +4,24 @@ Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, 
 otherwise a decode batch of every running request; one forward; sampling; finish checks.
 The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
 ``handle`` for incoming messages and ``step`` while ``has_work()``.
+
+Overlap scheduling (on a GPU, unless ``--disable-overlap-schedule``): a decode step of plain
+requests is launched without waiting for its tokens (``_launch_decode``); the next step builds
+and launches the following decode batch, whose input ids are the previous step's sampled ids
+still on the device, and only then reads the previous tokens back and checks them
+(``_resolve_inflight``), so the CPU work of a step runs while the GPU computes. While a step is
+in flight each of its requests carries a ``PENDING_TOKEN`` as its last output id (the token
+exists on the device; its KV is written by the next step). A request that finishes when its
+token is read back already has one more token computed: that token is dropped. Prefill steps,
+grammar-constrained or logprob requests, retraction and messages other than new requests first
+resolve the step in flight and run synchronously.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +30,7 @@ from radixlm.radix import make_prefix_cache
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
+from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.managers.messages import (
     AbortReq,
     BatchTokenOut,
@@ -32,13 +45,24 @@ from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.req import Req, ReqStatus
-from radixlm.srt.scheduler.sampling_step import SamplingStep
+from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
 IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
 GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar before looking at new messages
+PENDING_TOKEN = -1  # output id of a token sampled on the device and not read back yet
+
+
+@dataclass
+class InflightDecode:
+    """A decode step launched on the device whose sampled ids are not read back yet."""
+
+    reqs: list[Req]  # in the order of next_ids
+    next_ids: torch.Tensor  # [B] int64 on the device
+    host_ids: torch.Tensor  # [B] int64 on the host, valid once `done` has fired
+    done: Any  # torch.cuda.Event recorded after the copy to host_ids (None on a CPU)
 
 
 class Scheduler:
@@ -60,9 +84,13 @@ class Scheduler:
         self.chunked: Req | None = None  # a request between two chunks of its prefill
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
         self.num_forward_steps = 0
+        self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
+        self.inflight: InflightDecode | None = None
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
+        if isinstance(msg, ControlReq) and self.inflight is not None:
+            self.finished_outside_step += self._resolve_inflight()  # report the settled state
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
@@ -111,6 +139,8 @@ class Scheduler:
         def hit(r: Req) -> bool:
             return abort_all or r.rid.startswith(rid)
 
+        if self.inflight is not None:
+            self.finished_outside_step += self._resolve_inflight()
         reason = {"type": "abort", "message": "aborted by request"}
         for req in self.grammars.remove(hit):
             self._finish_now(req, reason)
@@ -143,7 +173,7 @@ class Scheduler:
     # ---------------------------------------------------------------- state
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self.finished_outside_step
-                    or self.grammars.has_pending())
+                    or self.grammars.has_pending() or self.inflight is not None)
 
     def ready_info(self) -> dict[str, Any]:
         r = self.runner
@@ -173,16 +203,27 @@ class Scheduler:
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
         self._admit_compiled_grammars()
-        prefill = self._schedule_prefill()
-        batch = prefill or self._schedule_decode()
         touched: list[Req] = []
-        if batch is not None:
-            touched = self._run(batch, is_prefill=prefill is not None)
-        elif not self.finished_outside_step:
+        if self.inflight is not None and not self._can_chain_decode():
+            touched += self._resolve_inflight()
+        prefill = self._schedule_prefill() if self.inflight is None else None
+        batch = prefill or self._schedule_decode()
+        if batch is not None and prefill is None and self._overlappable(batch):
+            launched = self._launch_decode(batch)
+            if self.inflight is not None:
+                touched += self._resolve_inflight()  # the previous step's tokens, while this one runs
+            self.inflight = launched
+        elif batch is not None:
+            touched += self._run(batch, is_prefill=prefill is not None)
+        elif not self.finished_outside_step and not touched:
             self.grammars.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         self.finished_outside_step = []
         out = build_batch_output(touched)
+        if self.inflight is not None:  # launched this step: their next token is on the device
+            for req in self.inflight.reqs:
+                if not req.is_finished:
+                    req.output_ids.append(PENDING_TOKEN)
         if not self.has_work():
             self.check_idle()
         return out
@@ -290,6 +331,57 @@ class Scheduler:
             self.kv.release(victim)
             victim.status = ReqStatus.WAITING
             self.waiting.appendleft(victim)
+
+    # ---------------------------------------------------------------- overlap scheduling
+    def _overlappable(self, batch: ScheduledBatch) -> bool:
+        return (self.overlap and batch.mode is ForwardMode.DECODE
+                and all(is_overlappable(r) for r in batch.reqs))
+
+    def _can_chain_decode(self) -> bool:
+        """Whether the next step can be launched before the one in flight is read back: a
+        decode of requests that are all in flight (nothing to prefill, no retraction)."""
+        if self.waiting or self.chunked is not None or not self.running:
+            return False
+        in_flight = {id(r) for r in self.inflight.reqs}
+        if not all(id(r) in in_flight and is_overlappable(r) for r in self.running):
+            return False
+        return self.kv.ensure_available(self._decode_slots_needed())
+
+    def _launch_decode(self, batch: ScheduledBatch) -> InflightDecode:
+        layout = batch.layout()
+        if self.inflight is not None:  # inputs: the in-flight step's samples, on the device
+            prev = self.inflight
+            if len(prev.reqs) == len(batch.reqs) and all(a is b for a, b in zip(prev.reqs, batch.reqs, strict=True)):
+                layout.input_ids_on_device = prev.next_ids
+            else:
+                row = {id(r): i for i, r in enumerate(prev.reqs)}
+                index = to_device([row[id(r)] for r in batch.reqs], prev.next_ids.device)
+                layout.input_ids_on_device = prev.next_ids[index]
+        logits = self.runner.forward(layout, list(range(len(batch.reqs))))
+        next_ids = self.sampling.sample_on_device(logits, batch.reqs)
+        self.num_forward_steps += 1
+        if next_ids.device.type != "cuda":
+            return InflightDecode(batch.reqs, next_ids, next_ids, None)
+        host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
+        host.copy_(next_ids, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return InflightDecode(batch.reqs, next_ids, host, done)
+
+    def _resolve_inflight(self) -> list[Req]:
+        """Reads the in-flight step's tokens back, appends them and runs the finish checks."""
+        step, self.inflight = self.inflight, None
+        if step.done is not None:
+            step.done.synchronize()
+        touched = []
+        for req, tok in zip(step.reqs, step.host_ids.tolist(), strict=True):
+            if req.status is ReqStatus.FINISHED:  # finished one step earlier: drop this token
+                continue
+            assert req.output_ids[-1] == PENDING_TOKEN
+            req.output_ids[-1] = tok
+            self.stop_checker.check(req)
+            touched.append(req)
+        return self._retire(touched)
 
     def _run(self, batch: ScheduledBatch, is_prefill: bool) -> list[Req]:
         rows, per_req = batch.logit_rows()
