@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import fused
+
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -54,6 +56,8 @@ class RMSNorm(nn.Module):
         self.weight = _param(hidden_size)  # [hidden]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.available(x):
+            return fused.rmsnorm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
         if x.dtype == torch.float32:  # one fused op: on a CPU each op costs its dispatch
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
@@ -64,6 +68,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(norm(x + residual), x + residual)``."""
+        if fused.available(x) and x.dim() == 2:
+            return fused.add_rmsnorm(x, residual, self.weight, self.eps)
         summed = x + residual
         return self.forward(summed), summed
 
@@ -190,6 +196,8 @@ class QKVLinear(MergedLinear):
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if fused.available(x) and x.dim() == 2:
+        return fused.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from radixlm.kernels import fused
 from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.models.layers import (
     GatedMLP,
@@ -58,6 +59,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, options.o_bias)
         self.rotary_emb = rotary  # shared by all layers
         self.qk_norm = options.qk_norm
+        self.fused_rope = self.head_dim & (self.head_dim - 1) == 0  # the kernel wants a power of 2
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -71,11 +73,14 @@ class LlamaAttention(nn.Module):
             q, k, v = self.qkv_proj.split(qkv)
             q = self.rotary_emb.rotate(self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope)
             k = self.rotary_emb.rotate(self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope)
+            v = v.contiguous()
+        elif self.fused_rope and fused.available(qkv):  # split + rotate in one kernel
+            q, k, v = fused.rope_split_qkv(qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim)
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = qkv[:, q_size + kv_size :]
-        out = fb.attn_backend.forward(q.reshape(t, q_size), k.reshape(t, kv_size), v.contiguous(), self, fb)
+            v = qkv[:, q_size + kv_size :].contiguous()
+        out = fb.attn_backend.forward(q.reshape(t, q_size), k.reshape(t, kv_size), v, self, fb)
         return self.o_proj(out)
 
 

@@ -1,0 +1,93 @@
+"""Fused decoder-layer kernels (Triton; interpreted without CUDA) against torch references, on
+fresh random inputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel is first wrapped
+
+from radixlm.kernels import fused  # noqa: E402
+from radixlm.srt.models.layers import RotaryEmbedding  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def ref_rmsnorm(x, w, eps):
+    x32 = x.float()
+    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", [(1, 576), (7, 4096), (3, 100)])
+def test_rmsnorm_and_add_rmsnorm(dtype, rows, n):
+    g = torch.Generator().manual_seed(rows * n)
+    x = torch.randn(rows, n, generator=g).to(DEVICE, dtype)
+    res = torch.randn(rows, n, generator=g).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(DEVICE, dtype)
+    tol = TOL[dtype]
+    torch.testing.assert_close(fused.rmsnorm(x, w, 1e-5), ref_rmsnorm(x, w, 1e-5), atol=tol, rtol=tol)
+    out, summed = fused.add_rmsnorm(x, res, w, 1e-6)
+    torch.testing.assert_close(summed, x + res, atol=0, rtol=0)  # rounded exactly like torch
+    torch.testing.assert_close(out, ref_rmsnorm(x + res, w, 1e-6), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 2, 16), (32, 8, 128)])
+def test_rope_split_qkv(dtype, heads, kv_heads, head_dim):
+    t = 5
+    g = torch.Generator().manual_seed(heads * head_dim)
+    width = (heads + 2 * kv_heads) * head_dim
+    wide = torch.randn(t, width + 24, generator=g).to(DEVICE, dtype)
+    qkv = wide[:, :width]  # strided rows, as a slice of a larger buffer
+    rope = RotaryEmbedding(head_dim, 4096, 10000.0, None).to(DEVICE)
+    positions = torch.tensor([0, 1, 17, 999, 4095], device=DEVICE)
+    cos, sin = rope.cos_sin(positions, dtype)
+    q, k, v = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim)
+    q_ref = rope.rotate(qkv[:, : heads * head_dim].float(), (cos.float(), sin.float()))
+    k_ref = rope.rotate(qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].float(),
+                        (cos.float(), sin.float()))
+    tol = TOL[dtype]
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    torch.testing.assert_close(q.float(), q_ref.flatten(1), atol=tol, rtol=tol)
+    torch.testing.assert_close(k.float(), k_ref.flatten(1), atol=tol, rtol=tol)
+    torch.testing.assert_close(v, qkv[:, (heads + kv_heads) * head_dim :], atol=0, rtol=0)
+
+
+def test_rope_matches_the_explicit_rotation_formula():
+    """Independent of RotaryEmbedding.rotate: x1*cos - x2*sin, x2*cos + x1*sin per head."""
+    t, h, d = 3, 2, 8
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(t, (h + 2) * d, generator=g).to(DEVICE)
+    angle = torch.rand(t, d // 2, generator=g).to(DEVICE) * 6
+    c, s = angle.cos(), angle.sin()
+    q, k, _ = fused.rope_split_qkv(qkv, torch.cat((c, c), -1), torch.cat((-s, s), -1), h, 1, d)
+    x = qkv[:, : (h + 1) * d].view(t, h + 1, d)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    want = torch.cat((x1 * c[:, None] - x2 * s[:, None], x2 * c[:, None] + x1 * s[:, None]), -1)
+    torch.testing.assert_close(torch.cat((q, k), 1), want.flatten(1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", [(1, 1536), (6, 14336), (2, 7)])
+def test_silu_and_mul(dtype, rows, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(rows, 2 * n, generator=g).to(DEVICE, dtype)
+    want = (F.silu(x[:, :n].float()) * x[:, n:].float()).to(dtype)
+    tol = TOL[dtype]
+    torch.testing.assert_close(fused.silu_and_mul(x), want, atol=tol, rtol=tol)
+
+
+def test_bad_shapes_are_rejected():
+    x = torch.randn(4, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="columns"):
+        fused.rope_split_qkv(x, x, x, 1, 1, 4)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        fused.rmsnorm(x.t(), torch.ones(4, device=DEVICE), 1e-5)
