@@ -12,7 +12,13 @@ Per step (only when a batch holds constrained requests):
     fill_masks(sampling reqs) -> GrammarMasks      rows of constrained requests, after forward
     SamplingStep.run(..., masks)                   disallowed logits -> -inf, then sampling
     accept_sampled(req)                            the matcher takes the sampled token
-    advance(req, ...)                              finish on termination; jump-forward
+    advance(req, ...)                              finish on termination; jump-forward; then
+                                                   the next row is prefetched on a worker
+                                                   thread during the next forward pass
+
+Mask timing: ``mask_times_s`` records the time each row costs the scheduler thread (waiting for
+a prefetched row and copying it, or filling it), ``mask_compute_times_s`` the time the fill
+itself took (on the worker or inline).
 
 Invariant (``check_integrity``): a request's matcher has accepted exactly its ``output_ids``.
 Retraction keeps ``output_ids`` (the request re-prefills them), so the matcher needs no rollback.
@@ -54,6 +60,7 @@ from radixlm.grammar.bitmask import bitmask_width
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.kv_manager import KVManager
+from radixlm.srt.scheduler.mask_prefetch import MaskPrefetcher
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.stop import StopChecker
 
@@ -110,7 +117,8 @@ class GrammarStats:
     num_compiled: int = 0  # requests that got a matcher
     num_failed: int = 0  # requests finished by a compile error
     num_mask_rows: int = 0  # mask rows filled
-    mask_fill_s: float = 0.0  # time spent filling them
+    num_prefetched_rows: int = 0  # ... of which a worker thread filled during the forward
+    mask_fill_s: float = 0.0  # scheduler-thread time spent on mask rows
     num_jump_forwards: int = 0  # edits applied
     num_forced_tokens: int = 0  # output tokens appended net of rolled-back ones
 
@@ -124,6 +132,7 @@ class GrammarManager:
                  vocab_size: int, page_size: int) -> None:
         self.config = grammar_config(cfg)
         self.jump_forward_enabled = not cfg.disable_jump_forward
+        self.prefetch_enabled = True  # fill next steps' mask rows during the forward pass
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = vocab_size
@@ -134,7 +143,9 @@ class GrammarManager:
         self._setup: Future[GrammarCompileCache] | None = None  # vocab + cache, built once
         self._setup_pool: ThreadPoolExecutor | None = None
         self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
+        self._prefetcher = MaskPrefetcher(bitmask_width(vocab_size))
         self.mask_times_s: list[float] | None = None  # set to a list to record each row's fill
+        self.mask_compute_times_s: list[float] | None = None  # ... and its compute time
 
     # ------------------------------------------------------------------ compile queue
     def submit(self, req: Req, spec: GrammarSpec) -> None:
@@ -222,6 +233,8 @@ class GrammarManager:
             logger.exception("grammar set-up failed for %s", item.req.rid)
             return self._fail(item.req, str(GrammarCompileError(item.spec.kind, str(e))))
         self.stats.num_compiled += 1
+        if self.prefetch_enabled:
+            self._prefetcher.submit(item.req)  # its first row, during its prefill
         return True
 
     def _fail(self, req: Req, message: str) -> bool:
@@ -240,14 +253,25 @@ class GrammarManager:
                                          self._bitmask.shape[1]), dtype=torch.int32)
         bitmask = self._bitmask[: len(reqs)]
         for i in rows:
-            start = time.perf_counter()
-            reqs[i].grammar.fill_bitmask(bitmask, i)
-            elapsed = time.perf_counter() - start
-            self.stats.mask_fill_s += elapsed
-            if self.mask_times_s is not None:
-                self.mask_times_s.append(elapsed)
+            self._fill_row(reqs[i], bitmask, i)
         self.stats.num_mask_rows += len(rows)
+        self._prefetcher.forget_finished()
         return GrammarMasks(bitmask, rows)
+
+    def _fill_row(self, req: Req, bitmask: torch.Tensor, i: int) -> None:
+        start = time.perf_counter()
+        prefetched = self._prefetcher.take(req)
+        if prefetched is not None:
+            bitmask[i].copy_(prefetched[0])
+            self.stats.num_prefetched_rows += 1
+        else:
+            req.grammar.fill_bitmask(bitmask, i)
+        elapsed = time.perf_counter() - start
+        self.stats.mask_fill_s += elapsed
+        if self.mask_times_s is not None:
+            self.mask_times_s.append(elapsed)
+        if self.mask_compute_times_s is not None:
+            self.mask_compute_times_s.append(elapsed if prefetched is None else prefetched[1])
 
     def accept_sampled(self, req: Req) -> None:
         """Feeds the token just appended to ``req.output_ids`` to the request's matcher. A
@@ -262,7 +286,13 @@ class GrammarManager:
     def advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
         """After the stop check of a sampled token: a terminated grammar finishes the request
         (``stop``: the EOS id, or None if it ended without one); otherwise forced text is
-        appended (jump-forward), then the stop check runs again (length, stop strings)."""
+        appended (jump-forward), then the stop check runs again (length, stop strings). A
+        request that goes on gets its next mask row prefetched."""
+        self._advance(req, kv, stop)
+        if self.prefetch_enabled and not req.is_finished:
+            self._prefetcher.submit(req)
+
+    def _advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
         if req.is_finished:
             return
         if req.grammar.is_terminated():
@@ -325,7 +355,8 @@ class GrammarManager:
     # ------------------------------------------------------------------ state
     def info(self) -> dict[str, Any]:
         return {"backend": self.config.backend, "jump_forward": self.jump_forward_enabled,
-                "num_queued": len(self.queue), **self.stats.as_dict()}
+                "mask_prefetch": self.prefetch_enabled, "num_queued": len(self.queue),
+                **self.stats.as_dict()}
 
     def check_integrity(self, reqs: list[Req]) -> None:
         """Every matcher has accepted exactly its request's output tokens."""
@@ -337,6 +368,7 @@ class GrammarManager:
             assert item.req.grammar is None and not item.req.output_ids, item.req.rid
 
     def shutdown(self) -> None:
+        self._prefetcher.shutdown()
         cache = self.compile_cache
         if cache is not None:
             cache.shutdown()

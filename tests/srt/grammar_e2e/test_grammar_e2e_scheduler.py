@@ -122,6 +122,20 @@ def test_retraction_keeps_matchers_in_step_and_outputs_equal(tiny_llama_dir, ref
     assert results == reference
 
 
+def test_prefetched_and_inline_masks_give_the_same_outputs(tiny_llama_dir, reference):
+    rows = {}
+    for prefetch in (False, True):
+        sched = _scheduler(tiny_llama_dir, max_total_tokens=8192)
+        sched.grammars.prefetch_enabled = prefetch
+        assert _drive(sched, _requests(8)) == reference
+        stats = sched.grammars.stats
+        rows[prefetch] = (stats.num_prefetched_rows, stats.num_mask_rows)
+        sched.grammars.shutdown()
+    assert rows[False][0] == 0
+    prefetched, total = rows[True]
+    assert prefetched >= 0.9 * total, rows
+
+
 def test_jump_forward_saves_forward_steps(tiny_llama_dir):
     steps = {}
     for disable in (True, False):
