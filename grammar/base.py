@@ -16,7 +16,9 @@ matcher; a terminated matcher allows EOS only and rejects every other token.
 
 Threads: ``GrammarBackend.compile`` may run on any thread (the compile cache runs it on worker
 threads). A ``CompiledGrammar`` is shared by many matchers and must tolerate concurrent
-``new_matcher`` calls. A ``GrammarMatcher`` belongs to one request and is used from one thread.
+``new_matcher`` calls. A ``GrammarMatcher`` belongs to one request and is used by one thread at
+a time (a caller may hand it to a worker thread between steps, with a happens-before edge such
+as a queue or an event); matchers of one grammar may run on different threads at once.
 """
 
 from __future__ import annotations
