@@ -31,6 +31,7 @@ from radixlm.grammar.base import (
 from radixlm.grammar.bitmask import pack_token_ids
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.schema_rewrite import tighten_one_of
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
@@ -188,7 +189,8 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        return f"llguidance(ws={self.whitespace_pattern!r}{lenient},v={llguidance.__version__})"
+        version_tag = f"v={llguidance.__version__},rw=1"  # rw: schema_rewrite's revision
+        return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
         """A lenient backend sharing this one's tokenizer."""
@@ -213,7 +215,10 @@ class LLGuidanceBackend(GrammarBackend):
                 return LLMatcher.grammar_from_regex(ascii_digit_classes(str(spec.value)))
             if spec.kind == "choices":
                 return LLMatcher.grammar_from_regex(choices_regex(spec.value))
-            schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
+            if spec.kind == "json_object":
+                schema = ANY_JSON_OBJECT_SCHEMA
+            else:
+                schema = tighten_one_of(str(spec.value))
             options = {
                 "whitespace_pattern": self.whitespace_pattern,
                 "coerce_one_of": True,

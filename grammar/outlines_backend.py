@@ -17,6 +17,7 @@ import outlines_core
 from radixlm.grammar.base import GrammarBackend, GrammarCompileError, GrammarSpec
 from radixlm.grammar.outlines_grammar import OutlinesGrammar
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.schema_rewrite import tighten_one_of
 from radixlm.grammar.vocab import TokenizerVocab
 
 # JSON whitespace allowed between tokens: at most one space. Unbounded whitespace lets a model
@@ -59,6 +60,7 @@ def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
     schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
     try:
         json.loads(schema)
+        schema = tighten_one_of(schema)
     except ValueError as exc:
         raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
     try:
@@ -89,7 +91,8 @@ class OutlinesBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         limit = f",max={self.max_regex_chars}" if self.max_regex_chars else ""
-        return f"outlines(ws={self.whitespace_pattern!r}{limit},v={version('outlines_core')})"
+        version_tag = f"v={version('outlines_core')},rw=1"  # rw: schema_rewrite's revision
+        return f"outlines(ws={self.whitespace_pattern!r}{limit},{version_tag})"
 
     def _outlines_vocabulary(self):
         with self._lock:
