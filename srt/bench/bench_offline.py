@@ -65,22 +65,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-prompt-len", type=int, default=32)
     ap.add_argument("--max-prompt-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per cell (best is reported)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="weights and activations, the same on both sides")
+    ap.add_argument("--workloads", default="1,batch", help="which to run: 1 (batch 1), batch, or both")
     args = ap.parse_args(argv)
 
     from transformers import AutoModelForCausalLM
 
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=args.model_path, log_level="warning", max_total_tokens=32768)
+    engine = Engine(model_path=args.model_path, log_level="warning", max_total_tokens=32768,
+                    dtype=args.dtype)
     model_dir = engine.scheduler.runner.model_dir
     tok = engine.tokenizer
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    workloads = {
-        "batch 1": make_prompts(tok, 1, args.min_prompt_len * 4, args.min_prompt_len * 4),
-        f"batch {args.batch_size}, mixed lengths": make_prompts(
-            tok, args.batch_size, args.min_prompt_len, args.max_prompt_len),
-    }
-    print(f"model {model_dir}, {torch.get_num_threads()} threads, output {args.output_len} tokens/request")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
+    chosen = args.workloads.split(",")
+    workloads = {}
+    if "1" in chosen:
+        workloads["batch 1"] = make_prompts(tok, 1, args.min_prompt_len * 4, args.min_prompt_len * 4)
+    if "batch" in chosen:
+        workloads[f"batch {args.batch_size}, mixed lengths"] = make_prompts(
+            tok, args.batch_size, args.min_prompt_len, args.max_prompt_len)
+    print(f"model {model_dir}, {args.dtype}, {torch.get_num_threads()} threads, "
+          f"output {args.output_len} tokens/request")
     print(f"{'workload':<28}{'radixlm tok/s':>15}{'transformers tok/s':>20}{'ratio':>8}")
     for name, prompts in workloads.items():
         run_ours(engine, prompts, 4)  # warm-up
