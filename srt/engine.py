@@ -78,7 +78,14 @@ class Engine:
         rids = [self._submit(ids, sp, stream, rid if not is_batch else None, **logprob) for ids, sp in jobs]
         if stream:
             return self._stream(rids[0])
-        results = [self._wait(r) for r in rids]
+        results, error = [], None
+        for r in rids:  # wait for every request, even after one failed, so none is left behind
+            try:
+                results.append(self._wait(r))
+            except ValueError as e:
+                error = error or e
+        if error is not None:
+            raise error
         return results if is_batch else results[0]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
