@@ -6,7 +6,8 @@ llguidance when outlines-core rejects the spec, when the spec's regex is too lon
 on a worker thread; outlines-core releases the GIL while it builds an index). llguidance
 compiles in tens of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars and
 ``json_object`` go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas
-with numeric bounds (which outlines-core accepts but ignores) try llguidance first. A JSON schema
+with numeric bounds or ``allOf`` (which outlines-core accepts but may ignore) try llguidance
+first. A JSON schema
 neither backend accepts gets a last try on llguidance in lenient mode, which ignores the
 keywords it does not implement.
 """
@@ -36,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 GRAMMAR_BACKEND_NAMES = ("auto", "outlines", "llguidance", "none")
 _LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object")
-# JSON Schema keywords outlines-core accepts but does not enforce, while llguidance does.
+# JSON Schema keywords outlines-core accepts but does not (always) enforce, while llguidance
+# does. outlines-core drops an ``allOf`` next to ``properties`` in the same schema.
 _OUTLINES_IGNORED_KEYWORDS = frozenset(
-    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf"}
 )
 
 

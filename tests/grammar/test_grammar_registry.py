@@ -22,6 +22,11 @@ from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
 
 HOSTNAME = {"type": "string", "format": "hostname"}  # outlines-core: "not supported"
+ALL_OF_NEXT_TO_PROPERTIES = {  # outlines-core compiles it but drops the allOf
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}],
+}
 # outlines-core rejects the hostname format, llguidance rejects uniqueItems: only the lenient
 # last resort (which ignores uniqueItems) compiles it.
 HOST_AND_IDS = {
@@ -69,11 +74,20 @@ def test_config_names_the_backend(vocab):
         (GrammarSpec.ebnf('start: "a"+'), "llguidance"),
         (GrammarSpec.json_object(), "llguidance"),
         (GrammarSpec.json_schema({"type": "integer", "maximum": 5}), "llguidance"),
+        (GrammarSpec.json_schema(ALL_OF_NEXT_TO_PROPERTIES), "llguidance"),
         (GrammarSpec.json_schema(HOSTNAME), "llguidance"),
     ],
 )
 def test_auto_routes_each_spec(auto, spec, expected):
     assert auto.compile(spec).backend_name == expected
+
+
+def test_auto_enforces_all_of_next_to_properties(auto, vocab):
+    for doc, valid in (('{"a": 1}', False), ('{"a": 1, "b": 2}', True)):
+        matcher = auto.compile(GrammarSpec.json_schema(ALL_OF_NEXT_TO_PROPERTIES)).new_matcher()
+        ok = matcher.accept_tokens(vocab.encode(doc)) and matcher.accept_token(vocab.eos_token_ids[0])
+        assert ok == valid, doc
+        assert jsonschema.Draft7Validator(ALL_OF_NEXT_TO_PROPERTIES).is_valid(json.loads(doc)) == valid
 
 
 def test_auto_falls_back_when_outlines_rejects(vocab):
