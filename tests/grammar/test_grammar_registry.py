@@ -85,9 +85,13 @@ def test_auto_routes_each_spec(auto, spec, expected):
 def test_auto_enforces_all_of_next_to_properties(auto, vocab):
     for doc, valid in (('{"a": 1}', False), ('{"a": 1, "b": 2}', True)):
         matcher = auto.compile(GrammarSpec.json_schema(ALL_OF_NEXT_TO_PROPERTIES)).new_matcher()
-        ok = matcher.accept_tokens(vocab.encode(doc)) and matcher.accept_token(vocab.eos_token_ids[0])
+        ok = matcher.accept_tokens(vocab.encode(doc)) and matcher.accept_token(
+            vocab.eos_token_ids[0]
+        )
         assert ok == valid, doc
-        assert jsonschema.Draft7Validator(ALL_OF_NEXT_TO_PROPERTIES).is_valid(json.loads(doc)) == valid
+        assert (
+            jsonschema.Draft7Validator(ALL_OF_NEXT_TO_PROPERTIES).is_valid(json.loads(doc)) == valid
+        )
 
 
 def test_auto_falls_back_when_outlines_rejects(vocab):
