@@ -1,4 +1,10 @@
-"""The in-process engine: the real scheduler on a background thread, no HTTP, no subprocesses.
+"""The in-process engine: the real scheduler, no HTTP, no subprocesses.
+
+There is no background thread: a caller waiting for its results runs the scheduler's steps
+itself (one caller at a time; the others wait for what it produces, and take over when it is
+done). Running the model on the thread that waits, usually the main thread, matters on a CPU:
+once a process's main thread has used torch's OpenMP pool, parallel ops issued from a second
+thread ran 2-4x slower here (softmax, SDPA, large adds), which made a decode step 25% slower.
 
     from radixlm.srt import Engine
     with Engine() as engine:                       # the embedded default model
@@ -12,6 +18,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -40,10 +47,8 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._results: dict[str, tuple[RequestResult, queue.Queue]] = {}
         self._replies: dict[str, queue.Queue] = {}
-        self._stop = threading.Event()
         self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
-        self._thread.start()
+        self._driving = threading.Lock()  # held by the caller that runs scheduler steps
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -95,6 +100,11 @@ class Engine:
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         self._inbox.put(AbortReq(rid=rid, abort_all=abort_all))
+        if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
+            try:
+                self._drain_inbox()
+            finally:
+                self._driving.release()
 
     def flush_cache(self) -> bool:
         return self._control("flush_cache").ok
@@ -103,9 +113,9 @@ class Engine:
         return {**self.scheduler.ready_info(), **self._control("server_info").data}
 
     def shutdown(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        """Aborts whatever still runs (no background work is left after this)."""
+        if self.scheduler is not None and self.scheduler.has_work():
+            self.abort(abort_all=True)
 
     def __enter__(self) -> Engine:
         return self
@@ -139,15 +149,36 @@ class Engine:
 
     def _wait(self, rid: str) -> dict:
         result, q = self._results[rid]
-        while q.get() is not _FINISHED:
+        while self._next(q) is not _FINISHED:
             pass
         return self._finish(rid)
+
+    def _next(self, q: queue.Queue, timeout: float | None = None):
+        """The next item of ``q``; runs scheduler steps meanwhile unless another caller does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return q.get_nowait()
+            except queue.Empty:
+                pass
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the engine did not answer in time")
+            if self._driving.acquire(blocking=False):
+                try:
+                    self._run_once()
+                finally:
+                    self._driving.release()
+            else:
+                try:
+                    return q.get(timeout=0.002)
+                except queue.Empty:
+                    pass
 
     def _stream(self, rid: str) -> Iterator[dict]:
         result, q = self._results[rid]
         try:
             while True:
-                item = q.get()
+                item = self._next(q)
                 if item is _FINISHED:
                     yield self._finish(rid)
                     return
@@ -170,33 +201,31 @@ class Engine:
         q: queue.Queue = queue.Queue()
         self._replies[req_id] = q
         self._inbox.put(ControlReq(req_id=req_id, kind=kind))
-        return q.get(timeout=60)
+        return self._next(q, timeout=60)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._drain_inbox(block=not self.scheduler.has_work())
-            try:
-                out = self.scheduler.step() if self.scheduler.has_work() else None
-            except Exception:
-                logger.exception("scheduler step failed; aborting every request")
-                self.scheduler.abort("", abort_all=True)
-                continue
-            if out is not None:
-                self._dispatch(self._detokenizer.handle(out))
-
-    def _drain_inbox(self, block: bool) -> None:
-        try:
-            msg = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
-        except queue.Empty:
+    def _run_once(self) -> None:
+        """Handles queued messages, then runs one scheduler step (caller holds ``_driving``)."""
+        self._drain_inbox()
+        if not self.scheduler.has_work():
             return
+        try:
+            out = self.scheduler.step()
+        except Exception:
+            logger.exception("scheduler step failed; aborting every request")
+            self.scheduler.abort("", abort_all=True)
+            return
+        if out is not None:
+            self._dispatch(self._detokenizer.handle(out))
+
+    def _drain_inbox(self) -> None:
         while True:
-            reply = self.scheduler.handle(msg)
-            if reply is not None:
-                self._replies.pop(reply.req_id).put(reply)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            reply = self.scheduler.handle(msg)
+            if reply is not None:
+                self._replies.pop(reply.req_id).put(reply)
 
     def _dispatch(self, out) -> None:
         for i, rid in enumerate(out.token_out.rids):
