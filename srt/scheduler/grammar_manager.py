@@ -132,7 +132,7 @@ class GrammarManager:
                  vocab_size: int, page_size: int) -> None:
         self.config = grammar_config(cfg)
         self.jump_forward_enabled = not cfg.disable_jump_forward
-        self.prefetch_enabled = True  # fill next steps' mask rows during the forward pass
+        self.prefetch_enabled = True  # fill next steps' mask rows during the forward (the scheduler sets it per device)
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = vocab_size
