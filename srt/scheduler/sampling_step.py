@@ -16,19 +16,22 @@ if TYPE_CHECKING:
     from radixlm.srt.scheduler.grammar_manager import GrammarMasks
 
 
+def _reads_no_outputs(p) -> bool:
+    """No penalty or bias: sampling does not depend on the tokens generated so far."""
+    return (not p.logit_bias and p.frequency_penalty == 0 and p.presence_penalty == 0
+            and p.repetition_penalty == 1)
+
+
 def is_overlappable(req: Req) -> bool:
     """Whether the request's next token can be sampled before its last one is known on the host
     (overlap scheduling): nothing in its sampling reads its output tokens, and no logprobs or
     grammar state are needed."""
-    p = req.params
-    return (req.grammar is None and not req.return_logprob and p.min_new_tokens == 0
-            and not p.logit_bias and p.frequency_penalty == 0 and p.presence_penalty == 0
-            and p.repetition_penalty == 1)
+    return (req.grammar is None and not req.return_logprob and req.params.min_new_tokens == 0
+            and _reads_no_outputs(req.params))
 
 
 def _is_plain_greedy(p) -> bool:
-    return (p.is_greedy and not p.logit_bias and p.frequency_penalty == 0
-            and p.presence_penalty == 0 and p.repetition_penalty == 1)
+    return p.is_greedy and _reads_no_outputs(p)
 
 
 class SamplingStep:
@@ -53,15 +56,7 @@ class SamplingStep:
             every_row = len(masks.rows) == len(reqs)  # skips gathering rows
             apply_token_bitmask_inplace(logits, masks.bitmask, None if every_row else masks.rows)
         suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
-        if not any(suppress) and all(_is_plain_greedy(r.params) for r in reqs):
-            next_ids = logits.argmax(dim=-1)  # the common greedy batch (masks already applied)
-        else:
-            info = SamplingBatchInfo.build(
-                [r.params for r in reqs], [r.output_ids for r in reqs],
-                [r.generator for r in reqs], self.vocab_size, self.device,
-                self.default_generator, prompt_ids=[r.prompt_ids for r in reqs],
-            )
-            next_ids = self.sampler.sample(logits, info, suppress if any(suppress) else None)
+        next_ids = self._sample(logits, reqs, suppress if any(suppress) else None)
         if raw_lp is not None:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
         return next_ids.tolist()
@@ -69,13 +64,18 @@ class SamplingStep:
     def sample_on_device(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """Next ids ``[len(reqs)]`` on the logits' device, nothing read back to the host: for
         plain requests (see ``is_overlappable``) whose logits rows are ``logits[i]``."""
-        if all(_is_plain_greedy(r.params) for r in reqs):
-            return logits.argmax(dim=-1)
+        return self._sample(logits, reqs, None)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Req],
+                suppress: list[list[int]] | None) -> torch.Tensor:
+        if suppress is None and all(_is_plain_greedy(r.params) for r in reqs):
+            return logits.argmax(dim=-1)  # the common greedy batch (masks already applied)
         info = SamplingBatchInfo.build(
             [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
             self.vocab_size, self.device, self.default_generator,
+            prompt_ids=[r.prompt_ids for r in reqs],
         )
-        return self.sampler.sample(logits, info, None)
+        return self.sampler.sample(logits, info, suppress)
 
     @staticmethod
     def _record(raw: torch.Tensor, ids: torch.Tensor, reqs: list[Req]) -> None:
