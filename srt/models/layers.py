@@ -132,13 +132,6 @@ class RotaryEmbedding(nn.Module):
         cos, sin = cos_sin
         return torch.addcmul(heads * cos, swapped, sin)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q`` ``[T, H*d]`` and ``k`` ``[T, KVH*d]`` rotated by their token's position."""
-        cos_sin = self.cos_sin(positions, q.dtype)
-        return self.rotate(q, cos_sin).flatten(1), self.rotate(k, cos_sin).flatten(1)
-
 
 class Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` ``[out_features, in_features]``."""
