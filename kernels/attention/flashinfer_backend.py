@@ -74,6 +74,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         use_tensor_cores: bool | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ):
+        from radixlm.kernels.attention.registry import FLASHINFER_HEAD_DIMS
+
+        if head_dim not in FLASHINFER_HEAD_DIMS:
+            raise ValueError(f"the flashinfer attention backend supports head_dim "
+                             f"{', '.join(map(str, FLASHINFER_HEAD_DIMS))}, the model has "
+                             f"{head_dim}; use --attention-backend triton")
         if device.type != "cuda":
             raise ValueError(f"the flashinfer attention backend needs a CUDA device, got {device}")
         if num_heads % num_kv_heads:

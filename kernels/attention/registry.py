@@ -15,6 +15,8 @@ from radixlm.kernels.attention.base import AttentionBackend
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 
 ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton", "flashinfer")
+# head sizes FlashInfer's decode (split-KV state merging) and prefill kernels are built for
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
 
 
 def flashinfer_available() -> bool:
@@ -33,15 +35,16 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """The concrete backend name for ``name`` on ``device`` (``auto`` resolved)."""
+def resolve_attention_backend(name: str, device: torch.device, head_dim: int | None = None) -> str:
+    """The concrete backend name for ``name`` on ``device`` (``auto`` resolved; a ``head_dim``
+    FlashInfer has no kernels for resolves to triton)."""
     if name not in ATTENTION_BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of "
                          f"{', '.join(ATTENTION_BACKEND_NAMES)}")
     if name != "auto":
         return name
     if device.type == "cuda":
-        if flashinfer_available():
+        if flashinfer_available() and (head_dim is None or head_dim in FLASHINFER_HEAD_DIMS):
             return "flashinfer"
         if triton_available():
             return "triton"
@@ -60,7 +63,7 @@ def make_attention_backend(
 ) -> AttentionBackend:
     """Builds the backend ``name`` for ``device``. flashinfer needs the model's attention shape
     (``num_heads``, ``num_kv_heads``, ``head_dim``) and the KV ``page_size`` at construction."""
-    resolved = resolve_attention_backend(name, device)
+    resolved = resolve_attention_backend(name, device, head_dim)
     if resolved == "torch":
         return TorchAttentionBackend()
     if resolved == "triton":

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.srt.executor.transfer import tensor_to_device
+from collections import deque
+
+from radixlm.srt.executor.transfer import HostReadback, tensor_to_device
 
 
 class ReqToTokenPool:
@@ -81,6 +83,12 @@ class TokenSlotAllocator:
     With ``page_size > 1`` a request's tokens fill its last page before a new page is taken
     (:meth:`alloc_for`), so every page belongs to one request; ``free`` takes the slots of whole
     pages back (a page is free again when all its slots are).
+
+    Freeing slots held in a CUDA tensor does not wait for the GPU (that would stall the
+    overlapped scheduler on every step where a request finishes): their values are copied to
+    the host behind the queued work and the pages come back once that copy has run, which
+    ``available_size`` checks without waiting. ``collect_freed(wait=True)`` takes them all back
+    (when memory is short, and before any accounting that must be exact).
     """
 
     def __init__(self, max_total_tokens: int, page_size: int, device: torch.device):
@@ -92,9 +100,17 @@ class TokenSlotAllocator:
         num_pages = max_total_tokens // page_size
         # free page ids; page p covers slots 1 + p*page_size ... (p+1)*page_size
         self._free_pages: list[int] = list(range(num_pages - 1, -1, -1))
+        self._pending: deque[HostReadback] = deque()  # freed slots still on their way to the host
 
     def available_size(self) -> int:
+        self.collect_freed(wait=False)
         return len(self._free_pages) * self.page_size
+
+    def collect_freed(self, wait: bool = True) -> None:
+        """Returns the pages of freed device slots whose host copy has arrived (all of them,
+        waiting for the copies, with ``wait``)."""
+        while self._pending and (wait or self._pending[0].ready()):
+            self._free_host(self._pending.popleft().wait())
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Fresh pages for ``num_tokens`` slots (the tail of the last page stays unused)."""
@@ -124,9 +140,15 @@ class TokenSlotAllocator:
         """Frees the pages that ``kv_slots`` start or cover (callers free whole sequences' pages)."""
         if kv_slots.numel() == 0:
             return
-        pages = torch.unique((kv_slots.cpu() - 1) // self.page_size).tolist()
-        self._free_pages.extend(pages)
+        if kv_slots.device.type == "cuda":
+            self._pending.append(HostReadback(kv_slots))
+        else:
+            self._free_host(kv_slots)
+
+    def _free_host(self, kv_slots: torch.Tensor) -> None:
+        self._free_pages.extend(torch.unique((kv_slots - 1) // self.page_size).tolist())
 
     def check_integrity(self) -> None:
+        self.collect_freed()
         assert len(set(self._free_pages)) == len(self._free_pages), "page freed twice"
         assert len(self._free_pages) * self.page_size <= self.max_total_tokens

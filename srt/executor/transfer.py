@@ -26,3 +26,21 @@ def tensor_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda" or t.device.type == "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class HostReadback:
+    """A device tensor copied to pinned host memory behind the work already queued, readable
+    once that work has run: ``ready()`` asks without waiting, ``wait()`` blocks."""
+
+    def __init__(self, t: torch.Tensor):
+        self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self.host.copy_(t, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def ready(self) -> bool:
+        return self.event.query()
+
+    def wait(self) -> torch.Tensor:
+        self.event.synchronize()
+        return self.host

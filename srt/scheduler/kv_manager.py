@@ -31,9 +31,13 @@ class KVManager:
 
     def ensure_available(self, num_tokens: int) -> bool:
         """Evicts unlocked cached prefixes until ``num_tokens`` slots are free, if possible."""
+        if self.allocator.available_size() >= num_tokens:
+            return True
+        self.allocator.collect_freed()  # slots freed in earlier steps, before evicting
         short = num_tokens - self.allocator.available_size()
         if short > 0:
             self.cache.evict(short)
+            self.allocator.collect_freed()
         return self.allocator.available_size() >= num_tokens
 
     def match_and_lock(self, req: Req) -> torch.Tensor:
@@ -134,6 +138,7 @@ class KVManager:
         req.num_cached_prefix = 0
 
     def usage(self) -> dict[str, int]:
+        self.allocator.collect_freed()
         return {
             "max_total_tokens": self.max_total_tokens,
             "available": self.allocator.available_size(),

@@ -20,8 +20,9 @@ def test_auto_on_cuda_prefers_flashinfer_then_triton(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setattr(registry, "flashinfer_available", lambda: True)
     assert registry.resolve_attention_backend("auto", cuda) == "flashinfer"
-    monkeypatch.setattr(registry, "flashinfer_available", lambda: False)
     monkeypatch.setattr(registry, "triton_available", lambda: True)
+    assert registry.resolve_attention_backend("auto", cuda, head_dim=32) == "triton"
+    monkeypatch.setattr(registry, "flashinfer_available", lambda: False)
     assert registry.resolve_attention_backend("auto", cuda) == "triton"
     monkeypatch.setattr(registry, "triton_available", lambda: False)
     assert registry.resolve_attention_backend("auto", cuda) == "torch"
@@ -49,3 +50,9 @@ def test_flashinfer_needs_shape_and_cuda():
     with pytest.raises(ValueError, match="CUDA"):
         registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
                                         head_dim=64)
+
+
+def test_flashinfer_rejects_head_dims_it_has_no_kernels_for():
+    with pytest.raises(ValueError, match="head_dim 64, 128, 256, the model has 32"):
+        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
+                                        head_dim=32)
