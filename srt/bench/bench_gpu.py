@@ -102,6 +102,12 @@ def bench_engine(folder: Path, backend: str, graphs: bool, args, vocab: int, ove
             t = generate(engine, ids, args.output_len)
             out[f"tok_s_b{bs}"] = bs * args.output_len / t  # end to end, prefill included
             out[f"decode_tok_s_b{bs}"] = bs * (args.output_len - 1) / (t - t_prefill)
+        if "hf" in args.sections and graphs and overlap:  # the workloads transformers runs too
+            for n_in, n_out in args.vs_hf:
+                ids = prompts(128, n_in, vocab, seed=5)
+                generate(engine, ids[:2], 4)
+                t = generate(engine, ids, n_out)
+                out[f"tok_s_b128_{n_in}x{n_out}"] = 128 * n_out / t
         if "prefill" in args.sections:
             ids = prompts(32, args.input_len, vocab, seed=7)
             t = generate(engine, ids, 1)
@@ -155,13 +161,14 @@ def bench_hf(folder: Path, args, vocab: int) -> dict:
     gen(ids, 4)
     t1, tn = timed(lambda: gen(ids, 1)), timed(lambda: gen(ids, 65))
     out["hf_eager_itl_ms_b1"] = (tn - t1) / 64 * 1e3
-    big = torch.tensor(prompts(128, args.input_len, vocab, seed=5), device="cuda")
-    gen(big[:2], 2)
-    t_prefill = timed(lambda: gen(big, 1))
-    t = timed(lambda: gen(big, args.hf_output_len))
-    out["hf_eager_tok_s_b128"] = 128 * args.hf_output_len / t  # end to end, prefill included
-    out["hf_eager_decode_tok_s_b128"] = 128 * (args.hf_output_len - 1) / (t - t_prefill)
-    del big
+    for n_in, n_out in args.vs_hf:  # batch 128, end to end (prefill included) and decode only
+        big = torch.tensor(prompts(128, n_in, vocab, seed=5), device="cuda")
+        gen(big[:2], 2)
+        t_prefill = timed(lambda: gen(big, 1))
+        t = timed(lambda: gen(big, n_out))
+        out[f"hf_eager_tok_s_b128_{n_in}x{n_out}"] = 128 * n_out / t
+        out[f"hf_eager_decode_tok_s_b128_{n_in}x{n_out}"] = 128 * (n_out - 1) / (t - t_prefill)
+        del big
     if not args.skip_hf_static:
         try:
             kw = dict(cache_implementation="static")
@@ -195,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--itl-tokens", type=int, default=128)
-    ap.add_argument("--hf-output-len", type=int, default=128)
+    ap.add_argument("--vs-hf", default="1024x128,128x512",
+                    type=lambda s: [tuple(int(v) for v in w.split("x")) for w in s.split(",")],
+                    help="batch-128 workloads (input x output tokens) run by transformers' eager "
+                         "generate and by our engine (graphs and overlap on), end to end")
     ap.add_argument("--skip-hf-static", action="store_true")
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
@@ -230,6 +240,14 @@ def main(argv: list[str] | None = None) -> None:
     if "hf" in args.sections:
         section("hf", lambda: bench_hf(folder, args, vocab))
     print(json.dumps(results, indent=1))
+    hf = results.get("hf", {})
+    for name, res in results.items():
+        for n_in, n_out in args.vs_hf:
+            key = f"tok_s_b128_{n_in}x{n_out}"
+            if isinstance(res, dict) and key in res and f"hf_eager_{key}" in hf:
+                print(f"batch 128, {n_in} in / {n_out} out: {name} {res[key]:,.0f} tok/s vs "
+                      f"transformers eager {hf[f'hf_eager_{key}']:,.0f} tok/s = "
+                      f"{res[key] / hf[f'hf_eager_{key}']:.1f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

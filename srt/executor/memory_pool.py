@@ -6,9 +6,9 @@ tensors point at it, so kernels can read it harmlessly. Usable slots are ``1..ma
 
 from __future__ import annotations
 
-import torch
-
 from collections import deque
+
+import torch
 
 from radixlm.srt.executor.transfer import HostReadback, tensor_to_device
 
