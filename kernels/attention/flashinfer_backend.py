@@ -71,10 +71,15 @@ class FlashInferAttentionBackend(AttentionBackend):
         head_dim: int,
         page_size: int = 1,
         scaling: float | None = None,
+        dtype: torch.dtype | None = None,
         use_tensor_cores: bool | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ):
-        from radixlm.kernels.attention.registry import FLASHINFER_HEAD_DIMS
+        from radixlm.kernels.attention.registry import FLASHINFER_DTYPES, FLASHINFER_HEAD_DIMS
+
+        if dtype is not None and dtype not in FLASHINFER_DTYPES:
+            raise ValueError(f"the flashinfer attention backend has no {dtype} kernels (float16 "
+                             "and bfloat16 only); use --attention-backend triton or another --dtype")
 
         if head_dim not in FLASHINFER_HEAD_DIMS:
             raise ValueError(f"the flashinfer attention backend supports head_dim "

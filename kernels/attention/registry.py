@@ -17,6 +17,7 @@ from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton", "flashinfer")
 # head sizes FlashInfer's decode (split-KV state merging) and prefill kernels are built for
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)  # no float32 kernels
 
 
 def flashinfer_available() -> bool:
@@ -35,16 +36,19 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_attention_backend(name: str, device: torch.device, head_dim: int | None = None) -> str:
+def resolve_attention_backend(name: str, device: torch.device, head_dim: int | None = None,
+                              dtype: torch.dtype | None = None) -> str:
     """The concrete backend name for ``name`` on ``device`` (``auto`` resolved; a ``head_dim``
-    FlashInfer has no kernels for resolves to triton)."""
+    or ``dtype`` FlashInfer has no kernels for resolves to triton)."""
     if name not in ATTENTION_BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of "
                          f"{', '.join(ATTENTION_BACKEND_NAMES)}")
     if name != "auto":
         return name
     if device.type == "cuda":
-        if flashinfer_available() and (head_dim is None or head_dim in FLASHINFER_HEAD_DIMS):
+        fits = ((head_dim is None or head_dim in FLASHINFER_HEAD_DIMS)
+                and (dtype is None or dtype in FLASHINFER_DTYPES))
+        if fits and flashinfer_available():
             return "flashinfer"
         if triton_available():
             return "triton"
@@ -60,10 +64,11 @@ def make_attention_backend(
     head_dim: int | None = None,
     page_size: int = 1,
     scaling: float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
     """Builds the backend ``name`` for ``device``. flashinfer needs the model's attention shape
     (``num_heads``, ``num_kv_heads``, ``head_dim``) and the KV ``page_size`` at construction."""
-    resolved = resolve_attention_backend(name, device, head_dim)
+    resolved = resolve_attention_backend(name, device, head_dim, dtype)
     if resolved == "torch":
         return TorchAttentionBackend()
     if resolved == "triton":
@@ -83,5 +88,5 @@ def make_attention_backend(
 
     return FlashInferAttentionBackend(
         device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        page_size=page_size, scaling=scaling,
+        page_size=page_size, scaling=scaling, dtype=dtype,
     )

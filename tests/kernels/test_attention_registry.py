@@ -22,6 +22,8 @@ def test_auto_on_cuda_prefers_flashinfer_then_triton(monkeypatch):
     assert registry.resolve_attention_backend("auto", cuda) == "flashinfer"
     monkeypatch.setattr(registry, "triton_available", lambda: True)
     assert registry.resolve_attention_backend("auto", cuda, head_dim=32) == "triton"
+    assert registry.resolve_attention_backend("auto", cuda, dtype=torch.float32) == "triton"
+    assert registry.resolve_attention_backend("auto", cuda, 128, torch.bfloat16) == "flashinfer"
     monkeypatch.setattr(registry, "flashinfer_available", lambda: False)
     assert registry.resolve_attention_backend("auto", cuda) == "triton"
     monkeypatch.setattr(registry, "triton_available", lambda: False)
@@ -56,3 +58,6 @@ def test_flashinfer_rejects_head_dims_it_has_no_kernels_for():
     with pytest.raises(ValueError, match="head_dim 64, 128, 256, the model has 32"):
         registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
                                         head_dim=32)
+    with pytest.raises(ValueError, match="no torch.float32 kernels"):
+        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
+                                        head_dim=64, dtype=torch.float32)

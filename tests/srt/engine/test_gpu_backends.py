@@ -57,7 +57,11 @@ def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0, with_
         engine.shutdown()
 
 
-NEAR_TIE = 0.05  # logprob gap under which bf16 rounding may pick either token
+# Logit gap under which bf16 kernels may legitimately pick either token. Random-init logits
+# here have a spread (std) of about 0.5, and the top five lie within about 0.25; the torch
+# backend's top logprobs in bf16 and in fp32 differ by about 0.01 (measured on the CPU), so
+# two correct bf16 implementations (other summation orders) can swap tokens closer than this.
+NEAR_TIE = 0.04
 
 
 def test_tiny_model_backends_agree(tmp_path):
@@ -77,9 +81,9 @@ def test_smollm2_shape_bf16_first_32_tokens_agree(tmp_path):
     NEAR_TIE in the torch run) where bf16 kernels may legitimately part ways: the first
     difference must be such a tie, and the sequences must agree up to it."""
     folder = make_model_folder(tmp_path, SMOLLM2)
-    ref, ref_top = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, head_scale=50.0, with_top=True)
+    ref, ref_top = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, with_top=True)
     for backend in BACKENDS:
-        got = _greedy(folder, SMOLLM2, backend, "bfloat16", 32, head_scale=50.0)
+        got = _greedy(folder, SMOLLM2, backend, "bfloat16", 32)
         for want, have, top in zip(ref, got, ref_top):
             diff = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), None)
             if diff is None:

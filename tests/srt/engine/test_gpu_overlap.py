@@ -32,7 +32,8 @@ def folder(tmp_path_factory):
 def _scheduler(folder, overlap: bool, backend: str) -> Scheduler:
     torch.manual_seed(0)
     cfg = config_from_kwargs(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                             dtype="float32", max_total_tokens=8192, log_level="warning",
+                             dtype="float32" if backend != "flashinfer" else "float16",
+                             max_total_tokens=8192, log_level="warning",
                              disable_overlap_schedule=not overlap)
     return Scheduler(cfg)
 
