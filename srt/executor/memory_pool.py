@@ -119,6 +119,11 @@ class TokenSlotAllocator:
     def alloc_for(self, num_tokens: int, last_slot: int, used_len: int) -> torch.Tensor | None:
         """Slots for ``num_tokens`` new tokens of a sequence whose last slot is ``last_slot``
         after ``used_len`` tokens; continues its partly filled last page first."""
+        slots = self.alloc_for_host(num_tokens, last_slot, used_len)
+        return None if slots is None else tensor_to_device(slots, self.device)
+
+    def alloc_for_host(self, num_tokens: int, last_slot: int, used_len: int) -> torch.Tensor | None:
+        """:meth:`alloc_for`, with the slots in a CPU tensor."""
         ps = self.page_size
         tail = (ps - used_len % ps) % ps if used_len else 0
         from_tail = min(tail, num_tokens)
@@ -133,8 +138,8 @@ class TokenSlotAllocator:
             starts = torch.tensor(pages, dtype=torch.int64) * ps + 1
             parts.append((starts[:, None] + torch.arange(ps)).flatten()[: num_tokens - from_tail])
         if not parts:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        return tensor_to_device(torch.cat(parts), self.device)
+            return torch.empty(0, dtype=torch.int64)
+        return torch.cat(parts)
 
     def free(self, kv_slots: torch.Tensor) -> None:
         """Frees the pages that ``kv_slots`` start or cover (callers free whole sequences' pages)."""

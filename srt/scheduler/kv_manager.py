@@ -12,7 +12,7 @@ import logging
 import torch
 
 from radixlm.srt.executor.memory_pool import ReqToTokenPool, TokenSlotAllocator
-from radixlm.srt.executor.transfer import to_device
+from radixlm.srt.executor.transfer import tensor_to_device, to_device
 from radixlm.srt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class KVManager:
         req.req_slot = slot
         if len(prefix_slots):
             self.req_to_token_pool.write(slot, 0, prefix_slots)
+            if self.page_size > 1:  # admission is synchronous anyway; decode steps are not
+                req.last_kv_slot = int(prefix_slots[-1])
         return True
 
     def alloc_tokens(self, req: Req, num_tokens: int) -> torch.Tensor | None:
@@ -68,12 +70,14 @@ class KVManager:
             if not self.ensure_available(num_tokens):
                 return None
         used = req.num_kv_tokens
-        last = 0  # only pages > 1 token continue the last slot's page (read it then)
-        if used and self.page_size > 1:
-            last = int(self.req_to_token_pool.req_to_token[req.req_slot, used - 1])
-        slots = self.allocator.alloc_for(num_tokens, last, used)
-        if slots is None:
+        # only pages > 1 token continue the last slot's page; its slot is kept on the host
+        last = req.last_kv_slot if used and self.page_size > 1 else 0
+        host_slots = self.allocator.alloc_for_host(num_tokens, last, used)
+        if host_slots is None:
             return None
+        if len(host_slots):
+            req.last_kv_slot = int(host_slots[-1])
+        slots = tensor_to_device(host_slots, self.allocator.device)
         self.req_to_token_pool.write(req.req_slot, used, slots)
         req.num_kv_tokens += num_tokens
         return slots
@@ -106,6 +110,8 @@ class KVManager:
             self.allocator.free(kv[req.num_cached_prefix : present])
         match = self.cache.match_prefix(tokens)
         self.req_to_token_pool.write(req.req_slot, 0, match.kv_slots)
+        if self.page_size > 1 and len(match.kv_slots) == n:  # the last position moved too
+            req.last_kv_slot = int(match.kv_slots[-1])
         self.cache.inc_lock_ref(match.last_node)
         self.cache.dec_lock_ref(req.cache_node)
         req.cache_node = match.last_node

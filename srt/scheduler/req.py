@@ -38,6 +38,7 @@ class Req:
     req_slot: int = -1
     num_kv_tokens: int = 0  # tokens whose K/V are in the pool, req_to_token[req_slot, :num_kv_tokens]
     num_cached_prefix: int = 0  # of those, the leading tokens owned by the prefix cache
+    last_kv_slot: int = 0  # req_to_token[req_slot, num_kv_tokens - 1], kept on the host (pages > 1)
     cache_node: Any = None  # the prefix cache node locked for this request
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
 
