@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from radixlm.grammar.bitmask import BitmaskBuffer
+
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
 _MAX_REASON_CHARS = 600
 
@@ -119,8 +121,14 @@ class GrammarMatcher(ABC):
     """Per-request decoding state over one compiled grammar."""
 
     @abstractmethod
+    def fill_row(self, buffer: BitmaskBuffer, row: int) -> None:
+        """Writes the allowed next tokens into row ``row`` of ``buffer`` (the scheduler's path:
+        it keeps one ``BitmaskBuffer`` per allocated bitmask)."""
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Writes the allowed next tokens into ``bitmask[row]`` (CPU int32 ``[B, ceil(V/32)]``)."""
+        """Writes the allowed next tokens into ``bitmask[row]`` (CPU int32 ``[B, ceil(V/32)]``,
+        contiguous)."""
+        self.fill_row(BitmaskBuffer(bitmask), row)
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:

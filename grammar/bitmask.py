@@ -1,8 +1,10 @@
-"""Packed token bitmasks: allocation, packing, unpacking and the torch in-place logits mask.
+"""Packed token bitmasks: allocation, packing, unpacking, the buffer mask fills write into, and
+the in-place logits mask.
 
 Layout: int32 ``[batch, ceil(V / 32)]``; token ``t`` is allowed in row ``r`` when bit ``t % 32``
-of ``bitmask[r, t // 32]`` is set. A GPU kernel for the apply step lives in ``kernels/``; this
-torch version is the reference and the CPU path.
+of ``bitmask[r, t // 32]`` is set. Applying a mask to logits is ``radixlm.kernels.bitmask``'s
+job (a byte-table CPU path, a Triton kernel on GPUs, a plain-torch reference); it is re-exported
+here with the same contract.
 """
 
 from __future__ import annotations
@@ -13,9 +15,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from radixlm.kernels.bitmask import apply_token_bitmask_inplace, unpack_bitmask
+
 assert sys.byteorder == "little", "packed bitmask rows assume a little-endian host"
 
-_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+__all__ = [
+    "BitmaskBuffer",
+    "allocate_token_bitmask",
+    "allowed_token_ids",
+    "apply_token_bitmask_inplace",
+    "bitmask_width",
+    "fill_all_allowed",
+    "pack_token_ids",
+    "unpack_bitmask",
+]
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -41,26 +54,6 @@ def pack_token_ids(token_ids: np.ndarray | Sequence[int], vocab_size: int) -> to
     return torch.from_numpy(packed.copy())
 
 
-def _shifts(device: torch.device) -> torch.Tensor:
-    shifts = _BIT_SHIFTS.get(device)
-    if shifts is None:
-        shifts = torch.arange(32, dtype=torch.int32, device=device)
-        _BIT_SHIFTS[device] = shifts
-    return shifts
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Bool ``[..., vocab_size]``: True where the token is allowed (``[..., W]`` packed input)."""
-    bits = (bitmask.unsqueeze(-1) >> _shifts(bitmask.device)) & 1
-    allowed = bits.reshape(*bitmask.shape[:-1], bitmask.shape[-1] * 32).bool()
-    if allowed.shape[-1] >= vocab_size:
-        return allowed[..., :vocab_size]
-    pad = torch.zeros(
-        *allowed.shape[:-1], vocab_size - allowed.shape[-1], dtype=torch.bool, device=allowed.device
-    )
-    return torch.cat([allowed, pad], dim=-1)
-
-
 def allowed_token_ids(bitmask: torch.Tensor, row: int, vocab_size: int) -> list[int]:
     """The token ids allowed by ``bitmask[row]`` (for tests, debugging and CPU samplers)."""
     packed = bitmask[row].detach().cpu().contiguous().numpy().view(np.uint8)
@@ -68,27 +61,50 @@ def allowed_token_ids(bitmask: torch.Tensor, row: int, vocab_size: int) -> list[
     return np.flatnonzero(allowed).tolist()
 
 
-def apply_token_bitmask_inplace(
-    logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None
-) -> None:
-    """Sets disallowed logits to -inf, in place.
+class BitmaskBuffer:
+    """A CPU int32 bitmask ``[rows, W]`` with what a mask fill needs to write one row cheaply:
+    a flat byte view (``data``), a flat uint32 view (``words``) and the base address.
 
-    ``logits`` is float ``[B, V]``; ``bitmask`` is int32 ``[B, W]`` on any device (tokens past
-    ``32 * W`` are disallowed). ``rows`` restricts masking to those batch rows (row ``i`` of
-    ``logits`` uses row ``i`` of ``bitmask``); other rows are left untouched.
+    Build one per allocated bitmask and keep it. Right after a forward pass the caches are cold,
+    and on the 2-core dev CPU two torch ops per row (``bitmask[row].copy_(src)``) then cost
+    about 75 us, a byte-slice copy into ``data`` about 13 us. The copy also keeps the GIL, where
+    each torch op gives it up and may wait a whole switch interval (5 ms) to get it back from
+    another Python thread.
     """
-    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32:
-        raise ValueError("expected logits [B, V] and an int32 bitmask [B, ceil(V/32)]")
-    if bitmask.shape[0] != logits.shape[0]:
-        raise ValueError(f"bitmask batch {bitmask.shape[0]} != logits batch {logits.shape[0]}")
-    mask = bitmask.to(logits.device, non_blocking=True)
-    if rows is None:
-        disallowed = ~unpack_bitmask(mask, logits.shape[1])
-        logits.masked_fill_(disallowed, float("-inf"))
-        return
-    index = torch.as_tensor(rows, dtype=torch.long, device=logits.device)
-    if index.numel() == 0:
-        return
-    disallowed = ~unpack_bitmask(mask.index_select(0, index), logits.shape[1])
-    selected = logits.index_select(0, index).masked_fill_(disallowed, float("-inf"))
-    logits.index_copy_(0, index, selected)
+
+    def __init__(self, bitmask: torch.Tensor) -> None:
+        if (
+            bitmask.dim() != 2
+            or bitmask.dtype != torch.int32
+            or not bitmask.is_cpu
+            or not bitmask.is_contiguous()
+        ):
+            raise ValueError("expected a contiguous CPU int32 bitmask [B, ceil(V/32)]")
+        self.tensor = bitmask
+        self.num_words = bitmask.shape[1]
+        self.row_bytes = 4 * self.num_words
+        flat = bitmask.numpy().reshape(-1)
+        self.data = memoryview(flat.view(np.uint8))  # [B * row_bytes]
+        self.words = memoryview(flat.view(np.uint32))  # [B * W]
+        self.address = bitmask.data_ptr()
+
+    def write(self, row: int, packed: bytes) -> None:
+        """Copies one packed row (``row_bytes`` bytes) into ``row``."""
+        start = row * self.row_bytes
+        self.data[start : start + self.row_bytes] = packed
+
+    def read(self, row: int) -> bytes:
+        """A copy of ``row`` as packed bytes."""
+        start = row * self.row_bytes
+        return self.data[start : start + self.row_bytes].tobytes()
+
+    def row_address(self, row: int) -> int:
+        """The address of ``row``'s first word (for native fills)."""
+        return self.address + row * self.row_bytes
+
+    def set_bits(self, row: int, token_ids: Sequence[int]) -> None:
+        """Allows ``token_ids`` in ``row`` as well."""
+        base = row * self.num_words
+        words = self.words
+        for token in token_ids:
+            words[base + (token >> 5)] |= 1 << (token & 31)

@@ -17,8 +17,6 @@ import logging
 import threading
 
 import llguidance
-import numpy as np
-import torch
 from llguidance import LLMatcher, LLTokenizer
 
 from radixlm.grammar.base import (
@@ -28,7 +26,7 @@ from radixlm.grammar.base import (
     GrammarMatcher,
     GrammarSpec,
 )
-from radixlm.grammar.bitmask import pack_token_ids
+from radixlm.grammar.bitmask import BitmaskBuffer, pack_token_ids
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
 from radixlm.grammar.schema_rewrite import tighten_one_of
@@ -77,7 +75,7 @@ class LLGuidanceGrammar(CompiledGrammar):
         self.grammar_text = grammar_text
         self.vocab = vocab
         self.eos_ids = frozenset(vocab.eos_token_ids)
-        self.eos_row = pack_token_ids(np.array(vocab.eos_token_ids), vocab.vocab_size)
+        self.eos_row = pack_token_ids(vocab.eos_token_ids, vocab.vocab_size).numpy().tobytes()
         self._template = template
         self._lock = threading.Lock()
 
@@ -104,15 +102,11 @@ class LLGuidanceMatcher(GrammarMatcher):
     def num_accepted_tokens(self) -> int:
         return self._num_accepted
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_row(self, buffer: BitmaskBuffer, row: int) -> None:
         if self._terminated:
-            bitmask[row].copy_(self._grammar.eos_row)
-        else:
-            # The pointer call writes one row in place (llguidance.torch does the same, but
-            # importing it pulls in torch.compile).
-            target = bitmask[row]
-            assert target.is_cpu and target.is_contiguous() and target.dtype == torch.int32
-            self._matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
+            buffer.write(row, self._grammar.eos_row)
+        else:  # llguidance writes the row in place (with the GIL released)
+            self._matcher.unsafe_compute_mask_ptr(buffer.row_address(row), buffer.row_bytes)
 
     def accept_token(self, token_id: int) -> bool:
         if token_id in self._grammar.eos_ids:

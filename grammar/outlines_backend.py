@@ -116,9 +116,14 @@ class OutlinesBackend(GrammarBackend):
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
-        return OutlinesGrammar(spec, index, self.vocab)
+        return self._grammar(spec, index)
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> OutlinesGrammar:
         if backend_name != self.name:
             raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
-        return OutlinesGrammar(spec, outlines_core.Index.from_binary(data), self.vocab)
+        return self._grammar(spec, outlines_core.Index.from_binary(data))
+
+    def _grammar(self, spec: GrammarSpec, index) -> OutlinesGrammar:
+        grammar = OutlinesGrammar(spec, index, self.vocab)
+        grammar.warm_rows()  # every row now if the DFA is small; else on first visits
+        return grammar

@@ -4,10 +4,13 @@ The index maps (DFA state, token id) to the next state. Everything the matcher n
 is derived once and memoized on the shared grammar: the packed allowed-token row (so a repeated
 state costs one row copy) and the forced continuation (for jump-forward).
 
-A row is built by an outlines-core ``Guide`` standing in the state: ``write_mask_into`` fills the
-packed row in native code (about 80 us for a string state of SmolLM2's 49k tokens, against
-about 2 ms for turning ``Index.get_allowed_tokens`` into a row in Python). Each matcher keeps one
-guide, advanced lazily over its accepted tokens only when it meets a state without a row.
+Small DFAs (regexes, choices, enums: ``warm_rows``) get every row at compile time. Otherwise a
+row is built on the state's first visit by an outlines-core ``Guide`` standing in the state:
+``write_mask_into`` writes it straight into the batch bitmask in native code (about 80 us for a
+string state of SmolLM2's 49k tokens, against about 2 ms for turning
+``Index.get_allowed_tokens`` into a row in Python). Each matcher keeps one guide, advanced lazily
+over its accepted tokens only when it meets a state without a row. A memoized row is copied into
+the batch bitmask as bytes (``BitmaskBuffer``), with no torch op per row.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import threading
 
 import numpy as np
 import outlines_core
-import torch
 
 from radixlm.grammar.base import CompiledGrammar, GrammarMatcher, GrammarSpec
-from radixlm.grammar.bitmask import bitmask_width, pack_token_ids
+from radixlm.grammar.bitmask import BitmaskBuffer, pack_token_ids
 from radixlm.grammar.vocab import TokenizerVocab
 
 _MAX_FORCED_DEPTH = 64  # tokens followed when computing a forced continuation
+WARM_MAX_TRANSITIONS = 20_000  # compile-time row warming: DFAs with at most this many
+WARM_MAX_STATES = 1024  # transitions and states (rows take 4 * ceil(V/32) bytes each)
 
 
 class OutlinesGrammar(CompiledGrammar):
@@ -38,10 +42,9 @@ class OutlinesGrammar(CompiledGrammar):
         self._final_states = frozenset(index.get_final_states())
         self._eos_ids = frozenset(vocab.eos_token_ids)
         self._eos_array = np.array(vocab.eos_token_ids, dtype=np.int64)
-        self.eos_row = pack_token_ids(self._eos_array, vocab.vocab_size)
-        self._eos_words = self._eos_array // 32  # word and bit of each EOS id in a row
-        self._eos_bits = np.left_shift(1, self._eos_array % 32).astype(np.uint32)
-        self._rows: dict[int, torch.Tensor] = {}  # state -> packed int32 row (CPU)
+        self.eos_row = _packed(self._eos_array, vocab.vocab_size)
+        self._rows: dict[int, bytes] = {}  # state -> packed int32 row (little-endian bytes)
+        self._unique_rows: dict[bytes, bytes] = {}  # one shared copy of each distinct row
         self._forced: dict[int, bytes] = {}  # state -> forced continuation bytes
         self._forced_lock = threading.Lock()
 
@@ -68,29 +71,61 @@ class OutlinesGrammar(CompiledGrammar):
         ids = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
         return ids[~np.isin(ids, self._eos_array)]
 
-    def mask_row(self, state: int, guide: outlines_core.Guide | None = None) -> torch.Tensor:
-        """The packed int32 row of ``state`` (memoized). A missing row is built by ``guide``,
-        which must stand in ``state``, or without one from the index (slower)."""
+    def mask_row(self, state: int) -> bytes:
+        """The packed row of ``state`` (memoized; a missing one is built from the index, which
+        is slow for large states: matchers build theirs natively with ``write_row``)."""
         row = self._rows.get(state)
         if row is None:
-            row = self._index_row(state) if guide is None else self._guide_row(state, guide)
-            self._rows[state] = row
+            ids = self.text_token_ids(state)
+            if self.is_final(state):
+                ids = np.concatenate([ids, self._eos_array])
+            row = self._memoize(state, _packed(ids, self.vocab.vocab_size))
         return row
 
-    def _index_row(self, state: int) -> torch.Tensor:
-        ids = self.text_token_ids(state)
-        if self.is_final(state):
-            ids = np.concatenate([ids, self._eos_array])
-        return pack_token_ids(ids, self.vocab.vocab_size)
+    def warm_rows(
+        self, max_transitions: int = WARM_MAX_TRANSITIONS, max_states: int = WARM_MAX_STATES
+    ) -> bool:
+        """Memoizes the row of every reachable state if the DFA is small (a breadth-first walk
+        from the initial state meets at most ``max_transitions`` transitions and ``max_states``
+        states), so that its matchers never build a row while decoding; returns whether it did.
 
-    def _guide_row(self, state: int, guide: outlines_core.Guide) -> torch.Tensor:
+        Meant for compile time. Larger DFAs keep building each row on its first visit: a JSON
+        string state alone has about 48k transitions on SmolLM2's vocabulary, and walking them
+        here would hold the GIL (in pieces) for milliseconds per state.
+        """
+        states = [self.initial_state]
+        seen = {self.initial_state}
+        budget = max_transitions
+        for state in states:  # grows while it is walked
+            tokens = self.index.get_allowed_tokens(state) or []
+            budget -= len(tokens)
+            if budget < 0:
+                return False
+            for token in tokens:
+                nxt = self.next_state(state, token)
+                if nxt is not None and nxt not in seen:
+                    if len(seen) == max_states:
+                        return False
+                    seen.add(nxt)
+                    states.append(nxt)
+        for state in states:
+            self.mask_row(state)
+        return True
+
+    def write_row(
+        self, state: int, guide: outlines_core.Guide, buffer: BitmaskBuffer, row: int
+    ) -> None:
+        """Writes the row of ``state`` into ``buffer`` with ``guide`` (which must stand in
+        ``state``) and memoizes it."""
         assert guide.get_state() == state, (guide.get_state(), state)
-        row = torch.empty(bitmask_width(self.vocab.vocab_size), dtype=torch.int32)
-        guide.write_mask_into(row.data_ptr(), row.numel(), 4)  # zeroes the row first
+        guide.write_mask_into(buffer.row_address(row), buffer.num_words, 4)  # zeroes it first
         if self.is_final(state):  # the index knows the first EOS id only
-            words = row.numpy().view(np.uint32)
-            np.bitwise_or.at(words, self._eos_words, self._eos_bits)
-        return row
+            buffer.set_bits(row, self.vocab.eos_token_ids)
+        self._memoize(state, buffer.read(row))
+
+    def _memoize(self, state: int, row: bytes) -> bytes:
+        """Stores ``row`` for ``state``, sharing one copy among states with equal rows."""
+        return self._rows.setdefault(state, self._unique_rows.setdefault(row, row))
 
     def forced_bytes(self, state: int) -> bytes:
         """Bytes every continuation from ``state`` starts with (empty where it may end)."""
@@ -151,6 +186,10 @@ class OutlinesGrammar(CompiledGrammar):
         return None
 
 
+def _packed(token_ids: np.ndarray, vocab_size: int) -> bytes:
+    return pack_token_ids(token_ids, vocab_size).numpy().tobytes()
+
+
 def _common_prefix(a: bytes, b: bytes) -> bytes:
     n = min(len(a), len(b))
     i = 0
@@ -183,14 +222,16 @@ class OutlinesMatcher(GrammarMatcher):
     def state(self) -> int:
         return self._state
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_row(self, buffer: BitmaskBuffer, row: int) -> None:
+        grammar = self._grammar
         if self._terminated:
-            source = self._grammar.eos_row
+            buffer.write(row, grammar.eos_row)
+            return
+        packed = grammar._rows.get(self._state)
+        if packed is None:
+            grammar.write_row(self._state, self._synced_guide(), buffer, row)
         else:
-            source = self._grammar._rows.get(self._state)
-            if source is None:
-                source = self._grammar.mask_row(self._state, self._synced_guide())
-        bitmask[row].copy_(source)
+            buffer.write(row, packed)
 
     def _synced_guide(self) -> outlines_core.Guide:
         """The guide, advanced to the current state (never terminated here: no EOS to feed)."""

@@ -7,15 +7,16 @@ on a worker thread; outlines-core releases the GIL while it builds an index). ll
 compiles in tens of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars and
 ``json_object`` go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas
 with numeric bounds or ``allOf`` (which outlines-core accepts but may ignore) try llguidance
-first. A JSON schema
-neither backend accepts gets a last try on llguidance in lenient mode, which ignores the
-keywords it does not implement.
+first. A JSON schema neither backend accepts gets a last try on llguidance in lenient mode,
+which ignores the keywords it does not implement. An over-budget outlines-core run cannot be
+stopped: it goes on in Linux's ``SCHED_IDLE`` class, using only CPU time nothing else wants.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -177,7 +178,8 @@ class AutoGrammarBackend(GrammarBackend):
                     self._num_abandoned -= 1
 
         # A daemon thread: an over-budget compile cannot be stopped, only left behind.
-        threading.Thread(target=run, name="outlines-compile", daemon=True).start()
+        thread = threading.Thread(target=run, name="outlines-compile", daemon=True)
+        thread.start()
         try:
             return result.result(timeout=self.outlines_budget_s)
         except FutureTimeout:
@@ -185,11 +187,30 @@ class AutoGrammarBackend(GrammarBackend):
                 if not result.done():
                     state["abandoned"] = True
                     self._num_abandoned += 1
+                    run_only_when_idle(thread)
             if result.done():
                 return result.result()
             raise GrammarCompileError(
                 spec.kind, f"outlines-core did not finish within {self.outlines_budget_s:g} s"
             ) from None
+
+
+def run_only_when_idle(thread: threading.Thread) -> bool:
+    """Moves a running thread to Linux's ``SCHED_IDLE`` class, where it gets only CPU time no
+    other thread wants; False where that is not possible (another OS, a finished thread).
+
+    An abandoned outlines-core compile keeps a core busy for up to minutes (one jsonschemabench
+    schema ran for 4 minutes and grew to 7.7 GB). On 2 cores that thread competed with the
+    forward pass's OpenMP threads and with the scheduler thread: parallel ops waited for a
+    preempted worker, and mask rows took milliseconds instead of microseconds.
+    """
+    if not hasattr(os, "SCHED_IDLE") or thread.native_id is None:
+        return False
+    try:
+        os.sched_setscheduler(thread.native_id, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:  # the thread is gone, or the OS refuses
+        return False
+    return True
 
 
 def _label(backend: GrammarBackend) -> str:

@@ -3,6 +3,7 @@ and the validity of generated documents, per subset and overall.
 
     python -m radixlm.srt.bench.bench_jsonschema                 # all 100 schemas
     python -m radixlm.srt.bench.bench_jsonschema --limit 2       # 2 schemas per subset
+    python -m radixlm.srt.bench.bench_jsonschema --subsets Snowplow,WashingtonPost
 
 Data: ``--data-dir`` (default ``../shared/data/jsonschemabench`` next to the repository), one
 JSON file per schema (``schema`` plus test documents); the subset is the file name's prefix
@@ -15,11 +16,17 @@ before ``---``.
    finished within ``--budget-s``; ``auto, any`` also counts auto compilations that finished
    later (limit 3x the budget).
 2. Generation: SmolLM2 (greedy) writes one document per schema ``auto`` compiles, prompted with
-   the (truncated) schema; documents that finished with ``stop`` are validated with
-   ``jsonschema`` (the validator of the schema's ``$schema`` draft). Mask time per token is the
-   time one request's mask row costs the scheduler thread in a constrained step (waiting for
-   the row the worker thread prefetched during the forward pass and copying it, or filling it
-   inline); "fill" is the time the filling itself took, wherever it ran.
+   the (truncated) schema; a subset's requests go to the engine in one batch. Documents that
+   finished with ``stop`` are validated with ``jsonschema`` (the validator of the schema's
+   ``$schema`` draft) once the subset is done. Mask time per token is the time one request's
+   mask row costs the scheduler thread in a constrained step (waiting for the row the worker
+   thread prefetched during the forward pass and copying it, or filling it inline); "fill" is
+   the time the filling itself took, wherever it ran.
+
+   Earlier runs gave each request its own calling thread and validated each finished document
+   there while the others were still decoding. That Python took the GIL from the scheduler
+   thread, which gives it up in every torch op and every llguidance mask and may then wait a
+   whole switch interval (5 ms) to get it back, so mask rows also measured the validation.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ import argparse
 import json
 import multiprocessing as mp
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +81,7 @@ class SubsetReport:
     mask_compute_times_s: list[float] = field(default_factory=list)
 
 
-def load_cases(data_dir: Path, limit: int | None) -> list[Case]:
+def load_cases(data_dir: Path, limit: int | None, subsets: list[str] | None = None) -> list[Case]:
     files = sorted(data_dir.glob("*.json"))
     if not files:
         raise ValueError(f"no schema files in {data_dir}; pass --data-dir")
@@ -83,6 +89,8 @@ def load_cases(data_dir: Path, limit: int | None) -> list[Case]:
     cases = []
     for path in files:
         subset = path.stem.split("---")[0]
+        if subsets is not None and subset not in subsets:
+            continue
         if limit is not None and per_subset.get(subset, 0) >= limit:
             continue
         per_subset[subset] = per_subset.get(subset, 0) + 1
@@ -161,18 +169,42 @@ def validate(schema: Any, text: str) -> bool | None:
     return not errors
 
 
-def generate_one(engine, case: Case, max_new_tokens: int, max_schema_chars: int) -> Generated:
+def _prompt(engine, case: Case, max_schema_chars: int) -> str:
     text = case.schema_text
     if len(text) > max_schema_chars:
         text = text[:max_schema_chars] + " ..."
-    prompt = engine.apply_chat_template([{"role": "user", "content": PROMPT.format(schema=text)}])
-    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "json_schema": case.schema_text}
-    try:
-        out = engine.generate(prompt, params)
-    except ValueError as e:  # the engine's own compilation failed
-        return Generated(False, None, str(e))
+    return engine.apply_chat_template([{"role": "user", "content": PROMPT.format(schema=text)}])
+
+
+def _judge(case: Case, out: dict | ValueError) -> Generated:
+    if isinstance(out, ValueError):  # the engine's own compilation failed
+        return Generated(False, None, str(out))
     finished = out["meta_info"]["finish_reason"]["type"] == "stop"
     return Generated(finished, validate(case.schema, out["text"]) if finished else None, out["text"])
+
+
+def _generate_or_error(engine, prompt: str, params: dict) -> dict | ValueError:
+    try:
+        return engine.generate(prompt, params)
+    except ValueError as e:
+        return e
+
+
+def generate_subset(engine, cases: list[Case], max_new_tokens: int,
+                    max_schema_chars: int) -> list[Generated]:
+    """All documents of a subset in one batch (validated once it is done, so no other thread
+    runs Python next to the scheduler); one by one if the engine fails to compile one."""
+    if not cases:
+        return []
+    prompts = [_prompt(engine, c, max_schema_chars) for c in cases]
+    params = [{"temperature": 0, "max_new_tokens": max_new_tokens, "json_schema": c.schema_text}
+              for c in cases]
+    try:
+        outs = engine.generate(prompts, params)
+    except ValueError:
+        print("  an engine-side compilation failed; generating one by one", flush=True)
+        outs = [_generate_or_error(engine, p, q) for p, q in zip(prompts, params, strict=True)]
+    return [_judge(c, out) for c, out in zip(cases, outs, strict=True)]
 
 
 def run_generation(engine, reports: dict[str, SubsetReport], max_new_tokens: int,
@@ -182,9 +214,7 @@ def run_generation(engine, reports: dict[str, SubsetReport], max_new_tokens: int
         chosen = [c for c, r in zip(report.cases, report.compiles["auto"], strict=True) if r.ok]
         grammars.mask_times_s, grammars.mask_compute_times_s = [], []
         start = time.perf_counter()
-        with ThreadPoolExecutor(max(len(chosen), 1)) as pool:
-            report.docs = list(pool.map(
-                lambda c: generate_one(engine, c, max_new_tokens, max_schema_chars), chosen))
+        report.docs = generate_subset(engine, chosen, max_new_tokens, max_schema_chars)
         report.mask_times_s, grammars.mask_times_s = grammars.mask_times_s, None
         report.mask_compute_times_s = grammars.mask_compute_times_s
         grammars.mask_compute_times_s = None
@@ -261,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     ap.add_argument("--limit", type=int, default=None, help="schemas per subset (default: all)")
+    ap.add_argument("--subsets", default=None,
+                    help="comma-separated subsets to run, e.g. Snowplow,WashingtonPost (default: all)")
     ap.add_argument("--budget-s", type=float, default=5.0, help="compile time budget")
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--max-schema-chars", type=int, default=2000,
@@ -272,7 +304,10 @@ def main(argv: list[str] | None = None) -> None:
     from radixlm.srt.models.loader import load_tokenizer
     from radixlm.srt.models.model_config import ModelConfig
 
-    cases = load_cases(args.data_dir, args.limit)
+    subsets = args.subsets.split(",") if args.subsets else None
+    cases = load_cases(args.data_dir, args.limit, subsets)
+    if not cases:
+        raise ValueError(f"no schemas for --subsets {args.subsets}")
     reports: dict[str, SubsetReport] = {}
     for case in cases:
         reports.setdefault(case.subset, SubsetReport()).cases.append(case)

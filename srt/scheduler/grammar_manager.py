@@ -56,7 +56,7 @@ from radixlm.grammar import (
     forced_continuation,
     retokenize_forced,
 )
-from radixlm.grammar.bitmask import bitmask_width
+from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.kv_manager import KVManager
@@ -143,6 +143,7 @@ class GrammarManager:
         self._setup: Future[GrammarCompileCache] | None = None  # vocab + cache, built once
         self._setup_pool: ThreadPoolExecutor | None = None
         self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
+        self._buffer = BitmaskBuffer(self._bitmask)  # row access for fills, rebuilt on growth
         self._prefetcher = MaskPrefetcher(bitmask_width(vocab_size))
         self.mask_times_s: list[float] | None = None  # set to a list to record each row's fill
         self.mask_compute_times_s: list[float] | None = None  # ... and its compute time
@@ -251,21 +252,22 @@ class GrammarManager:
         if self._bitmask.shape[0] < len(reqs):
             self._bitmask = torch.zeros((max(len(reqs), 2 * self._bitmask.shape[0]),
                                          self._bitmask.shape[1]), dtype=torch.int32)
+            self._buffer = BitmaskBuffer(self._bitmask)
         bitmask = self._bitmask[: len(reqs)]
         for i in rows:
-            self._fill_row(reqs[i], bitmask, i)
+            self._fill_row(reqs[i], i)
         self.stats.num_mask_rows += len(rows)
         self._prefetcher.forget_finished()
         return GrammarMasks(bitmask, rows)
 
-    def _fill_row(self, req: Req, bitmask: torch.Tensor, i: int) -> None:
+    def _fill_row(self, req: Req, i: int) -> None:
         start = time.perf_counter()
         prefetched = self._prefetcher.take(req)
         if prefetched is not None:
-            bitmask[i].copy_(prefetched[0])
+            self._bitmask[i].copy_(prefetched[0])
             self.stats.num_prefetched_rows += 1
         else:
-            req.grammar.fill_bitmask(bitmask, i)
+            req.grammar.fill_row(self._buffer, i)
         elapsed = time.perf_counter() - start
         self.stats.mask_fill_s += elapsed
         if self.mask_times_s is not None:

@@ -64,7 +64,7 @@ def test_apply_to_selected_rows_only():
 def test_apply_rejects_bad_shapes():
     with pytest.raises(ValueError, match="int32"):
         apply_token_bitmask_inplace(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int64))
-    with pytest.raises(ValueError, match="batch"):
+    with pytest.raises(ValueError, match="rows"):
         apply_token_bitmask_inplace(torch.zeros(2, 32), torch.zeros(1, 1, dtype=torch.int32))
 
 

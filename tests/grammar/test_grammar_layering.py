@@ -1,4 +1,5 @@
-"""grammar/ is a library: no module in it imports the serving runtime (radixlm.srt)."""
+"""grammar/ is a library: no module in it imports the serving runtime (radixlm.srt). Of the
+other radixlm packages it uses only kernels/ (the bitmask apply), which never imports it back."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 from pathlib import Path
 
 GRAMMAR_DIR = Path(__file__).resolve().parents[2] / "grammar"
+KERNELS_DIR = GRAMMAR_DIR.parent / "kernels"
 
 
 def _imported_modules(path: Path) -> list[str]:
@@ -39,6 +41,30 @@ def test_grammar_never_imports_srt():
         if name == "radixlm.srt" or name.startswith("radixlm.srt.") or name.split(".")[0] == "srt"
     }
     assert offenders == {}
+
+
+def test_grammar_uses_only_kernels_of_the_other_packages():
+    others = {
+        name.split(".")[1]
+        for path in GRAMMAR_DIR.glob("**/*.py")
+        for name in _imported_modules(path)
+        if name.startswith("radixlm.") and not name.startswith("radixlm.grammar")
+    }
+    assert others == {"kernels"}
+    back = [
+        name
+        for path in KERNELS_DIR.glob("**/*.py")
+        for name in _imported_modules(path)
+        if "grammar" in name.split(".") or name.startswith("radixlm.srt")
+    ]
+    assert back == []
+
+
+def test_the_bitmask_apply_is_the_kernels_one():
+    from radixlm.grammar import apply_token_bitmask_inplace
+    from radixlm.kernels import bitmask
+
+    assert apply_token_bitmask_inplace is bitmask.apply_token_bitmask_inplace
 
 
 def test_the_scan_sees_srt_imports(tmp_path):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import threading
 import time
 
 import jsonschema
@@ -17,6 +19,7 @@ from radixlm.grammar.registry import (
     GrammarConfig,
     create_compile_cache,
     create_grammar_backend,
+    run_only_when_idle,
 )
 from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
@@ -149,6 +152,45 @@ def test_auto_falls_back_when_outlines_exceeds_its_budget(vocab):
     grammar = auto.compile(GrammarSpec.regex("[0-9]{4}"))
     assert time.perf_counter() - began < 0.8  # did not wait for the slow compile
     assert grammar.backend_name == "llguidance" and auto.num_fallbacks == 1
+
+
+class BlockedOutlines(OutlinesBackend):
+    """Compiles only once released, recording the scheduling policy of its thread meanwhile."""
+
+    def __init__(self, vocab):
+        super().__init__(vocab)
+        self.release = threading.Event()
+        self.policies: list[int] = []
+
+    def compile(self, spec):
+        self.release.wait(5.0)
+        self.policies.append(os.sched_getscheduler(0))
+        return super().compile(spec)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_abandoned_outlines_runs_only_on_idle_cpu(vocab):
+    """An over-budget outlines-core run cannot be stopped; it must not compete for the CPU
+    with decoding, so its thread moves to SCHED_IDLE (runs within budget keep their class)."""
+    outlines = BlockedOutlines(vocab)
+    auto = AutoGrammarBackend(outlines, LLGuidanceBackend(vocab), outlines_budget_s=0.05)
+    assert auto.compile(GrammarSpec.regex("[0-9]{4}")).backend_name == "llguidance"
+    outlines.release.set()  # the abandoned run goes on and finishes
+    deadline = time.monotonic() + 5.0
+    while not outlines.policies and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outlines.policies == [os.SCHED_IDLE]
+    auto.outlines_budget_s = 5.0
+    assert auto.compile(GrammarSpec.regex("[0-9]{2}")).backend_name == "outlines"
+    assert outlines.policies[-1] == os.sched_getscheduler(0) != os.SCHED_IDLE
+
+
+def test_run_only_when_idle_needs_a_live_thread():
+    thread = threading.Thread(target=lambda: None)
+    assert not run_only_when_idle(thread)  # not started: no native id
+    thread.start()
+    thread.join()
+    assert not run_only_when_idle(thread)  # gone
 
 
 def test_auto_skips_outlines_while_too_many_runs_are_abandoned(vocab):
