@@ -15,6 +15,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int4")
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -30,6 +31,7 @@ class ServerConfig:
     load_format: str = _opt("auto", "auto: read the checkpoint; dummy: random weights (benchmarks)", ("auto", "dummy"))
     dtype: str = _opt("auto", "weight and activation dtype (auto: bfloat16 on GPU, float32 on CPU)", DTYPES)
     device: str = _opt("auto", "cpu, cuda or cuda:N (auto: cuda when available)")
+    quantization: str = _opt("none", "int4: 4-bit weights, bf16 activations in small-batch matmuls (CPU only)", QUANTIZATIONS)
     context_length: int | None = _opt(None, "maximum prompt + output length (default: the model's)")
     # memory
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from --mem-budget-gb or the free GPU memory)")
@@ -78,6 +80,8 @@ def validate(cfg: ServerConfig) -> None:
         choices = f.metadata.get("choices")
         if choices and getattr(cfg, f.name) not in choices:
             raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(cfg, f.name)!r}")
+    if cfg.quantization != "none" and cfg.device not in ("auto", "cpu"):
+        raise ValueError(f"quantization {cfg.quantization!r} runs on the CPU only; got device {cfg.device!r}")
     if cfg.page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
     if cfg.max_running_requests < 1:

@@ -17,6 +17,7 @@ from radixlm.srt.executor.transfer import tensor_to_device, to_device
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class ModelRunner:
         self.model_config = ModelConfig.from_pretrained(self.model_dir)
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy")
+        quantize_model(self.model, cfg.quantization, self.device)
         mc = self.model_config
         self.max_total_tokens = self._size_kv_pool()
         self.context_length = min(cfg.context_length or mc.context_length, self.max_total_tokens)
@@ -74,6 +76,7 @@ class ModelRunner:
         self.attn_backend = make_attention_backend(
             cfg.attention_backend, self.device, num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=cfg.page_size,
+            dtype=self.dtype,
         )
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
         self.graph_runner = None

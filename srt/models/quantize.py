@@ -1,0 +1,107 @@
+"""Weight-only quantization of a loaded model: ``--quantization int4`` (CPU only).
+
+At batch 1 a CPU decode step streams every weight once per token; with float32 weights the
+linear layers are nearly the whole step. ``int4`` gives every ``Linear`` (``QKVLinear`` and
+``MergedLinear`` included) an :class:`~radixlm.kernels.int4_cpu.Int4Linear`: 4-bit weights in
+groups of 32 (GGUF's Q4_1 layout) multiplied with bfloat16 activations while a forward has at
+most ``MAX_INT4_ROWS`` token rows, the layer's own dense weight for more rows (prefill, large
+decode batches), where the dense matmul is faster. The LM head gets a per-channel int8 copy of
+its weight for the same small row counts (:class:`SmallBatchLMHead`).
+
+Precision. For a GGUF model whose linear weights are Q4_1 (the default SmolLM2) the int4 codes
+are the file's own: re-quantizing the dequantized weights recovers them, and only bfloat16
+rounding (activations, scales and zeros) is added. For other weights (safetensors, other GGUF
+types) int4 is round-to-nearest quantization and lossy; check a model's outputs before relying
+on it. Results depend on the batch's row count, since small and large batches take different
+paths (as GPU kernels do).
+
+LM head, measured on SmolLM2 (tied to its Q8_0 embedding; 2-core AVX2 CPU): max |logit error|
+against float32 over 306 positions, then the median of 5 whole decode steps with int4 linear
+layers at 1 and 4 rows: int4 4.6 (top-1 agreement 87%); per-channel int8 0.80 (98.4%; 24.9 and
+43.2 ms); bfloat16 0.20 (98.7%; 26.3 and 48.3 ms); float32 (30.8 and 62.5 ms). int8 is the
+fastest at every row count measured and its error is of the size the int4 linear layers already
+add (0.3-0.8, from bfloat16 activations); bfloat16 matmuls slow down quickly with rows on a CPU
+without bf16 instructions.
+
+The layers keep their parameters: quantization sets an instance-level ``forward`` on each
+module it converts, so ``named_parameters``, the weight loaders and the tied embedding are
+untouched (``model.lm_head.weight`` stays the embedding's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, can_pack_int4
+from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
+from radixlm.srt.models.layers import Linear, LMHead
+
+logger = logging.getLogger(__name__)
+
+# Logit rows up to which the LM head uses its int8 weight: int8 beat float32 at 1-16 rows in the
+# same whole-step measurements as MAX_INT4_ROWS, and not at 32.
+MAX_INT8_HEAD_ROWS = 16
+
+
+class SmallBatchLMHead:
+    """Logits ``[N, vocab]`` float32: per-channel int8 weight and bfloat16 activations for at
+    most ``max_rows`` rows, the model-dtype weight above."""
+
+    def __init__(self, weight: torch.Tensor, max_rows: int = MAX_INT8_HEAD_ROWS):
+        self.dense_weight = weight  # [vocab, hidden] model dtype (may be the tied embedding)
+        q = quantize_int8(weight)
+        self.codes = q.codes  # [vocab, hidden] int8
+        self.scales = q.scales.to(torch.bfloat16)  # [vocab] bfloat16
+        self.max_rows = max_rows
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[0] > self.max_rows:
+            return F.linear(hidden, self.dense_weight).float()
+        return int8_matmul(hidden, self.codes, self.scales).float()
+
+
+@torch.inference_mode()
+def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
+    """Applies ``mode`` (``"none"`` or ``"int4"``) to ``model`` in place, after its weights
+    were loaded."""
+    if mode == "none":
+        return
+    if mode != "int4":
+        raise ValueError(f"unknown quantization {mode!r}; supported: none, int4")
+    if device.type != "cpu":
+        raise ValueError(
+            f"--quantization int4 runs on the CPU only (device is {device}); "
+            "drop the option or pass --device cpu"
+        )
+    converted, kept = _int4_linears(model)
+    for module in model.modules():
+        if isinstance(module, LMHead):
+            module.forward = SmallBatchLMHead(module.weight.data)
+    logger.info(
+        "int4: %d linear layers converted (dense for more than %d rows), %d kept dense%s; "
+        "LM head: int8 for at most %d rows",
+        converted,
+        MAX_INT4_ROWS,
+        len(kept),
+        f" ({', '.join(kept[:4])}...)" if kept else "",
+        MAX_INT8_HEAD_ROWS,
+    )
+
+
+def _int4_linears(model: nn.Module) -> tuple[int, list[str]]:
+    """Converts every packable Linear; returns (number converted, names of those kept dense)."""
+    converted, kept = 0, []
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear):
+            continue
+        if not can_pack_int4(module.out_features, module.in_features):
+            kept.append(name)
+            continue
+        bias = module.bias.data if module.bias is not None else None
+        module.forward = Int4Linear(module.weight.data, bias)
+        converted += 1
+    return converted, kept
