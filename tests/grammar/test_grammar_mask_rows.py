@@ -48,8 +48,11 @@ def test_buffer_rows_bytes_and_bits():
 
 @pytest.mark.parametrize(
     "bad",
-    [torch.zeros((2, 4), dtype=torch.int64), torch.zeros((4, 2), dtype=torch.int32).t(),
-     torch.zeros(4, dtype=torch.int32)],
+    [
+        torch.zeros((2, 4), dtype=torch.int64),
+        torch.zeros((4, 2), dtype=torch.int32).t(),
+        torch.zeros(4, dtype=torch.int32),
+    ],
 )
 def test_buffer_rejects_other_layouts(bad):
     with pytest.raises(ValueError, match="contiguous CPU int32"):
