@@ -64,8 +64,8 @@ PRECISIONS = {
     "none": "{dtype}",
     "int4": "int4 w, bf16 act",
 }
-INT4_NOTE = ("int4: linear weights 4-bit (for a Q4_1 GGUF, its own codes), activations bf16 in the "
-             "int4 matmuls, LM head bf16, for batches of at most {rows} token rows; "
+INT4_NOTE = ("int4: linear weights 4-bit (for a Q4_1 GGUF, its own codes) and the LM head per-channel "
+             "int8, activations bf16 in those matmuls, for forwards of at most {rows} token rows; "
              "more rows use the dense {dtype} weights")
 
 
