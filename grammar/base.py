@@ -201,6 +201,9 @@ class GrammarBackend(ABC):
         """Rebuilds a grammar from ``CompiledGrammar.serialize()`` output of ``backend_name``."""
         raise GrammarCompileError(spec.kind, f"backend {self.name} cannot load cached grammars")
 
+    def shutdown(self) -> None:  # noqa: B027  (optional: most backends hold nothing)
+        """Releases what the backend holds besides memory (child processes)."""
+
 
 class NullGrammarBackend(GrammarBackend):
     """The backend used when constrained decoding is turned off: every spec is rejected."""

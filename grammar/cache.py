@@ -113,6 +113,7 @@ class GrammarCompileCache:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.backend.shutdown()
 
     def check_integrity(self) -> None:
         with self._lock:

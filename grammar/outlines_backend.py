@@ -102,13 +102,7 @@ class OutlinesBackend(GrammarBackend):
             return self._vocabulary
 
     def compile(self, spec: GrammarSpec) -> OutlinesGrammar:
-        regex = spec_to_regex(spec, self.whitespace_pattern)
-        if self.max_regex_chars is not None and len(regex) > self.max_regex_chars:
-            raise GrammarCompileError(
-                spec.kind,
-                f"its regex has {len(regex):,} characters, over the {self.max_regex_chars:,} "
-                "allowed for outlines-core",
-            )
+        regex = self.regex_for(spec)
         vocabulary = self._outlines_vocabulary()
         try:
             index = outlines_core.Index(regex, vocabulary)
@@ -116,14 +110,25 @@ class OutlinesBackend(GrammarBackend):
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
-        return self._grammar(spec, index)
+        return self.grammar_from_index(spec, index)
+
+    def regex_for(self, spec: GrammarSpec) -> str:
+        """The regex outlines-core builds an index for; raises ``GrammarCompileError``."""
+        regex = spec_to_regex(spec, self.whitespace_pattern)
+        if self.max_regex_chars is not None and len(regex) > self.max_regex_chars:
+            raise GrammarCompileError(
+                spec.kind,
+                f"its regex has {len(regex):,} characters, over the {self.max_regex_chars:,} "
+                "allowed for outlines-core",
+            )
+        return regex
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> OutlinesGrammar:
         if backend_name != self.name:
             raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
-        return self._grammar(spec, outlines_core.Index.from_binary(data))
+        return self.grammar_from_index(spec, outlines_core.Index.from_binary(data))
 
-    def _grammar(self, spec: GrammarSpec, index) -> OutlinesGrammar:
+    def grammar_from_index(self, spec: GrammarSpec, index) -> OutlinesGrammar:
         grammar = OutlinesGrammar(spec, index, self.vocab)
         grammar.warm_rows()  # every row now if the DFA is small; else on first visits
         return grammar

@@ -70,6 +70,7 @@ class Generated:
     finished: bool  # ended with stop (not length)
     valid: bool | None  # None: not finished, or the schema cannot be checked by jsonschema
     text: str = ""
+    error: str = ""  # the engine's own compilation failed
 
 
 @dataclass
@@ -178,7 +179,7 @@ def _prompt(engine, case: Case, max_schema_chars: int) -> str:
 
 def _judge(case: Case, out: dict | ValueError) -> Generated:
     if isinstance(out, ValueError):  # the engine's own compilation failed
-        return Generated(False, None, str(out))
+        return Generated(False, None, error=str(out).splitlines()[0][:160])
     finished = out["meta_info"]["finish_reason"]["type"] == "stop"
     return Generated(finished, validate(case.schema, out["text"]) if finished else None, out["text"])
 
@@ -282,6 +283,8 @@ def print_failures(reports: dict[str, SubsetReport]) -> None:
                 print(f"  compile {case.name}: {result.error}")
         chosen = [c for c, res in zip(r.cases, r.compiles["auto"], strict=True) if res.ok]
         for case, doc in zip(chosen, r.docs, strict=True):
+            if doc.error:
+                print(f"  engine compile {case.name}: {doc.error}")
             if doc.valid is False:
                 print(f"  invalid {case.name}: {doc.text[:160]!r}")
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import threading
 import time
 
 import jsonschema
@@ -19,7 +17,6 @@ from radixlm.grammar.registry import (
     GrammarConfig,
     create_compile_cache,
     create_grammar_backend,
-    run_only_when_idle,
 )
 from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
@@ -140,73 +137,68 @@ def test_auto_sends_long_regexes_to_llguidance(vocab):
     assert auto.compile(GrammarSpec.regex("[a-z]{3}")).backend_name == "outlines"  # short
 
 
-class SlowOutlines(OutlinesBackend):
+def slow_regex(seconds: float) -> GrammarSpec:
+    """A regex whose outlines-core index takes about ``seconds`` on the 2-core dev CPU with the
+    test vocabulary (its DFA doubles with each step of n: n=15 0.5 s, n=16 1 s)."""
+    n = {0.5: 15, 1.0: 16, 4.0: 18}[seconds]
+    return GrammarSpec.regex(f"[ab]*a[ab]{{{n}}}")
+
+
+class RejectingLLGuidance(LLGuidanceBackend):
     def compile(self, spec):
-        time.sleep(1.0)
-        return super().compile(spec)
+        raise GrammarCompileError(spec.kind, "not supported here")
 
 
-def test_auto_falls_back_when_outlines_exceeds_its_budget(vocab):
-    auto = AutoGrammarBackend(SlowOutlines(vocab), LLGuidanceBackend(vocab), outlines_budget_s=0.05)
-    began = time.perf_counter()
-    grammar = auto.compile(GrammarSpec.regex("[0-9]{4}"))
-    assert time.perf_counter() - began < 0.8  # did not wait for the slow compile
-    assert grammar.backend_name == "llguidance" and auto.num_fallbacks == 1
+def test_auto_falls_back_when_outlines_exceeds_its_budget_and_stops_the_build(vocab):
+    auto = AutoGrammarBackend(OutlinesBackend(vocab), LLGuidanceBackend(vocab), outlines_budget_s=0.05)
+    try:
+        began = time.perf_counter()
+        grammar = auto.compile(slow_regex(1.0))
+        assert time.perf_counter() - began < 0.8  # did not wait for the slow build
+        assert grammar.backend_name == "llguidance" and auto.num_fallbacks == 1
+        assert auto.index_workers.num_idle() == 0  # the over-budget child was killed
+        assert auto.index_workers.num_killed == 1
+        auto.outlines_budget_s = 5.0  # the next build gets a fresh child
+        assert auto.compile(GrammarSpec.regex("[0-9]{2}")).backend_name == "outlines"
+        assert auto.index_workers.num_idle() == 1
+    finally:
+        auto.shutdown()
 
 
-class BlockedOutlines(OutlinesBackend):
-    """Compiles only once released, recording the scheduling policy of its thread meanwhile."""
-
-    def __init__(self, vocab):
-        super().__init__(vocab)
-        self.release = threading.Event()
-        self.policies: list[int] = []
-
-    def compile(self, spec):
-        self.release.wait(5.0)
-        self.policies.append(os.sched_getscheduler(0))
-        return super().compile(spec)
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
-def test_abandoned_outlines_runs_only_on_idle_cpu(vocab):
-    """An over-budget outlines-core run cannot be stopped; it must not compete for the CPU
-    with decoding, so its thread moves to SCHED_IDLE (runs within budget keep their class)."""
-    outlines = BlockedOutlines(vocab)
-    auto = AutoGrammarBackend(outlines, LLGuidanceBackend(vocab), outlines_budget_s=0.05)
-    assert auto.compile(GrammarSpec.regex("[0-9]{4}")).backend_name == "llguidance"
-    outlines.release.set()  # the abandoned run goes on and finishes
-    deadline = time.monotonic() + 5.0
-    while not outlines.policies and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert outlines.policies == [os.SCHED_IDLE]
-    auto.outlines_budget_s = 5.0
-    assert auto.compile(GrammarSpec.regex("[0-9]{2}")).backend_name == "outlines"
-    assert outlines.policies[-1] == os.sched_getscheduler(0) != os.SCHED_IDLE
+def test_auto_waits_for_an_over_budget_outlines_build_when_nothing_else_compiles(vocab):
+    """A spec only outlines-core accepts, built just past its budget (a loaded CPU): auto
+    waits for that build instead of failing."""
+    auto = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
+                              outlines_budget_s=0.05, outlines_last_resort_s=10.0)
+    try:
+        grammar = auto.compile(slow_regex(0.5))
+        assert grammar.backend_name == "outlines"
+        matcher = grammar.new_matcher()
+        assert matcher.accept_tokens(vocab.encode("a" * 16))
+        assert matcher.accept_token(vocab.eos_token_ids[0])
+    finally:
+        auto.shutdown()
 
 
-def test_run_only_when_idle_needs_a_live_thread():
-    thread = threading.Thread(target=lambda: None)
-    assert not run_only_when_idle(thread)  # not started: no native id
-    thread.start()
-    thread.join()
-    assert not run_only_when_idle(thread)  # gone
-
-
-def test_auto_skips_outlines_while_too_many_runs_are_abandoned(vocab):
-    auto = AutoGrammarBackend(
-        SlowOutlines(vocab),
-        LLGuidanceBackend(vocab),
-        outlines_budget_s=0.05,
-        max_abandoned_outlines=1,
-    )
-    auto.compile(GrammarSpec.regex("a"))  # abandons one outlines run
-    began = time.perf_counter()
-    assert auto.compile(GrammarSpec.regex("b")).backend_name == "llguidance"
-    assert time.perf_counter() - began < 0.04  # went straight to llguidance
-    time.sleep(1.2)  # the abandoned run finishes and frees its slot
-    assert auto.compile(GrammarSpec.regex("c")).backend_name == "llguidance"
-    assert auto.num_fallbacks == 2
+def test_auto_last_resort_wait_is_bounded(vocab):
+    auto = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
+                              outlines_budget_s=0.05, outlines_last_resort_s=0.2)
+    no_wait = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
+                                 outlines_budget_s=0.05, outlines_last_resort_s=0)
+    try:
+        began = time.perf_counter()
+        with pytest.raises(GrammarCompileError) as info:
+            auto.compile(slow_regex(4.0))
+        assert time.perf_counter() - began < 1.5
+        assert "not supported here" in info.value.reason and "did not finish" in info.value.reason
+        assert auto.index_workers.num_killed == 1
+        began = time.perf_counter()
+        with pytest.raises(GrammarCompileError):
+            no_wait.compile(slow_regex(4.0))
+        assert time.perf_counter() - began < 1.0
+    finally:
+        auto.shutdown()
+        no_wait.shutdown()
 
 
 def test_auto_reports_both_failures(auto):
