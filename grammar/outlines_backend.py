@@ -43,13 +43,26 @@ def anchor_regex(regex: str) -> str:
     return f"(?:{body})$"
 
 
-def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
-    """The (end-anchored) regex outlines-core compiles for ``spec``."""
-    return anchor_regex(_unanchored_regex(spec, whitespace_pattern))
+def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int | None = None) -> str:
+    """The (end-anchored) regex outlines-core compiles for ``spec``; raises
+    ``GrammarCompileError`` when it has more than ``max_chars`` characters."""
+    regex = anchor_regex(_unanchored_regex(spec, whitespace_pattern, max_chars))
+    _check_length(spec, regex, max_chars)
+    return regex
 
 
-def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
+def _check_length(spec: GrammarSpec, regex: str, max_chars: int | None) -> None:
+    if max_chars is not None and len(regex) > max_chars:
+        raise GrammarCompileError(
+            spec.kind,
+            f"its regex has {len(regex):,} characters, over the {max_chars:,} allowed for "
+            "outlines-core",
+        )
+
+
+def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int | None) -> str:
     if spec.kind == "regex":
+        _check_length(spec, str(spec.value), max_chars)
         return ascii_digit_classes(str(spec.value))
     if spec.kind == "choices":
         return choices_regex(spec.value)
@@ -69,6 +82,9 @@ def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
+    # Checked before the rewrite, which takes seconds on the 23 M-character regexes of some
+    # jsonschemabench schemas.
+    _check_length(spec, regex, max_chars)
     return ascii_digit_classes(regex)  # JSON Schema patterns read \d as [0-9]
 
 
@@ -114,14 +130,7 @@ class OutlinesBackend(GrammarBackend):
 
     def regex_for(self, spec: GrammarSpec) -> str:
         """The regex outlines-core builds an index for; raises ``GrammarCompileError``."""
-        regex = spec_to_regex(spec, self.whitespace_pattern)
-        if self.max_regex_chars is not None and len(regex) > self.max_regex_chars:
-            raise GrammarCompileError(
-                spec.kind,
-                f"its regex has {len(regex):,} characters, over the {self.max_regex_chars:,} "
-                "allowed for outlines-core",
-            )
-        return regex
+        return spec_to_regex(spec, self.whitespace_pattern, self.max_regex_chars)
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> OutlinesGrammar:
         if backend_name != self.name:

@@ -54,7 +54,9 @@ def _read_message(fd: int) -> object:
 
 
 def _child_main() -> None:
-    try:  # die with the parent (Linux), even in the middle of a build
+    # Die with the parent (Linux), even in the middle of a build. The signal follows the
+    # parent *thread* that started the child: pools are used from long-lived compile threads.
+    try:
         import ctypes
         import signal
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from radixlm.grammar.base import (
@@ -164,9 +165,10 @@ class AutoGrammarBackend(GrammarBackend):
         return backend.deserialize(spec, backend_name, data)
 
     def _compile_outlines_within_budget(self, spec: GrammarSpec) -> CompiledGrammar:
+        began = time.monotonic()
         regex = self.outlines.regex_for(spec)
         job = self.index_workers.start(regex, spec.kind)
-        index = job.wait(self.outlines_budget_s)
+        index = job.wait(self.outlines_budget_s - (time.monotonic() - began))
         if index is None:
             raise _OutlinesOverrun(
                 spec.kind, f"outlines-core did not finish within {self.outlines_budget_s:g} s", job

@@ -137,6 +137,22 @@ def test_auto_sends_long_regexes_to_llguidance(vocab):
     assert auto.compile(GrammarSpec.regex("[a-z]{3}")).backend_name == "outlines"  # short
 
 
+def test_regex_length_is_checked_before_the_digit_rewrite(vocab, monkeypatch):
+    """The \\d rewrite takes seconds on multi-megabyte schema regexes; over-long regexes must be
+    rejected before it runs."""
+    from radixlm.grammar import outlines_backend
+
+    def rewrite_not_allowed(regex):
+        raise AssertionError("rewrote an over-long regex")
+
+    monkeypatch.setattr(outlines_backend, "ascii_digit_classes", rewrite_not_allowed)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    short = OutlinesBackend(vocab, max_regex_chars=50)
+    for spec in (GrammarSpec.json_schema(schema), GrammarSpec.regex("x" * 60)):
+        with pytest.raises(GrammarCompileError, match="over the 50 allowed"):
+            short.compile(spec)
+
+
 def slow_regex(seconds: float) -> GrammarSpec:
     """A regex whose outlines-core index takes about ``seconds`` on the 2-core dev CPU with the
     test vocabulary (its DFA doubles with each step of n: n=15 0.5 s, n=16 1 s)."""
