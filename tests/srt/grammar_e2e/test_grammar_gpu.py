@@ -65,7 +65,12 @@ def _run(model_dir, device: str, temperature: float) -> list[dict]:
                     max_total_tokens=8192, log_level="warning")
     try:
         prompts, params = _requests(3, temperature)
-        return engine.generate(input_ids=prompts, sampling_params=params)
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        stats = engine.scheduler.grammars.stats
+        assert stats.num_mask_rows > 0
+        if device == "cuda":  # rows were filled on the worker thread during forward passes
+            assert 0 < stats.num_prefetched_rows <= stats.num_mask_rows
+        return outs
     finally:
         engine.shutdown()
 
