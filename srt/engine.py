@@ -116,6 +116,8 @@ class Engine:
         """Aborts whatever still runs (no background work is left after this)."""
         if self.scheduler is not None and self.scheduler.has_work():
             self.abort(abort_all=True)
+        if self.scheduler is not None:
+            self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
 
     def __enter__(self) -> Engine:
         return self

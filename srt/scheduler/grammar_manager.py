@@ -370,12 +370,15 @@ class GrammarManager:
             assert item.req.grammar is None and not item.req.output_ids, item.req.rid
 
     def shutdown(self) -> None:
+        """Stops the worker threads and the backends' child processes. A later constrained
+        request builds the vocabulary and the compile cache again."""
         self._prefetcher.shutdown()
         cache = self.compile_cache
         if cache is not None:
             cache.shutdown()
         if self._setup_pool is not None:
             self._setup_pool.shutdown(wait=False, cancel_futures=True)
+        self._setup = self._setup_pool = None
 
 
 def drop_kv_tail(kv: KVManager, req: Req, new_len: int) -> None:

@@ -51,7 +51,8 @@ class MaskPrefetcher:
     def submit(self, req: Req) -> None:
         """Starts filling ``req``'s next mask row (its matcher must be settled for the step)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="grammar-mask", daemon=True)
+            self._thread = threading.Thread(target=self._work, args=(self._queue,),
+                                            name="grammar-mask", daemon=True)
             self._thread.start()
         row = torch.empty((1, self.bitmask_words), dtype=torch.int32)
         job = _MaskJob(req.grammar, _output_key(req), row)
@@ -75,11 +76,15 @@ class MaskPrefetcher:
             del self._jobs[req]
 
     def shutdown(self) -> None:
+        """Stops the worker after the rows queued so far; a later ``submit`` starts another."""
         if self._thread is not None:
             self._queue.put(None)
+            self._queue = queue.SimpleQueue()
+            self._thread = None
+        self._jobs.clear()
 
-    def _work(self) -> None:
-        while (job := self._queue.get()) is not None:
+    def _work(self, jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
             start = time.perf_counter()
             try:
                 job.matcher.fill_bitmask(job.row, 0)
