@@ -70,7 +70,7 @@ class Engine:
         if len(params) != len(prompts_ids):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts_ids)} prompts")
         jobs = []
-        for ids, p in zip(prompts_ids, params):
+        for ids, p in zip(prompts_ids, params, strict=True):
             sp = SamplingParams.from_dict(p)
             sp.validate(self.vocab_size)
             jobs += [(ids, sp)] * sp.n
