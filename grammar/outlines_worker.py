@@ -130,8 +130,9 @@ class IndexJob:
                 worker = self._worker
                 if worker is None:
                     raise GrammarCompileError(self._kind, "the outlines-core build was cancelled")
-                ready, _, _ = select.select([worker.fd_out], [], [], max(timeout_s, 0.0))
-                if not ready:
+                poller = select.poll()  # no FD_SETSIZE limit, unlike select.select
+                poller.register(worker.fd_out, select.POLLIN)
+                if not poller.poll(max(timeout_s, 0.0) * 1000):
                     return None
                 try:
                     self._outcome = _read_message(worker.fd_out)
