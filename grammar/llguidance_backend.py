@@ -17,6 +17,7 @@ import logging
 import threading
 
 import llguidance
+import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from radixlm.grammar.base import (
@@ -26,7 +27,7 @@ from radixlm.grammar.base import (
     GrammarMatcher,
     GrammarSpec,
 )
-from radixlm.grammar.bitmask import BitmaskBuffer, pack_token_ids
+from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width, pack_token_ids
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
 from radixlm.grammar.schema_rewrite import tighten_one_of
@@ -82,6 +83,15 @@ class LLGuidanceGrammar(CompiledGrammar):
     def new_matcher(self) -> LLGuidanceMatcher:
         with self._lock:
             return LLGuidanceMatcher(self, self._template.deep_copy())
+
+    def warm_first_mask(self) -> None:
+        """Computes the initial mask once (into scratch memory). llguidance builds lexer states
+        on first use and shares them among the template's copies, so the first request's first
+        row no longer pays for that on the scheduler thread (on jsonschemabench schemas: 60 us
+        to 1.6 ms for the first copy's first row, about 20 us for later copies)."""
+        scratch = np.zeros(bitmask_width(self.vocab.vocab_size), dtype=np.int32)
+        matcher = self.new_matcher()._matcher
+        matcher.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
 
     def serialize(self) -> bytes:
         return self.grammar_text.encode("utf-8")
@@ -234,4 +244,6 @@ class LLGuidanceBackend(GrammarBackend):
         template = LLMatcher(self.lltokenizer(), grammar_text, log_level=0)
         if template.is_error():
             raise GrammarCompileError(spec.kind, template.get_error().strip())
-        return LLGuidanceGrammar(spec, grammar_text, template, self.vocab)
+        grammar = LLGuidanceGrammar(spec, grammar_text, template, self.vocab)
+        grammar.warm_first_mask()  # on the compile thread, not the scheduler's
+        return grammar

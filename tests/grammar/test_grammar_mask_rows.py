@@ -132,3 +132,27 @@ def test_warm_rows_give_up_past_their_budget(vocab):
     assert not fresh.warm_rows(max_states=num_states - 1) and not fresh._rows
     assert fresh.warm_rows(max_transitions=num_transitions + 10, max_states=num_states)
     assert fresh._rows == grammar._rows
+
+
+def test_llguidance_warm_up_leaves_the_template_at_its_start(vocab):
+    """Compiling computes the first mask once on a copy of the template; the template's
+    matchers still start at the beginning and give the same rows as an unwarmed grammar."""
+    from llguidance import LLMatcher
+
+    from radixlm.grammar.llguidance_backend import LLGuidanceGrammar
+
+    backend = LLGuidanceBackend(vocab)
+    spec = GrammarSpec.json_schema(SCHEMA)
+    warmed = backend.compile(spec)
+    text = backend.grammar_text(spec)
+    cold = LLGuidanceGrammar(spec, text, LLMatcher(backend.lltokenizer(), text), vocab)
+    bitmask = torch.zeros((2, bitmask_width(vocab.vocab_size)), dtype=torch.int32)
+    buffer = BitmaskBuffer(bitmask)
+    doc = vocab.encode('{"name": "x", "ok": true}')
+    a, b = warmed.new_matcher(), cold.new_matcher()
+    for token in doc:
+        a.fill_row(buffer, 0)
+        b.fill_row(buffer, 1)
+        assert torch.equal(bitmask[0], bitmask[1])
+        assert a.accept_token(token) and b.accept_token(token)
+    assert a.accept_token(vocab.eos_token_ids[0]) and a.is_terminated()
