@@ -45,25 +45,24 @@ def anchor_regex(regex: str) -> str:
 
 def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int | None = None) -> str:
     """The (end-anchored) regex outlines-core compiles for ``spec``; raises
-    ``GrammarCompileError`` when it has more than ``max_chars`` characters."""
-    regex = anchor_regex(_unanchored_regex(spec, whitespace_pattern, max_chars))
-    _check_length(spec, regex, max_chars)
-    return regex
-
-
-def _check_length(spec: GrammarSpec, regex: str, max_chars: int | None) -> None:
+    ``GrammarCompileError`` when the source regex has more than ``max_chars`` characters. The
+    length is checked before the ``\\d`` rewrite, which takes seconds on the 23 M-character
+    regexes of some jsonschemabench schemas."""
+    regex = _source_regex(spec, whitespace_pattern)
     if max_chars is not None and len(regex) > max_chars:
         raise GrammarCompileError(
             spec.kind,
             f"its regex has {len(regex):,} characters, over the {max_chars:,} allowed for "
             "outlines-core",
         )
+    if spec.kind != "choices":  # regexes and schema patterns read \d as [0-9]
+        regex = ascii_digit_classes(regex)
+    return anchor_regex(regex)
 
 
-def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int | None) -> str:
+def _source_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
     if spec.kind == "regex":
-        _check_length(spec, str(spec.value), max_chars)
-        return ascii_digit_classes(str(spec.value))
+        return str(spec.value)
     if spec.kind == "choices":
         return choices_regex(spec.value)
     if spec.kind == "ebnf":
@@ -77,15 +76,11 @@ def _unanchored_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int
     except ValueError as exc:
         raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
     try:
-        regex = outlines_core.json_schema.build_regex_from_schema(schema, whitespace_pattern)
+        return outlines_core.json_schema.build_regex_from_schema(schema, whitespace_pattern)
     except BaseException as exc:  # pyo3 panics derive from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
-    # Checked before the rewrite, which takes seconds on the 23 M-character regexes of some
-    # jsonschemabench schemas.
-    _check_length(spec, regex, max_chars)
-    return ascii_digit_classes(regex)  # JSON Schema patterns read \d as [0-9]
 
 
 class OutlinesBackend(GrammarBackend):
@@ -110,7 +105,8 @@ class OutlinesBackend(GrammarBackend):
         version_tag = f"v={version('outlines_core')},rw=1"  # rw: schema_rewrite's revision
         return f"outlines(ws={self.whitespace_pattern!r}{limit},{version_tag})"
 
-    def _outlines_vocabulary(self):
+    def outlines_vocabulary(self):
+        """The ``outlines_core.Vocabulary`` of this backend's tokenizer (built once)."""
         with self._lock:
             if self._vocabulary is None:
                 eos = self.vocab.eos_token_ids[0]
@@ -119,7 +115,7 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, spec: GrammarSpec) -> OutlinesGrammar:
         regex = self.regex_for(spec)
-        vocabulary = self._outlines_vocabulary()
+        vocabulary = self.outlines_vocabulary()
         try:
             index = outlines_core.Index(regex, vocabulary)
         except BaseException as exc:

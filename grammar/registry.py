@@ -109,7 +109,7 @@ class AutoGrammarBackend(GrammarBackend):
         self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
         self.outlines_budget_s = outlines_budget_s
         self.outlines_last_resort_s = outlines_last_resort_s
-        self.index_workers = IndexWorkerPool(outlines._outlines_vocabulary)
+        self.index_workers = IndexWorkerPool(outlines.outlines_vocabulary)
         self.num_fallbacks = 0
         self._lock = threading.Lock()
 

@@ -134,8 +134,8 @@ def make_backends(tokenizer, eos_token_ids: list[int], vocab_size: int) -> dict:
     # Tokenizer tables are built once here, not in every child (a server builds them at start).
     backends["llguidance"].lltokenizer()
     backends["auto"].llguidance.lltokenizer()
-    backends["outlines"]._outlines_vocabulary()
-    backends["auto"].outlines._outlines_vocabulary()
+    backends["outlines"].outlines_vocabulary()
+    backends["auto"].outlines.outlines_vocabulary()
     return backends
 
 

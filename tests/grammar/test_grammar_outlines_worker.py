@@ -22,7 +22,7 @@ def outlines():
 
 @pytest.fixture
 def pool(outlines):
-    pool = IndexWorkerPool(outlines._outlines_vocabulary)
+    pool = IndexWorkerPool(outlines.outlines_vocabulary)
     yield pool
     pool.close()
 
@@ -35,7 +35,7 @@ def test_child_builds_the_same_index(outlines, pool):
     for pattern in (r"[0-9]{3}-[a-f]+", r"(cat|category) ?"):
         regex = outlines.regex_for(GrammarSpec.regex(pattern))
         index = pool.start(regex, "regex").wait(10.0)
-        local = outlines_core.Index(regex, outlines._outlines_vocabulary())
+        local = outlines_core.Index(regex, outlines.outlines_vocabulary())
         assert index.get_initial_state() == local.get_initial_state()
         assert _transitions(index) == _transitions(local)
         assert set(index.get_final_states()) == set(local.get_final_states())
@@ -90,7 +90,7 @@ def test_concurrent_builds_run_in_separate_children(outlines, pool):
 
 
 def test_closed_pool_stops_its_children(outlines):
-    pool = IndexWorkerPool(outlines._outlines_vocabulary)
+    pool = IndexWorkerPool(outlines.outlines_vocabulary)
     pool.start(outlines.regex_for(GrammarSpec.regex("z")), "regex").wait(10.0)
     process = pool._idle[0].process
     pool.close()
