@@ -264,7 +264,7 @@ class GrammarManager:
         start = time.perf_counter()
         prefetched = self._prefetcher.take(req)
         if prefetched is not None:
-            self._bitmask[i].copy_(prefetched[0])
+            self._buffer.write(i, prefetched[0])
             self.stats.num_prefetched_rows += 1
         else:
             req.grammar.fill_row(self._buffer, i)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.grammar import GrammarMatcher
+from radixlm.grammar.bitmask import BitmaskBuffer
 from radixlm.srt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def _output_key(req: Req) -> tuple[int, int | None]:
 class _MaskJob:
     matcher: GrammarMatcher | None  # dropped once the row is filled
     output_key: tuple[int, int | None]  # the request's output when the job was made
-    row: torch.Tensor  # [1, ceil(V/32)] int32, CPU
+    packed: memoryview | None = None  # the filled row's bytes (the worker allocates them)
     done: threading.Event = field(default_factory=threading.Event)
     compute_s: float = 0.0
     failed: bool = False
@@ -54,21 +55,20 @@ class MaskPrefetcher:
             self._thread = threading.Thread(target=self._work, args=(self._queue,),
                                             name="grammar-mask", daemon=True)
             self._thread.start()
-        row = torch.empty((1, self.bitmask_words), dtype=torch.int32)
-        job = _MaskJob(req.grammar, _output_key(req), row)
+        job = _MaskJob(req.grammar, _output_key(req))
         self._jobs[req] = job
         self._queue.put(job)
 
-    def take(self, req: Req) -> tuple[torch.Tensor, float] | None:
-        """The row prefetched for ``req``'s current output and the seconds the worker spent
-        filling it, or None."""
+    def take(self, req: Req) -> tuple[memoryview, float] | None:
+        """The row prefetched for ``req``'s current output (packed bytes, for
+        ``BitmaskBuffer.write``) and the seconds the worker spent filling it, or None."""
         job = self._jobs.pop(req, None)
         if job is None:
             return None
         job.done.wait()
         if job.failed or job.output_key != _output_key(req):
             return None
-        return job.row[0], job.compute_s
+        return job.packed, job.compute_s
 
     def forget_finished(self) -> None:
         """Drops the jobs of finished requests (aborted ones never come to ``take``)."""
@@ -87,7 +87,9 @@ class MaskPrefetcher:
         while (job := jobs.get()) is not None:
             start = time.perf_counter()
             try:
-                job.matcher.fill_bitmask(job.row, 0)
+                buffer = BitmaskBuffer(torch.empty((1, self.bitmask_words), dtype=torch.int32))
+                job.matcher.fill_row(buffer, 0)
+                job.packed = buffer.data
             except Exception:  # the scheduler fills the row itself and meets the error there
                 logger.exception("prefetching a grammar mask row failed")
                 job.failed = True
