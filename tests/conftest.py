@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 
+
 # Converted default-model weights are cached here for the whole run (and reused across runs
 # when RADIXLM_CACHE_DIR is set by the caller).
 def _has_cuda() -> bool:
@@ -43,22 +44,35 @@ def default_model_dir():
     return resolve_model_path(None)
 
 
+def write_tiny_llama(path, tokenizer, **shape):
+    """Saves a randomly initialised 2-layer Llama (seed 0) over ``tokenizer`` into ``path``;
+    ``shape`` overrides LlamaConfig fields."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
+                  bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**fields, **shape})).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_writer():
+    """``write_tiny_llama`` for tests that bring their own tokenizer or shape."""
+    return write_tiny_llama
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, default_model_dir):
     """A randomly initialised 2-layer Llama with SmolLM2's tokenizer (fast engine tests)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
-    path = tmp_path_factory.mktemp("tiny-llama")
     tok = AutoTokenizer.from_pretrained(default_model_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tok)
 
 
 @pytest.fixture(scope="session")

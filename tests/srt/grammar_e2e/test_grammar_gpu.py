@@ -10,7 +10,6 @@ import re
 
 import jsonschema
 import pytest
-import torch
 
 pytestmark = pytest.mark.gpu
 
@@ -29,22 +28,14 @@ CHOICES = ["alpha", "beta", "gamma"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tmp_path_factory, tiny_llama_writer):
     """A random 2-layer Llama over a small byte-level BPE tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from radixlm.grammar.testing import train_byte_level_tokenizer
 
-    path = tmp_path_factory.mktemp("gpu-grammar-llama")
     tok = train_byte_level_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.eos_token_id, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return tiny_llama_writer(tmp_path_factory.mktemp("gpu-grammar-llama"), tok, hidden_size=128,
+                             intermediate_size=256, bos_token_id=tok.eos_token_id,
+                             tie_word_embeddings=False)
 
 
 def _requests(n_each: int, temperature: float) -> tuple[list[list[int]], list[dict]]:
