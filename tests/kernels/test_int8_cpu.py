@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.kernels.int8_cpu import dequantize_int8, int8_matmul, quantize_int8
+from radixlm.kernels.int8_cpu import (
+    can_use_packed_int8,
+    dequantize_int8,
+    int8_matmul,
+    quantize_int8,
+)
 
 
 def gen(seed: int) -> torch.Generator:
@@ -25,7 +30,11 @@ def test_quantize_follows_per_row_definition():
     assert (err <= q.scales[:, None] / 2 * (1 + 1e-5)).all()
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 300, 64), (4, 512, 576), (9, 64, 200)])
+# K=200, 56 and 100 crash or give NaN in torch's packed kernel on AVX-512 CPUs: they must take
+# the guarded path and still give the right numbers.
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 300, 64), (4, 512, 576), (9, 64, 200), (1, 64, 56), (1, 64, 100), (3, 17, 40)]
+)
 def test_int8_matmul_matches_dequantized_matmul(m, n, k):
     w = torch.randn(n, k, generator=gen(n)) * 0.05
     x = torch.randn(m, k, generator=gen(k))
@@ -39,3 +48,9 @@ def test_int8_matmul_matches_dequantized_matmul(m, n, k):
     torch.testing.assert_close(out, exact, rtol=2**-7, atol=1e-3 * exact.abs().max().item())
     ref = x @ dequantize_int8(q).t()
     assert (out - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_packed_kernel_guard_by_reduction_size():
+    assert can_use_packed_int8(576) and can_use_packed_int8(16)
+    assert not can_use_packed_int8(200) and not can_use_packed_int8(56)
+    assert not can_use_packed_int8(0)
