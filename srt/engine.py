@@ -25,7 +25,7 @@ from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.managers.messages import AbortReq, ControlReq, TokenizedGenerateReq
+from radixlm.srt.messages import AbortReq, ControlReq, TokenizedGenerateReq
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler import Scheduler

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from radixlm.srt.managers.messages import BatchStrOut, BatchTokenOut
+from radixlm.srt.messages import BatchStrOut, BatchTokenOut
 
 INCOMPLETE_CHAR = "\ufffd"
 

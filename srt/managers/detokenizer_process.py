@@ -13,7 +13,7 @@ import zmq
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.managers.messages import BatchTokenOut, decode, encode
+from radixlm.srt.messages import BatchTokenOut, decode, encode
 from radixlm.srt.managers.scheduler_process import (
     POLL_INTERVAL_MS,
     ChildLifecycle,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.srt.managers.messages import BatchStrOut
+from radixlm.srt.messages import BatchStrOut
 
 
 @dataclass

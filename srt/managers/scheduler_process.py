@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.managers.messages import (
+from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
     ControlReply,

@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.managers.messages import (
+from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
     ControlReply,

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from radixlm.srt.managers.messages import BatchTokenOut
+from radixlm.srt.messages import BatchTokenOut
 from radixlm.srt.sampling.logprobs import top_logprobs
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req

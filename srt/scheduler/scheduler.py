@@ -31,7 +31,7 @@ from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
 from radixlm.srt.executor.transfer import to_device
-from radixlm.srt.managers.messages import (
+from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
     ControlReply,

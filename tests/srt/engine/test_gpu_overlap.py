@@ -12,7 +12,7 @@ import torch
 
 from radixlm.srt.bench.bench_gpu import make_model_folder
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.managers.messages import TokenizedGenerateReq
+from radixlm.srt.messages import TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu

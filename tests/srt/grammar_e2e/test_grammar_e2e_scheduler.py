@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.managers.messages import TokenizedGenerateReq
+from radixlm.srt.messages import TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler import grammar_manager as grammar_manager_module
 

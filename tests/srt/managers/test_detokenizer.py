@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from radixlm.srt.managers.detokenizer import Detokenizer, held_back_len, trim_stop_str
-from radixlm.srt.managers.messages import BatchTokenOut, decode, encode
+from radixlm.srt.messages import BatchTokenOut, decode, encode
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

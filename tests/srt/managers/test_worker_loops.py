@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.detokenizer_process import DetokenizerLoop
-from radixlm.srt.managers.messages import (
+from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
     BatchTokenOut,

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.managers.messages import AbortReq, TokenizedGenerateReq
+from radixlm.srt.messages import AbortReq, TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.scheduler import PENDING_TOKEN
 

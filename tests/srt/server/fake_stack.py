@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.managers.messages import (
+from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
     ControlReply,
