@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixlm.kernels import fused
-from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.models.layers import (
     GatedMLP,
     Linear,
@@ -22,6 +22,9 @@ from radixlm.srt.models.layers import (
     default_weight_loader,
 )
 from radixlm.srt.models.model_config import ModelConfig
+
+if TYPE_CHECKING:  # annotations only: at run time the models never import the executor
+    from radixlm.srt.executor.forward_batch import ForwardBatch
 
 # (our parameter, checkpoint name, shard id): checkpoint tensors that go into merged parameters
 STACKED_PARAMS = (
