@@ -1,17 +1,305 @@
-"""Imports flow one way: the libraries never import the serving runtime."""
+"""Imports flow one way (DESIGN.md): checked on the source of every .py file in the tree.
+
+Each module of the ``radixlm`` namespace belongs to a *unit*: a package of srt (``srt.scheduler``
+for anything under srt/scheduler/), a top-level module of srt (``srt.config``), ``srt`` itself
+(srt/__init__.py, the public face), or a whole top-level package (``lang``, ``radix``, ...).
+A unit may import units on a lower layer and itself, nothing on its own layer or above.
+The map, top to bottom, and why each unit sits where it does:
+
+====  ==============================  =========================================================
+layer unit(s)                         what it may import (besides lower layers' names)
+====  ==============================  =========================================================
+0     srt.bench                       user tools: the DSL programs, the engine, the server
+1     srt.cli, lang                   entry points: the CLI (server + engine), the DSL (Engine)
+2     srt                             the public face: lazy ``Engine`` / ``ServerConfig``
+3     srt.server, srt.engine          the two front ends: HTTP process, in-process engine
+4     srt.managers                    tokenizer manager, detokenizer, the scheduler process
+5     srt.scheduler                   event loop, admission, KV manager, grammar manager
+6     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
+7     srt.models                      architectures and weight loaders (kernels only)
+8     srt.messages, srt.sampling      wire messages; sampling params and sampler (no srt deps)
+9     srt.config                      frozen config dataclasses every layer above reads
+10    radix, grammar, hicache         libraries: never import srt or lang
+11    kernels                         attention, bitmask, fused and int4/int8 CPU ops
+====  ==============================  =========================================================
+
+Imports under ``if TYPE_CHECKING:`` are ignored (annotations only, never run); imports inside
+functions count. Outside radixlm (tests/, examples/) only one rule applies: the top-level
+folders are imported through ``radixlm.`` (PyPI has unrelated packages named srt, lang,
+grammar and kernels).
+"""
 
 from __future__ import annotations
 
-import re
+import ast
+import functools
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SRT_IMPORT = re.compile(r"^\s*(from|import)\s+radixlm\.srt\b", re.M)
+TOP_PACKAGES = ("srt", "lang", "radix", "grammar", "hicache", "kernels")
+LIBRARIES = ("radix", "grammar", "hicache", "kernels")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("srt.bench",),
+    ("srt.cli", "lang"),
+    ("srt",),
+    ("srt.server", "srt.engine"),
+    ("srt.managers",),
+    ("srt.scheduler",),
+    ("srt.executor",),
+    ("srt.models",),
+    ("srt.messages", "srt.sampling"),
+    ("srt.config",),
+    ("radix", "grammar", "hicache"),
+    ("kernels",),
+)
+LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+SKIP_DIRS = {".venv", ".git", "build", "dist", "__pycache__", ".hypothesis", ".pytest_cache"}
 
 
-@pytest.mark.parametrize("lib", ["radix", "grammar", "hicache", "kernels"])
-def test_library_never_imports_srt(lib):
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / lib).rglob("*.py") if SRT_IMPORT.search(p.read_text())]
+@dataclass(frozen=True)
+class Import:
+    path: Path  # the importing file
+    line: int
+    source: str  # the importing module ("radixlm.srt.models.llama", "tests.test_x")
+    target: str  # the imported module, resolved to a module that exists where possible
+
+
+def module_name(root: Path, path: Path) -> tuple[str, bool]:
+    """(dotted module name, is a package __init__) of a file below root."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[0] in TOP_PACKAGES:
+        parts.insert(0, "radixlm")
+    is_package = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_package else parts), is_package
+
+
+def python_files(root: Path) -> Iterator[Path]:
+    for path in sorted(root.rglob("*.py")):
+        if not SKIP_DIRS.intersection(path.relative_to(root).parts):
+            yield path
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _ImportCollector(ast.NodeVisitor):
+    """Absolute names of everything a module imports, skipping ``if TYPE_CHECKING:`` bodies."""
+
+    def __init__(self, module: str, is_package: bool) -> None:
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.found: list[tuple[int, str, list[str]]] = []  # (line, module, imported names)
+
+    def visit_If(self, node: ast.If) -> None:
+        if not _is_type_checking(node.test):
+            self.generic_visit(node)
+            return
+        for child in node.orelse:  # the else branch of `if TYPE_CHECKING:` does run
+            self.visit(child)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.found += [(node.lineno, alias.name, []) for alias in node.names]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        if node.level:  # relative: `from ..x import y` in package a.b.c means a.b.x
+            base = self.package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            module = ".".join([*base, module] if module else base)
+        self.found.append((node.lineno, module, [a.name for a in node.names if a.name != "*"]))
+
+
+def scan(root: Path) -> list[Import]:
+    """Every import of every .py file below root."""
+    modules = {path: module_name(root, path) for path in python_files(root)}
+    known = {name for name, _ in modules.values()}
+    imports: list[Import] = []
+    for path, (module, is_package) in modules.items():
+        collector = _ImportCollector(module, is_package)
+        collector.visit(ast.parse(path.read_text(), filename=str(path)))
+        for line, target, names in collector.found:
+            # `from radixlm import srt` imports the module radixlm.srt; `from m import f` only m
+            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in known]
+            for name in submodules or [target]:
+                imports.append(Import(path, line, module, name))
+    return imports
+
+
+def unit_of(module: str) -> str | None:
+    """The layering unit of a radixlm module; None outside the radixlm namespace."""
+    parts = module.split(".")
+    if parts[0] != "radixlm" or len(parts) < 2:
+        return None
+    if parts[1] == "srt":
+        return "srt" if len(parts) == 2 else f"srt.{parts[2]}"
+    return parts[1]
+
+
+def _where(root: Path, imp: Import) -> str:
+    return f"{imp.path.relative_to(root)}:{imp.line}: {imp.source} imports {imp.target}"
+
+
+def _check_one(imp: Import) -> str | None:
+    """Why this import breaks the layering, or None."""
+    if imp.target.split(".")[0] in TOP_PACKAGES:
+        return "import it through the radixlm namespace (radixlm." + imp.target + ")"
+    source, target = unit_of(imp.source), unit_of(imp.target)
+    if source is None or target is None or source == target:
+        return None
+    if source in LIBRARIES and (target == "srt" or target.startswith("srt.")):
+        return f"the library {source} imports the serving runtime"
+    for unit in (source, target):
+        if unit not in LAYER_OF:
+            return f"{unit} is on no layer: place it in LAYERS (tests/test_layering.py)"
+    if LAYER_OF[target] <= LAYER_OF[source]:
+        return (
+            f"back-edge: {source} (layer {LAYER_OF[source]}) may not import {target} "
+            f"(layer {LAYER_OF[target]})"
+        )
+    return None
+
+
+def layering_violations(root: Path, imports: Iterable[Import] | None = None) -> list[str]:
+    """One line per import that breaks the layering, as ``path:line: ...: why``."""
+    found = []
+    for imp in scan(root) if imports is None else imports:
+        why = _check_one(imp)
+        if why is not None:
+            found.append(f"{_where(root, imp)}: {why}")
+    return found
+
+
+# --- the real tree --------------------------------------------------------------------------
+
+
+@functools.cache
+def _tree_imports() -> tuple[Import, ...]:
+    return tuple(scan(ROOT))
+
+
+def test_the_tree_follows_the_layer_map() -> None:
+    violations = layering_violations(ROOT, _tree_imports())
+    assert violations == [], "imports against the layer map:\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_library_never_imports_srt(lib: str) -> None:
+    files = list(python_files(ROOT / lib))
+    assert files, f"no sources under {lib}/"
+    offenders = [
+        _where(ROOT, imp)
+        for imp in _tree_imports()
+        if unit_of(imp.source) == lib and (unit_of(imp.target) or "").split(".")[0] == "srt"
+    ]
     assert offenders == []
+
+
+def test_every_radixlm_package_is_on_a_layer() -> None:
+    units = {unit_of(module_name(ROOT, path)[0]) for path in python_files(ROOT)} - {None}
+    assert units, "the scan found no radixlm module"
+    assert sorted(units - set(LAYER_OF)) == []
+
+
+def test_importing_the_libraries_loads_no_srt_module() -> None:
+    # The run-time view of the same rule: catches imports the source scan cannot see.
+    code = (
+        "import sys, radixlm.radix, radixlm.grammar, radixlm.hicache, radixlm.kernels\n"
+        "print(sorted(m for m in sys.modules if m.startswith('radixlm.srt')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_bitmask_apply_is_the_kernels_one() -> None:
+    # grammar/ applies masks with the kernel, not with a copy of it
+    from radixlm.grammar import apply_token_bitmask_inplace
+    from radixlm.kernels import bitmask
+
+    assert apply_token_bitmask_inplace is bitmask.apply_token_bitmask_inplace
+
+
+# --- the checker itself, on a synthetic tree ------------------------------------------------
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+SYNTHETIC_BASE = {
+    "srt/__init__.py": "",
+    "srt/config.py": "",
+    "srt/executor/__init__.py": "",
+    "srt/executor/forward_batch.py": "from radixlm.srt.config import X\n",
+    "srt/models/__init__.py": "",
+    "srt/scheduler/__init__.py": "",
+    "srt/scheduler/kv.py": "",
+    "radix/__init__.py": "",
+}
+
+
+def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
+    _write_tree(tmp_path, {
+        **SYNTHETIC_BASE,
+        "srt/models/llama.py": (
+            "from typing import TYPE_CHECKING\n"
+            "from radixlm.srt import config\n"  # downward: models -> config
+            "if TYPE_CHECKING:\n"
+            "    from radixlm.srt.executor.forward_batch import ForwardBatch\n"
+            "else:\n"
+            "    from . import other\n"
+        ),
+        "srt/models/other.py": "from ..config import Y\n",
+    })
+    assert layering_violations(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "target"),
+    [
+        ("from radixlm.srt.executor.forward_batch import ForwardBatch", "executor.forward_batch"),
+        ("from ..executor.forward_batch import ForwardBatch", "executor.forward_batch"),
+        ("from .. import executor", "executor"),
+        ("import radixlm.srt.scheduler.kv as kv", "scheduler.kv"),
+        ("from radixlm import srt", "srt"),
+        ("def f():\n    from radixlm.srt.scheduler import kv", "scheduler.kv"),
+        ("if TYPE_CHECKING:\n    pass\nelse:\n    import radixlm.srt.executor", "executor"),
+    ],
+)
+def test_a_synthetic_back_edge_fails(tmp_path: Path, line: str, target: str) -> None:
+    _write_tree(tmp_path, {**SYNTHETIC_BASE, "srt/models/llama.py": line + "\n"})
+    violations = layering_violations(tmp_path)
+    expected = "radixlm.srt" if target == "srt" else f"radixlm.srt.{target}"
+    assert len(violations) == 1, violations
+    assert violations[0].startswith(f"srt/models/llama.py:{line.count(chr(10)) + 1}: ")
+    assert f"imports {expected}: back-edge: srt.models (layer 7)" in violations[0]
+
+
+def test_a_synthetic_library_importing_srt_fails(tmp_path: Path) -> None:
+    _write_tree(tmp_path, {**SYNTHETIC_BASE, "radix/tree.py": "from radixlm import srt\n"})
+    assert layering_violations(tmp_path) == [
+        "radix/tree.py:1: radixlm.radix.tree imports radixlm.srt: "
+        "the library radix imports the serving runtime"
+    ]
+
+
+def test_a_synthetic_bare_top_level_import_fails(tmp_path: Path) -> None:
+    _write_tree(tmp_path, {**SYNTHETIC_BASE, "tests/test_x.py": "import grammar.base\n"})
+    (violation,) = layering_violations(tmp_path)
+    assert "radixlm.grammar.base" in violation
+
+
+def test_a_synthetic_unplaced_unit_fails(tmp_path: Path) -> None:
+    _write_tree(tmp_path, {**SYNTHETIC_BASE, "srt/newpkg/__init__.py": "import radixlm.srt.config\n"})
+    (violation,) = layering_violations(tmp_path)
+    assert "srt.newpkg is on no layer" in violation
