@@ -300,6 +300,6 @@ def test_a_synthetic_bare_top_level_import_fails(tmp_path: Path) -> None:
 
 
 def test_a_synthetic_unplaced_unit_fails(tmp_path: Path) -> None:
-    _write_tree(tmp_path, {**SYNTHETIC_BASE, "srt/newpkg/__init__.py": "import radixlm.srt.config\n"})
+    _write_tree(tmp_path, {**SYNTHETIC_BASE, "srt/newpkg/__init__.py": "import radixlm.srt\n"})
     (violation,) = layering_violations(tmp_path)
     assert "srt.newpkg is on no layer" in violation
