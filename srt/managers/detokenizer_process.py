@@ -13,7 +13,7 @@ import zmq
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.messages import BatchTokenOut, decode, encode
+from radixlm.srt.managers.heartbeat import start_heartbeat
 from radixlm.srt.managers.scheduler_process import (
     POLL_INTERVAL_MS,
     ChildLifecycle,
@@ -21,6 +21,7 @@ from radixlm.srt.managers.scheduler_process import (
     report_failure,
     report_ready,
 )
+from radixlm.srt.messages import BatchTokenOut, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,12 @@ def run_detokenizer_process(
     ready_conn: Connection,
     parent_pid: int,
     scheduler_pid: int | None = None,
+    heartbeat_path: str | None = None,
 ) -> None:
     """Entry point of the detokenizer child (started with the ``spawn`` method)."""
     life = ChildLifecycle(parent_pid, "detokenizer")
     life.install(cfg.log_level)
+    start_heartbeat(heartbeat_path)
     try:
         detokenizer = Detokenizer(load_server_tokenizer(cfg))
         loop = DetokenizerLoop(detokenizer, endpoints, life, scheduler_pid)

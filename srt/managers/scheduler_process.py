@@ -26,6 +26,7 @@ from typing import Any
 import zmq
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.heartbeat import start_heartbeat
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -196,11 +197,13 @@ def abort_output(rid: str, prompt_tokens: int, message: str) -> BatchTokenOut:
 
 
 def run_scheduler_process(
-    cfg: ServerConfig, endpoints: IpcEndpoints, ready_conn: Connection, parent_pid: int
+    cfg: ServerConfig, endpoints: IpcEndpoints, ready_conn: Connection, parent_pid: int,
+    heartbeat_path: str | None = None,
 ) -> None:
     """Entry point of the scheduler child (started with the ``spawn`` method)."""
     life = ChildLifecycle(parent_pid, "scheduler")
     life.install(cfg.log_level)
+    start_heartbeat(heartbeat_path)  # a thread: /health sees a frozen process, not a long step
     try:
         from radixlm.srt.scheduler import Scheduler
 

@@ -121,9 +121,16 @@ def create_app(
 
 
 async def health(request: Request) -> Response:
+    """200 while the server can serve; 503 once a child died, or while the launcher's probe
+    (``app.state.health_problem``: process states and heartbeats) names a problem. Answered
+    without the scheduler, so a long step does not make it fail."""
     tm: TokenizerManager = request.app.state.tm
     if not tm.is_alive:
         return error_response(f"server unavailable: {tm.dead_reason}", 503)
+    probe = getattr(request.app.state, "health_problem", None)
+    problem = probe() if probe is not None else None
+    if problem is not None:
+        return error_response(f"server unavailable: {problem}", 503)
     return native_api.json_response({"status": "ok"})
 
 

@@ -2,13 +2,14 @@
 
 Start-up: the ipc folder (private, mode 0700), both children (``spawn``), the tokenizer in this
 process meanwhile, then a wait until every child reported ready; only then does uvicorn accept
-connections. A watcher turns a child's death into 503s. On SIGTERM uvicorn stops accepting,
-lets in-flight requests finish, and the children are stopped; the process exits with status 0.
+connections. While serving, ``supervisor.Supervisor`` watches the children: a child's death
+fails every waiting request with 503 and ends the server with ``EXIT_WORKER_DIED``; SIGTERM
+drains (new requests 503, in-flight ones finish within ``DRAIN_TIMEOUT_S``) and exits 0. Either
+way the children are stopped and reaped before the process exits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -21,17 +22,26 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import orjson
+import psutil
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer_process import run_detokenizer_process
+from radixlm.srt.managers.heartbeat import create_heartbeat_file, heartbeat_age_s
 from radixlm.srt.managers.scheduler_process import IpcEndpoints, run_scheduler_process
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
+from radixlm.srt.server.supervisor import DEATH_GRACE_S, DrainGate, SupervisedServer, Supervisor
 
 logger = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 60
 CHILD_STOP_TIMEOUT_S = 10.0
-WATCH_INTERVAL_S = 0.25
+HEARTBEAT_STALE_S = 5.0  # the beat comes every second from a thread; 5 missed beats = frozen
+# process states in which a child cannot serve; /health is 503 while a child is in one
+UNHEALTHY_STATES = {
+    psutil.STATUS_STOPPED: "stopped (SIGSTOP)",
+    psutil.STATUS_TRACING_STOP: "stopped by a tracer",
+    psutil.STATUS_ZOMBIE: "a zombie",
+    psutil.STATUS_DEAD: "dead",
+}
 
 
 class ServerProcesses:
@@ -44,15 +54,18 @@ class ServerProcesses:
         self.endpoints = IpcEndpoints.in_dir(self.ipc_dir)
         self.procs: dict[str, BaseProcess] = {}
         self.ready_conns: dict[str, Connection] = {}
-        self.stopping = False
+        self.heartbeats = {name: os.path.join(self.ipc_dir, f"{name}.heartbeat")
+                           for name in ("scheduler", "detokenizer")}
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
-        self._start_child(ctx, "scheduler", run_scheduler_process, ())
+        self._start_child(ctx, "scheduler", run_scheduler_process,
+                          (self.heartbeats["scheduler"],))
         self._start_child(ctx, "detokenizer", run_detokenizer_process,
-                          (self.procs["scheduler"].pid,))
+                          (self.procs["scheduler"].pid, self.heartbeats["detokenizer"]))
 
     def _start_child(self, ctx: Any, name: str, target: Any, extra: tuple) -> None:
+        create_heartbeat_file(self.heartbeats[name])
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=target, name=f"radixlm-{name}",
                            args=(self.cfg, self.endpoints, writer, os.getpid(), *extra))
@@ -88,37 +101,56 @@ class ServerProcesses:
             raise RuntimeError(report["error"])
         return report["info"]
 
-    def dead_child(self) -> str | None:
+    def exited_children(self) -> list[tuple[str, int | None]]:
+        """(name, exit code) of every child that has exited; a negative code is a signal."""
+        return [(n, p.exitcode) for n, p in self.procs.items() if not p.is_alive()]
+
+    def problem(self) -> str | None:
+        """Why the server cannot serve now, judged from the outside (for /health): a child that
+        is dead, stopped or a zombie, or whose heartbeat thread has gone silent."""
         for name, proc in self.procs.items():
             if not proc.is_alive():
                 return f"the {name} process exited (exit code {proc.exitcode})"
+            try:
+                status = psutil.Process(proc.pid).status()
+            except psutil.NoSuchProcess:
+                return f"the {name} process is gone"
+            if status in UNHEALTHY_STATES:
+                return f"the {name} process is {UNHEALTHY_STATES[status]}"
+            age_s = heartbeat_age_s(self.heartbeats[name])
+            if age_s is not None and age_s > HEARTBEAT_STALE_S:
+                return f"the {name} process sent no heartbeat for {age_s:.0f} s (frozen?)"
         return None
 
-    async def watch(self, tm: TokenizerManager) -> None:
-        """Marks the tokenizer manager dead as soon as a child exits unexpectedly."""
-        while not self.stopping:
-            reason = self.dead_child()
-            if reason is not None:
-                tm.mark_dead(reason)
-                return
-            await asyncio.sleep(WATCH_INTERVAL_S)
+    def kill_all(self) -> None:
+        """SIGKILL to every child still running (``stop`` reaps them)."""
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.kill()
 
     def stop(self) -> None:
         """SIGTERM to each child (the scheduler first: it finishes what it holds), then SIGKILL
-        for any that does not exit in time; removes the ipc folder."""
-        self.stopping = True
+        for any that does not exit in time; reaps them and removes the ipc folder."""
         for name in ("scheduler", "detokenizer"):
             proc = self.procs.get(name)
             if proc is None:
                 continue
             if proc.is_alive():
                 proc.terminate()
+                _continue(proc)  # a stopped child acts on SIGTERM only once it runs again
                 proc.join(CHILD_STOP_TIMEOUT_S)
             if proc.is_alive():
                 logger.warning("the %s process did not stop in time; killing it", name)
                 proc.kill()
-                proc.join()
+            proc.join()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _continue(proc: BaseProcess) -> None:
+    try:
+        os.kill(proc.pid, signal.SIGCONT)
+    except (ProcessLookupError, TypeError):
+        pass
 
 
 def configure_logging(log_level: str) -> None:
@@ -128,8 +160,9 @@ def configure_logging(log_level: str) -> None:
 
 def resolved_config_line(cfg: ServerConfig, info: dict[str, Any]) -> str:
     shown = dataclasses.asdict(cfg)
-    if shown.get("api_key"):
-        shown["api_key"] = "<set>"
+    for secret in ("api_key", "admin_api_key"):
+        if shown.get(secret):
+            shown[secret] = "<set>"
     keys = ("model_path", "architecture", "device", "dtype", "max_total_tokens",
             "context_length", "vocab_size", "attention_backend")
     shown.update({f"resolved_{k}": info[k] for k in keys if k in info})
@@ -147,8 +180,8 @@ def load_tokenizer_for(cfg: ServerConfig) -> Any:
 
 
 def launch_server(cfg: ServerConfig) -> None:
-    """Runs the server until SIGTERM/SIGINT; children never outlive this call."""
-    import uvicorn
+    """Runs the server until SIGTERM/SIGINT (then returns) or until a child dies (then raises
+    ``SystemExit(EXIT_WORKER_DIED)``); children never outlive this call."""
     from tqdm import tqdm
 
     from radixlm.srt.models.default_model import resolve_model_path
@@ -156,10 +189,11 @@ def launch_server(cfg: ServerConfig) -> None:
     from radixlm.srt.server.metrics import ServerMetrics
 
     configure_logging(cfg.log_level)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # during start-up; uvicorn's handler after
     # resolve (and convert a GGUF) once, here, rather than in every child
     child_cfg = cfg.replace(model_path=str(resolve_model_path(cfg.model_path)))
     procs = ServerProcesses(child_cfg)
+    supervisor: Supervisor | None = None
     try:
         with tqdm(total=3, desc="starting", unit="part", disable=None) as bar:
             procs.start()
@@ -170,11 +204,27 @@ def launch_server(cfg: ServerConfig) -> None:
         metrics = ServerMetrics(served_model_name(cfg, info))
         tm = TokenizerManager(cfg, tokenizer, procs.endpoints, observer=metrics)
         tm.info = info
-        app = create_app(tm, metrics, watchers=(procs.watch,))
+        supervisor = Supervisor(procs, DrainGate(None))
+        app = create_app(tm, metrics, watchers=(supervisor.watch,))
+        app.state.health_problem = procs.problem
+        supervisor.gate.app = app
         logger.info("serving %s on http://%s:%d; config %s", app.state.served_model_name,
                     cfg.host, cfg.port, resolved_config_line(cfg, info))
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(),
-                    access_log=cfg.log_level.lower() == "debug",
-                    timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
+        serve(cfg, supervisor)
     finally:
         procs.stop()
+    if supervisor is not None and supervisor.exit_code:
+        logger.error("exiting with code %d (a child process died)", supervisor.exit_code)
+        raise SystemExit(supervisor.exit_code)
+
+
+def serve(cfg: ServerConfig, supervisor: Supervisor) -> None:
+    import uvicorn
+
+    level = cfg.log_level.lower()
+    config = uvicorn.Config(supervisor.gate, host=cfg.host, port=cfg.port, log_level=level,
+                            access_log=level == "debug", lifespan="on",
+                            timeout_graceful_shutdown=int(DEATH_GRACE_S))
+    server = SupervisedServer(config, supervisor)
+    supervisor.server = server
+    server.run()
