@@ -58,6 +58,10 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "HTTP host")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(None, "require this bearer key on every request")
+    admin_api_key: str | None = _opt(None, "bearer key for admin routes (/flush_cache, abort_all); default: --api-key")
+    max_request_body_mb: float = _opt(32.0, "largest request body in MiB (larger: 413)")
+    default_max_tokens: int = _opt(1024, "max_tokens of chat completions that give none (capped by the context left)")
+    allow_special_tokens_in_chat: bool = _opt(False, "tokenize special-token text in chat message content (<|im_end|>) as control tokens (unsafe)")
     log_level: str = _opt("info", "logging level")
 
     def replace(self, **changes: Any) -> ServerConfig:
@@ -92,6 +96,10 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
     if not cfg.grammar_compile_timeout_s > 0:
         raise ValueError(f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}")
+    if not cfg.max_request_body_mb > 0:
+        raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
+    if cfg.default_max_tokens < 1:
+        raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
         raise ValueError(f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}")
 

@@ -2,9 +2,15 @@
 
 It tokenizes and validates a request (``prepare``; a ``GenerateError`` carries the HTTP status),
 sends it to the scheduler, and collects the detokenizer's ``BatchStrOut`` per rid into the
-request's state; ``generate`` yields SGLang-shaped outputs ``{text, output_ids, meta_info}``
-(cumulative text; each update when streaming, the final one otherwise). A request whose consumer
-goes away (client disconnect, cancelled task) is aborted in the scheduler.
+request's state. Tokenization and decoding run on a small thread pool (the tokenizers release
+the GIL), so a long prompt never stalls the event loop, and a text prompt's size is checked
+against the context length before it is tokenized.
+
+Every request gets an internal rid (a fresh uuid, matched exactly by the scheduler); the
+client's rid is kept for display (``meta_info.id``) and for ``abort_request``. The requests of
+one HTTP call form a :class:`RequestGroup`, the one owner of their states (see
+request_group.py): ``open`` registers and sends them, closing the group removes every state and
+aborts what has not finished, on every path.
 """
 
 from __future__ import annotations
@@ -13,14 +19,26 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.request_checks import check_lengths, check_logprob_args
+from radixlm.srt.managers.request_group import (
+    ClientDisconnected,
+    DisconnectProbe,
+    GenerateError,
+    ReqState,
+    RequestGroup,
+)
+from radixlm.srt.managers.results import RequestResult
+from radixlm.srt.managers.scheduler_process import IpcEndpoints
 from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
@@ -30,34 +48,15 @@ from radixlm.srt.messages import (
     decode,
     encode,
 )
-from radixlm.srt.managers.results import RequestResult
-from radixlm.srt.managers.scheduler_process import IpcEndpoints
-from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.sampling.params import MAX_SEED, SamplingParams
+
+__all__ = ["ClientDisconnected", "DisconnectProbe", "GenerateError", "GenerateInput",
+           "PreparedReq", "RequestGroup", "TokenizerManager"]
 
 logger = logging.getLogger(__name__)
 
-DISCONNECT_POLL_S = 0.5
-MAX_TOP_LOGPROBS = 20
-
-
-class GenerateError(Exception):
-    """A request that cannot be served; ``status_code`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None,
-                 code: str | int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.param = param
-        self.code = code
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away; the request has been aborted."""
-
-
-class DisconnectProbe(Protocol):
-    async def is_disconnected(self) -> bool: ...
+TOKENIZER_THREADS = 4
+T = TypeVar("T")
 
 
 class RequestObserver(Protocol):
@@ -75,7 +74,8 @@ class GenerateInput:
     text: str | None = None
     input_ids: list[int] | None = None
     sampling_params: dict[str, Any] | None = None
-    rid: str | None = None
+    rid: str | None = None  # the client's rid (display and abort_request), not the wire rid
+    abort_keys: tuple[str, ...] = ()  # more client rids that abort this one (a batch's rid)
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
@@ -88,24 +88,17 @@ class PreparedReq:
     inp: GenerateInput
     params: SamplingParams
     msg: TokenizedGenerateReq
+    client_rid: str  # the client's rid, or the internal one when the client gave none
 
     @property
     def rid(self) -> str:
+        """The internal rid (unique, what the scheduler knows the request by)."""
         return self.msg.rid
 
 
-@dataclass
-class ReqState:
-    req: PreparedReq
-    created_s: float
-    result: RequestResult
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    error: GenerateError | None = None
-    last_token_s: float | None = None
-
-    @property
-    def finish_reason(self) -> dict[str, Any] | None:
-        return self.result.finish_reason
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a seeded n > 1 request (stays in the valid range)."""
+    return (seed + index) % (MAX_SEED + 1)
 
 
 class TokenizerManager:
@@ -121,10 +114,12 @@ class TokenizerManager:
         self.endpoints = endpoints
         self.observer = observer
         self.info: dict[str, Any] = {}  # the scheduler's ready_info()
-        self.states: dict[str, ReqState] = {}
+        self.states: dict[str, ReqState] = {}  # internal rid -> state
+        self.client_rids: dict[str, list[str]] = {}  # client rid -> internal rids
         self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
         self.dead_reason: str | None = None
         self._token_text: dict[int, str] = {}
+        self._pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="radixlm-tok")
         self._ctx = zmq.Context()
         self._send_sock = self._ctx.socket(zmq.PUSH)
         self._send_sock.setsockopt(zmq.SNDHWM, 0)
@@ -148,6 +143,7 @@ class TokenizerManager:
         if self._actx is not None:
             self._actx.destroy(linger=0)
         self._ctx.destroy(linger=0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_alive(self) -> bool:
@@ -183,12 +179,45 @@ class TokenizerManager:
     def max_total_tokens(self) -> int:
         return int(self.info["max_total_tokens"])
 
-    # ------------------------------------------------------------------ requests
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one vocabulary entry spells (byte-level entries spell one
+        character per byte, so this bounds the characters a token can cover)."""
+        return max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Any text longer than this has more tokens than the context holds."""
+        return self.context_length * self.max_token_chars
+
+    def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
+        if num_chars > self.max_prompt_chars:
+            raise GenerateError(
+                f"the prompt has {num_chars} characters, more than the {self.context_length}-"
+                f"token context length can hold (at most {self.max_prompt_chars} characters); "
+                "shorten the prompt", 400, param)
+
+    # ------------------------------------------------------------------ tokenizer
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Blocking; in the server use :meth:`tokenize_async`."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the tokenizer thread pool (off the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def tokenize_async(self, text: str, add_special_tokens: bool = True,
+                             param: str = "prompt") -> list[int]:
+        """Checks the size first, then tokenizes on the pool."""
+        self.check_prompt_chars(len(text), param)
+        return await self.run_blocking(self.tokenize, text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    async def decode_async(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.check_token_ids(ids, "tokens")
+        return await self.run_blocking(self.decode, ids, skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -196,20 +225,22 @@ class TokenizerManager:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
 
-    def prepare(self, inp: GenerateInput) -> PreparedReq:
-        """Tokenizes and validates one request; raises GenerateError (400) naming the problem."""
+    def check_token_ids(self, ids: list[Any], param: str) -> None:
+        bad = [t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size]
+        if bad:
+            raise GenerateError(f"{param} must be token ids in [0, {self.vocab_size}), got "
+                                f"{bad[:5]}", 400, param)
+
+    # ------------------------------------------------------------------ requests
+    async def prepare(self, inp: GenerateInput) -> PreparedReq:
+        """Tokenizes and validates one request; raises GenerateError (400) naming the problem.
+        Nothing is registered yet (see :meth:`open`)."""
         self._check_alive()
-        try:
-            params = SamplingParams.from_dict(inp.sampling_params)
-            params.validate(self.vocab_size)
-        except ValueError as e:
-            raise GenerateError(str(e), 400) from None
-        input_ids = self._input_ids(inp)
-        self._check_lengths(len(input_ids), params)
-        self._check_logprob_args(inp, len(input_ids))
-        rid = inp.rid or uuid.uuid4().hex
-        if rid in self.states:
-            raise GenerateError(f"a request with rid {rid!r} is already running", 400, "rid")
+        params = self._params(inp)
+        input_ids = await self._input_ids(inp)
+        check_lengths(len(input_ids), params, self.context_length, self.max_total_tokens)
+        check_logprob_args(inp.logprob_start_len, inp.top_logprobs_num, len(input_ids))
+        rid = uuid.uuid4().hex
         msg = TokenizedGenerateReq(
             rid=rid,
             input_ids=input_ids,
@@ -219,100 +250,117 @@ class TokenizerManager:
             top_logprobs_num=inp.top_logprobs_num if inp.return_logprob else 0,
             stream=inp.stream,
         )
-        return PreparedReq(inp, params, msg)
+        return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid)
 
-    def _input_ids(self, inp: GenerateInput) -> list[int]:
+    async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
+        """:meth:`prepare` for each input; a text shared by several inputs (``n`` samples) is
+        tokenized once."""
+        ids_of: dict[str, list[int]] = {}
+        prepared = []
+        for inp in inputs:
+            if inp.text is not None and inp.input_ids is None:
+                if inp.text not in ids_of:
+                    ids_of[inp.text] = await self.tokenize_async(inp.text, param="text")
+                inp = GenerateInput(**{**inp.__dict__, "text": None,
+                                       "input_ids": ids_of[inp.text]})
+            prepared.append(await self.prepare(inp))
+        return prepared
+
+    def _params(self, inp: GenerateInput) -> SamplingParams:
+        try:
+            params = SamplingParams.from_dict(inp.sampling_params)
+            params.validate(self.vocab_size)
+        except ValueError as e:
+            raise GenerateError(str(e), 400) from None
+        return params
+
+    async def _input_ids(self, inp: GenerateInput) -> list[int]:
         if (inp.text is None) == (inp.input_ids is None):
             raise GenerateError("send exactly one of text and input_ids", 400)
         if inp.input_ids is not None:
-            bad = [t for t in inp.input_ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise GenerateError(
-                    f"input_ids must be in [0, {self.vocab_size}), got {bad[:5]}", 400, "input_ids"
-                )
+            self.check_token_ids(inp.input_ids, "input_ids")
             ids = list(inp.input_ids)
         else:
-            ids = self.tokenize(inp.text or "")
+            ids = await self.tokenize_async(inp.text or "", param="text")
         if not ids:
             raise GenerateError("the prompt is empty; send at least one token", 400)
         return ids
 
-    def _check_lengths(self, num_input: int, params: SamplingParams) -> None:
-        limit = min(self.context_length, self.max_total_tokens)
-        if num_input >= limit:
-            raise GenerateError(
-                f"the prompt has {num_input} tokens, but this server takes at most {limit - 1} "
-                f"(context length {self.context_length}, KV pool {self.max_total_tokens} tokens); "
-                "shorten the prompt",
-                400,
-            )
-        if num_input + params.max_new_tokens > self.context_length:
-            raise GenerateError(
-                f"the prompt ({num_input} tokens) plus max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the context length of {self.context_length} tokens; "
-                "lower max_new_tokens or shorten the prompt",
-                400,
-                "max_new_tokens",
-            )
-
-    @staticmethod
-    def _check_logprob_args(inp: GenerateInput, num_input: int) -> None:
-        if not -1 <= inp.logprob_start_len < num_input:
-            raise GenerateError(
-                f"logprob_start_len must be -1 (none) or in [0, {num_input}) for this "
-                f"{num_input}-token prompt, got {inp.logprob_start_len}",
-                400,
-                "logprob_start_len",
-            )
-        if not 0 <= inp.top_logprobs_num <= MAX_TOP_LOGPROBS:
-            raise GenerateError(
-                f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {inp.top_logprobs_num}",
-                400,
-                "top_logprobs_num",
-            )
-
-    async def generate(
-        self, req: PreparedReq, probe: DisconnectProbe | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Runs one prepared request; yields cumulative outputs (every update when streaming,
-        else only the final one). Aborts the request if the consumer stops early."""
+    # ------------------------------------------------------------------ request lifecycle
+    def open(self, prepared: list[PreparedReq],
+             probe: DisconnectProbe | None = None) -> RequestGroup:
+        """Registers the requests under their client rids (and ``inp.abort_keys``, such as the
+        rid of all ``n`` samples) and sends them. Use the group as a ``with`` block: its end
+        removes every state. Raises GenerateError 400, registering nothing, when one of those
+        rids is already in flight."""
         self._check_alive()
-        if req.rid in self.states:
-            raise GenerateError(f"a request with rid {req.rid!r} is already running", 400, "rid")
-        inp = req.inp
-        result = RequestResult(req.rid, inp.return_logprob, inp.return_text_in_logprobs)
-        state = ReqState(req, time.perf_counter(), result)
-        self.states[req.rid] = state
-        self._send(req.msg)
-        finished = False
+        keys_of = [(p.client_rid, *p.inp.abort_keys) for p in prepared]
+        keys = list(dict.fromkeys(k for ks in keys_of for k in ks))
+        taken = [k for k in keys if k in self.client_rids]
+        if taken:
+            raise GenerateError(f"a request with rid {taken[0]!r} is already running; "
+                                "rids must be unique among running requests", 400, "rid")
+        group = RequestGroup(self, [], keys, probe)
+        for key in keys:
+            self.client_rids[key] = []
         try:
-            while True:
-                await self._wait(state, probe)
-                if state.error is not None:
-                    raise state.error
-                if state.finish_reason is not None:
-                    finished = True
-                    _raise_for_error_abort(state.finish_reason)
-                    yield self.output(state)
-                    return
-                if req.inp.stream:
-                    yield self.output(state)
-        finally:
-            self.states.pop(req.rid, None)
-            if not finished and self.dead_reason is None:
-                self.abort(req.rid)
+            for p, p_keys in zip(prepared, keys_of, strict=True):
+                self._register(group, p, p_keys)
+                self._send(p.msg)
+        except BaseException:
+            group.close()
+            raise
+        return group
 
-    async def _wait(self, state: ReqState, probe: DisconnectProbe | None) -> None:
-        while not state.event.is_set():
-            try:
-                await asyncio.wait_for(state.event.wait(), timeout=DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if probe is not None and await probe.is_disconnected():
-                    raise ClientDisconnected(state.req.rid) from None
-        state.event.clear()
+    def _register(self, group: RequestGroup, p: PreparedReq, keys: tuple[str, ...]) -> None:
+        inp = p.inp
+        result = RequestResult(p.client_rid, inp.return_logprob, inp.return_text_in_logprobs)
+        state = ReqState(p, time.perf_counter(), result, group.event)
+        assert p.rid not in self.states, "internal rids are unique"
+        self.states[p.rid] = state
+        group.states.append(state)
+        for key in dict.fromkeys(keys):
+            self.client_rids[key].append(p.rid)
 
-    def abort(self, rid: str = "", abort_all: bool = False) -> None:
-        self._send(AbortReq(rid=rid, abort_all=abort_all))
+    def _release(self, group: RequestGroup) -> None:
+        for state in group.states:
+            self.states.pop(state.req.rid, None)
+            if state.finish_reason is None and self.dead_reason is None:
+                self._send_abort(state.req.rid)
+        for key in group.client_keys:
+            self.client_rids.pop(key, None)
+
+    @property
+    def num_request_states(self) -> int:
+        return len(self.states)
+
+    def check_integrity(self) -> None:
+        """Every registered client rid points at live states (internal invariant)."""
+        for key, rids in self.client_rids.items():
+            assert all(r in self.states for r in rids), f"client rid {key!r} outlived its states"
+
+    def assert_no_requests(self) -> None:
+        """For tests: no request state and no client rid is left."""
+        self.check_integrity()
+        assert not self.states, f"request states left: {sorted(self.states)[:5]}"
+        assert not self.client_rids, f"client rids left: {sorted(self.client_rids)[:5]}"
+
+    def abort(self, client_rid: str) -> int:
+        """Aborts the running requests registered under ``client_rid`` (exact match); returns
+        how many."""
+        rids = [r for r in self.client_rids.get(client_rid, []) if r in self.states]
+        for rid in rids:
+            self._send_abort(rid)
+        return len(rids)
+
+    def abort_all(self) -> None:
+        self._send(AbortReq(rid="", abort_all=True))
+
+    def _send_abort(self, rid: str) -> None:
+        try:
+            self._send(AbortReq(rid=rid))
+        except zmq.ZMQError:  # shutting down: nothing left to abort
+            logger.warning("could not send the abort of %s", rid)
 
     async def control(
         self, kind: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0
@@ -357,8 +405,8 @@ class TokenizerManager:
             if state is None:  # finished or aborted on this side already
                 continue
             state.result.update(out, i)
-            new_ids = t.new_token_ids[i]
-            self._observe(state, len(new_ids), now)
+            self._observe(state, len(t.new_token_ids[i]), now)
+            state.has_update = True
             state.event.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
@@ -383,11 +431,3 @@ class TokenizerManager:
         meta["prompt_tokens"] = meta["prompt_tokens"] or len(state.req.msg.input_ids)
         meta["e2e_latency"] = time.perf_counter() - state.created_s
         return out
-
-
-def _raise_for_error_abort(finish_reason: dict[str, Any]) -> None:
-    """An abort that carries an HTTP status (a rejected request) becomes a GenerateError; other
-    aborts (asked for by a client) are reported as ``finish_reason.type == "abort"``."""
-    if finish_reason.get("type") == "abort" and "status_code" in finish_reason:
-        raise GenerateError(str(finish_reason.get("message", "aborted")),
-                            int(finish_reason["status_code"]))

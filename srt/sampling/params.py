@@ -15,8 +15,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from radixlm.grammar.limits import GrammarLimits, check_spec
+
 # Temperatures below this are treated as 0 (greedy), as SGLang does.
 GREEDY_TEMPERATURE_EPS = 1e-6
+# Samples per prompt (``n``), as SGLang's and vLLM's users expect; more is a 400.
+MAX_N = 128
+# Seeds are non-negative int64 values (what OpenAI documents and torch.Generator accepts);
+# the samples of an n > 1 request use seed, seed + 1, ... wrapped into this range.
+MAX_SEED = 2**63 - 1
+# OpenAI's range for logit_bias values.
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 2048
+# Bounds on the stop lists: each entry costs a string search or an id check per step.
+MAX_STOP_STRS = 64
+MAX_STOP_STR_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 _INT_FIELDS = frozenset({"max_new_tokens", "min_new_tokens", "top_k", "n", "seed"})
 _FLOAT_FIELDS = frozenset(
@@ -79,10 +93,12 @@ class SamplingParams:
             )
         return cls(**{k: _coerce(k, v) for k, v in d.items() if v is not None})
 
-    def validate(self, vocab_size: int | None = None) -> None:
+    def validate(self, vocab_size: int | None = None,
+                 grammar_limits: GrammarLimits | None = None) -> None:
         """Raise ValueError naming the parameter and its allowed range if a value is invalid.
         Token ids (``stop_token_ids``, ``logit_bias`` keys) are checked against ``vocab_size``
-        when it is given."""
+        when it is given; a grammar against ``grammar_limits`` (size, JSON nesting, control
+        characters; default ``GrammarLimits()``) before anything compiles it."""
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None:
@@ -96,6 +112,8 @@ class SamplingParams:
                 "at most one of json_schema, regex, ebnf, choices may be set, got "
                 f"{', '.join(grammars)}"
             )
+        for name in grammars:
+            check_spec(name, getattr(self, name), grammar_limits)
 
     @property
     def is_greedy(self) -> bool:
@@ -159,7 +177,10 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _FLOAT_FIELDS:
         if not (_is_int(value) or isinstance(value, float)):
             raise _type_error(name, "a number", value)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float range
+            raise _type_error(name, "a number within float range", value) from None
     if name in _BOOL_FIELDS:
         if not isinstance(value, bool):
             raise _type_error(name, "a boolean", value)
@@ -189,7 +210,10 @@ def _coerce_json_schema(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except RecursionError:  # nesting far past the grammar depth limit
+            raise ValueError("json_schema nests too deeply") from None
     raise _type_error("json_schema", "a JSON schema (string or object)", value)
 
 
@@ -202,6 +226,9 @@ def _coerce_choices(value: Any) -> list[str]:
 def _coerce_logit_bias(value: Any) -> dict[int, float]:
     if not isinstance(value, Mapping):
         raise _type_error("logit_bias", "an object mapping token ids to numbers", value)
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
+                         f"got {len(value)}")
     out: dict[int, float] = {}
     for key, bias in value.items():
         token_id = _parse_token_id(key)
@@ -209,8 +236,15 @@ def _coerce_logit_bias(value: Any) -> dict[int, float]:
             raise ValueError(f"logit_bias keys must be integer token ids, got {key!r}")
         if not (_is_int(bias) or isinstance(bias, float)):
             raise _type_error(f"logit_bias[{key!r}]", "a number", bias)
-        out[token_id] = float(bias)
+        out[token_id] = _to_float(key, bias)
     return out
+
+
+def _to_float(key: Any, bias: Any) -> float:
+    try:
+        return float(bias)
+    except OverflowError:
+        raise _type_error(f"logit_bias[{key!r}]", "a number within float range", bias) from None
 
 
 def _parse_token_id(key: Any) -> int | None:
@@ -247,7 +281,8 @@ def _check_ranges(p: SamplingParams) -> None:
         p.temperature,
     )
     _require(0.0 < p.top_p <= 1.0, "top_p", "in (0, 1]", p.top_p)
-    _require(p.top_k == -1 or p.top_k >= 1, "top_k", "-1 (off) or >= 1", p.top_k)
+    # top_k above the vocabulary acts as off; bounded so it stays a plain int64
+    _require(p.top_k == -1 or 1 <= p.top_k <= 2**31 - 1, "top_k", "-1 (off) or >= 1", p.top_k)
     _require(0.0 <= p.min_p <= 1.0, "min_p", "in [0, 1]", p.min_p)
     _require(
         -2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", p.frequency_penalty
@@ -258,17 +293,32 @@ def _check_ranges(p: SamplingParams) -> None:
     _require(
         0.0 < p.repetition_penalty <= 2.0, "repetition_penalty", "in (0, 2]", p.repetition_penalty
     )
-    _require(p.max_new_tokens >= 0, "max_new_tokens", ">= 0", p.max_new_tokens)
+    _require(0 <= p.max_new_tokens <= 2**31 - 1, "max_new_tokens", ">= 0", p.max_new_tokens)
     _require(
         0 <= p.min_new_tokens <= p.max_new_tokens,
         "min_new_tokens",
         f"in [0, max_new_tokens={p.max_new_tokens}]",
         p.min_new_tokens,
     )
-    _require(p.n >= 1, "n", ">= 1", p.n)
-    _require(all(s != "" for s in p.stop_strs), "stop", "non-empty strings", p.stop)
+    _require(1 <= p.n <= MAX_N, "n", f"in [1, {MAX_N}]", p.n)
+    _require(p.seed is None or 0 <= p.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}]", p.seed)
+    _check_stop_lists(p)
     for token_id, bias in p.logit_bias_by_id.items():
-        _require(math.isfinite(bias), f"logit_bias[{token_id}]", "a finite number", bias)
+        _require(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, f"logit_bias[{token_id}]",
+                 f"a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", bias)
+
+
+def _check_stop_lists(p: SamplingParams) -> None:
+    stops = p.stop_strs
+    _require(len(stops) <= MAX_STOP_STRS, "stop", f"at most {MAX_STOP_STRS} strings",
+             f"{len(stops)} strings")
+    _require(all(s != "" for s in stops), "stop", "non-empty strings", p.stop)
+    longest = max((len(s) for s in stops), default=0)
+    _require(longest <= MAX_STOP_STR_CHARS, "stop",
+             f"strings of at most {MAX_STOP_STR_CHARS} characters", f"{longest} characters")
+    num_ids = len(p.stop_token_ids or [])
+    _require(num_ids <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+             f"at most {MAX_STOP_TOKEN_IDS} token ids", f"{num_ids} ids")
 
 
 def _check_token_ids(name: str, token_ids: list[Any], vocab_size: int | None) -> None:

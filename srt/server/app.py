@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,19 +11,23 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server import native_api, openai_api
-from radixlm.srt.server.errors import error_body, error_response, install_error_handlers
+from radixlm.srt.server.errors import error_response, install_error_handlers
 from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from radixlm.srt.server.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
+    OPEN_PATHS,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+)
+from radixlm.srt.server.openapi_spec import install_openapi
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 METRICS_SCHEDULER_TIMEOUT_S = 2.0
 
@@ -51,36 +54,12 @@ def served_model_name(cfg: ServerConfig, info: dict[str, Any]) -> str:
 
 def accepted_model_names(cfg: ServerConfig, info: dict[str, Any], served: str) -> set[str]:
     """What a request's ``model`` may say: the served name, the path it was given as, or
-    ``default`` (what SGLang's examples send)."""
+    ``default`` (what SGLang's examples send). Errors name only the served name."""
     names = {served, "default"}
     for path in (cfg.model_path, info.get("model_path")):
         if path:
             names.add(str(path))
     return names
-
-
-class ApiKeyMiddleware:
-    """Every route except OPEN_PATHS needs ``Authorization: Bearer <key>`` (constant-time
-    comparison; the key is never logged)."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self._key = api_key.encode()
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        body = orjson.dumps(error_body("missing or wrong API key: send Authorization: Bearer "
-                                       "<key>", 401, code="invalid_api_key"))
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
-
-    def _authorized(self, scope: dict) -> bool:
-        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
 
 
 def create_app(
@@ -114,9 +93,14 @@ def create_app(
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/metrics", metrics_route, methods=["GET"])
+    app.add_api_route("/metrics", metrics_route, methods=["GET"],
+                      response_class=PlainTextResponse)
+    install_openapi(app)
+    # added last = outermost: the key is checked before any body is read
+    app.add_middleware(BodyLimitMiddleware, max_bytes=int(tm.cfg.max_request_body_mb * 2**20))
     if tm.cfg.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=tm.cfg.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=tm.cfg.api_key,
+                           admin_api_key=tm.cfg.admin_api_key)
     return app
 
 

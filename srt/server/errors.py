@@ -23,6 +23,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
@@ -69,14 +70,40 @@ def describe_validation_error(
     return "; ".join(parts[:5]) or "invalid request", first_param
 
 
-async def parse_body(request: Request, model: type[BaseModel]) -> Any:
-    """The JSON body (whatever the Content-Type says) validated as ``model``; GenerateError 400
-    for malformed JSON or wrong fields."""
+def check_json_content_type(request: Request) -> None:
+    """JSON bodies only as ``application/json``: a browser sends ``text/plain`` and form bodies
+    cross-origin without a CORS preflight, so serving them would let any web page drive the
+    API."""
+    raw = request.headers.get("content-type")
+    media = (raw or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        got = repr(raw) if raw else "none"
+        raise GenerateError(f"send the body as JSON with Content-Type: application/json "
+                            f"(got {got})", 415, code="unsupported_media_type")
+
+
+def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, ...]]) -> None:
+    """A 400 for a field this server does not implement, unless it holds its "off" value."""
+    for name, off_values in unsupported.items():
+        if name in data and data[name] not in off_values:
+            raise GenerateError(f"{name} is not supported by this server; leave it out",
+                                400, name, "unsupported_parameter")
+
+
+async def parse_body(request: Request, model: type[BaseModel],
+                     unsupported: dict[str, tuple[Any, ...]] | None = None) -> Any:
+    """The JSON body validated as ``model`` (strict types); GenerateError 415 for another
+    content type, 413 (from the body-size middleware) for a body over the limit, 400 for
+    malformed JSON or wrong fields."""
+    check_json_content_type(request)
     raw = await request.body()
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise GenerateError(f"the request body is not valid JSON: {e}", 400) from None
+    if not isinstance(data, dict):
+        raise GenerateError("the request body must be a JSON object", 400)
+    reject_unsupported(data, unsupported or {})
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -105,5 +132,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        # the details go to the log only: they may name local paths or internals
         logger.exception("unhandled error")
-        return error_response(f"internal server error: {type(exc).__name__}: {exc}", 500)
+        return error_response(f"internal server error ({type(exc).__name__}); see the server "
+                              "log", 500)

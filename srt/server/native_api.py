@@ -3,34 +3,40 @@ tokenize/detokenize, generation health check."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
     GenerateError,
     GenerateInput,
-    PreparedReq,
+    RequestGroup,
     TokenizerManager,
 )
+from radixlm.srt.sampling.params import MAX_N
 from radixlm.srt.server.errors import parse_body, sse_error
+from radixlm.srt.server.middleware import require_admin
+from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.protocol import (
+    UNSUPPORTED_NATIVE,
     AbortRequestInput,
     DetokenizeInput,
     GenerateReqInput,
     TokenizeInput,
 )
-from radixlm.srt.server.streaming import SSE_DONE, SSE_HEADERS, collect_all, merge, sse
+from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+# The most sequences (prompts x n) one request may ask for.
+MAX_SEQUENCES_PER_REQUEST = 1024
+SECRET_CONFIG_FIELDS = ("api_key", "admin_api_key")
 
 
 def json_response(obj: Any, status_code: int = 200) -> Response:
@@ -39,6 +45,12 @@ def json_response(obj: Any, status_code: int = 200) -> Response:
 
 def get_tm(request: Request) -> TokenizerManager:
     return request.app.state.tm
+
+
+def check_num_sequences(num: int) -> None:
+    if num > MAX_SEQUENCES_PER_REQUEST:
+        raise GenerateError(f"this request asks for {num} sequences (prompts x n); at most "
+                            f"{MAX_SEQUENCES_PER_REQUEST} per request", 400, "n")
 
 
 # ---------------------------------------------------------------------- /generate
@@ -72,25 +84,37 @@ def _prompt_rid(body: GenerateReqInput, i: int, n: int) -> str | None:
     return _pick(body.rid, i, n, "rid")
 
 
+def _num_samples(sp: dict[str, Any]) -> int:
+    n = sp.get("n")
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= MAX_N:
+        raise GenerateError(f"n must be an integer in [1, {MAX_N}], got {n!r}", 400, "n")
+    return n
+
+
 def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     """One GenerateInput per prompt and per sample (``sampling_params.n``); whether the answer
-    is a list."""
+    is a list. Sample j of a prompt with rid r shows rid ``r-j``; aborting r (or the batch's
+    rid) aborts all of them."""
     prompts, is_batch = _prompts(body)
     n = len(prompts)
     inputs: list[GenerateInput] = []
     for i, prompt in enumerate(prompts):
         sp = dict(_pick(body.sampling_params, i, n, "sampling_params") or {})
-        num_samples = sp.get("n") or 1
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise GenerateError(f"n must be an integer >= 1, got {num_samples!r}", 400, "n")
+        num_samples = _num_samples(sp)
         is_batch = is_batch or num_samples > 1
+        check_num_sequences(len(inputs) + num_samples)
         rid = _prompt_rid(body, i, n)
+        parents = tuple(dict.fromkeys(r for r in (body.rid, rid) if isinstance(r, str)))
         for j in range(num_samples):
+            sample_rid = f"{rid}-{j}" if rid is not None and num_samples > 1 else rid
             inputs.append(GenerateInput(
                 text=prompt if body.text is not None else None,
                 input_ids=prompt if body.input_ids is not None else None,
                 sampling_params=sp,
-                rid=f"{rid}-{j}" if rid is not None and num_samples > 1 else rid,
+                rid=sample_rid,
+                abort_keys=tuple(p for p in parents if p != sample_rid),
                 return_logprob=_pick(body.return_logprob, i, n, "return_logprob"),
                 logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len"),
                 top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num"),
@@ -103,36 +127,32 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     return inputs, is_batch
 
 
-async def stream_native(
-    tm: TokenizerManager, prepared: list[PreparedReq], is_batch: bool, request: Request
-) -> AsyncIterator[bytes]:
-    gens = [tm.generate(p, request) for p in prepared]
+async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[bytes]:
     try:
-        if is_batch:
-            async for i, out in merge(gens):
-                yield sse({**out, "index": i})
-        else:
-            async for out in gens[0]:
-                yield sse(out)
+        async for i, out in group.updates():
+            yield sse({**out, "index": i} if is_batch else out)
     except GenerateError as e:
         yield sse_error(e)
+        yield SSE_DONE
+        return
     except ClientDisconnected:
         return
+    finally:
+        group.close()
     yield SSE_DONE
 
 
-@router.post("/generate")
+@router.post("/generate", openapi_extra=json_body(GenerateReqInput), responses=STREAM_RESPONSE)
 async def generate(request: Request) -> Response:
-    body = await parse_body(request, GenerateReqInput)
+    body = await parse_body(request, GenerateReqInput, UNSUPPORTED_NATIVE)
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
-    prepared = [tm.prepare(inp) for inp in inputs]
+    prepared = await tm.prepare_all(inputs)
+    group = tm.open(prepared, request)
     if body.stream:
-        return StreamingResponse(
-            stream_native(tm, prepared, is_batch, request),
-            media_type="text/event-stream", headers=SSE_HEADERS,
-        )
-    outs = await collect_all([tm.generate(p, request) for p in prepared])
+        return ClosingStreamingResponse(stream_native(group, is_batch), group.close)
+    with group:
+        outs = await group.collect()
     return json_response(outs if is_batch else outs[0])
 
 
@@ -161,20 +181,23 @@ async def get_model_info(request: Request) -> Response:
 async def get_server_info(request: Request) -> Response:
     tm = get_tm(request)
     reply = await tm.control("server_info")
-    config = {k: v for k, v in dataclasses.asdict(tm.cfg).items() if k != "api_key"}
+    config = {k: v for k, v in dataclasses.asdict(tm.cfg).items()
+              if k not in SECRET_CONFIG_FIELDS}
     return json_response({
         **config,
         **tm.info,
         "served_model_name": request.app.state.served_model_name,
         "kv_pool": reply.data,
-        "num_inflight_requests": len(tm.states),
+        "num_inflight_requests": tm.num_request_states,
+        "num_request_states": tm.num_request_states,
         "version": request.app.version,
     })
 
 
 @router.post("/flush_cache")
-@router.get("/flush_cache")
 async def flush_cache(request: Request) -> Response:
+    """Admin route (POST only: a GET can be triggered by any link or image tag)."""
+    require_admin(request)
     reply = await get_tm(request).control("flush_cache")
     if not reply.ok:
         message = reply.data.get("message", "cannot flush")
@@ -182,53 +205,50 @@ async def flush_cache(request: Request) -> Response:
     return json_response({"message": "cache flushed", "kv_pool": reply.data})
 
 
-@router.post("/abort_request")
+@router.post("/abort_request", openapi_extra=json_body(AbortRequestInput))
 async def abort_request(request: Request) -> Response:
+    """Aborts the requests with exactly this client rid (a batch's or an n > 1 request's rid
+    aborts all its samples); ``abort_all`` is an admin action."""
     body = await parse_body(request, AbortRequestInput)
-    if not body.rid and not body.abort_all:
-        raise GenerateError("give a rid (prefix) or abort_all: true", 400, "rid")
-    get_tm(request).abort(body.rid, body.abort_all)
-    return json_response({"message": "abort sent"})
+    tm = get_tm(request)
+    if body.abort_all:
+        require_admin(request)
+        tm.abort_all()
+        return json_response({"message": "abort sent"})
+    if not body.rid:
+        raise GenerateError("give the rid of the request to abort (or abort_all: true with "
+                            "the admin key)", 400, "rid")
+    return json_response({"message": "abort sent", "num_aborted": tm.abort(body.rid)})
 
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    try:  # on timeout the cancelled request is aborted in the scheduler
-        return await asyncio.wait_for(_generate_one_token(request), HEALTH_GENERATE_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        raise GenerateError(f"the scheduler did not generate a token within "
-                            f"{HEALTH_GENERATE_TIMEOUT_S:.0f} s", 503) from None
-
-
-async def _generate_one_token(request: Request) -> Response:
     tm = get_tm(request)
     inp = GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
-    out = await collect_all([tm.generate(tm.prepare(inp), request)])
-    return json_response({"status": "ok", "completion_tokens": out[0]["meta_info"]["completion_tokens"]})
+    with tm.open([await tm.prepare(inp)], request) as group:
+        out = await group.collect()
+    return json_response({"status": "ok",
+                          "completion_tokens": out[0]["meta_info"]["completion_tokens"]})
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=json_body(TokenizeInput))
 async def tokenize(request: Request) -> Response:
     body = await parse_body(request, TokenizeInput)
     tm = get_tm(request)
+    prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+    tokens = [await tm.tokenize_async(p, body.add_special_tokens) for p in prompts]
     if isinstance(body.prompt, list):
-        tokens: Any = [tm.tokenize(p, body.add_special_tokens) for p in body.prompt]
-        count: Any = [len(t) for t in tokens]
-    else:
-        tokens = tm.tokenize(body.prompt, body.add_special_tokens)
-        count = len(tokens)
-    return json_response({"tokens": tokens, "count": count, "max_model_len": tm.context_length})
+        return json_response({"tokens": tokens, "count": [len(t) for t in tokens],
+                              "max_model_len": tm.context_length})
+    return json_response({"tokens": tokens[0], "count": len(tokens[0]),
+                          "max_model_len": tm.context_length})
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeInput))
 async def detokenize(request: Request) -> Response:
     body = await parse_body(request, DetokenizeInput)
     tm = get_tm(request)
-    batch = body.tokens and isinstance(body.tokens[0], list)
-    rows = body.tokens if batch else [body.tokens]
-    for row in rows:
-        bad = [t for t in row if not 0 <= t < tm.vocab_size]
-        if bad:
-            raise GenerateError(f"token ids must be in [0, {tm.vocab_size}), got {bad[:5]}", 400)
-    texts = [tm.decode(row, body.skip_special_tokens) for row in rows]
+    batch = bool(body.tokens) and isinstance(body.tokens[0], list)
+    rows: list[list[int]] = body.tokens if batch else [body.tokens]  # type: ignore[assignment]
+    texts = [await tm.decode_async(row, body.skip_special_tokens) for row in rows]
     return json_response({"text": texts if batch else texts[0]})

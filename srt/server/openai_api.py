@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
     GenerateError,
-    PreparedReq,
+    RequestGroup,
     TokenizerManager,
 )
 from radixlm.srt.server.errors import parse_body, sse_error
@@ -30,10 +30,15 @@ from radixlm.srt.server.openai_convert import (
     finish_reason,
     usage,
 )
-from radixlm.srt.server.protocol import ChatCompletionRequest, CompletionRequest
-from radixlm.srt.server.streaming import SSE_DONE, SSE_HEADERS, collect_all, merge, sse
+from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
+from radixlm.srt.server.protocol import (
+    UNSUPPORTED_OPENAI,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
 @dataclass
@@ -79,7 +84,8 @@ async def list_models(request: Request) -> Response:
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request) -> Response:
-    check_model(model_id, request.app.state.accepted_model_names)
+    check_model(model_id, request.app.state.accepted_model_names,
+                request.app.state.served_model_name)
     return json_response(model_card(request))
 
 
@@ -101,7 +107,8 @@ def chat_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
     logprobs = None
     if call.logprobs:
         logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
-    return {"index": i, "message": {"role": "assistant", "content": out["text"]},
+    message = {"role": "assistant", "content": out["text"], "refusal": None}
+    return {"index": i, "message": message,
             "logprobs": logprobs, "finish_reason": finish_reason(out),
             "matched_stop": _matched_stop(out)}
 
@@ -116,6 +123,7 @@ def chat_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> di
     delta: dict[str, Any] = {"content": text}
     if not cur.started:
         delta["role"] = "assistant"
+        delta["refusal"] = None
     logprobs = None
     if call.logprobs:
         logprobs = chat_logprobs(entries, meta["output_top_logprobs"][cur.num_logprobs :])
@@ -127,20 +135,28 @@ def chat_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> di
     return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
 
 
-@router.post("/v1/chat/completions")
+def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, str]:
+    state = request.app.state
+    check_model(model, state.accepted_model_names, state.served_model_name)
+    return get_tm(request), model or state.served_model_name
+
+
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest),
+             responses=STREAM_RESPONSE)
 async def chat_completions(request: Request) -> Response:
-    body = await parse_body(request, ChatCompletionRequest)
-    tm = get_tm(request)
-    check_model(body.model, request.app.state.accepted_model_names)
-    plan = chat_plan(body, tm)
-    prepared = [tm.prepare(inp) for inp in plan.inputs]
-    call = Call(tm, plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model,
+    body = await parse_body(request, ChatCompletionRequest, UNSUPPORTED_OPENAI)
+    tm, model = _open_call(request, body.model)
+    plan = await chat_plan(body, tm)
+    prepared = await tm.prepare_all(plan.inputs)
+    call = Call(tm, plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model,
                 "chat.completion", logprobs=body.logprobs,
                 include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    group = tm.open(prepared, request)
     if body.stream:
         call.object = "chat.completion.chunk"
-        return _streaming(stream_choices(call, prepared, request, chat_chunk))
-    outs = await collect_all([tm.generate(p, request) for p in prepared])
+        return ClosingStreamingResponse(stream_choices(call, group, chat_chunk), group.close)
+    with group:
+        outs = await group.collect()
     choices = [chat_choice(call, i, out) for i, out in enumerate(outs)]
     return json_response(call.envelope(choices, usage=usage(outs, plan)))
 
@@ -181,20 +197,23 @@ def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor)
     return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest),
+             responses=STREAM_RESPONSE)
 async def completions(request: Request) -> Response:
-    body = await parse_body(request, CompletionRequest)
-    tm = get_tm(request)
-    check_model(body.model, request.app.state.accepted_model_names)
-    plan = completion_plan(body, tm)
-    prepared = [tm.prepare(inp) for inp in plan.inputs]
-    call = Call(tm, plan, f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model,
+    body = await parse_body(request, CompletionRequest, UNSUPPORTED_OPENAI)
+    tm, model = _open_call(request, body.model)
+    plan = await completion_plan(body, tm)
+    prepared = await tm.prepare_all(plan.inputs)
+    call = Call(tm, plan, f"cmpl-{uuid.uuid4().hex}", int(time.time()), model,
                 "text_completion", echo=body.echo, logprobs=body.logprobs is not None,
                 top_logprobs=bool(body.logprobs),
                 include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    group = tm.open(prepared, request)
     if body.stream:
-        return _streaming(stream_choices(call, prepared, request, completion_chunk))
-    outs = await collect_all([tm.generate(p, request) for p in prepared])
+        return ClosingStreamingResponse(stream_choices(call, group, completion_chunk),
+                                        group.close)
+    with group:
+        outs = await group.collect()
     choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
     return json_response(call.envelope(choices, usage=usage(outs, plan)))
 
@@ -203,19 +222,14 @@ async def completions(request: Request) -> Response:
 ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "dict | None"]
 
 
-def _streaming(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def stream_choices(
-    call: Call, prepared: list[PreparedReq], request: Request, make_chunk: ChunkFn
-) -> AsyncIterator[bytes]:
+async def stream_choices(call: Call, group: RequestGroup,
+                         make_chunk: ChunkFn) -> AsyncIterator[bytes]:
     """One chunk per update of any choice, one ``finish_reason`` per choice, then the usage
     chunk (when asked for) and ``[DONE]``; an error becomes an error event."""
-    cursors = [ChoiceCursor() for _ in prepared]
-    finals: list[dict[str, Any]] = [{} for _ in prepared]
+    cursors = [ChoiceCursor() for _ in group.states]
+    finals: list[dict[str, Any]] = [{} for _ in group.states]
     try:
-        async for i, out in merge([call.tm.generate(p, request) for p in prepared]):
+        async for i, out in group.updates():
             chunk = make_chunk(call, i, out, cursors[i])
             if chunk is not None:
                 yield sse(chunk)
@@ -226,4 +240,6 @@ async def stream_choices(
         yield sse_error(e)
     except ClientDisconnected:
         return
+    finally:
+        group.close()
     yield SSE_DONE

@@ -6,10 +6,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.srt.managers.tokenizer_manager import GenerateError, GenerateInput, TokenizerManager
+from radixlm.srt.managers.tokenizer_manager import (
+    GenerateError,
+    GenerateInput,
+    TokenizerManager,
+    sample_seed,
+)
+from radixlm.srt.sampling.params import MAX_N, MAX_SEED
+from radixlm.srt.server.chat_prompt import chat_input_ids
+from radixlm.srt.server.native_api import check_num_sequences
 from radixlm.srt.server.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     OpenAISamplingFields,
     ResponseFormat,
@@ -17,6 +24,7 @@ from radixlm.srt.server.protocol import (
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 # OpenAI / SGLang-extra field -> native sampling parameter
@@ -39,17 +47,18 @@ class OpenAIPlan:
     inputs: list[GenerateInput] = field(default_factory=list)
     prompt_texts: list[str] = field(default_factory=list)  # one per prompt
     n: int = 1
+    num_prompts: int = 1
 
     def prompt_of(self, choice: int) -> int:
         return choice // self.n
 
 
-def check_model(requested: str, accepted: set[str]) -> None:
-    if requested not in accepted:
-        raise GenerateError(
-            f"the model {requested!r} does not exist; this server serves "
-            f"{sorted(accepted)[0]!r} (see /v1/models)", 404, "model", "model_not_found",
-        )
+def check_model(requested: str | None, accepted: set[str], served: str) -> None:
+    """A missing model means the served one; an unknown one is a 404 that names only the
+    served name (never the local path it was loaded from)."""
+    if requested is not None and requested not in accepted:
+        raise GenerateError(f"the model {requested!r} does not exist; this server serves "
+                            f"{served!r} (see /v1/models)", 404, "model", "model_not_found")
 
 
 def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str, Any]:
@@ -61,60 +70,42 @@ def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str,
     return sp
 
 
-def _check_n(n: int) -> None:
-    if n < 1:
-        raise GenerateError(f"n must be >= 1, got {n}", 400, "n")
+def _check_counts(n: int, num_prompts: int) -> None:
+    if not 1 <= n <= MAX_N:
+        raise GenerateError(f"n must be in [1, {MAX_N}], got {n}", 400, "n")
+    check_num_sequences(n * num_prompts)
+
+
+def _check_max_tokens(value: int | None, name: str) -> None:
+    if value is not None and value < 0:
+        raise GenerateError(f"{name} must be >= 0, got {value}", 400, name)
 
 
 def _expand(plan: OpenAIPlan, req: OpenAISamplingFields, ids: list[int], sp: dict[str, Any],
             logprob: tuple[bool, int, int]) -> None:
-    """Adds ``req.n`` native inputs for one prompt (seeded samples get seeds seed, seed+1, ...)."""
+    """Adds ``req.n`` native inputs for one prompt (seeded samples get seeds seed, seed+1, ...).
+    With several choices, choice j of prompt p shows rid ``{rid}-{p}-{j}``; ``rid`` aborts all."""
     return_logprob, start_len, top_num = logprob
     prompt_index = len(plan.prompt_texts) - 1
+    is_single = plan.n == 1 and plan.num_prompts == 1
     for j in range(req.n):
         sample_sp = dict(sp)
         if req.seed is not None:
-            sample_sp["seed"] = req.seed + j
-        rid = None
+            # an out-of-range seed is passed on unchanged, for validation to reject
+            in_range = 0 <= req.seed <= MAX_SEED
+            sample_sp["seed"] = sample_seed(req.seed, j) if in_range else req.seed
+        rid, keys = None, ()
         if req.rid is not None:
-            rid = req.rid if plan.n == 1 and prompt_index == 0 else f"{req.rid}-{prompt_index}-{j}"
+            rid = req.rid if is_single else f"{req.rid}-{prompt_index}-{j}"
+            keys = () if is_single else (req.rid,)
         plan.inputs.append(GenerateInput(
-            input_ids=ids, sampling_params=sample_sp, rid=rid, return_logprob=return_logprob,
-            logprob_start_len=start_len, top_logprobs_num=top_num,
-            return_text_in_logprobs=True, stream=req.stream,
+            input_ids=ids, sampling_params=sample_sp, rid=rid, abort_keys=keys,
+            return_logprob=return_logprob, logprob_start_len=start_len,
+            top_logprobs_num=top_num, return_text_in_logprobs=True, stream=req.stream,
         ))
 
 
 # ---------------------------------------------------------------------- chat
-def _message_dict(msg: ChatMessage) -> dict[str, Any]:
-    out = msg.model_dump(exclude_none=True)
-    out["role"] = "system" if msg.role == "developer" else msg.role
-    if isinstance(msg.content, list):
-        parts = []
-        for part in msg.content:
-            if part.type != "text":
-                raise GenerateError(f"content parts of type {part.type!r} are not supported; "
-                                    "send text", 400, "messages")
-            parts.append(part.text or "")
-        out["content"] = "".join(parts)
-    elif msg.content is None:
-        out["content"] = ""
-    return out
-
-
-def chat_prompt(tm: TokenizerManager, messages: list[ChatMessage]) -> str:
-    if not getattr(tm.tokenizer, "chat_template", None):
-        raise GenerateError("this model has no chat template; use /v1/completions", 400)
-    try:
-        return tm.tokenizer.apply_chat_template(
-            [_message_dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-        )
-    except GenerateError:
-        raise
-    except Exception as e:
-        raise GenerateError(f"cannot apply the chat template: {e}", 400, "messages") from None
-
-
 def response_format_schema(fmt: ResponseFormat | None) -> str | None:
     if fmt is None or fmt.type == "text":
         return None
@@ -126,24 +117,32 @@ def response_format_schema(fmt: ResponseFormat | None) -> str | None:
     return json.dumps(fmt.json_schema.schema_)
 
 
-def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
-    _check_n(req.n)
+def _chat_max_tokens(req: ChatCompletionRequest, tm: TokenizerManager, num_ids: int) -> int:
+    """max_completion_tokens, else max_tokens, else --default-max-tokens capped by the context
+    the prompt leaves."""
+    _check_max_tokens(req.max_tokens, "max_tokens")
+    _check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens
+    if req.max_tokens is not None:
+        return req.max_tokens
+    return max(0, min(tm.cfg.default_max_tokens, tm.context_length - num_ids))
+
+
+async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
+    _check_counts(req.n, 1)
     top = req.top_logprobs or 0
     if not 0 <= top <= MAX_CHAT_TOP_LOGPROBS:
         raise GenerateError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {top}",
                             400, "top_logprobs")
     if top and not req.logprobs:
         raise GenerateError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-    prompt = chat_prompt(tm, req.messages)
-    ids = tm.tokenize(prompt, add_special_tokens=False)
-    max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_new is None:
-        max_new = max(tm.context_length - len(ids), 0)
-    sp = sampling_params(req, max_new)
     schema = response_format_schema(req.response_format)
+    if schema is not None and req.json_schema is not None:
+        raise GenerateError("give response_format or json_schema, not both", 400, "json_schema")
+    prompt, ids = await chat_input_ids(tm, req.messages)
+    sp = sampling_params(req, _chat_max_tokens(req, tm, len(ids)))
     if schema is not None:
-        if req.json_schema is not None:
-            raise GenerateError("give response_format or json_schema, not both", 400, "json_schema")
         sp["json_schema"] = schema
     plan = OpenAIPlan(prompt_texts=[prompt], n=req.n)
     _expand(plan, req, ids, sp, (req.logprobs, -1, top))
@@ -151,28 +150,39 @@ def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
 
 
 # ---------------------------------------------------------------------- completions
-def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[tuple[str, list[int]]]:
+def _prompt_list(prompt: Any) -> list[Any]:
     if isinstance(prompt, str):
-        return [(prompt, tm.tokenize(prompt))]
+        return [prompt]
     if not prompt:
         raise GenerateError("prompt is empty", 400, "prompt")
-    if isinstance(prompt[0], str):
-        return [(p, tm.tokenize(p)) for p in prompt]
-    if isinstance(prompt[0], int):
-        return [(tm.decode(prompt, skip_special_tokens=False), list(prompt))]
-    return [(tm.decode(p, skip_special_tokens=False), list(p)) for p in prompt]
+    return [prompt] if isinstance(prompt[0], int) else list(prompt)
 
 
-def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
-    _check_n(req.n)
+async def _completion_prompt(tm: TokenizerManager,
+                             prompt: str | list[int]) -> tuple[str, list[int]]:
+    """(text, ids) of one prompt; token ids are checked before anything decodes them."""
+    if isinstance(prompt, str):
+        return prompt, await tm.tokenize_async(prompt)
+    tm.check_token_ids(prompt, "prompt")
+    if not prompt:
+        raise GenerateError("prompt is empty", 400, "prompt")
+    return await tm.run_blocking(tm.decode, prompt, False), list(prompt)
+
+
+async def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
+    prompts = _prompt_list(req.prompt)
+    _check_counts(req.n, len(prompts))
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
         raise GenerateError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got "
                             f"{req.logprobs}", 400, "logprobs")
-    plan = OpenAIPlan(n=req.n)
+    _check_max_tokens(req.max_tokens, "max_tokens")
+    plan = OpenAIPlan(n=req.n, num_prompts=len(prompts))
     return_logprob = req.logprobs is not None
     logprob = (return_logprob, 0 if req.echo and return_logprob else -1, req.logprobs or 0)
-    sp = sampling_params(req, 16 if req.max_tokens is None else req.max_tokens)
-    for text, ids in _completion_prompts(tm, req.prompt):
+    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    sp = sampling_params(req, max_tokens)
+    for prompt in prompts:
+        text, ids = await _completion_prompt(tm, prompt)
         plan.prompt_texts.append(text)
         _expand(plan, req, ids, sp, logprob)
     return plan

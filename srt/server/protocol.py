@@ -2,7 +2,10 @@
 
 Native requests use SGLang's field names. OpenAI requests accept the OpenAI fields plus SGLang's
 sampling extras (what clients put in ``extra_body`` arrives as top-level fields); other unknown
-fields are ignored, as OpenAI-compatible servers do.
+fields are ignored, as OpenAI-compatible servers do, except the ones in ``UNSUPPORTED_*`` below:
+ignoring those would silently change what the request means, so a value other than their
+default is a 400. Types are strict: a string is never read as a number or a boolean, and a
+boolean is not an integer.
 """
 
 from __future__ import annotations
@@ -13,7 +16,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+
+
+# Fields whose meaning radixlm does not implement: accepted only when absent or at the value
+# that means "off" (listed), so a request never gets silently different sampling.
+UNSUPPORTED_NATIVE = {
+    "image_data": (None, [], ""), "audio_data": (None, [], ""), "video_data": (None, [], ""),
+    "input_embeds": (None, []), "lora_path": (None, ""), "custom_logit_processor": (None, ""),
+    "session_params": (None, {}), "return_hidden_states": (None, False),
+}
+UNSUPPORTED_OPENAI = {
+    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "best_of": (None, 1), "suffix": (None, ""),
+    "audio": (None,), "modalities": (None, ["text"]),
+}
 
 
 # ---------------------------------------------------------------------- native API
@@ -33,7 +50,7 @@ class GenerateReqInput(_Body):
 
 class AbortRequestInput(_Body):
     rid: str = ""
-    abort_all: bool = False
+    abort_all: bool = False  # needs the admin key when one is set
 
 
 class TokenizeInput(_Body):
@@ -70,7 +87,7 @@ class SGLangSamplingExtras(_Body):
 
 
 class OpenAISamplingFields(SGLangSamplingExtras):
-    model: str
+    model: str | None = None  # missing: the served model
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
@@ -85,7 +102,7 @@ class OpenAISamplingFields(SGLangSamplingExtras):
 
 class CompletionRequest(OpenAISamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = None  # default: 16, as OpenAI
     logprobs: int | None = None
     echo: bool = False
 
@@ -96,7 +113,7 @@ class ContentPart(_Body):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
@@ -121,3 +138,15 @@ class ChatCompletionRequest(OpenAISamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
+
+
+# ---------------------------------------------------------------------- errors (OpenAPI only)
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -36,6 +36,11 @@ def expected_text(stack: FakeStack, n: int) -> str:
     return stack.tokenizer.decode(stack.worker.expected_ids(n))
 
 
+def last_received(stack: FakeStack):
+    """The last request the worker got (wire rids are internal uuids, not the client's)."""
+    return list(stack.worker.received.values())[-1]
+
+
 def sse_events(lines: Iterator[str]) -> list[object]:
     events = []
     for line in lines:
@@ -129,7 +134,8 @@ def test_generate_rejects_bad_requests(stack: FakeStack, body: dict, needle: str
 
 def test_malformed_json_then_healthy(stack: FakeStack) -> None:
     for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
-        r = httpx.post(stack.url + path, content=b"{not json", timeout=10)
+        r = httpx.post(stack.url + path, content=b"{not json", timeout=10,
+                       headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     assert httpx.get(stack.url + "/health").status_code == 200
 
@@ -168,7 +174,8 @@ def test_abort_request_by_rid(stack: FakeStack) -> None:
         with httpx.stream("POST", stack.url + "/generate", json=body, timeout=30) as r:
             lines = r.iter_lines()
             next(lines)
-            assert post(stack, "/abort_request", {"rid": "to-abo"}).status_code == 200
+            assert post(stack, "/abort_request", {"rid": "to-abo"}).json()["num_aborted"] == 0
+            assert post(stack, "/abort_request", {"rid": "to-abort"}).status_code == 200
             events = sse_events(lines)
     finally:
         stack.worker.tick_s = 0.005
@@ -183,12 +190,13 @@ def test_client_disconnect_aborts(stack: FakeStack) -> None:
     try:
         with httpx.stream("POST", stack.url + "/generate", json=body, timeout=30) as r:
             next(r.iter_lines())  # then the connection closes mid-stream
+        wire_rid = last_received(stack).rid
         deadline = time.monotonic() + 3
-        while "gone-away" in stack.worker.active and time.monotonic() < deadline:
+        while wire_rid in stack.worker.active and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert "gone-away" not in stack.worker.active
-        assert any(a.rid == "gone-away" for a in stack.worker.aborts)
-        assert "gone-away" not in stack.tm.states
+        assert wire_rid not in stack.worker.active
+        assert any(a.rid == wire_rid for a in stack.worker.aborts)
+        stack.tm.assert_no_requests()
     finally:
         stack.worker.tick_s = 0.005
 
@@ -199,10 +207,11 @@ def test_non_streaming_disconnect_aborts(stack: FakeStack) -> None:
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(stack.url + "/generate", json=body, timeout=0.5)
+        wire_rid = last_received(stack).rid
         deadline = time.monotonic() + 3
-        while "impatient" in stack.worker.active and time.monotonic() < deadline:
+        while wire_rid in stack.worker.active and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert "impatient" not in stack.worker.active
+        assert wire_rid not in stack.worker.active
     finally:
         stack.worker.tick_s = 0.005
 
@@ -242,7 +251,7 @@ def test_chat_stop_and_extra_body(stack: FakeStack, client: openai.OpenAI) -> No
         extra_body={"top_k": 5, "min_p": 0.1, "regex": "[a-z]+", "ignore_eos": True,
                     "repetition_penalty": 1.1, "rid": "xb"})
     assert r.choices[0].message.content == "Hello " and r.choices[0].finish_reason == "stop"
-    sp = stack.worker.received["xb"].sampling_params
+    sp = last_received(stack).sampling_params
     assert (sp["top_k"], sp["min_p"], sp["regex"], sp["ignore_eos"]) == (5, 0.1, "[a-z]+", True)
     assert (sp["seed"], sp["temperature"], sp["max_new_tokens"]) == (7, 0.5, 20)
 
@@ -253,11 +262,11 @@ def test_response_format_maps_to_json_schema(stack: FakeStack, client: openai.Op
         model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
         response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
         extra_body={"rid": "rf"})
-    assert json.loads(stack.worker.received["rf"].sampling_params["json_schema"]) == schema
+    assert json.loads(last_received(stack).sampling_params["json_schema"]) == schema
     client.chat.completions.create(
         model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
         response_format={"type": "json_object"}, extra_body={"rid": "jo"})
-    assert json.loads(stack.worker.received["jo"].sampling_params["json_schema"]) == {
+    assert json.loads(last_received(stack).sampling_params["json_schema"]) == {
         "type": "object"}
 
 
@@ -347,7 +356,7 @@ def test_mid_stream_error_event(stack: FakeStack) -> None:
         with httpx.stream("POST", stack.url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             next(lines)
-            stack.worker.active["bad-later"].finish = {
+            stack.worker.active[last_received(stack).rid].finish = {
                 "type": "abort", "message": "grammar failed", "status_code": 400}
             events = sse_events(lines)
     finally:
