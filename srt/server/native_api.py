@@ -3,6 +3,7 @@ tokenize/detokenize, generation health check."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,7 +34,7 @@ from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
-HEALTH_GENERATE_TIMEOUT_S = 30.0
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
 # The most sequences (prompts x n) one request may ask for.
 MAX_SEQUENCES_PER_REQUEST = 1024
 SECRET_CONFIG_FIELDS = ("api_key", "admin_api_key")
@@ -223,6 +224,14 @@ async def abort_request(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
+    try:  # on timeout the cancelled request is aborted in the scheduler
+        return await asyncio.wait_for(_generate_one_token(request), HEALTH_GENERATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise GenerateError(f"the scheduler did not generate a token within "
+                            f"{HEALTH_GENERATE_TIMEOUT_S:.0f} s", 503) from None
+
+
+async def _generate_one_token(request: Request) -> Response:
     tm = get_tm(request)
     inp = GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
     with tm.open([await tm.prepare(inp)], request) as group:
