@@ -180,7 +180,8 @@ class FakeWorker(threading.Thread):
 class FakeStack:
     """uvicorn (in a thread) + app + TokenizerManager + FakeWorker on a private ipc folder."""
 
-    def __init__(self, ipc_dir: Path, api_key: str | None = None, tick_s: float = 0.005) -> None:
+    def __init__(self, ipc_dir: Path, api_key: str | None = None, tick_s: float = 0.005,
+                 **cfg_options: Any) -> None:
         self.tokenizer = make_tokenizer()
         self.endpoints = IpcEndpoints.in_dir(ipc_dir)
         self.worker = FakeWorker(self.tokenizer, self.endpoints, tick_s)
@@ -188,7 +189,8 @@ class FakeStack:
         self.worker.ready.wait(5)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = ServerConfig(model_path="/models/fake-model", api_key=api_key, port=self.port)
+        cfg = ServerConfig(model_path="/models/fake-model", api_key=api_key, port=self.port,
+                           **cfg_options)
         self.metrics = ServerMetrics("fake-model")
         self.tm = TokenizerManager(cfg, self.tokenizer, self.endpoints, observer=self.metrics)
         self.tm.info = {"model_path": "/models/fake-model", "context_length": CONTEXT_LENGTH,
