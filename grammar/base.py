@@ -143,12 +143,21 @@ class GrammarMatcher(ABC):
         """True once an EOS token has been accepted."""
 
     @abstractmethod
-    def forced_tokens(self) -> list[int]:
-        """Tokens the grammar forces next (for jump-forward); may be empty; never EOS."""
+    def forced_tokens(self, max_tokens: int | None = None) -> list[int]:
+        """Tokens the grammar forces next (for jump-forward), at most ``max_tokens`` of them
+        (None: as many as the backend computes, which it bounds itself); may be empty; never
+        EOS. A grammar may force text forever (``root ::= "a" root``): callers pass the
+        request's remaining token budget."""
 
     def forced_bytes(self) -> bytes:
         """The text the grammar forces next, as UTF-8 bytes, where the backend knows it."""
         return b""
+
+    def error(self) -> str | None:
+        """Why the matcher cannot go on (a parser limit hit while decoding), or None. A
+        matcher whose mask allows no token while it is not terminated has an error; callers
+        finish the request with it rather than sampling from an empty mask."""
+        return None
 
     @abstractmethod
     def copy(self) -> GrammarMatcher:

@@ -42,10 +42,19 @@ def _utf8_prefix(data: bytes) -> str:
     return ""
 
 
-def forced_continuation(matcher: GrammarMatcher, vocab: TokenizerVocab) -> ForcedContinuation:
-    """The tokens (and text) the grammar forces next; empty when nothing is forced."""
-    token_ids = tuple(matcher.forced_tokens())
-    data = matcher.forced_bytes() or vocab.decode_bytes(list(token_ids))
+def forced_continuation(
+    matcher: GrammarMatcher, vocab: TokenizerVocab, max_tokens: int | None = None
+) -> ForcedContinuation:
+    """The tokens (and text) the grammar forces next, at most ``max_tokens`` tokens and the
+    text they spell (None: what the backend computes; pass the request's remaining token
+    budget, since a grammar may force text forever); empty when nothing is forced."""
+    if max_tokens is not None and max_tokens <= 0:
+        return ForcedContinuation((), None)
+    token_ids = tuple(matcher.forced_tokens(max_tokens))
+    if max_tokens is not None and len(token_ids) >= max_tokens:
+        data = vocab.decode_bytes(list(token_ids))  # cut: only the text of these tokens
+    else:
+        data = matcher.forced_bytes() or vocab.decode_bytes(list(token_ids))
     text = _utf8_prefix(data)
     return ForcedContinuation(token_ids, text or None)
 
@@ -84,16 +93,31 @@ def retokenize_forced(
     generated_ids: list[int],
     forced_text: str,
     lookback: int = 4,
+    max_tokens: int | None = None,
 ) -> JumpForwardEdit:
     """An edit whose result decodes to ``generated + forced_text`` and which ``matcher`` accepts.
 
     ``matcher`` must have accepted ``generated_ids`` (at least their last ``lookback`` tokens).
     Tries re-encoding the last ``lookback``, ``lookback - 1``, ... 0 generated tokens together
-    with the forced text; falls back to the backend's forced token ids.
+    with the forced text; falls back to the backend's forced token ids. With ``max_tokens``
+    the edit adds at most that many tokens net (its tokens are cut: a prefix of an accepted
+    sequence is accepted), so the result may decode to a prefix of ``generated + forced_text``.
     """
-    if not forced_text:
+    if not forced_text or (max_tokens is not None and max_tokens <= 0):
         return JumpForwardEdit(0, ())
-    forced = forced_text.encode("utf-8")
+    edit = _retokenize(matcher, vocab, generated_ids, forced_text.encode("utf-8"), lookback)
+    if max_tokens is not None and len(edit.token_ids) - edit.num_rollback > max_tokens:
+        edit = JumpForwardEdit(edit.num_rollback, edit.token_ids[: edit.num_rollback + max_tokens])
+    return edit
+
+
+def _retokenize(
+    matcher: GrammarMatcher,
+    vocab: TokenizerVocab,
+    generated_ids: list[int],
+    forced: bytes,
+    lookback: int,
+) -> JumpForwardEdit:
     longest = min(lookback, len(generated_ids), matcher.num_accepted_tokens)
     for k in range(longest, -1, -1):
         tail = list(generated_ids[len(generated_ids) - k :]) if k else []

@@ -18,7 +18,7 @@ import threading
 
 import llguidance
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from radixlm.grammar.base import (
     CompiledGrammar,
@@ -28,12 +28,36 @@ from radixlm.grammar.base import (
     GrammarSpec,
 )
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width, pack_token_ids
+from radixlm.grammar.lark_json import bound_json_whitespace
+from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.schema_checks import check_compilable
 from radixlm.grammar.schema_rewrite import tighten_one_of
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
+
+# Parser limits (llguidance's defaults except where noted). Each bounds the work and memory of
+# one step, so a grammar too complex for them fails with a parser error instead of allocating
+# without bound; ``_probe`` meets the common cases at compile time.
+# * max_items_in_row 8,000 (default 2,000): an object of n optional properties puts about
+#   4n Earley items in the row after ``{``; the default failed schemas of 500+ optional
+#   properties on their first token ("row has 4007 items" for 1,000).
+# * step_max_items 50,000 (items per mask step, about 20k per ms), max_lexer_states 250,000
+#   (1-2 kB each: at most about 500 MB of lexer states per grammar), max_grammar_size
+#   500,000 symbols, lexer fuel 1,000,000 initial / 200,000 per step.
+MAX_ITEMS_IN_ROW = 8_000
+# Words of llguidance errors that mean a resource limit (else: nothing can be produced).
+_LIMIT_WORDS = ("limit", "max is", "Too many", "too many", "fuel", "too complex")
+PROBE_STEPS = 4  # tokens consumed at compile time to meet "too complex" before requests do
+
+
+def parser_limits() -> LLParserLimits:
+    return LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW, step_max_items=50_000,
+                          max_lexer_states=250_000, max_grammar_size=500_000,
+                          initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
+                          verbose_errors=False)
 
 
 class _VocabTokenizerView:
@@ -84,15 +108,42 @@ class LLGuidanceGrammar(CompiledGrammar):
         with self._lock:
             return LLGuidanceMatcher(self, self._template.deep_copy())
 
-    def warm_first_mask(self) -> None:
-        """Computes the initial mask once (into scratch memory). llguidance builds lexer states
-        on first use and shares them among the template's copies, so the first request's first
-        row no longer pays for that on the scheduler thread (on jsonschemabench schemas: 60 us
-        to 1.6 ms for the first copy's first row, about 20 us for later copies)."""
+    def probe(self) -> None:
+        """Computes the first mask and follows up to ``PROBE_STEPS`` tokens (the lowest allowed
+        id each time) on a scratch copy; raises ``GrammarCompileError`` when the grammar accepts
+        nothing (no text token and no end at the start) or hits a parser limit on the way.
+
+        On the compile thread, so "too complex" shows up as a compile error rather than in the
+        middle of a request (``root ::= "a" root`` fails on its first token, an object of
+        thousands of optional properties right after ``{``). It also warms the first mask:
+        llguidance builds lexer states on first use and shares them among the template's
+        copies, so the first request's first row does not pay for them on the scheduler thread
+        (60 us to 1.6 ms on jsonschemabench schemas, about 20 us for later copies)."""
         scratch = np.zeros(bitmask_width(self.vocab.vocab_size), dtype=np.int32)
+        eos = np.array(self.vocab.eos_token_ids, dtype=np.int64)
         with self._lock:
             matcher = self._template.deep_copy()
-        matcher.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
+        for step in range(PROBE_STEPS + 1):
+            matcher.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
+            self._raise_on_error(matcher)
+            bits = np.unpackbits(scratch.view(np.uint8), bitorder="little")[: self.vocab.vocab_size]
+            text = np.setdiff1d(np.flatnonzero(bits), eos)
+            if step == 0 and not text.size and not matcher.is_accepting():
+                raise GrammarCompileError(self.spec.kind, "the grammar accepts no string (at "
+                                          "its start it can neither produce text nor end)")
+            if not text.size or step == PROBE_STEPS:
+                return
+            matcher.consume_token(int(text[0]))
+            self._raise_on_error(matcher)
+
+    def _raise_on_error(self, matcher: LLMatcher) -> None:
+        if not matcher.is_error():
+            return
+        error = _first_line(matcher.get_error())
+        if any(word in error for word in _LIMIT_WORDS):
+            raise GrammarCompileError(self.spec.kind, "the grammar is too complex for the "
+                                      f"parser's limits ({error})")
+        raise GrammarCompileError(self.spec.kind, f"the grammar accepts no string ({error})")
 
     def serialize(self) -> bytes:
         return self.grammar_text.encode("utf-8")
@@ -159,14 +210,20 @@ class LLGuidanceMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._terminated
 
-    def forced_tokens(self) -> list[int]:
-        if self._terminated:
+    def forced_tokens(self, max_tokens: int | None = None) -> list[int]:
+        if self._terminated or max_tokens == 0:
             return []
         eos = self._grammar.eos_ids
-        return [t for t in self._matcher.compute_ff_tokens() if t not in eos]
+        forced = [t for t in self._matcher.compute_ff_tokens() if t not in eos]
+        return forced if max_tokens is None else forced[:max_tokens]
 
     def forced_bytes(self) -> bytes:
         return b"" if self._terminated else bytes(self._matcher.compute_ff_bytes())
+
+    def error(self) -> str | None:
+        if not self._matcher.is_error():
+            return None
+        return _first_line(self._matcher.get_error())
 
     def copy(self) -> LLGuidanceMatcher:
         clone = LLGuidanceMatcher(self._grammar, self._matcher.deep_copy())
@@ -174,6 +231,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         clone._num_accepted = self._num_accepted
         clone._repeated_eos = self._repeated_eos
         return clone
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or ["unknown parser error"])[0]
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -184,8 +245,10 @@ class LLGuidanceBackend(GrammarBackend):
         vocab: TokenizerVocab,
         whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN,
         lenient: bool = False,
+        limits: GrammarLimits | None = None,
     ) -> None:
         self.vocab = vocab
+        self.limits = limits or GrammarLimits()
         self.whitespace_pattern = whitespace_pattern
         self.lenient = lenient  # JSON schemas: ignore unimplemented keywords, do not reject
         self._tokenizer: LLTokenizer | None = None  # built on first use (about 1 s for 128k)
@@ -194,12 +257,13 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        version_tag = f"v={llguidance.__version__},rw=1"  # rw: schema_rewrite's revision
+        version_tag = f"v={llguidance.__version__},rw=2"  # rw: rewrites (one_of, %json ws)
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
         """A lenient backend sharing this one's tokenizer."""
-        twin = LLGuidanceBackend(self.vocab, self.whitespace_pattern, lenient=True)
+        twin = LLGuidanceBackend(self.vocab, self.whitespace_pattern, lenient=True,
+                                 limits=self.limits)
         twin._tokenizer_owner = self
         return twin
 
@@ -215,7 +279,8 @@ class LLGuidanceBackend(GrammarBackend):
         """The llguidance grammar for ``spec``; raises ``GrammarCompileError``."""
         try:
             if spec.kind == "ebnf":
-                return llguidance.grammar_from("ebnf", str(spec.value))
+                lark = bound_json_whitespace(str(spec.value), self.whitespace_pattern)
+                return llguidance.grammar_from("ebnf", lark)
             if spec.kind == "regex":
                 return LLMatcher.grammar_from_regex(ascii_digit_classes(str(spec.value)))
             if spec.kind == "choices":
@@ -234,6 +299,7 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarCompileError(spec.kind, str(exc)) from exc
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
+        check_compilable(spec, self.limits)
         return self._build(spec, self.grammar_text(spec))
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:
@@ -242,9 +308,9 @@ class LLGuidanceBackend(GrammarBackend):
         return self._build(spec, data.decode("utf-8"))
 
     def _build(self, spec: GrammarSpec, grammar_text: str) -> LLGuidanceGrammar:
-        template = LLMatcher(self.lltokenizer(), grammar_text, log_level=0)
+        template = LLMatcher(self.lltokenizer(), grammar_text, log_level=0, limits=parser_limits())
         if template.is_error():
             raise GrammarCompileError(spec.kind, template.get_error().strip())
         grammar = LLGuidanceGrammar(spec, grammar_text, template, self.vocab)
-        grammar.warm_first_mask()  # on the compile thread, not the scheduler's
+        grammar.probe()  # on the compile thread, not the scheduler's
         return grammar

@@ -15,8 +15,11 @@ from importlib.metadata import version
 import outlines_core
 
 from radixlm.grammar.base import GrammarBackend, GrammarCompileError, GrammarSpec
+from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_grammar import OutlinesGrammar
-from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
+from radixlm.grammar.outlines_worker import IndexJob, IndexWorkerPool
+from radixlm.grammar.regex_text import anchor_regex, ascii_digit_classes, choices_regex
+from radixlm.grammar.schema_checks import check_compilable
 from radixlm.grammar.schema_rewrite import tighten_one_of
 from radixlm.grammar.vocab import TokenizerVocab
 
@@ -28,19 +31,6 @@ ANY_JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 def _failure_reason(error: BaseException) -> str:
     return str(error).strip() or type(error).__name__
-
-
-def anchor_regex(regex: str) -> str:
-    r"""Wraps ``regex`` as ``(?:regex)$`` (dropping a leading ``^``).
-
-    outlines-core builds its DFA with leftmost-first match semantics: without the end anchor,
-    tokens leading out of an accepting state into a non-accepting one are missing from the
-    index (``a(bc)?`` never continues after ``a``, ``0(\.[0-9]+)?`` never after ``0``, and in
-    ``cat|category`` the second choice is unreachable). Anchoring at the end of the text makes
-    every complete match count, which is the full-match semantics a grammar needs.
-    """
-    body = regex[1:] if regex.startswith("^") else regex
-    return f"(?:{body})$"
 
 
 def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str, max_chars: int | None = None) -> str:
@@ -69,18 +59,24 @@ def _source_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
         raise GrammarCompileError(
             "ebnf", "the outlines backend handles regular grammars only; use llguidance or auto"
         )
-    schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
-    try:
-        json.loads(schema)
-        schema = tighten_one_of(schema)
-    except ValueError as exc:
-        raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
+    schema = schema_text_for(spec)
     try:
         return outlines_core.json_schema.build_regex_from_schema(schema, whitespace_pattern)
     except BaseException as exc:  # pyo3 panics derive from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
+
+
+def schema_text_for(spec: GrammarSpec) -> str:
+    """The schema text outlines-core turns into a regex (``json_schema``, ``json_object``);
+    raises ``GrammarCompileError`` when it does not parse."""
+    schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
+    try:
+        json.loads(schema)
+        return tighten_one_of(schema)
+    except (ValueError, RecursionError) as exc:
+        raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
 
 
 class OutlinesBackend(GrammarBackend):
@@ -91,8 +87,10 @@ class OutlinesBackend(GrammarBackend):
         vocab: TokenizerVocab,
         whitespace_pattern: str = DEFAULT_WHITESPACE_PATTERN,
         max_regex_chars: int | None = None,
+        limits: GrammarLimits | None = None,
     ) -> None:
         self.vocab = vocab
+        self.limits = limits or GrammarLimits()
         self.whitespace_pattern = whitespace_pattern
         # Longer regexes are rejected before building an index: their DFAs take tens of
         # seconds and gigabytes (auto sets this and sends such specs to llguidance).
@@ -114,6 +112,7 @@ class OutlinesBackend(GrammarBackend):
             return self._vocabulary
 
     def compile(self, spec: GrammarSpec) -> OutlinesGrammar:
+        check_compilable(spec, self.limits)
         regex = self.regex_for(spec)
         vocabulary = self.outlines_vocabulary()
         try:
@@ -133,7 +132,20 @@ class OutlinesBackend(GrammarBackend):
             raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
         return self.grammar_from_index(spec, outlines_core.Index.from_binary(data))
 
+    def start_build(self, pool: IndexWorkerPool, spec: GrammarSpec) -> IndexJob:
+        """Starts building ``spec``'s index in one of ``pool``'s child processes (a JSON
+        schema's regex is built there too: it can take gigabytes)."""
+        if spec.kind in ("json_schema", "json_object"):
+            return pool.start_schema(schema_text_for(spec), self.whitespace_pattern,
+                                     self.max_regex_chars, spec.kind)
+        return pool.start(self.regex_for(spec), spec.kind)
+
     def grammar_from_index(self, spec: GrammarSpec, index) -> OutlinesGrammar:
         grammar = OutlinesGrammar(spec, index, self.vocab)
+        if not grammar.is_final(grammar.initial_state) and not grammar.text_token_ids(
+            grammar.initial_state
+        ).size:
+            raise GrammarCompileError(spec.kind, "the grammar accepts no string (no token of "
+                                      "the vocabulary can start it)")
         grammar.warm_rows()  # every row now if the DFA is small; else on first visits
         return grammar

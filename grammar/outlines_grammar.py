@@ -161,12 +161,13 @@ class OutlinesGrammar(CompiledGrammar):
                 break
         return common or b""
 
-    def forced_token_ids(self, state: int) -> list[int]:
-        """Tokens spelling the forced bytes, longest vocabulary match first."""
+    def forced_token_ids(self, state: int, max_tokens: int | None = None) -> list[int]:
+        """Tokens spelling the forced bytes, longest vocabulary match first (at most
+        ``max_tokens`` of them)."""
         remaining = self.forced_bytes(state)
         ids_by_bytes = self.vocab.ids_by_bytes
         tokens: list[int] = []
-        while remaining:
+        while remaining and (max_tokens is None or len(tokens) < max_tokens):
             step = self._longest_forced_token(state, remaining, ids_by_bytes)
             if step is None:
                 break
@@ -288,10 +289,10 @@ class OutlinesMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._terminated
 
-    def forced_tokens(self) -> list[int]:
+    def forced_tokens(self, max_tokens: int | None = None) -> list[int]:
         if self._terminated:
             return []
-        return self._grammar.forced_token_ids(self._state)
+        return self._grammar.forced_token_ids(self._state, max_tokens)
 
     def forced_bytes(self) -> bytes:
         if self._terminated:

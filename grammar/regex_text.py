@@ -59,3 +59,16 @@ def ascii_digit_classes(regex: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+def anchor_regex(regex: str) -> str:
+    r"""Wraps ``regex`` as ``(?:regex)$`` (dropping a leading ``^``).
+
+    outlines-core builds its DFA with leftmost-first match semantics: without the end anchor,
+    tokens leading out of an accepting state into a non-accepting one are missing from the
+    index (``a(bc)?`` never continues after ``a``, ``0(\.[0-9]+)?`` never after ``0``, and in
+    ``cat|category`` the second choice is unreachable). Anchoring at the end of the text makes
+    every complete match count, which is the full-match semantics a grammar needs.
+    """
+    body = regex[1:] if regex.startswith("^") else regex
+    return f"(?:{body})$"

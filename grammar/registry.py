@@ -16,11 +16,11 @@ loaded CPU, still compiles.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from radixlm.grammar.base import (
     CompiledGrammar,
@@ -30,9 +30,11 @@ from radixlm.grammar.base import (
     NullGrammarBackend,
 )
 from radixlm.grammar.cache import GrammarCompileCache
+from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_SPEC_BYTES, GrammarLimits
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import DEFAULT_WHITESPACE_PATTERN, OutlinesBackend
-from radixlm.grammar.outlines_worker import IndexJob, IndexWorkerPool
+from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES, IndexJob, IndexWorkerPool
+from radixlm.grammar.schema_checks import check_compilable, recursive_ref
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,13 @@ class GrammarConfig:
     cache_max_entries: int = 512  # compile cache: in-memory LRU bound
     cache_dir: str | None = None  # compile cache: on-disk folder (None: memory only)
     compile_workers: int = 2  # compile cache: worker threads
+    max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES  # longest spec any backend compiles (UTF-8)
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # deepest schema nesting (objects, arrays)
+    outlines_max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES  # RLIMIT_AS of index builds
+
+    @property
+    def limits(self) -> GrammarLimits:
+        return GrammarLimits(self.max_spec_bytes, self.max_json_depth)
 
     def __post_init__(self) -> None:
         if self.backend not in GRAMMAR_BACKEND_NAMES:
@@ -70,15 +79,12 @@ class GrammarConfig:
             raise ValueError("cache_max_entries and compile_workers must be >= 1")
         if self.outlines_max_regex_chars < 1:
             raise ValueError("outlines_max_regex_chars must be >= 1")
+        if self.outlines_max_memory_bytes < 0:
+            raise ValueError("outlines_max_memory_bytes must be >= 0 (0: no limit)")
+        self.limits  # noqa: B018  (validates the limits)
 
 
-def _uses_keywords_outlines_ignores(spec: GrammarSpec) -> bool:
-    if spec.kind != "json_schema":
-        return False
-    try:
-        schema = json.loads(str(spec.value))
-    except ValueError:
-        return False
+def _uses_keywords_outlines_ignores(schema: Any) -> bool:
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -103,13 +109,15 @@ class AutoGrammarBackend(GrammarBackend):
         outlines_budget_s: float = 3.0,
         lenient_llguidance: LLGuidanceBackend | None = None,
         outlines_last_resort_s: float = 20.0,
+        outlines_max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         self.outlines = outlines
         self.llguidance = llguidance
         self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
         self.outlines_budget_s = outlines_budget_s
         self.outlines_last_resort_s = outlines_last_resort_s
-        self.index_workers = IndexWorkerPool(outlines.outlines_vocabulary)
+        self.index_workers = IndexWorkerPool(outlines.outlines_vocabulary,
+                                             outlines_max_memory_bytes)
         self.num_fallbacks = 0
         self._lock = threading.Lock()
 
@@ -120,8 +128,9 @@ class AutoGrammarBackend(GrammarBackend):
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         errors: list[tuple[GrammarBackend, GrammarCompileError]] = []
         overrun: IndexJob | None = None  # an over-budget outlines-core build, still going
+        schema = check_compilable(spec, self.outlines.limits)
         try:
-            for backend in self._order(spec):
+            for backend in self._order(spec, schema):
                 if errors:
                     with self._lock:
                         self.num_fallbacks += 1
@@ -148,10 +157,12 @@ class AutoGrammarBackend(GrammarBackend):
         reason = f"{last.reason} ({earlier})" if earlier else last.reason
         raise GrammarCompileError(spec.kind, reason) from last
 
-    def _order(self, spec: GrammarSpec) -> list[GrammarBackend]:
+    def _order(self, spec: GrammarSpec, schema: Any = None) -> list[GrammarBackend]:
         if spec.kind in _LLGUIDANCE_ONLY_KINDS:
             return [self.llguidance]
-        if _uses_keywords_outlines_ignores(spec):
+        # outlines-core unrolls recursion to a fixed depth (a dead end deep in a document).
+        if schema is not None and (_uses_keywords_outlines_ignores(schema)
+                                   or recursive_ref(schema) is not None):
             order: list[GrammarBackend] = [self.llguidance, self.outlines]
         else:
             order = [self.outlines, self.llguidance]
@@ -166,8 +177,7 @@ class AutoGrammarBackend(GrammarBackend):
 
     def _compile_outlines_within_budget(self, spec: GrammarSpec) -> CompiledGrammar:
         began = time.monotonic()
-        regex = self.outlines.regex_for(spec)
-        job = self.index_workers.start(regex, spec.kind)
+        job = self.outlines.start_build(self.index_workers, spec)
         index = job.wait(self.outlines_budget_s - (time.monotonic() - began))
         if index is None:
             raise _OutlinesOverrun(
@@ -212,16 +222,18 @@ def create_grammar_backend(config: GrammarConfig, vocab: TokenizerVocab) -> Gram
     if config.backend == "none":
         return NullGrammarBackend()
     if config.backend == "outlines":
-        return OutlinesBackend(vocab, config.whitespace_pattern)
-    llguidance = LLGuidanceBackend(vocab, config.whitespace_pattern)
+        return OutlinesBackend(vocab, config.whitespace_pattern, limits=config.limits)
+    llguidance = LLGuidanceBackend(vocab, config.whitespace_pattern, limits=config.limits)
     if config.backend == "llguidance":
         return llguidance
     return AutoGrammarBackend(
-        OutlinesBackend(vocab, config.whitespace_pattern, config.outlines_max_regex_chars),
+        OutlinesBackend(vocab, config.whitespace_pattern, config.outlines_max_regex_chars,
+                        limits=config.limits),
         llguidance,
         config.outlines_budget_s,
         llguidance.lenient_twin() if config.lenient_json_fallback else None,
         config.outlines_last_resort_s,
+        config.outlines_max_memory_bytes,
     )
 
 

@@ -1,0 +1,196 @@
+"""Shape checks of a parsed JSON schema: recursion through ``$ref`` and whether a finite
+document exists at all.
+
+outlines-core unrolls recursive schemas to a fixed depth, so a recursive schema compiled there
+can reach a state with no way forward in the middle of a document. ``auto`` therefore sends
+recursive schemas to llguidance (an Earley parser: recursion is native) first.
+
+A recursive schema can also admit no finite document: ``{"$ref": "#"}`` (a reference to itself
+and nothing else) or a definition whose required property is the definition again. Both engines
+compile such schemas; generation then either offers only EOS where EOS is not allowed or nests
+forever until the token budget runs out. ``unsatisfiable_reason`` finds them before compiling
+(a least fixed point over the referenced definitions).
+
+Only local references (``#`` and ``#/json/pointer``) are followed; others are treated as
+satisfiable and left to the engines. The checks recurse over the schema's structure, whose
+nesting the front door bounds (``limits.DEFAULT_MAX_JSON_DEPTH``); references are not followed
+recursively.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import unquote
+
+from radixlm.grammar.base import GrammarCompileError, GrammarSpec
+from radixlm.grammar.limits import GrammarLimits, check_spec
+
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
+_OBJECT_HINTS = ("properties", "required", "additionalProperties")
+_ARRAY_HINTS = ("items", "prefixItems", "minItems")
+
+
+def resolve_pointer(schema: Any, ref: str) -> tuple[bool, Any]:
+    """``(True, node)`` for a local reference that resolves, else ``(False, None)``."""
+    if not ref.startswith("#"):
+        return False, None
+    node = schema
+    for raw in unquote(ref[1:]).split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def _refs_in(node: Any) -> list[str]:
+    """Local ``$ref`` values anywhere under ``node`` (iterative walk)."""
+    refs, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                refs.append(ref)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return refs
+
+
+def _ref_graph(schema: Any) -> dict[str, list[str]]:
+    """Reference target -> targets referenced inside it, for every target reachable from the
+    root (unresolvable targets have no entry)."""
+    graph: dict[str, list[str]] = {}
+    pending = ["#"]
+    while pending:
+        target = pending.pop()
+        if target in graph:
+            continue
+        ok, node = resolve_pointer(schema, target)
+        if not ok:
+            continue
+        graph[target] = sorted(set(_refs_in(node)))
+        pending.extend(graph[target])
+    return graph
+
+
+def recursive_ref(schema: Any) -> str | None:
+    """A reference target that (directly or not) contains a reference to itself, or None."""
+    if not isinstance(schema, dict):
+        return None
+    graph = _ref_graph(schema)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in graph:
+        if state.get(start):
+            continue
+        stack = [(start, iter(graph[start]))]
+        state[start] = 1
+        while stack:
+            node, edges = stack[-1]
+            nxt = next(edges, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return nxt
+            elif nxt in graph and not state.get(nxt):
+                state[nxt] = 1
+                stack.append((nxt, iter(graph[nxt])))
+    return None
+
+
+def unsatisfiable_reason(schema: Any) -> str | None:
+    """Why no finite document matches ``schema`` (through ``$ref`` recursion or empty
+    ``enum`` / ``false`` parts on every path), or None when one may exist."""
+    if not isinstance(schema, (dict, bool)):
+        return None
+    graph = _ref_graph(schema) if isinstance(schema, dict) else {}
+    nodes = {t: resolve_pointer(schema, t)[1] for t in graph}
+    known: dict[str, bool] = dict.fromkeys(graph, False)  # least fixed point: start with none
+    changed = True
+    while changed:
+        changed = False
+        for target, node in nodes.items():
+            if not known[target] and _satisfiable(node, known):
+                known[target] = changed = True
+    if _satisfiable(schema, known):
+        return None
+    stuck = sorted(t for t, ok in known.items() if not ok and t != "#")
+    where = f" (through {', '.join(repr(t) for t in stuck[:3])})" if stuck else ""
+    return ("no finite JSON document matches the schema: every alternative refers back to "
+            f"itself with no way to end the recursion{where}")
+
+
+def _satisfiable(node: Any, known: dict[str, bool]) -> bool:
+    if isinstance(node, bool):
+        return node
+    if not isinstance(node, dict):
+        return True  # not a schema: the engines report it
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not known.get(ref, True):
+        return False
+    if not all(_satisfiable(s, known) for s in _as_list(node.get("allOf"))):
+        return False
+    for key in ("anyOf", "oneOf"):
+        branches = _as_list(node.get(key))
+        if branches and not any(_satisfiable(s, known) for s in branches):
+            return False
+    if "const" in node or "enum" in node:
+        return node.get("enum", [None]) != []
+    types = node.get("type")
+    if types is None:
+        if any(k in node for k in _OBJECT_HINTS):
+            types = ["object"]  # what the engines assume
+        elif any(k in node for k in _ARRAY_HINTS):
+            types = ["array"]
+        else:
+            return True
+    types = types if isinstance(types, list) else [types]
+    return any(_type_satisfiable(t, node, known) for t in types)
+
+
+def _type_satisfiable(kind: Any, node: dict, known: dict[str, bool]) -> bool:
+    if kind == "object":
+        properties = node.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        extra = node.get("additionalProperties", True)
+        for name in _as_list(node.get("required")):
+            sub = properties.get(name, extra) if isinstance(name, str) else True
+            if not _satisfiable(sub, known):
+                return False
+        return True
+    if kind == "array":
+        needed = node.get("minItems", 0)
+        needed = needed if isinstance(needed, int) else 0
+        prefix = _as_list(node.get("prefixItems"))
+        if not all(_satisfiable(s, known) for s in prefix[:needed]):
+            return False
+        return needed <= len(prefix) or _satisfiable(node.get("items", True), known)
+    return True
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def check_compilable(spec: GrammarSpec, limits: GrammarLimits | None = None) -> Any:
+    """Raises ``GrammarCompileError`` for a spec no backend should try: over the size or
+    nesting limits, control characters, or (JSON schemas) no finite document. Returns the
+    parsed schema (None for other kinds). Cheap: run by every backend before compiling, so a
+    caller that skipped the front-door check is still safe."""
+    try:
+        check_spec(spec.kind, spec.value, limits)
+    except ValueError as exc:
+        raise GrammarCompileError(spec.kind, str(exc)) from None
+    if spec.kind != "json_schema":
+        return None
+    schema = json.loads(str(spec.value))  # parses: check_spec parsed it within the depth bound
+    reason = unsatisfiable_reason(schema)
+    if reason is not None:
+        raise GrammarCompileError(spec.kind, reason)
+    return schema
