@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.sampling.params import MAX_SEED, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -42,3 +45,19 @@ def check_logprob_args(logprob_start_len: int, top_logprobs_num: int, num_input:
             400,
             "top_logprobs_num",
         )
+
+
+_PARAM_IN_MESSAGE = re.compile(r"^(?:sampling parameter |unknown sampling parameter\(s\): )?"
+                               r"([a-z_]+)")
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def sampling_param_named(message: str) -> str | None:
+    """The parameter a SamplingParams ValueError is about (its messages start with it)."""
+    m = _PARAM_IN_MESSAGE.match(message)
+    return m.group(1) if m and m.group(1) in _SAMPLING_FIELDS else None
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a seeded n > 1 request (stays in the valid range)."""
+    return (seed + index) % (MAX_SEED + 1)

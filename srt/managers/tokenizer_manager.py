@@ -29,7 +29,12 @@ import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.managers.request_checks import check_lengths, check_logprob_args
+from radixlm.srt.managers.request_checks import (
+    check_lengths,
+    check_logprob_args,
+    sample_seed,
+    sampling_param_named,
+)
 from radixlm.srt.managers.request_group import (
     ClientDisconnected,
     DisconnectProbe,
@@ -48,10 +53,10 @@ from radixlm.srt.messages import (
     decode,
     encode,
 )
-from radixlm.srt.sampling.params import MAX_SEED, SamplingParams
+from radixlm.srt.sampling.params import SamplingParams
 
 __all__ = ["ClientDisconnected", "DisconnectProbe", "GenerateError", "GenerateInput",
-           "PreparedReq", "RequestGroup", "TokenizerManager"]
+           "PreparedReq", "RequestGroup", "TokenizerManager", "sample_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +99,6 @@ class PreparedReq:
     def rid(self) -> str:
         """The internal rid (unique, what the scheduler knows the request by)."""
         return self.msg.rid
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample ``index`` of a seeded n > 1 request (stays in the valid range)."""
-    return (seed + index) % (MAX_SEED + 1)
 
 
 class TokenizerManager:
@@ -271,7 +271,7 @@ class TokenizerManager:
             params = SamplingParams.from_dict(inp.sampling_params)
             params.validate(self.vocab_size)
         except ValueError as e:
-            raise GenerateError(str(e), 400) from None
+            raise GenerateError(str(e), 400, sampling_param_named(str(e))) from None
         return params
 
     async def _input_ids(self, inp: GenerateInput) -> list[int]:
