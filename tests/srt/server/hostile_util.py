@@ -77,6 +77,7 @@ class LiveServer:
              timeout: float = HTTP_TIMEOUT_S, **kw: Any) -> httpx.Response:
         headers = {**self.headers, **kw.pop("headers", {})}
         if raw is not None:
+            headers.setdefault("Content-Type", "application/json")
             return httpx.post(self.url + path, content=raw, headers=headers, timeout=timeout, **kw)
         return httpx.post(self.url + path, json=body, headers=headers, timeout=timeout, **kw)
 

@@ -118,10 +118,16 @@ POST_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/abort_r
 
 
 @pytest.mark.parametrize("route", POST_ROUTES)
-@pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_body_is_4xx(server: LiveServer, route: str, name: str) -> None:
-    r = server.post(route, raw=MALFORMED[name], timeout=20)
-    assert_4xx(r)
+def test_malformed_body_is_400(server: LiveServer, route: str) -> None:
+    """Sent as application/json: each is a 400 (a 413 or 415 would mean the check misfired)."""
+    failures = Failures()
+    for name in sorted(MALFORMED):
+        failures.check(name, lambda b=MALFORMED[name]: assert_openai_error(
+            server.post(route, raw=b, timeout=20), (400, 422)))
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        failures.check(ctype, lambda c=ctype: assert_openai_error(server.post(
+            route, raw=b"text=hi", headers={"Content-Type": c}, timeout=20), (400, 415)))
+    failures.assert_none()
 
 
 def test_wrong_field_types_are_400(server: LiveServer) -> None:
@@ -373,14 +379,14 @@ def test_request_larger_than_kv_pool(keyed: LiveServer) -> None:
 
 
 def test_pool_pressure_queues_and_matches_serial(keyed: LiveServer) -> None:
-    """Requests that fit alone but not together (4 x 190 tokens on a 256-token pool) all
+    """Requests that fit alone but not together (3 x 130 tokens on a 256-token pool) all
     finish with their serial greedy output."""
-    bodies = [{"input_ids": ids_prompt(150, 2000 + 10 * k), "sampling_params": {
-        "max_new_tokens": 40, "ignore_eos": True, **GREEDY}} for k in range(4)]
+    bodies = [{"input_ids": ids_prompt(100, 2000 + 10 * k), "sampling_params": {
+        "max_new_tokens": 30, "ignore_eos": True, **GREEDY}} for k in range(3)]
     serial = [keyed.post("/generate", b, timeout=60).json()["output_ids"] for b in bodies]
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(3) as pool:
         outs = list(pool.map(lambda b: keyed.post("/generate", b, timeout=120), bodies))
-    assert [o.status_code for o in outs] == [200] * 4, [o.text[:200] for o in outs]
+    assert [o.status_code for o in outs] == [200] * 3, [o.text[:200] for o in outs]
     assert [o.json()["output_ids"] for o in outs] == serial
 
 
@@ -533,11 +539,23 @@ def test_model_name_missing_vs_unknown(server: LiveServer, route: str) -> None:
 
 
 # ---------------------------------------------------------------------- API key
-def app_routes(keyed: LiveServer) -> list[tuple[str, str]]:
-    """(method, path) of every route the server's FastAPI app has."""
-    from fastapi.routing import APIRoute
+def _walk_routes(routes: list, prefix: str = "") -> list[tuple[str, str]]:
     from starlette.routing import Route
 
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None) or getattr(route, "app", None)
+        if isinstance(route, Route):
+            path = re.sub(r"\{[^}]+\}", "x", prefix + route.path)
+            out += [(m, path) for m in sorted(route.methods or ()) if m != "HEAD"]
+        elif getattr(inner, "routes", None) is not None:  # an included router or a mount
+            ctx = getattr(route, "include_context", None)
+            out += _walk_routes(inner.routes, prefix + (getattr(ctx, "prefix", "") or ""))
+    return out
+
+
+def app_routes(keyed: LiveServer) -> list[tuple[str, str]]:
+    """(method, path) of every route of the server's FastAPI app, built in-process."""
     from radixlm.srt.config import ServerConfig
     from radixlm.srt.managers.scheduler_process import IpcEndpoints
     from radixlm.srt.managers.tokenizer_manager import TokenizerManager
@@ -546,14 +564,9 @@ def app_routes(keyed: LiveServer) -> list[tuple[str, str]]:
     with tempfile.TemporaryDirectory() as ipc:
         tm = TokenizerManager(ServerConfig(api_key=API_KEY), None, IpcEndpoints.in_dir(ipc))
         tm.info = keyed.info()
-        app = create_app(tm)
-        out = []
-        for route in app.routes:
-            if isinstance(route, (APIRoute, Route)):
-                path = re.sub(r"\{[^}]+\}", "x", route.path)
-                out += [(m, path) for m in sorted(route.methods or ()) if m != "HEAD"]
+        routes = _walk_routes(create_app(tm).routes)
         asyncio.run(tm.close())
-    return out
+    return sorted(set(routes))
 
 
 def test_api_key_on_every_route(keyed: LiveServer) -> None:
@@ -728,7 +741,7 @@ def _storm_one(server: LiveServer, k: int, plan: tuple[str, float], tag: str) ->
     how, delay = plan
     rid = f"{tag}-{k}"
     body = {"rid": rid, "text": f"Storm request number {k % 9}", "stream": k % 2 == 0,
-            "sampling_params": {"max_new_tokens": 16 if how == "keep" else 200,
+            "sampling_params": {"max_new_tokens": 16 if how == "keep" else 120,
                                 "ignore_eos": True, **GREEDY}}
     if how == "disconnect":
         sock = raw_request(server, "/generate", orjson.dumps(body))
@@ -750,7 +763,7 @@ def test_abort_storm(server: LiveServer) -> None:
     rng = random.Random(1234)
     tag = f"storm-{uuid.uuid4().hex[:6]}"
     plans = [(rng.choice(["keep", "abort", "abort", "disconnect"]), rng.uniform(0.0, 1.5))
-             for _ in range(48)]
+             for _ in range(36)]
     ref_body = {"sampling_params": {"max_new_tokens": 16, "ignore_eos": True, **GREEDY}}
     serial = {j: server.post("/generate", {**ref_body, "text": f"Storm request number {j}"})
               .json()["output_ids"] for j in range(9)}
@@ -793,15 +806,15 @@ def _mixed_call(server: LiveServer, kind: str, prompt: str) -> str:
 
 
 def test_concurrent_mixed_requests_match_serial(server: LiveServer) -> None:
-    prompts = [f"Item {i}: the {['cat', 'sky', 'sea', 'code'][i % 4]} is" for i in range(12)]
-    calls = [(CONCURRENT_KINDS[k % 6], prompts[k % 12]) for k in range(144)]
+    prompts = [f"Item {i}: the {['cat', 'sky', 'sea', 'code'][i % 4]} is" for i in range(8)]
+    calls = [(CONCURRENT_KINDS[k % 6], prompts[(k // 6) % 8]) for k in range(144)]
     serial = {c: _mixed_call(server, *c) for c in sorted(set(calls))}
     with ThreadPoolExecutor(len(calls)) as pool:
         results = list(pool.map(lambda c: _mixed_call(server, *c), calls))
     wrong = [(c, r, serial[c]) for c, r in zip(calls, results, strict=True) if r != serial[c]]
     assert not wrong, f"{len(wrong)} of {len(calls)} differ from the serial run: {wrong[:5]}"
-    for kind in ("native", "completions"):  # both routes run the same greedy decode
-        assert serial[(kind, prompts[0])] == serial[("native", prompts[0])]
+    for p in prompts:  # both routes run the same greedy decode of the same tokens
+        assert serial[("completions", p)] == serial[("native", p)], p
 
 
 # ---------------------------------------------------------------------- stream protocol
@@ -860,4 +873,5 @@ def test_openai_stream_aborted_mid_way(server: LiveServer, route: str) -> None:
         r, events = fut.result(timeout=30)
     assert r.status_code == 200, r.text
     last = events[-2]
-    assert "error" in last or last["choices"][0]["finish_reason"] is not None, last
+    assert "error" in last or last["choices"][0]["finish_reason"] not in (None, "length"), (
+        f"the abort did not end the stream: {last}")
