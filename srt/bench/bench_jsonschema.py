@@ -289,6 +289,16 @@ def print_failures(reports: dict[str, SubsetReport]) -> None:
                 print(f"  invalid {case.name}: {doc.text[:160]!r}")
 
 
+def print_unfinished(reports: dict[str, SubsetReport], chars: int = 240) -> None:
+    """The end of each document that ran out of tokens: what the grammar let run long."""
+    print("\nunfinished documents (last characters):")
+    for r in reports.values():
+        chosen = [c for c, res in zip(r.cases, r.compiles["auto"], strict=True) if res.ok]
+        for case, doc in zip(chosen, r.docs, strict=True):
+            if not doc.finished and not doc.error:
+                print(f"  {case.name}: ...{doc.text[-chars:]!r}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -301,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-schema-chars", type=int, default=2000,
                     help="schema text shown in the prompt (the constraint is the full schema)")
     ap.add_argument("--skip-generation", action="store_true")
+    ap.add_argument("--show-unfinished", action="store_true",
+                    help="print the end of every document that ran out of tokens")
     args = ap.parse_args(argv)
 
     from radixlm.srt.models.default_model import resolve_model_path
@@ -334,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_generation:
         print_generation_table(with_overall(reports))
         print_failures(reports)
+        if args.show_unfinished:
+            print_unfinished(reports)
 
 
 if __name__ == "__main__":
