@@ -34,7 +34,11 @@ from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_SPEC_BYTE
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import DEFAULT_WHITESPACE_PATTERN, OutlinesBackend
 from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES, IndexJob, IndexWorkerPool
-from radixlm.grammar.schema_checks import check_compilable, recursive_ref
+from radixlm.grammar.schema_checks import (
+    check_compilable,
+    outlines_regex_lower_bound,
+    recursive_ref,
+)
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
@@ -166,6 +170,9 @@ class AutoGrammarBackend(GrammarBackend):
             order: list[GrammarBackend] = [self.llguidance, self.outlines]
         else:
             order = [self.outlines, self.llguidance]
+        limit = self.outlines.max_regex_chars
+        if schema is not None and limit and outlines_regex_lower_bound(schema) > limit:
+            order.remove(self.outlines)  # its regex would be rejected as too long anyway
         if spec.kind == "json_schema" and self.lenient_llguidance is not None:
             order.append(self.lenient_llguidance)
         return order

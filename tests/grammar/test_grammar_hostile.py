@@ -244,3 +244,16 @@ def test_an_index_build_past_the_address_space_limit_kills_only_the_child(vocab)
         assert pool.start("(?:abc)$", "regex").wait(30.0) is not None  # a fresh child
     finally:
         pool.close()
+
+
+def test_auto_skips_outlines_when_optional_properties_make_its_regex_too_long(vocab):
+    # 200 optional properties: outlines-core's regex would have millions of characters.
+    backend = create_grammar_backend(GrammarConfig(backend="auto"), vocab)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(200)}}
+    try:
+        assert backend.compile(GrammarSpec.json_schema(schema)).backend_name == "llguidance"
+        assert backend.index_workers.num_idle() == 0  # no outlines-core child was started
+        small = {"type": "object", "properties": {"a": {"type": "string"}}}
+        assert backend.compile(GrammarSpec.json_schema(small)).backend_name == "outlines"
+    finally:
+        backend.shutdown()
