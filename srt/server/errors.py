@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -91,7 +92,9 @@ def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, .
 
 
 async def parse_body(request: Request, model: type[BaseModel],
-                     unsupported: dict[str, tuple[Any, ...]] | None = None) -> Any:
+                     unsupported: dict[str, tuple[Any, ...]] | None = None,
+                     precheck: tuple[Callable[[dict[str, Any], int], None], int] | None = None,
+                     ) -> Any:
     """The JSON body validated as ``model`` (strict types); GenerateError 415 for another
     content type, 413 (from the body-size middleware) for a body over the limit, 400 for
     malformed JSON or wrong fields."""
@@ -104,6 +107,13 @@ async def parse_body(request: Request, model: type[BaseModel],
     if not isinstance(data, dict):
         raise GenerateError("the request body must be a JSON object", 400)
     reject_unsupported(data, unsupported or {})
+    if precheck is not None:
+        check, limit = precheck
+        try:
+            check(data, limit)
+        except ValueError as e:
+            param = str(e).split(" ", 1)[0]
+            raise GenerateError(str(e), 400, param) from None
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -29,6 +29,7 @@ from radixlm.srt.server.protocol import (
     DetokenizeInput,
     GenerateReqInput,
     TokenizeInput,
+    precheck_batch,
 )
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
@@ -145,7 +146,8 @@ async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[by
 
 @router.post("/generate", openapi_extra=json_body(GenerateReqInput), responses=STREAM_RESPONSE)
 async def generate(request: Request) -> Response:
-    body = await parse_body(request, GenerateReqInput, UNSUPPORTED_NATIVE)
+    body = await parse_body(request, GenerateReqInput, UNSUPPORTED_NATIVE,
+                            (precheck_batch, MAX_SEQUENCES_PER_REQUEST))
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)
@@ -242,7 +244,8 @@ async def _generate_one_token(request: Request) -> Response:
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeInput))
 async def tokenize(request: Request) -> Response:
-    body = await parse_body(request, TokenizeInput)
+    body = await parse_body(request, TokenizeInput, None,
+                            (precheck_batch, MAX_SEQUENCES_PER_REQUEST))
     tm = get_tm(request)
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
     tokens = [await tm.tokenize_async(p, body.add_special_tokens) for p in prompts]

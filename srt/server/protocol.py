@@ -10,6 +10,7 @@ boolean is not an integer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -150,3 +151,33 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# ---------------------------------------------------------------------- cheap size checks
+# Run on the decoded JSON before model validation, which holds the GIL for a while on
+# hundreds of thousands of items (and so would stall every other request).
+Precheck = Callable[[dict[str, Any], int], None]
+
+
+def _check_len(value: Any, limit: int, name: str) -> None:
+    if isinstance(value, list) and len(value) > limit:
+        raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
+
+
+def precheck_batch(data: dict[str, Any], max_items: int) -> None:
+    """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded."""
+    for name in ("text", "prompt"):
+        _check_len(data.get(name), max_items, name)
+    ids = data.get("input_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        _check_len(ids, max_items, "input_ids")
+
+
+def precheck_chat(data: dict[str, Any], max_items: int) -> None:
+    """No more messages, nor content parts, than the context has tokens."""
+    messages = data.get("messages")
+    _check_len(messages, max_items, "messages")
+    parts = sum(len(m["content"]) for m in messages or () if isinstance(m, dict)
+                and isinstance(m.get("content"), list))
+    if parts > max_items:
+        raise ValueError(f"messages hold {parts} content parts; at most {max_items}")

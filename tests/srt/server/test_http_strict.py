@@ -427,3 +427,16 @@ def test_context_length_still_enforced(stack: FakeStack) -> None:
     err = error_of(post(stack, "/generate", {"text": "hi", "sampling_params": {
         "max_new_tokens": CONTEXT_LENGTH}}), 400)
     assert err["param"] == "max_new_tokens"
+
+
+@pytest.mark.parametrize("body", [
+    {**CHAT, "messages": [{"role": "user", "content": "hi "}] * 200_000},
+    {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 200_000}]},
+    {"text": ["hi"] * 300_000},
+], ids=["messages", "content-parts", "native-batch"])
+def test_many_items_are_refused_before_model_validation(stack: FakeStack, body: dict) -> None:
+    """Validating 200 000 pydantic models holds the GIL for seconds (it stalled /health)."""
+    path = "/v1/chat/completions" if "messages" in body else "/generate"
+    t0 = time.monotonic()
+    err = error_of(post(stack, path, body), 400)
+    assert time.monotonic() - t0 < 1.5 and "at most" in err["message"], err
