@@ -25,10 +25,17 @@ from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.messages import AbortReq, ControlReq, TokenizedGenerateReq
 from radixlm.srt.managers.results import RequestResult
+from radixlm.srt.messages import (
+    AbortReq,
+    BatchTokenOut,
+    ControlReply,
+    ControlReq,
+    TokenizedGenerateReq,
+)
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler import Scheduler
+from radixlm.srt.scheduler.failures import handle_message, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,7 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._results: dict[str, tuple[RequestResult, queue.Queue]] = {}
         self._replies: dict[str, queue.Queue] = {}
+        self._groups: dict[str, list[str]] = {}  # a batch's rid -> its requests' rids
         self._ids = itertools.count()
         self._driving = threading.Lock()  # held by the caller that runs scheduler steps
 
@@ -83,12 +91,18 @@ class Engine:
         rids = [self._submit(ids, sp, stream, rid if not is_batch else None, **logprob) for ids, sp in jobs]
         if stream:
             return self._stream(rids[0])
+        if is_batch and rid is not None:
+            self._groups[rid] = rids  # abort(rid) aborts every sample
         results, error = [], None
-        for r in rids:  # wait for every request, even after one failed, so none is left behind
-            try:
-                results.append(self._wait(r))
-            except ValueError as e:
-                error = error or e
+        try:
+            for r in rids:  # wait for every request, even after one failed, so none is left behind
+                try:
+                    results.append(self._wait(r))
+                except ValueError as e:
+                    error = error or e
+        finally:
+            if is_batch and rid is not None:
+                self._groups.pop(rid, None)
         if error is not None:
             raise error
         return results if is_batch else results[0]
@@ -99,7 +113,10 @@ class Engine:
         )
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
-        self._inbox.put(AbortReq(rid=rid, abort_all=abort_all))
+        """Aborts the request ``rid`` (exact match; for a batch or ``n > 1`` request given a
+        ``rid``, every one of its samples), or every request with ``abort_all``."""
+        for one in ([""] if abort_all else self._groups.get(rid, [rid])):
+            self._inbox.put(AbortReq(rid=one, abort_all=abort_all))
         if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
             try:
                 self._drain_inbox()
@@ -210,12 +227,7 @@ class Engine:
         self._drain_inbox()
         if not self.scheduler.has_work():
             return
-        try:
-            out = self.scheduler.step()
-        except Exception:
-            logger.exception("scheduler step failed; aborting every request")
-            self.scheduler.abort("", abort_all=True)
-            return
+        out = run_step(self.scheduler)  # never raises; a failed step reports what it held
         if out is not None:
             self._dispatch(self._detokenizer.handle(out))
 
@@ -225,9 +237,11 @@ class Engine:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            reply = self.scheduler.handle(msg)
-            if reply is not None:
+            reply = handle_message(self.scheduler, msg)  # never raises
+            if isinstance(reply, ControlReply):
                 self._replies.pop(reply.req_id).put(reply)
+            elif isinstance(reply, BatchTokenOut):  # a request the scheduler failed to admit
+                self._dispatch(self._detokenizer.handle(reply))
 
     def _dispatch(self, out) -> None:
         for i, rid in enumerate(out.token_out.rids):

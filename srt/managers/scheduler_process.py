@@ -27,15 +27,7 @@ import zmq
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.heartbeat import start_heartbeat
-from radixlm.srt.messages import (
-    AbortReq,
-    BatchTokenOut,
-    ControlReply,
-    ControlReq,
-    TokenizedGenerateReq,
-    decode,
-    encode,
-)
+from radixlm.srt.messages import BatchTokenOut, ControlReply, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +115,10 @@ def report_failure(conn: Connection, what: str) -> None:
 
 class SchedulerLoop:
     def __init__(self, scheduler: Any, endpoints: IpcEndpoints, life: ChildLifecycle) -> None:
+        # the scheduler package (torch) loads in the child only, as Scheduler does
+        from radixlm.srt.scheduler.failures import handle_message, run_step
+
+        self._run_step, self._handle_message = run_step, handle_message
         self.scheduler = scheduler
         self.life = life
         self.ctx = zmq.Context()
@@ -144,12 +140,7 @@ class SchedulerLoop:
         self.ctx.destroy(linger=1000)
 
     def run_step(self) -> None:
-        try:
-            out = self.scheduler.step()
-        except Exception:  # never die for one batch: finish what it held with an error
-            logger.exception("scheduler step failed; aborting every request")
-            self.scheduler.abort("", abort_all=True)
-            return
+        out = self._run_step(self.scheduler)  # never raises; a failed step reports what it held
         if out is not None:
             self.detok_sock.send(encode(out))
 
@@ -165,35 +156,11 @@ class SchedulerLoop:
             timeout = 0
 
     def dispatch(self, msg: Any) -> None:
-        try:
-            reply = self.scheduler.handle(msg)
-        except Exception as e:  # one bad message must not take the scheduler down
-            logger.exception("scheduler failed on %s", type(msg).__name__)
-            reply = self._failure_reply(msg, e)
+        reply = self._handle_message(self.scheduler, msg)  # never raises
         if isinstance(reply, ControlReply):
             self.reply_sock.send(encode(reply))
         elif isinstance(reply, BatchTokenOut):
             self.detok_sock.send(encode(reply))
-
-    @staticmethod
-    def _failure_reply(msg: Any, e: Exception) -> ControlReply | BatchTokenOut | None:
-        if isinstance(msg, ControlReq):
-            return ControlReply(msg.req_id, False, {"message": f"internal error: {e}"})
-        if isinstance(msg, TokenizedGenerateReq):
-            return abort_output(msg.rid, len(msg.input_ids), f"internal error: {e}")
-        assert isinstance(msg, AbortReq), type(msg).__name__
-        return None
-
-
-def abort_output(rid: str, prompt_tokens: int, message: str) -> BatchTokenOut:
-    """A BatchTokenOut that finishes one request with an error before it produced anything."""
-    return BatchTokenOut(
-        rids=[rid], new_token_ids=[[]],
-        finish_reason=[{"type": "abort", "message": message, "status_code": 500}],
-        prompt_tokens=[prompt_tokens], completion_tokens=[0], cached_tokens=[0],
-        no_stop_trim=[False], skip_special_tokens=[True], output_token_logprobs=[None],
-        output_top_logprobs=[None], input_token_logprobs=[None], input_top_logprobs=[None],
-    )
 
 
 def run_scheduler_process(

@@ -34,10 +34,29 @@ class ScheduledBatch:
         """Whether request i has all its tokens cached after this step (it samples next)."""
         return self.completes[i]
 
+    def new_tokens(self, i: int) -> list[int]:
+        """The token ids request i computes in this step."""
+        return self.reqs[i].fill_slice(self.starts[i], self.starts[i] + self.extend_lens[i])
+
+    def single(self, i: int) -> ScheduledBatch:
+        """A batch of request i alone (same positions and slots)."""
+        one = ScheduledBatch(self.mode)
+        one.reqs, one.starts, one.extend_lens = [self.reqs[i]], [self.starts[i]], [self.extend_lens[i]]
+        one.slots, one.completes = [self.slots[i]], [self.completes[i]]
+        return one
+
+    def remove(self, indices: list[int]) -> list[Req]:
+        """Takes requests out of the batch; returns them."""
+        drop = set(indices)
+        removed = [r for i, r in enumerate(self.reqs) if i in drop]
+        for name in ("reqs", "starts", "extend_lens", "slots", "completes"):
+            setattr(self, name, [x for i, x in enumerate(getattr(self, name)) if i not in drop])
+        return removed
+
     def layout(self) -> BatchLayout:
         ids: list[int] = []
         positions: list[int] = []
-        for req, start, ext in zip(self.reqs, self.starts, self.extend_lens):
+        for req, start, ext in zip(self.reqs, self.starts, self.extend_lens, strict=True):
             ids += req.fill_slice(start, start + ext)
             positions += range(start, start + ext)
         return BatchLayout(
@@ -56,7 +75,7 @@ class ScheduledBatch:
         rows: list[int] = []
         per_req: list[list[int]] = []
         offset = 0
-        for i, (req, start, ext) in enumerate(zip(self.reqs, self.starts, self.extend_lens)):
+        for i, (req, start, ext) in enumerate(zip(self.reqs, self.starts, self.extend_lens, strict=True)):
             mine: list[int] = []
             if req.wants_input_logprobs:
                 first = max(req.logprob_start_len - 1, 0)

@@ -53,12 +53,17 @@ from radixlm.grammar import (
     apply_edit,
     build_vocab,
     create_compile_cache,
-    forced_continuation,
-    retokenize_forced,
 )
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.scheduler.jump_forward import (  # noqa: F401 (drop_kv_tail, LOOKBACK: API)
+    JUMP_FORWARD_LOOKBACK,
+    bounded_forced_edit,
+    drop_kv_tail,
+    edit_output,
+    max_rollback,
+)
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.mask_prefetch import MaskPrefetcher
 from radixlm.srt.scheduler.req import Req
@@ -66,7 +71,6 @@ from radixlm.srt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
-JUMP_FORWARD_LOOKBACK = 4  # output tokens re-encoded together with forced text
 
 
 def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
@@ -245,7 +249,8 @@ class GrammarManager:
 
     # ------------------------------------------------------------------ per step
     def fill_masks(self, reqs: list[Req]) -> GrammarMasks | None:
-        """Masks for the sampling rows of ``reqs`` (None when none is constrained)."""
+        """Masks for the sampling rows of ``reqs`` (None when none is constrained). A request
+        whose row cannot be filled is finished here (the caller skips its sampled token)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
@@ -255,7 +260,11 @@ class GrammarManager:
             self._buffer = BitmaskBuffer(self._bitmask)
         bitmask = self._bitmask[: len(reqs)]
         for i in rows:
-            self._fill_row(reqs[i], i)
+            try:
+                self._fill_row(reqs[i], i)
+            except Exception as e:  # only this request ends; its row allows every token
+                self.fail_request(reqs[i], e)
+                bitmask[i].fill_(-1)
         self.stats.num_mask_rows += len(rows)
         self._prefetcher.forget_finished()
         return GrammarMasks(bitmask, rows)
@@ -278,9 +287,15 @@ class GrammarManager:
     def accept_sampled(self, req: Req) -> None:
         """Feeds the token just appended to ``req.output_ids`` to the request's matcher. A
         token the grammar rejects (only possible when no token was allowed) is taken back and
-        the request ends with an error."""
+        the request ends with an error; so does a matcher that fails."""
         token = req.output_ids[-1]
-        if not req.grammar.accept_token(token):
+        try:
+            accepted = req.grammar.accept_token(token)
+        except Exception as e:
+            req.output_ids.pop()  # the matcher's state no longer matters: the request ends
+            self.fail_request(req, e)
+            return
+        if not accepted:
             req.output_ids.pop()
             req.finish({"type": "abort", "message": f"internal error: the grammar rejected "
                         f"sampled token {token}", "status_code": 500})
@@ -290,9 +305,23 @@ class GrammarManager:
         (``stop``: the EOS id, or None if it ended without one); otherwise forced text is
         appended (jump-forward), then the stop check runs again (length, stop strings). A
         request that goes on gets its next mask row prefetched."""
-        self._advance(req, kv, stop)
+        try:
+            self._advance(req, kv, stop)
+        except Exception as e:
+            self.fail_request(req, e)
         if self.prefetch_enabled and not req.is_finished:
             self._prefetcher.submit(req)
+
+    def fail_request(self, req: Req, error: Exception) -> None:
+        """Ends ``req`` because its matcher raised (a grammar too complex for the backend, such
+        as llguidance's "row has N items"): a 400 naming the reason, for this request only."""
+        logger.warning("grammar of %s failed while decoding: %s", req.rid, error)
+        spec = grammar_spec(req.params)
+        kind = spec.kind if spec is not None else "grammar"
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        req.finish({"type": "abort", "status_code": 400, "message": f"the {kind} grammar "
+                    f"failed while decoding (simplify it): {reason}"})
+        self.stats.num_failed += 1
 
     def _advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
         if req.is_finished:
@@ -309,50 +338,22 @@ class GrammarManager:
         room = min(req.params.max_new_tokens - len(req.output_ids), context_length - req.seq_len)
         if room <= 0:
             return False
-        edit = self._forced_edit(req)
+        rollback = max_rollback(req, self.page_size)
+        edit = bounded_forced_edit(req.grammar, self.vocab, req.output_ids, room, rollback)
         if edit is None:
             return False
         # The last forced token is left to the model: it may merge with the text after it
         # (``"name"`` then ``:`` is naturally ``"name`` + ``":``).
         num_new = min(len(edit.token_ids) - 1, room + edit.num_rollback)
         edit = JumpForwardEdit(edit.num_rollback, edit.token_ids[:num_new])
-        if num_new <= edit.num_rollback or edit.num_rollback > self._max_rollback(req):
+        if num_new <= edit.num_rollback or edit.num_rollback > rollback:
             return False  # no net progress, or an edit reaching into fixed tokens
         if not apply_edit(req.grammar, edit):
             return False
-        self._edit_output(req, edit, kv)
-        return True
-
-    def _forced_edit(self, req: Req) -> JumpForwardEdit | None:
-        forced = forced_continuation(req.grammar, self.vocab)
-        if forced.text:
-            return retokenize_forced(req.grammar, self.vocab, req.output_ids, forced.text,
-                                     lookback=self._max_rollback(req))
-        if forced.token_ids:
-            return JumpForwardEdit(0, forced.token_ids)
-        return None
-
-    def _max_rollback(self, req: Req) -> int:
-        """Output tokens an edit may drop: never ones already streamed, never ones whose KV
-        the prefix cache owns, and with pages larger than one token only the token sampled
-        this step (its KV is not written yet)."""
-        limit = min(JUMP_FORWARD_LOOKBACK, len(req.output_ids) - req.num_sent_tokens,
-                    len(req.fill_ids) - req.num_cached_prefix)
-        if self.page_size > 1:
-            limit = min(limit, len(req.fill_ids) - req.num_kv_tokens)
-        return max(limit, 0)
-
-    def _edit_output(self, req: Req, edit: JumpForwardEdit, kv: KVManager) -> None:
-        keep = len(req.output_ids) - edit.num_rollback
-        new_len = len(req.prompt_ids) + keep
-        if req.num_kv_tokens > new_len:
-            drop_kv_tail(kv, req, new_len)
-        del req.output_ids[keep:]
-        req.output_ids.extend(edit.token_ids)
-        net = len(edit.token_ids) - edit.num_rollback
-        req.num_forced_tokens += net
+        net = edit_output(req, edit, kv)
         self.stats.num_jump_forwards += 1
         self.stats.num_forced_tokens += net
+        return True
 
     # ------------------------------------------------------------------ state
     def info(self) -> dict[str, Any]:
@@ -380,12 +381,3 @@ class GrammarManager:
             self._setup_pool.shutdown(wait=False, cancel_futures=True)
         self._setup = self._setup_pool = None
 
-
-def drop_kv_tail(kv: KVManager, req: Req, new_len: int) -> None:
-    """Frees the KV slots of the request's positions ``[new_len, num_kv_tokens)``: tokens a
-    jump-forward edit dropped. They are never in the prefix cache (page size 1 here, or no
-    written KV at all with larger pages)."""
-    assert req.num_cached_prefix <= new_len < req.num_kv_tokens, (new_len, req.num_kv_tokens)
-    slots = kv.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=new_len).clone()
-    kv.allocator.free(slots)
-    req.num_kv_tokens = new_len

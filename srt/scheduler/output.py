@@ -27,11 +27,11 @@ def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: 
             lp = torch.log_softmax(logits[rows].float(), dim=-1)
             ids = torch.tensor(targets, dtype=torch.int64, device=lp.device)
             vals = lp.gather(1, ids[:, None])[:, 0].tolist()
-            req.partial_input_logprobs += [[v, t] for v, t in zip(vals, targets)]
+            req.partial_input_logprobs += [[v, t] for v, t in zip(vals, targets, strict=True)]
             if req.top_logprobs_num > 0:
                 tv, ti = top_logprobs(logits[rows], req.top_logprobs_num)
                 req.partial_input_top += [
-                    [[v, t] for v, t in zip(a, b)] for a, b in zip(tv.tolist(), ti.tolist())
+                    [[v, t] for v, t in zip(a, b, strict=True)] for a, b in zip(tv.tolist(), ti.tolist(), strict=True)
                 ]
         if batch.completes_fill(i):
             head = [[None, req.prompt_ids[0]]] if req.logprob_start_len == 0 else []

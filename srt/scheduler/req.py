@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from radixlm.grammar import GrammarMatcher
 
 
+PENDING_TOKEN = -1  # output id of a token sampled on the device and not read back yet
+
+
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

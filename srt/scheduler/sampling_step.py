@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +15,8 @@ from radixlm.srt.scheduler.stop import StopChecker
 
 if TYPE_CHECKING:
     from radixlm.srt.scheduler.grammar_manager import GrammarMasks
+
+logger = logging.getLogger(__name__)
 
 
 def _reads_no_outputs(p) -> bool:
@@ -56,10 +59,29 @@ class SamplingStep:
             every_row = len(masks.rows) == len(reqs)  # skips gathering rows
             apply_token_bitmask_inplace(logits, masks.bitmask, None if every_row else masks.rows)
         suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
-        next_ids = self._sample(logits, reqs, suppress if any(suppress) else None)
+        try:
+            next_ids = self._sample(logits, reqs, suppress if any(suppress) else None)
+        except Exception:
+            logger.exception("sampling a batch of %d failed; sampling its rows apart", len(reqs))
+            next_ids = self._sample_apart(logits, reqs, suppress)
         if raw_lp is not None:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
         return next_ids.tolist()
+
+    def _sample_apart(self, logits: torch.Tensor, reqs: list[Req],
+                      suppress: list[list[int]]) -> torch.Tensor:
+        """Samples each row on its own, so a row whose values break sampling (NaN or infinite
+        logits, say) ends only its own request (with a 500); its id is a placeholder that the
+        caller skips, as it skips every finished request."""
+        ids = []
+        for i, req in enumerate(reqs):
+            try:
+                ids.append(self._sample(logits[i : i + 1], [req], [suppress[i]] if suppress[i] else None))
+            except Exception as e:
+                req.finish({"type": "abort", "status_code": 500,
+                            "message": f"internal error while sampling: {e}"})
+                ids.append(torch.zeros(1, dtype=torch.int64, device=logits.device))
+        return torch.cat(ids)
 
     def sample_on_device(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """Next ids ``[len(reqs)]`` on the logits' device, nothing read back to the host: for

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,7 +29,6 @@ from radixlm.radix import make_prefix_cache
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
-from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -40,11 +38,13 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.failures import internal_error
 from radixlm.srt.scheduler.grammar_manager import GrammarManager, grammar_spec
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
+from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
-from radixlm.srt.scheduler.req import Req, ReqStatus
+from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.stop import StopChecker
 
@@ -52,17 +52,6 @@ logger = logging.getLogger(__name__)
 
 IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
 GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar before looking at new messages
-PENDING_TOKEN = -1  # output id of a token sampled on the device and not read back yet
-
-
-@dataclass
-class InflightDecode:
-    """A decode step launched on the device whose sampled ids are not read back yet."""
-
-    reqs: list[Req]  # in the order of next_ids
-    next_ids: torch.Tensor  # [B] int64 on the device
-    host_ids: torch.Tensor  # [B] int64 on the host, valid once `done` has fired
-    done: Any  # torch.cuda.Event recorded after the copy to host_ids (None on a CPU)
 
 
 class Scheduler:
@@ -87,6 +76,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked: Req | None = None  # a request between two chunks of its prefill
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
+        self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
@@ -117,6 +107,7 @@ class Scheduler:
         except ValueError as e:
             req.finish({"type": "abort", "message": str(e), "status_code": 400})
             self.finished_outside_step.append(req)
+            self.live.add(req)
             return
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
@@ -124,6 +115,7 @@ class Scheduler:
             self.grammars.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
+        self.live.add(req)
 
     def _check_fits(self, req: Req) -> None:
         n = len(req.prompt_ids)
@@ -140,8 +132,11 @@ class Scheduler:
             raise ValueError(f"input_ids must be in [0, {self.runner.vocab_size})")
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
+        """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).
+        The senders hold the rid of every sample of a batch or ``n > 1`` request and abort each
+        one: a prefix match would let a client naming its request ``2`` abort ``20``, ``2a``..."""
         def hit(r: Req) -> bool:
-            return abort_all or r.rid.startswith(rid)
+            return abort_all or r.rid == rid
 
         if self.inflight is not None:
             self.finished_outside_step += self._resolve_inflight()
@@ -201,8 +196,11 @@ class Scheduler:
         return info
 
     def check_idle(self) -> bool:
-        """The leak invariant; only meaningful when nothing runs."""
-        return self.kv.check_idle_invariant()
+        """The leak invariant, and no request state left; only meaningful when nothing runs."""
+        ok = self.kv.check_idle_invariant()
+        if self.live:
+            logger.error("request state left when idle: %s", sorted(r.rid for r in self.live)[:5])
+        return ok and not self.live
 
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
@@ -222,8 +220,9 @@ class Scheduler:
         elif not self.finished_outside_step and not touched:
             self.grammars.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
-        self.finished_outside_step = []
         out = build_batch_output(touched)
+        self.finished_outside_step = []  # after the output: a failed step still reports them
+        self.live.difference_update(r for r in touched if r.is_finished)
         if self.inflight is not None:  # launched this step: their next token is on the device
             for req in self.inflight.reqs:
                 if not req.is_finished:
@@ -352,33 +351,15 @@ class Scheduler:
         return self.kv.ensure_available(self._decode_slots_needed())
 
     def _launch_decode(self, batch: ScheduledBatch) -> InflightDecode:
-        layout = batch.layout()
-        if self.inflight is not None:  # inputs: the in-flight step's samples, on the device
-            prev = self.inflight
-            if len(prev.reqs) == len(batch.reqs) and all(a is b for a, b in zip(prev.reqs, batch.reqs, strict=True)):
-                layout.input_ids_on_device = prev.next_ids
-            else:
-                row = {id(r): i for i, r in enumerate(prev.reqs)}
-                index = to_device([row[id(r)] for r in batch.reqs], prev.next_ids.device)
-                layout.input_ids_on_device = prev.next_ids[index]
-        logits = self.runner.forward(layout, list(range(len(batch.reqs))))
-        next_ids = self.sampling.sample_on_device(logits, batch.reqs)
+        launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
         self.num_forward_steps += 1
-        if next_ids.device.type != "cuda":
-            return InflightDecode(batch.reqs, next_ids, next_ids, None)
-        host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
-        host.copy_(next_ids, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return InflightDecode(batch.reqs, next_ids, host, done)
+        return launched
 
     def _resolve_inflight(self) -> list[Req]:
         """Reads the in-flight step's tokens back, appends them and runs the finish checks."""
         step, self.inflight = self.inflight, None
-        if step.done is not None:
-            step.done.synchronize()
         touched = []
-        for req, tok in zip(step.reqs, step.host_ids.tolist(), strict=True):
+        for req, tok in zip(step.reqs, step.read_back(), strict=True):
             if req.status is ReqStatus.FINISHED:  # finished one step earlier: drop this token
                 continue
             assert req.output_ids[-1] == PENDING_TOKEN
@@ -388,14 +369,20 @@ class Scheduler:
         return self._retire(touched)
 
     def _run(self, batch: ScheduledBatch, is_prefill: bool) -> list[Req]:
+        """Forward, sampling and finish checks of one batch. Whatever one request's values
+        break (a token id the model cannot embed, its grammar, its sampling row) ends that
+        request with an error and leaves the others running."""
+        layout = batch.layout()
+        rejected = self._reject_unembeddable(batch, layout.input_ids)
+        if rejected:
+            if not batch.reqs:
+                return rejected
+            layout = batch.layout()
         rows, per_req = batch.logit_rows()
         try:
-            logits = self.runner.forward(batch.layout(), rows)
+            logits = self.runner.forward(layout, rows)
         except Exception as e:  # one bad batch must not take the scheduler down
-            logger.exception("forward failed")
-            for req in batch.reqs:
-                req.finish({"type": "abort", "message": f"internal error: {e}"})
-            return self._retire(batch.reqs, keep_in_cache=False)
+            return rejected + self._forward_failed(batch, is_prefill, e)
         self.num_forward_steps += 1
         record_input_logprobs(batch, logits, per_req)
         samplers = []
@@ -409,13 +396,8 @@ class Scheduler:
         masks = self.grammars.fill_masks(sample_reqs)
         next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
         for req, tok in zip(sample_reqs, next_ids, strict=True):
-            req.output_ids.append(tok)
-            if req.grammar is not None:
-                self.grammars.accept_sampled(req)  # may end it with an error
-            if not req.is_finished:
-                self.stop_checker.check(req)
-            if req.grammar is not None:
-                self.grammars.advance(req, self.kv, self.stop_checker)
+            if not req.is_finished:  # else its mask row or its sampling failed
+                self._take_token(req, tok)
         for i, req in enumerate(batch.reqs):
             if is_prefill and not req.is_finished:
                 self.kv.cache_chunk(req)  # share the prefilled tokens with later requests now
@@ -423,7 +405,49 @@ class Scheduler:
                 self.chunked = req
             elif is_prefill and not req.is_finished:  # decode batches hold running requests
                 self.running.append(req)
-        return self._retire(batch.reqs)
+        return rejected + self._retire(batch.reqs)
+
+    def _take_token(self, req: Req, tok: int) -> None:
+        """Appends a sampled token and runs the request's finish checks and grammar."""
+        try:
+            req.output_ids.append(tok)
+            if req.grammar is not None:
+                self.grammars.accept_sampled(req)  # may end it with an error
+            if not req.is_finished:
+                self.stop_checker.check(req)
+            if req.grammar is not None:
+                self.grammars.advance(req, self.kv, self.stop_checker)
+        except Exception as e:  # a bug met by this request's values: it alone ends
+            logger.exception("request %s failed after sampling", req.rid)
+            req.finish(internal_error(e))
+
+    def _reject_unembeddable(self, batch: ScheduledBatch, ids: list[int]) -> list[Req]:
+        """Takes out of the batch (and finishes with a 500) every request whose new tokens
+        (``ids``: the batch's) include an id outside the model's embedding: the forward would
+        fail for all of them."""
+        vocab = self.runner.vocab_size
+        if not ids or (min(ids) >= 0 and max(ids) < vocab):
+            return []
+        bad = [i for i in range(len(batch.reqs))
+               if any(not 0 <= t < vocab for t in batch.new_tokens(i))]
+        rejected = batch.remove(bad)
+        for req in rejected:
+            logger.error("request %s holds a token id outside [0, %d)", req.rid, vocab)
+            req.finish({"type": "abort", "status_code": 500,
+                        "message": f"internal error: a token id outside [0, {vocab}) was "
+                                   "about to be computed"})
+        return self._retire(rejected, keep_in_cache=False)
+
+    def _forward_failed(self, batch: ScheduledBatch, is_prefill: bool, e: Exception) -> list[Req]:
+        """A batch whose forward raised: its requests run again one by one, so the failure
+        ends only the request it comes from (every one of them if it comes from none)."""
+        if len(batch.reqs) > 1:
+            logger.warning("forward of %d requests failed (%s); running them one by one",
+                           len(batch.reqs), e)
+            return [r for i in range(len(batch.reqs)) for r in self._run(batch.single(i), is_prefill)]
+        logger.exception("forward failed for request %s", batch.reqs[0].rid)
+        batch.reqs[0].finish(internal_error(e))
+        return self._retire(batch.reqs, keep_in_cache=False)
 
     def _retire(self, reqs: list[Req], keep_in_cache: bool = True) -> list[Req]:
         for req in reqs:
