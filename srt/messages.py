@@ -28,7 +28,7 @@ class TokenizedGenerateReq:
 
 @dataclass
 class AbortReq:
-    """Abort requests whose rid starts with ``rid`` (all requests when ``abort_all``)."""
+    """Abort the request whose rid is exactly ``rid`` (all requests when ``abort_all``)."""
 
     rid: str = ""
     abort_all: bool = False
