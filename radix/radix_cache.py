@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Sequence
 
 import torch
+
 from radixlm.radix.base import FreeSlotsFn, MatchResult, PrefixCache
 from radixlm.radix.tree_node import TreeNode, check_node, check_root, child_key, iter_subtree
 

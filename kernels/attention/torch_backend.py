@@ -36,7 +36,7 @@ class TorchAttentionBackend(AttentionBackend):
             self._kv_offsets = [0, *itertools.accumulate(lens)]
             return
         rows, start = [], 0
-        for i, (p, e) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)):
+        for i, (p, e) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu, strict=True)):
             rows.append((start, p, e, table[fb.req_slots_cpu[i], : p + e]))
             start += e
         self._extend_rows = rows

@@ -120,7 +120,7 @@ class ModelRunner:
 
     def build_forward_batch(self, layout: BatchLayout) -> ForwardBatch:
         dev = self.device
-        seq_lens = [p + e for p, e in zip(layout.prefix_lens, layout.extend_lens)]
+        seq_lens = [p + e for p, e in zip(layout.prefix_lens, layout.extend_lens, strict=True)]
         ids = layout.input_ids_on_device
         return ForwardBatch(
             mode=layout.mode,

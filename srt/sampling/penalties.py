@@ -22,8 +22,9 @@ from itertools import chain
 
 import numpy as np
 import torch
-from radixlm.srt.sampling.params import SamplingParams
 from torch import Tensor
+
+from radixlm.srt.sampling.params import SamplingParams
 
 
 def token_counts(

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.sampling.penalties import (
     LogitBias,
@@ -30,7 +32,6 @@ from radixlm.srt.sampling.penalties import (
     sparse_rows,
     suppress_tokens,
 )
-from torch import Tensor
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixlm.radix import NullCache, PrefixCache, RadixCache, make_prefix_cache
 
 

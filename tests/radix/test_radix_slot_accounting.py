@@ -17,6 +17,7 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+
 from radixlm.radix import PrefixCache, make_prefix_cache
 
 POOL_SIZE = 24

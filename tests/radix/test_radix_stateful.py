@@ -31,6 +31,7 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from radixlm.radix import MatchResult, RadixCache
 
 PageKey = tuple[str | None, tuple[int, ...]]

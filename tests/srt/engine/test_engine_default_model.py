@@ -101,14 +101,14 @@ def test_logprobs(smol_engine):
     assert all(lp <= 0 for lp, _, _ in inp[1:])
     outp = meta["output_token_logprobs"]
     assert [t for _, t, _ in outp] == out["output_ids"]
-    for (lp, tok, _), top in zip(outp, meta["output_top_logprobs"]):
+    for (lp, tok, _), top in zip(outp, meta["output_top_logprobs"], strict=True):
         assert len(top) == 3 and top[0][1] == tok and abs(top[0][0] - lp) < 1e-5  # greedy = top-1
     # the same input logprobs from a later start position, with the prefix now cached
     later = smol_engine.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1},
                                  return_logprob=True, logprob_start_len=2)
     tail = later["meta_info"]["input_token_logprobs"]
     assert [t for _, t, _ in tail] == ids[2:]
-    assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(tail, inp[2:]))
+    assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(tail, inp[2:], strict=True))
 
 
 def test_streaming_yields_the_same_text(smol_engine):
@@ -118,7 +118,7 @@ def test_streaming_yields_the_same_text(smol_engine):
     assert len(chunks) > 2
     assert chunks[-1]["text"] == whole["text"]
     texts = [c["text"] for c in chunks]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
 
 
 def test_prefill_only_request(smol_engine):

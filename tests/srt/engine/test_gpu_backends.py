@@ -84,8 +84,8 @@ def test_smollm2_shape_bf16_first_32_tokens_agree(tmp_path):
     ref, ref_top = _greedy(folder, SMOLLM2, "torch", "bfloat16", 32, with_top=True)
     for backend in BACKENDS:
         got = _greedy(folder, SMOLLM2, backend, "bfloat16", 32)
-        for want, have, top in zip(ref, got, ref_top):
-            diff = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), None)
+        for want, have, top in zip(ref, got, ref_top, strict=True):
+            diff = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), None)
             if diff is None:
                 continue
             gap = top[diff][0][0] - top[diff][1][0]

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.detokenizer_process import DetokenizerLoop
+from radixlm.srt.managers.scheduler_process import ChildLifecycle, IpcEndpoints, SchedulerLoop
 from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
@@ -25,7 +26,6 @@ from radixlm.srt.messages import (
     decode,
     encode,
 )
-from radixlm.srt.managers.scheduler_process import ChildLifecycle, IpcEndpoints, SchedulerLoop
 
 TIMEOUT_MS = 5000
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixlm.srt.sampling.logprobs import input_token_logprobs, token_logprobs, top_logprobs
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+
 from radixlm.srt.sampling.params import SamplingParams
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import torch
+
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.sampling.penalties import (
     LogitBias,

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo
 

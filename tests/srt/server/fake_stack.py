@@ -17,6 +17,8 @@ from transformers import PreTrainedTokenizerFast
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer import Detokenizer
+from radixlm.srt.managers.scheduler_process import IpcEndpoints
+from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -26,8 +28,6 @@ from radixlm.srt.messages import (
     decode,
     encode,
 )
-from radixlm.srt.managers.scheduler_process import IpcEndpoints
-from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.server.app import create_app
 from radixlm.srt.server.metrics import ServerMetrics
