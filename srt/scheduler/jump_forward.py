@@ -1,12 +1,13 @@
 """Jump-forward inside the scheduler: the forced continuation of a request's grammar, bounded by
 what the request may still generate, turned into an edit of its output and KV.
 
-The bound matters for grammars that force an endless continuation (``root ::= "a" root``):
-llguidance then computes forced tokens until its own item limit (25,000 bytes here) and leaves
-the matcher it computed them on in an error state ("Too many items"), so every later token of
-the request would be rejected. The forced continuation is therefore computed on a copy of the
-request's matcher, and at most ``room`` tokens of it (the request's remaining
-``max_new_tokens`` and context) are used; the request then ends with finish reason ``length``.
+The bound matters for grammars that force an endless continuation (``root ::= "a" root``
+after a few free characters): at most ``room`` tokens are used (the request's remaining
+``max_new_tokens`` and context, passed to the grammar library as ``max_tokens``), so the request
+ends with finish reason ``length``. The continuation is computed on a copy of the request's
+matcher: llguidance computes forced tokens up to its own item limit whatever ``max_tokens``
+says, and a matcher that reaches the limit is left in an error state ("Too many items") that
+would reject every later token of the request.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from radixlm.srt.scheduler.req import Req
 logger = logging.getLogger(__name__)
 
 JUMP_FORWARD_LOOKBACK = 4  # output tokens re-encoded together with forced text
-# Forced text kept per token of room: a token rarely decodes to more characters than this; a
-# shorter cut only means the rest of the text is forced one step later.
-FORCED_CHARS_PER_TOKEN = 16
 
 
 def bounded_forced_edit(matcher: GrammarMatcher, vocab: TokenizerVocab, output_ids: list[int],
@@ -36,20 +34,16 @@ def bounded_forced_edit(matcher: GrammarMatcher, vocab: TokenizerVocab, output_i
     """The edit the grammar forces after ``output_ids``, adding at most ``room`` net tokens
     plus the one left to the model (see ``GrammarManager``), or None. ``matcher`` is only
     copied, never changed; a backend error while computing the continuation means no jump."""
-    limit = room + lookback + 1
     try:
-        forced = forced_continuation(matcher.copy(), vocab)
+        forced = forced_continuation(matcher.copy(), vocab, max_tokens=room + 1)
         if forced.text:
-            text = forced.text[: FORCED_CHARS_PER_TOKEN * limit]
-            edit = retokenize_forced(matcher.copy(), vocab, output_ids, text, lookback=lookback)
-        elif forced.token_ids:
-            edit = JumpForwardEdit(0, forced.token_ids)
-        else:
-            return None
+            return retokenize_forced(matcher.copy(), vocab, output_ids, forced.text,
+                                     lookback=lookback, max_tokens=room + 1)
+        if forced.token_ids:
+            return JumpForwardEdit(0, forced.token_ids)
     except Exception as e:  # the request's own matcher is intact: it decodes token by token
         logger.debug("no jump-forward: the forced continuation failed: %s", e)
-        return None
-    return JumpForwardEdit(edit.num_rollback, edit.token_ids[: room + edit.num_rollback + 1])
+    return None
 
 
 def max_rollback(req: Req, page_size: int) -> int:
