@@ -32,7 +32,7 @@ from radixlm.grammar.lark_json import bound_json_whitespace
 from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
-from radixlm.grammar.schema_checks import check_compilable
+from radixlm.grammar.schema_checks import check_compilable, optional_property_counts
 from radixlm.grammar.schema_rewrite import tighten_one_of
 from radixlm.grammar.vocab import TokenizerVocab
 
@@ -50,7 +50,15 @@ logger = logging.getLogger(__name__)
 MAX_ITEMS_IN_ROW = 8_000
 # Words of llguidance errors that mean a resource limit (else: nothing can be produced).
 _LIMIT_WORDS = ("limit", "max is", "Too many", "too many", "fuel", "too complex")
-PROBE_STEPS = 4  # tokens consumed at compile time to meet "too complex" before requests do
+PROBE_STEPS = 4
+# The row after "{" holds about 4n + 7 items for n optional properties (4,007 for 1,000), and
+# building the matcher takes seconds beyond a few thousand: larger objects are refused before.
+MAX_OPTIONAL_PROPERTIES = (MAX_ITEMS_IN_ROW - 8) // 4
+
+
+class GrammarTooComplexError(GrammarCompileError):
+    """A grammar past a parser limit (``auto`` does not retry it on lenient llguidance)."""
+  # tokens consumed at compile time to meet "too complex" before requests do
 
 
 def parser_limits() -> LLParserLimits:
@@ -141,7 +149,7 @@ class LLGuidanceGrammar(CompiledGrammar):
             return
         error = _first_line(matcher.get_error())
         if any(word in error for word in _LIMIT_WORDS):
-            raise GrammarCompileError(self.spec.kind, "the grammar is too complex for the "
+            raise GrammarTooComplexError(self.spec.kind, "the grammar is too complex for the "
                                       f"parser's limits ({error})")
         raise GrammarCompileError(self.spec.kind, f"the grammar accepts no string ({error})")
 
@@ -299,7 +307,12 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarCompileError(spec.kind, str(exc)) from exc
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
-        check_compilable(spec, self.limits)
+        schema = check_compilable(spec, self.limits)
+        most = max(optional_property_counts(schema), default=0) if schema is not None else 0
+        if most > MAX_OPTIONAL_PROPERTIES:  # fail in microseconds, not after a long build
+            raise GrammarTooComplexError(spec.kind, f"an object has {most:,} optional "
+                                         f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
+                                         "supported (mark some as required)")
         return self._build(spec, self.grammar_text(spec))
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:

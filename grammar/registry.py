@@ -31,7 +31,7 @@ from radixlm.grammar.base import (
 )
 from radixlm.grammar.cache import GrammarCompileCache
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_SPEC_BYTES, GrammarLimits
-from radixlm.grammar.llguidance_backend import LLGuidanceBackend
+from radixlm.grammar.llguidance_backend import GrammarTooComplexError, LLGuidanceBackend
 from radixlm.grammar.outlines_backend import DEFAULT_WHITESPACE_PATTERN, OutlinesBackend
 from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES, IndexJob, IndexWorkerPool
 from radixlm.grammar.schema_checks import (
@@ -135,6 +135,10 @@ class AutoGrammarBackend(GrammarBackend):
         schema = check_compilable(spec, self.outlines.limits)
         try:
             for backend in self._order(spec, schema):
+                if backend is self.lenient_llguidance and any(
+                    isinstance(e, GrammarTooComplexError) for _, e in errors
+                ):
+                    continue  # leniency does not make a grammar smaller
                 if errors:
                     with self._lock:
                         self.num_fallbacks += 1

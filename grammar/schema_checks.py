@@ -196,13 +196,9 @@ def check_compilable(spec: GrammarSpec, limits: GrammarLimits | None = None) -> 
     return schema
 
 
-def outlines_regex_lower_bound(schema: Any) -> int:
-    """A lower bound on the length of outlines-core's regex for ``schema`` from its objects'
-    optional properties alone: outlines-core writes every order of them, about
-    ``k * k * 35`` characters for ``k`` string properties (5.6 M for 400), ``k * k * 14``
-    for one-character names of one-character values; 12 per pair is taken. Lets ``auto`` skip
-    building a regex it would reject (in a child process, but seconds of CPU and gigabytes)."""
-    total, stack = 0, [schema]
+def optional_property_counts(schema: Any) -> list[int]:
+    """The number of optional properties of every object schema in ``schema``."""
+    counts, stack = [], [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -210,9 +206,18 @@ def outlines_regex_lower_bound(schema: Any) -> int:
             if isinstance(properties, dict):
                 required = node.get("required")
                 required = set(required) if isinstance(required, list) else set()
-                optional = sum(1 for name in properties if name not in required)
-                total += optional * optional * 12
+                counts.append(sum(1 for name in properties if name not in required))
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+    return counts
+
+
+def outlines_regex_lower_bound(schema: Any) -> int:
+    """A lower bound on the length of outlines-core's regex for ``schema`` from its objects'
+    optional properties alone: outlines-core writes every order of them, about
+    ``k * k * 35`` characters for ``k`` string properties (5.6 M for 400), ``k * k * 14``
+    for one-character names of one-character values; 12 per pair is taken. Lets ``auto`` skip
+    building a regex it would reject (in a child process, but seconds of CPU and gigabytes)."""
+    total = sum(k * k * 12 for k in optional_property_counts(schema))
     return total
