@@ -27,17 +27,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from kv_model import KVModel, Tracked
 
+from radixlm.grammar import JumpForwardEdit
 from radixlm.radix import RadixCache
 from radixlm.srt.executor.memory_pool import ReqToTokenPool, TokenSlotAllocator
 from radixlm.srt.sampling.params import SamplingParams
-from radixlm.srt.scheduler.grammar_manager import JUMP_FORWARD_LOOKBACK, drop_kv_tail
+from radixlm.srt.scheduler.jump_forward import JUMP_FORWARD_LOOKBACK, edit_output, max_rollback
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.req import Req
 
 NUM_ROWS = 3  # request rows: few, so binding a row fails too
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=4)
 INDEX = st.integers(0, 15)
-EDIT = st.tuples(INDEX, st.integers(1, JUMP_FORWARD_LOOKBACK), TOKENS)  # (who, rollback, forced)
+# (who, rollback wanted, forced tokens, whether the output so far was streamed)
+EDIT = st.tuples(INDEX, st.integers(1, JUMP_FORWARD_LOOKBACK), TOKENS, st.booleans())
 CHUNK = st.integers(1, 40) | st.sampled_from([16, 32])  # page-aligned chunks too
 
 
@@ -247,30 +249,31 @@ class KVMachineBase(RuleBasedStateMachine):
             t.req.output_ids.append(token)
 
     @precondition(lambda self: self._in("running"))
-    @rule(i=INDEX, rollback=st.integers(1, JUMP_FORWARD_LOOKBACK), forced=TOKENS)
-    def jump_forward(self, i: int, rollback: int, forced: list[int]) -> None:
-        self._jump_forward(i, rollback, forced)
+    @rule(edit=EDIT)
+    def jump_forward(self, edit: tuple) -> None:
+        self._jump_forward(*edit)
 
-    def _jump_forward(self, i: int, rollback: int, forced: list[int]) -> None:
-        """As GrammarManager._edit_output after a sampled token: drop up to ``rollback``
-        output tokens that the tree does not own (with pages > 1: only ones without KV), then
-        append forced tokens (at least one: an edit always leaves a token to compute)."""
+    def _jump_forward(self, i: int, rollback: int, forced: list[int], streamed: bool) -> None:
+        """A jump-forward edit after a sampled token (jump_forward.edit_output): drop what
+        ``max_rollback`` allows of ``rollback`` output tokens, cutting their KV
+        (``drop_kv_tail``), then append forced tokens (at least one: an edit always leaves a
+        token to compute)."""
         running = [t for t in self._in("running") if t.req.fill_len < self.max_context - 8]
         if not running:
             return
         t = running[i % len(running)]
         req = t.req
-        limit = min(len(req.output_ids), req.fill_len - req.num_cached_prefix)
-        if self.page_size > 1:
-            limit = min(limit, req.fill_len - req.num_kv_tokens)
-        keep = len(req.output_ids) - min(rollback, limit)
-        new_len = len(req.prompt_ids) + keep
-        if req.num_kv_tokens > new_len:
-            drop_kv_tail(self.kv, req, new_len)
+        if streamed:  # tokens already sent to the client are never rolled back
+            req.num_sent_tokens = len(req.output_ids) - 1
+        num_rollback = min(rollback, max_rollback(req, self.page_size))
+        new_len = req.fill_len - num_rollback
+        assert new_len >= len(req.prompt_ids) + req.num_sent_tokens
+        assert new_len >= len(t.locked or ()), "an edit would drop KV the tree owns"
+        edit_output(req, JumpForwardEdit(num_rollback, tuple(forced)), self.kv)
+        if len(t.slots) > new_len:
+            assert self.page_size == 1, "with pages > 1 only KV-less tokens are dropped"
             self.model.release_pages(t.slots[new_len:])
             del t.slots[new_len:]
-        del req.output_ids[keep:]
-        req.output_ids.extend(forced)
 
     # ------------------------------------------------------------------ finish, abort
     def _finish(self, t: Tracked, keep_in_cache: bool) -> None:
