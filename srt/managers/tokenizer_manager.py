@@ -278,6 +278,9 @@ class TokenizerManager:
         if (inp.text is None) == (inp.input_ids is None):
             raise GenerateError("send exactly one of text and input_ids", 400)
         if inp.input_ids is not None:
+            if len(inp.input_ids) >= self.context_length:  # before the per-id check
+                check_lengths(len(inp.input_ids), SamplingParams(max_new_tokens=0),
+                              self.context_length, self.max_total_tokens)
             self.check_token_ids(inp.input_ids, "input_ids")
             ids = list(inp.input_ids)
         else:

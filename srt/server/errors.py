@@ -93,8 +93,7 @@ def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, .
 
 async def parse_body(request: Request, model: type[BaseModel],
                      unsupported: dict[str, tuple[Any, ...]] | None = None,
-                     precheck: tuple[Callable[[dict[str, Any], int], None], int] | None = None,
-                     ) -> Any:
+                     precheck: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """The JSON body validated as ``model`` (strict types); GenerateError 415 for another
     content type, 413 (from the body-size middleware) for a body over the limit, 400 for
     malformed JSON or wrong fields."""
@@ -108,9 +107,8 @@ async def parse_body(request: Request, model: type[BaseModel],
         raise GenerateError("the request body must be a JSON object", 400)
     reject_unsupported(data, unsupported or {})
     if precheck is not None:
-        check, limit = precheck
         try:
-            check(data, limit)
+            precheck(data)
         except ValueError as e:
             param = str(e).split(" ", 1)[0]
             raise GenerateError(str(e), 400, param) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -47,6 +47,10 @@ def json_response(obj: Any, status_code: int = 200) -> Response:
 
 def get_tm(request: Request) -> TokenizerManager:
     return request.app.state.tm
+
+
+def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
+    return lambda data: precheck_batch(data, MAX_SEQUENCES_PER_REQUEST, tm.context_length)
 
 
 def check_num_sequences(num: int) -> None:
@@ -147,7 +151,7 @@ async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[by
 @router.post("/generate", openapi_extra=json_body(GenerateReqInput), responses=STREAM_RESPONSE)
 async def generate(request: Request) -> Response:
     body = await parse_body(request, GenerateReqInput, UNSUPPORTED_NATIVE,
-                            (precheck_batch, MAX_SEQUENCES_PER_REQUEST))
+                            batch_precheck(get_tm(request)))
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)
@@ -244,8 +248,7 @@ async def _generate_one_token(request: Request) -> Response:
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeInput))
 async def tokenize(request: Request) -> Response:
-    body = await parse_body(request, TokenizeInput, None,
-                            (precheck_batch, MAX_SEQUENCES_PER_REQUEST))
+    body = await parse_body(request, TokenizeInput, None, batch_precheck(get_tm(request)))
     tm = get_tm(request)
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
     tokens = [await tm.tokenize_async(p, body.add_special_tokens) for p in prompts]

@@ -18,7 +18,7 @@ from radixlm.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixlm.srt.server.errors import parse_body, sse_error
-from radixlm.srt.server.native_api import MAX_SEQUENCES_PER_REQUEST, get_tm, json_response
+from radixlm.srt.server.native_api import batch_precheck, get_tm, json_response
 from radixlm.srt.server.openai_convert import (
     OpenAIPlan,
     chat_logprobs,
@@ -35,7 +35,6 @@ from radixlm.srt.server.protocol import (
     UNSUPPORTED_OPENAI,
     ChatCompletionRequest,
     CompletionRequest,
-    precheck_batch,
     precheck_chat,
 )
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
@@ -147,7 +146,7 @@ def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, s
              responses=STREAM_RESPONSE)
 async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest, UNSUPPORTED_OPENAI,
-                            (precheck_chat, get_tm(request).context_length))
+                            lambda data: precheck_chat(data, get_tm(request).context_length))
     tm, model = _open_call(request, body.model)
     plan = await chat_plan(body, tm)
     prepared = await tm.prepare_all(plan.inputs)
@@ -204,7 +203,7 @@ def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor)
              responses=STREAM_RESPONSE)
 async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest, UNSUPPORTED_OPENAI,
-                            (precheck_batch, MAX_SEQUENCES_PER_REQUEST))
+                            batch_precheck(get_tm(request)))
     tm, model = _open_call(request, body.model)
     plan = await completion_plan(body, tm)
     prepared = await tm.prepare_all(plan.inputs)

@@ -156,7 +156,7 @@ class ErrorResponse(BaseModel):
 # ---------------------------------------------------------------------- cheap size checks
 # Run on the decoded JSON before model validation, which holds the GIL for a while on
 # hundreds of thousands of items (and so would stall every other request).
-Precheck = Callable[[dict[str, Any], int], None]
+Precheck = Callable[[dict[str, Any]], None]
 
 
 def _check_len(value: Any, limit: int, name: str) -> None:
@@ -164,13 +164,21 @@ def _check_len(value: Any, limit: int, name: str) -> None:
         raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
 
 
-def precheck_batch(data: dict[str, Any], max_items: int) -> None:
-    """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded."""
-    for name in ("text", "prompt"):
-        _check_len(data.get(name), max_items, name)
-    ids = data.get("input_ids")
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        _check_len(ids, max_items, "input_ids")
+def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) -> None:
+    """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded, and
+    so is each token-id prompt (by the context length)."""
+    for name in ("text", "input_ids", "prompt"):
+        value = data.get(name)
+        if not isinstance(value, list) or not value:
+            continue
+        is_flat_ids = not isinstance(value[0], (list, str))
+        if not is_flat_ids:  # a batch: of texts or of token-id lists
+            _check_len(value, max_items, name)
+        rows = [value] if is_flat_ids else value
+        longest = max((len(r) for r in rows if isinstance(r, list)), default=0)
+        if longest >= context_length:
+            raise ValueError(f"{name} has a prompt of {longest} token ids; the context holds "
+                             f"{context_length} tokens")
 
 
 def precheck_chat(data: dict[str, Any], max_items: int) -> None:

@@ -440,3 +440,11 @@ def test_many_items_are_refused_before_model_validation(stack: FakeStack, body: 
     t0 = time.monotonic()
     err = error_of(post(stack, path, body), 400)
     assert time.monotonic() - t0 < 1.5 and "at most" in err["message"], err
+
+
+def test_long_token_id_prompt_is_refused_before_validation(stack: FakeStack) -> None:
+    for path, body in [("/generate", {"input_ids": [5] * 1_600_000}),
+                       ("/v1/completions", {**COMP, "prompt": [5] * 1_600_000})]:
+        t0 = time.monotonic()
+        err = error_of(post(stack, path, body), 400)
+        assert time.monotonic() - t0 < 1.5 and "context" in err["message"], err
