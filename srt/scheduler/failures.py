@@ -32,6 +32,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+def check_fits(req: Req, context_length: int, max_total_tokens: int, vocab_size: int) -> None:
+    """ValueError (a 400) for a prompt that can never run here."""
+    n = len(req.prompt_ids)
+    limit = min(context_length, max_total_tokens)
+    if n == 0:
+        raise ValueError("the prompt is empty; send at least one token")
+    if n >= limit:
+        raise ValueError(
+            f"the prompt has {n} tokens, but this server holds at most {limit - 1} prompt "
+            f"tokens (context length {context_length}, KV pool {max_total_tokens} tokens); "
+            "shorten the prompt"
+        )
+    if max(req.prompt_ids) >= vocab_size or min(req.prompt_ids) < 0:
+        raise ValueError(f"input_ids must be in [0, {vocab_size})")
+
+
 def internal_error(error: BaseException) -> dict[str, Any]:
     """The finish reason of a request ended by a server-side failure (HTTP 500)."""
     return {"type": "abort", "status_code": 500, "message": f"internal error: {error}"}
@@ -91,18 +107,13 @@ def handle_message(scheduler: Scheduler, msg: Any) -> ControlReply | BatchTokenO
         return scheduler.handle(msg)
     except Exception as e:  # one bad message must not take the scheduler down
         logger.exception("scheduler failed on %s", type(msg).__name__)
-        return _failure_reply(scheduler, msg, e)
+        return _failure_reply(msg, e)
 
 
-def _failure_reply(scheduler: Scheduler, msg: Any, e: Exception) -> ControlReply | BatchTokenOut | None:
+def _failure_reply(msg: Any, e: Exception) -> ControlReply | BatchTokenOut | None:
     if isinstance(msg, ControlReq):
         return ControlReply(msg.req_id, False, {"message": f"internal error: {e}"})
-    if isinstance(msg, TokenizedGenerateReq):
-        scheduler.abort(msg.rid)  # releases whatever the failed admission left behind
-        stale = [r for r in scheduler.finished_outside_step if r.rid == msg.rid]
-        scheduler.finished_outside_step = [r for r in scheduler.finished_outside_step
-                                           if r.rid != msg.rid]
-        scheduler.live.difference_update(stale)  # reported here, not by the next step
+    if isinstance(msg, TokenizedGenerateReq):  # (Scheduler.add_request reports its own)
         return abort_output(msg.rid, len(msg.input_ids), f"internal error: {e}")
     if not isinstance(msg, AbortReq):
         logger.error("unexpected message %s", type(msg).__name__)

@@ -38,7 +38,7 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
-from radixlm.srt.scheduler.failures import internal_error
+from radixlm.srt.scheduler.failures import check_fits, internal_error
 from radixlm.srt.scheduler.grammar_manager import GrammarManager, grammar_spec
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
@@ -96,18 +96,32 @@ class Scheduler:
         return None
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
+        """Queues the request (or finishes it: 400 for invalid parameters, 500 when admitting
+        it fails); it is reported by the next step either way."""
         req = Req(rid=msg.rid, prompt_ids=list(msg.input_ids), params=SamplingParams(),
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream)
+        self.live.add(req)
+        try:
+            self._queue(req, msg)
+        except Exception as e:  # a bug met by this request: it alone ends
+            logger.exception("admitting request %s failed", req.rid)
+            self.grammars.remove(lambda r: r is req)
+            if req in self.waiting:
+                self.waiting.remove(req)
+            req.finish(internal_error(e))
+            self.finished_outside_step.append(req)
+
+    def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
         try:
             req.params = SamplingParams.from_dict(msg.sampling_params)
             req.params.validate(self.runner.vocab_size)
-            self._check_fits(req)
+            check_fits(req, self.runner.context_length, self.kv.max_total_tokens,
+                       self.runner.vocab_size)
             spec = grammar_spec(req.params)
         except ValueError as e:
             req.finish({"type": "abort", "message": str(e), "status_code": 400})
             self.finished_outside_step.append(req)
-            self.live.add(req)
             return
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
@@ -115,21 +129,6 @@ class Scheduler:
             self.grammars.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
-        self.live.add(req)
-
-    def _check_fits(self, req: Req) -> None:
-        n = len(req.prompt_ids)
-        limit = min(self.runner.context_length, self.kv.max_total_tokens)
-        if n == 0:
-            raise ValueError("the prompt is empty; send at least one token")
-        if n >= limit:
-            raise ValueError(
-                f"the prompt has {n} tokens, but this server holds at most {limit - 1} prompt "
-                f"tokens (context length {self.runner.context_length}, KV pool "
-                f"{self.kv.max_total_tokens} tokens); shorten the prompt"
-            )
-        if max(req.prompt_ids) >= self.runner.vocab_size or min(req.prompt_ids) < 0:
-            raise ValueError(f"input_ids must be in [0, {self.runner.vocab_size})")
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).

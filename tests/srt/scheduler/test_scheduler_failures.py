@@ -18,15 +18,11 @@ from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.failures import run_step
 
 POOL = 4096
-# An object whose one required property holds 2,100 optional ones: llguidance's row after that
-# object's ``{`` has about 8,400 Earley items (its limit is 8,000), far past the compile-time
-# probe's first tokens, so the matcher fails while decoding ("Current row has 8407 items").
-HOSTILE_SCHEMA = {
-    "type": "object",
-    "properties": {"k" * 40: {"type": "object",
-                              "properties": {f"p{i}": {"type": "integer"} for i in range(2100)}}},
-    "required": ["k" * 40],
-}
+# Eight free letters (what the compile-time probe sees), then braces around 5,000 optional
+# words: llguidance's row after ``{`` has about 10,000 Earley items (its limit is 8,000), so the
+# matcher fails while decoding ("Current row has 10001 items").
+HOSTILE_EBNF = ('root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] "{" '
+                + " ".join(f'"k{i}"?' for i in range(5000)) + ' "}"')
 # Eight free letters, then "a" forever: compiles (the probe sees letters only), then forces an
 # endless continuation, which llguidance computes to its item limit and errors on.
 ENDLESS_EBNF = 'root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] tail\ntail ::= "a" tail'
@@ -115,8 +111,8 @@ def _plain_msgs(stream: bool = False):
 
 def test_hostile_grammar_mid_batch_ends_only_its_request(sched):
     expected = serial(sched, _plain_msgs())
-    bad = _msg("bad", 9, max_new_tokens=120, json_schema=json.dumps(HOSTILE_SCHEMA))
-    serial(sched, [bad])  # compiles the schema; the batch below finds it compiled
+    bad = _msg("bad", 9, max_new_tokens=120, ebnf=HOSTILE_EBNF)
+    serial(sched, [bad])  # compiles the grammar; the batch below finds it compiled
     got = drive(sched, [bad, *_plain_msgs(stream=True)])
     ids, reason = got["bad"]
     assert reason["type"] == "abort" and reason["status_code"] == 400, reason
