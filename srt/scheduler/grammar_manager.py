@@ -27,7 +27,11 @@ Jump-forward: when the grammar forces a continuation, it is re-tokenized togethe
 last few output tokens (``retokenize_forced``), the request's output is edited accordingly
 (dropped tokens lose their KV slots), and the new tokens are computed by the next step as a
 short extend instead of one decode step each. Requests that return logprobs are not jumped
-(forced tokens have no logprobs).
+(forced tokens have no logprobs). The forced text is bounded by the request's remaining budget
+and computed on a matcher copy (jump_forward.py).
+
+A matcher that raises (fill, accept, jump-forward: a grammar too complex for the backend) ends
+its own request with a 400 (``fail_request``); the batch goes on.
 """
 
 from __future__ import annotations
