@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.grammar.regex_text import check_regex_structure
+
 DEFAULT_MAX_SPEC_BYTES = 256 * 1024
 DEFAULT_MAX_JSON_DEPTH = 128
 # C0 controls except \t \n \r.
@@ -69,6 +71,8 @@ def check_spec(kind: str, value: str | Sequence[str], limits: GrammarLimits | No
         return
     for text in texts:
         _check_controls(name, text)
+    if kind == "regex":
+        check_regex_structure(texts[0])
 
 
 def check_json_text(name: str, text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:

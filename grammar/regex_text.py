@@ -61,8 +61,49 @@ def ascii_digit_classes(regex: str) -> str:
     return "".join(out)
 
 
+def check_regex_structure(regex: str) -> None:
+    """Raises ``ValueError`` when ``regex`` has an unbalanced ``(`` or ``)``, an unclosed
+    character class or a trailing lone backslash.
+
+    The backends wrap a user regex (``(?:regex)$`` for outlines-core), and a regex that is
+    invalid on its own can become a valid one with another language once wrapped: ``a)|(b``
+    reads as ``(?:a)|(b)$``. This check keeps the user's text one group; the backends' own
+    parsers judge everything else.
+    """
+    groups = classes = 0
+    may_close_at = 0
+    i = 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            if i + 1 == len(regex):
+                raise ValueError("regex ends with a lone backslash; write \\\\ for a literal one")
+            i += 2
+            continue
+        if ch == "[":
+            classes += 1
+            may_close_at = _class_body_start(regex, i)
+            i = may_close_at
+            continue
+        if classes:
+            if ch == "]" and i >= may_close_at:
+                classes -= 1
+        elif ch == "(":
+            groups += 1
+        elif ch == ")":
+            groups -= 1
+            if groups < 0:
+                raise ValueError(f"regex has an unbalanced ')' at position {i}")
+        i += 1
+    if classes:
+        raise ValueError("regex has an unclosed character class '['")
+    if groups:
+        raise ValueError(f"regex has {groups} unclosed '(' group(s)")
+
+
 def anchor_regex(regex: str) -> str:
-    r"""Wraps ``regex`` as ``(?:regex)$`` (dropping a leading ``^``).
+    r"""Wraps ``regex`` as ``(?:regex)$`` (dropping a leading ``^``); ``ValueError`` for a
+    regex whose structure the wrapping would change (:func:`check_regex_structure`).
 
     outlines-core builds its DFA with leftmost-first match semantics: without the end anchor,
     tokens leading out of an accepting state into a non-accepting one are missing from the
@@ -70,5 +111,6 @@ def anchor_regex(regex: str) -> str:
     ``cat|category`` the second choice is unreachable). Anchoring at the end of the text makes
     every complete match count, which is the full-match semantics a grammar needs.
     """
+    check_regex_structure(regex)
     body = regex[1:] if regex.startswith("^") else regex
     return f"(?:{body})$"

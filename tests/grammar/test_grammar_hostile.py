@@ -92,6 +92,19 @@ def test_control_characters_are_rejected(kind, text):
         check_spec(kind, text)
 
 
+# Invalid on their own, valid once wrapped as (?:...)$: "a)|(b" would read as (?:a)|(b)$ and
+# generate "b".
+@pytest.mark.parametrize("text", ["a)|(b", "\\", "a\\", "(a", "[ab", "a)"])
+def test_regexes_the_wrapping_would_change_are_rejected(text):
+    with pytest.raises(ValueError, match="regex"):
+        check_spec("regex", text)
+
+
+@pytest.mark.parametrize("text", ["[]]", "[^]a]", "[(]", r"\(", "[a[b]]", r"\p{L}+", "(a)(b)"])
+def test_balanced_regexes_pass_the_structure_check(text):
+    check_spec("regex", text)
+
+
 def test_escaped_backslashes_and_whitespace_controls_pass():
     check_spec("regex", r"\\x00")  # a backslash, then "x00"
     check_spec("regex", "a\tb\nc\r")
