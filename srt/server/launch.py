@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -129,16 +130,19 @@ class ServerProcesses:
                 proc.kill()
 
     def stop(self) -> None:
-        """SIGTERM to each child (the scheduler first: it finishes what it holds), then SIGKILL
-        for any that does not exit in time; reaps them and removes the ipc folder."""
+        """SIGTERM to both children at once (the scheduler finishes what it holds; the
+        detokenizer forwards it and exits after the scheduler), then SIGKILL for any that has
+        not exited within CHILD_STOP_TIMEOUT_S; reaps them and removes the ipc folder."""
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+                _continue(proc)  # a stopped child acts on SIGTERM only once it runs again
+        deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
         for name in ("scheduler", "detokenizer"):
             proc = self.procs.get(name)
             if proc is None:
                 continue
-            if proc.is_alive():
-                proc.terminate()
-                _continue(proc)  # a stopped child acts on SIGTERM only once it runs again
-                proc.join(CHILD_STOP_TIMEOUT_S)
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 logger.warning("the %s process did not stop in time; killing it", name)
                 proc.kill()

@@ -182,6 +182,7 @@ class Supervisor:
             logger.warning("drain ended with %d request(s) in flight; failing them with 503",
                            self.gate.num_inflight)
             tm.mark_dead("the server is shutting down")
+            tm.abort_all()  # the scheduler stops generating for them and can exit at once
         else:
             return False
         self._stop_uvicorn()
