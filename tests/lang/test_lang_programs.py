@@ -15,6 +15,8 @@ import radixlm.lang as rl
 from radixlm.lang.backend_base import BOUNDARY_TOKENS
 from radixlm.srt.server.server_process import ServerProcess
 
+pytestmark = pytest.mark.slow  # every backend runs the default model (smol_engine)
+
 GREEDY = {"temperature": 0}
 FEW_SHOT = ("Q: What is the capital of Italy?\nA: Rome\n"
             "Q: What is the capital of Spain?\nA: Madrid\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # the default model (smol_engine)
+
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",

@@ -15,6 +15,8 @@ from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.default_model import default_gguf_path, resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 
+pytestmark = pytest.mark.slow  # loads the default model
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 

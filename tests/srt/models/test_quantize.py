@@ -155,6 +155,7 @@ def test_engine_generates_with_int4(tiny_llama_dir):
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.slow  # loads the default model
 def test_smollm2_int4_codes_are_the_gguf_codes(default_model_dir):
     model = load_model(default_model_dir, torch.float32, "cpu")
     layer = model.model.layers[3]
@@ -165,6 +166,7 @@ def test_smollm2_int4_codes_are_the_gguf_codes(default_model_dir):
         assert (dequantize_int4(quantize_int4(w)) - w).abs().max() < 1e-6
 
 
+@pytest.mark.slow  # loads the default model
 def test_smollm2_int4_answers_paris(default_model_dir):
     from radixlm.srt import Engine
 

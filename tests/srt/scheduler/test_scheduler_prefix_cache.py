@@ -64,6 +64,7 @@ def test_prefix_of_a_cached_prompt_also_computes_its_last_token(engine):
     assert_no_leak(engine)
 
 
+@pytest.mark.slow  # the default model (smol_engine)
 def test_multi_turn_chat_reuses_the_whole_previous_turn(smol_engine):
     """Each round resends the conversation so far (prompt + answer) plus a new question. The
     previous round's KV is cached except for its last sampled token, which was never fed back
