@@ -14,6 +14,7 @@ thread ran 2-4x slower here (softmax, SDPA, large adds), which made a decode ste
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -25,6 +26,8 @@ from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
+from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.messages import (
     AbortReq,
@@ -33,7 +36,6 @@ from radixlm.srt.messages import (
     ControlReq,
     TokenizedGenerateReq,
 )
-from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.failures import handle_message, run_step
 
@@ -56,6 +58,7 @@ class Engine:
         self._replies: dict[str, queue.Queue] = {}
         self._groups: dict[str, list[str]] = {}  # a batch's rid -> its requests' rids
         self._ids = itertools.count()
+        self.door = FrontDoor(self.tokenizer, ModelLimits.from_info(self.scheduler.ready_info()))
         self._driving = threading.Lock()  # held by the caller that runs scheduler steps
 
     # ------------------------------------------------------------------ public API
@@ -73,22 +76,15 @@ class Engine:
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far."""
-        prompts_ids, is_batch = self._tokenize(prompt, input_ids)
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts_ids)
-        if len(params) != len(prompts_ids):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts_ids)} prompts")
-        jobs = []
-        for ids, p in zip(prompts_ids, params, strict=True):
-            sp = SamplingParams.from_dict(p)
-            sp.validate(self.vocab_size)
-            jobs += [(ids, sp)] * sp.n
-        is_batch = is_batch or len(jobs) > 1
+        options = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num or 0,
+                       logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                       stream=stream)
+        msgs, is_batch = self._admit(prompt, input_ids, sampling_params, options)
         if stream and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")
-        logprob = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num or 0,
-                       logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                       return_text_in_logprobs=return_text_in_logprobs)
-        rids = [self._submit(ids, sp, stream, rid if not is_batch else None, **logprob) for ids, sp in jobs]
+        if not is_batch and rid is not None:
+            msgs[0].rid = rid
+        rids = [self._submit(m, return_text_in_logprobs) for m in msgs]
         if stream:
             return self._stream(rids[0])
         if is_batch and rid is not None:
@@ -143,28 +139,52 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
-    def _tokenize(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
+    def _admit(self, prompt, input_ids, sampling_params,
+               options: dict[str, Any]) -> tuple[list[TokenizedGenerateReq], bool]:
+        """One checked message per prompt and sample (front_door.py), before any is queued,
+        and whether the answer is a list; the front door's refusals become ValueErrors with
+        the same message."""
+        prompts, is_batch = self._prompts(prompt, input_ids)
+        params = (sampling_params if isinstance(sampling_params, list)
+                  else [sampling_params] * len(prompts))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        msgs = []
+        try:
+            for (text, ids), p in zip(prompts, params, strict=True):
+                sp, msg = self.door.prepare(self._new_rid(), text=text, input_ids=ids,
+                                            sampling_params=p, **options)
+                msgs += [msg] + [dataclasses.replace(msg, rid=self._new_rid())
+                                 for _ in range(sp.n - 1)]
+        except GenerateError as e:
+            raise ValueError(e.message) from None
+        return msgs, is_batch or len(msgs) > 1
+
+    @staticmethod
+    def _prompts(prompt, input_ids) -> tuple[list[tuple[str | None, list | None]], bool]:
+        """(text, input_ids) of each prompt, and whether they came as a list; only the shape
+        of the arguments is checked here."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt (str or list of str) and input_ids")
         if prompt is not None:
             texts = [prompt] if isinstance(prompt, str) else list(prompt)
             if not texts or not all(isinstance(t, str) for t in texts):
                 raise ValueError("prompt must be a non-empty str or list of str")
-            return [self.tokenizer.encode(t) for t in texts], not isinstance(prompt, str)
+            return [(t, None) for t in texts], not isinstance(prompt, str)
         if input_ids and isinstance(input_ids[0], int):
-            return [list(input_ids)], False
+            return [(None, input_ids)], False
         if not input_ids or not all(isinstance(x, list) and x for x in input_ids):
             raise ValueError("input_ids must be a non-empty list of ints or of non-empty lists")
-        return [list(x) for x in input_ids], True
+        return [(None, x) for x in input_ids], True
 
-    def _submit(self, ids, sp: SamplingParams, stream: bool, rid: str | None,
-                return_text_in_logprobs: bool, **logprob) -> str:
-        rid = rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-        result = RequestResult(rid, logprob["return_logprob"], return_text_in_logprobs)
-        self._results[rid] = (result, queue.Queue())
-        self._inbox.put(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp.to_dict(),
-                                             stream=stream, **logprob))
-        return rid
+    def _new_rid(self) -> str:
+        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+
+    def _submit(self, msg: TokenizedGenerateReq, return_text_in_logprobs: bool) -> str:
+        result = RequestResult(msg.rid, msg.return_logprob, return_text_in_logprobs)
+        self._results[msg.rid] = (result, queue.Queue())
+        self._inbox.put(msg)
+        return msg.rid
 
     def _wait(self, rid: str) -> dict:
         result, q = self._results[rid]

@@ -24,6 +24,10 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1  # -1: no input logprobs; else from this prompt position on
     top_logprobs_num: int = 0
     stream: bool = False
+    # the GrammarSpec kind, decided once by the front door ("json_object" for the any-object
+    # schema, which has no text to compile); None: no grammar, or a sender that left it to
+    # the scheduler, which then takes the kind of the grammar field that is set
+    grammar_kind: str | None = None
 
 
 @dataclass

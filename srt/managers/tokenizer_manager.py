@@ -1,7 +1,7 @@
 """The tokenizer manager: the asyncio side of the server, in the HTTP process.
 
-It tokenizes and validates a request (``prepare``; a ``GenerateError`` carries the HTTP status),
-sends it to the scheduler, and collects the detokenizer's ``BatchStrOut`` per rid into the
+It tokenizes and validates a request (``prepare``, through the front door shared with the
+Engine, front_door.py; a ``GenerateError`` carries the HTTP status), sends it to the scheduler, and collects the detokenizer's ``BatchStrOut`` per rid into the
 request's state. Tokenization and decoding run on a small thread pool (the tokenizers release
 the GIL), so a long prompt never stalls the event loop, and a text prompt's size is checked
 against the context length before it is tokenized.
@@ -22,19 +22,14 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.managers.request_checks import (
-    check_lengths,
-    check_logprob_args,
-    sample_seed,
-    sampling_param_named,
-)
+from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.request_checks import sample_seed
 from radixlm.srt.managers.request_group import (
     ClientDisconnected,
     DisconnectProbe,
@@ -119,6 +114,7 @@ class TokenizerManager:
         self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
         self.dead_reason: str | None = None
         self._token_text: dict[int, str] = {}
+        self._door: FrontDoor | None = None
         self._pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="radixlm-tok")
         self._ctx = zmq.Context()
         self._send_sock = self._ctx.socket(zmq.PUSH)
@@ -179,23 +175,21 @@ class TokenizerManager:
     def max_total_tokens(self) -> int:
         return int(self.info["max_total_tokens"])
 
-    @cached_property
-    def max_token_chars(self) -> int:
-        """The most characters one vocabulary entry spells (byte-level entries spell one
-        character per byte, so this bounds the characters a token can cover)."""
-        return max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+    @property
+    def door(self) -> FrontDoor:
+        """The request checks for the scheduler's model (built once its ready info is in)."""
+        limits = ModelLimits.from_info(self.info)
+        if self._door is None or self._door.limits != limits:
+            self._door = FrontDoor(self.tokenizer, limits)
+        return self._door
 
     @property
     def max_prompt_chars(self) -> int:
         """Any text longer than this has more tokens than the context holds."""
-        return self.context_length * self.max_token_chars
+        return self.door.max_prompt_chars
 
     def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
-        if num_chars > self.max_prompt_chars:
-            raise GenerateError(
-                f"the prompt has {num_chars} characters, more than the {self.context_length}-"
-                f"token context length can hold (at most {self.max_prompt_chars} characters); "
-                "shorten the prompt", 400, param)
+        self.door.check_prompt_chars(num_chars, param)
 
     # ------------------------------------------------------------------ tokenizer
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -209,7 +203,7 @@ class TokenizerManager:
     async def tokenize_async(self, text: str, add_special_tokens: bool = True,
                              param: str = "prompt") -> list[int]:
         """Checks the size first, then tokenizes on the pool."""
-        self.check_prompt_chars(len(text), param)
+        self.door.check_prompt_chars(len(text), param)
         return await self.run_blocking(self.tokenize, text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -226,30 +220,25 @@ class TokenizerManager:
         return text
 
     def check_token_ids(self, ids: list[Any], param: str) -> None:
-        bad = [t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size]
-        if bad:
-            raise GenerateError(f"{param} must be token ids in [0, {self.vocab_size}), got "
-                                f"{bad[:5]}", 400, param)
+        self.door.check_token_ids(ids, param)
 
     # ------------------------------------------------------------------ requests
     async def prepare(self, inp: GenerateInput) -> PreparedReq:
-        """Tokenizes and validates one request; raises GenerateError (400) naming the problem.
-        Nothing is registered yet (see :meth:`open`)."""
+        """Tokenizes and validates one request (front_door.py); raises GenerateError (400)
+        naming the problem. Nothing is registered yet (see :meth:`open`)."""
         self._check_alive()
-        params = self._params(inp)
-        input_ids = await self._input_ids(inp)
-        check_lengths(len(input_ids), params, self.context_length, self.max_total_tokens)
-        check_logprob_args(inp.logprob_start_len, inp.top_logprobs_num, len(input_ids))
+        door = self.door
+        params = door.parse_params(inp.sampling_params)
+        if (inp.text is None) == (inp.input_ids is None):
+            raise GenerateError("send exactly one of text and input_ids", 400)
+        if inp.input_ids is not None:
+            input_ids = door.check_input_ids(inp.input_ids)
+        else:
+            input_ids = await self.tokenize_async(inp.text or "", param="text")
         rid = uuid.uuid4().hex
-        msg = TokenizedGenerateReq(
-            rid=rid,
-            input_ids=input_ids,
-            sampling_params=params.replace(n=1).to_dict(),
-            return_logprob=inp.return_logprob,
-            logprob_start_len=inp.logprob_start_len if inp.return_logprob else -1,
-            top_logprobs_num=inp.top_logprobs_num if inp.return_logprob else 0,
-            stream=inp.stream,
-        )
+        msg = door.admit(rid, input_ids, params, return_logprob=inp.return_logprob,
+                         logprob_start_len=inp.logprob_start_len,
+                         top_logprobs_num=inp.top_logprobs_num, stream=inp.stream)
         return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid)
 
     async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
@@ -265,29 +254,6 @@ class TokenizerManager:
                                        "input_ids": ids_of[inp.text]})
             prepared.append(await self.prepare(inp))
         return prepared
-
-    def _params(self, inp: GenerateInput) -> SamplingParams:
-        try:
-            params = SamplingParams.from_dict(inp.sampling_params)
-            params.validate(self.vocab_size)
-        except ValueError as e:
-            raise GenerateError(str(e), 400, sampling_param_named(str(e))) from None
-        return params
-
-    async def _input_ids(self, inp: GenerateInput) -> list[int]:
-        if (inp.text is None) == (inp.input_ids is None):
-            raise GenerateError("send exactly one of text and input_ids", 400)
-        if inp.input_ids is not None:
-            if len(inp.input_ids) >= self.context_length:  # before the per-id check
-                check_lengths(len(inp.input_ids), SamplingParams(max_new_tokens=0),
-                              self.context_length, self.max_total_tokens)
-            self.check_token_ids(inp.input_ids, "input_ids")
-            ids = list(inp.input_ids)
-        else:
-            ids = await self.tokenize_async(inp.text or "", param="text")
-        if not ids:
-            raise GenerateError("the prompt is empty; send at least one token", 400)
-        return ids
 
     # ------------------------------------------------------------------ request lifecycle
     def open(self, prepared: list[PreparedReq],

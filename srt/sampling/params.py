@@ -3,7 +3,9 @@
 A request's parameters arrive as a dict (HTTP JSON, the DSL, the in-process Engine):
 :meth:`SamplingParams.from_dict` checks names and types, :meth:`SamplingParams.validate` checks
 ranges (and token ids against the vocabulary once it is known), :meth:`SamplingParams.to_dict`
-gives plain values for the wire. ``temperature == 0`` (or ``top_k == 1``) means greedy decoding.
+gives plain values for the wire, and :meth:`SamplingParams.from_wire` reads them back in the
+scheduler without checking them again (the front door, srt/managers/front_door.py, did).
+``temperature == 0`` (or ``top_k == 1``) means greedy decoding.
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ class SamplingParams:
                 f"known ones are: {', '.join(sorted(_FIELD_NAMES))}"
             )
         return cls(**{k: _coerce(k, v) for k, v in d.items() if v is not None})
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> SamplingParams:
+        """Parameters from a wire message's dict (:meth:`to_dict` of params the front door
+        has already parsed and validated): built without checking them again. ``logit_bias``
+        keys, strings after JSON, become ints again so that ``from_wire(p.to_dict()) == p``."""
+        values = dict(d)
+        if values.get("logit_bias") is not None:
+            values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
+        return cls(**values)
 
     def validate(self, vocab_size: int | None = None,
                  grammar_limits: GrammarLimits | None = None) -> None:

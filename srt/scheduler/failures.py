@@ -32,20 +32,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-def check_fits(req: Req, context_length: int, max_total_tokens: int, vocab_size: int) -> None:
-    """ValueError (a 400) for a prompt that can never run here."""
+def check_fits(req: Req, context_length: int, max_total_tokens: int) -> None:
+    """ValueError (a 400) for a prompt that can never run here. The rest of a request was
+    checked by the front door (srt/managers/front_door.py); the KV pool's size is the
+    scheduler's to know."""
     n = len(req.prompt_ids)
     limit = min(context_length, max_total_tokens)
-    if n == 0:
-        raise ValueError("the prompt is empty; send at least one token")
     if n >= limit:
         raise ValueError(
             f"the prompt has {n} tokens, but this server holds at most {limit - 1} prompt "
             f"tokens (context length {context_length}, KV pool {max_total_tokens} tokens); "
             "shorten the prompt"
         )
-    if max(req.prompt_ids) >= vocab_size or min(req.prompt_ids) < 0:
-        raise ValueError(f"input_ids must be in [0, {vocab_size})")
 
 
 def internal_error(error: BaseException) -> dict[str, Any]:

@@ -36,7 +36,6 @@ its own request with a 400 (``fail_request``); the batch goes on.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -61,13 +60,7 @@ from radixlm.grammar import (
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.sampling.params import SamplingParams
-from radixlm.srt.scheduler.jump_forward import (  # noqa: F401 (drop_kv_tail, LOOKBACK: API)
-    JUMP_FORWARD_LOOKBACK,
-    bounded_forced_edit,
-    drop_kv_tail,
-    edit_output,
-    max_rollback,
-)
+from radixlm.srt.scheduler.jump_forward import bounded_forced_edit, edit_output, max_rollback
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.mask_prefetch import MaskPrefetcher
 from radixlm.srt.scheduler.req import Req
@@ -77,11 +70,13 @@ logger = logging.getLogger(__name__)
 
 
 
-def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
-    """The request's output constraint, or None; ValueError for an unusable one."""
+def grammar_spec(params: SamplingParams, kind: str | None = None) -> GrammarSpec | None:
+    """The request's output constraint, or None; ValueError for an unusable one. ``kind`` is
+    the message's ``grammar_kind``, decided by the front door (``json_object`` has no text);
+    without it, the kind of the grammar field that is set."""
+    if kind == "json_object":
+        return GrammarSpec.json_object()  # same language as {"type": "object"}; compiles fast
     if params.json_schema is not None:
-        if _is_any_object_schema(params.json_schema):
-            return GrammarSpec.json_object()  # same language; compiles fast on llguidance
         return GrammarSpec.json_schema(params.json_schema)
     if params.regex is not None:
         return GrammarSpec.regex(params.regex)
@@ -90,13 +85,6 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
     if params.choices is not None:
         return GrammarSpec.choices(params.choices)
     return None
-
-
-def _is_any_object_schema(text: str) -> bool:
-    try:
-        return json.loads(text) == {"type": "object"}
-    except ValueError:
-        return False
 
 
 def grammar_config(cfg: ServerConfig) -> GrammarConfig:

@@ -114,11 +114,11 @@ class Scheduler:
 
     def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
         try:
-            req.params = SamplingParams.from_dict(msg.sampling_params)
-            req.params.validate(self.runner.vocab_size)
-            check_fits(req, self.runner.context_length, self.kv.max_total_tokens,
-                       self.runner.vocab_size)
-            spec = grammar_spec(req.params)
+            # parsed and validated by the front door (srt/managers/front_door.py); only the
+            # check that needs the KV pool's size is left here
+            req.params = SamplingParams.from_wire(msg.sampling_params)
+            check_fits(req, self.runner.context_length, self.kv.max_total_tokens)
+            spec = grammar_spec(req.params, msg.grammar_kind)
         except ValueError as e:
             req.finish({"type": "abort", "message": str(e), "status_code": 400})
             self.finished_outside_step.append(req)
