@@ -10,6 +10,19 @@ attention output for the new tokens' queries over every cached token of their re
 Shapes: ``q`` is ``[T, num_heads * head_dim]``, ``k`` and ``v`` are
 ``[T, num_kv_heads * head_dim]``; the result is ``[T, num_heads * head_dim]`` in q's dtype.
 Heads are grouped (GQA): query head h reads KV head ``h // (num_heads // num_kv_heads)``.
+
+CUDA graphs (decode only). A backend with ``supports_cuda_graph`` True implements three hooks,
+and the graph runner never asks a backend by name:
+
+1. ``init_cuda_graph_state(max_batch_size, max_num_tokens)`` once, before any capture: the
+   backend allocates the fixed buffers its captured kernels will read (the graph state).
+2. ``plan_for_capture(fb)`` on each bucket's static decode batch before that bucket is captured.
+3. ``plan_for_replay(fb)`` on the same static batch (its tensors refilled in place, its host
+   lists describing the new step) before every replay: it must only write into buffers the
+   captured kernels already read, never allocate new ones the graph does not know.
+
+A backend without graph support keeps the defaults: ``supports_cuda_graph`` False and hooks that
+raise, so capturing it fails loudly instead of replaying stale metadata.
 """
 
 from __future__ import annotations
@@ -32,9 +45,23 @@ class AttentionLayer(Protocol):
 
 class AttentionBackend(ABC):
     name: str = "base"
+    supports_cuda_graph: bool = False  # decode steps may be captured and replayed (see above)
 
     @abstractmethod
     def plan(self, fb) -> None: ...
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb) -> torch.Tensor: ...
+
+    def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
+        """Allocates the buffers captured decode steps read (``max_num_tokens`` bounds the cached
+        tokens of one captured batch)."""
+        raise NotImplementedError(f"the {self.name} attention backend has no CUDA-graph support")
+
+    def plan_for_capture(self, fb) -> None:
+        """Plans the static decode batch ``fb`` of one bucket before its graph is captured."""
+        raise NotImplementedError(f"the {self.name} attention backend has no CUDA-graph support")
+
+    def plan_for_replay(self, fb) -> None:
+        """Re-plans the static decode batch ``fb`` (refilled in place) before a replay."""
+        raise NotImplementedError(f"the {self.name} attention backend has no CUDA-graph support")

@@ -17,9 +17,9 @@ paged prefill with a causal mask for extend batches (the new tokens' K/V are wri
 first, so one paged pass covers prefix and new tokens; FlashInfer aligns the causal mask to the
 end of the sequence, which is exactly ``kv_pos <= prefix_len + row``).
 
-CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan(fb, for_cuda_graph=True)`` on the
-static batch before capture and before every replay; each batch size gets its own decode
-wrapper over slices of fixed index buffers.
+CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan_for_capture(fb)`` on the static
+batch before capture and ``plan_for_replay(fb)`` before every replay; each batch size gets its
+own decode wrapper over slices of fixed index buffers.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class _GraphBuffers:
 
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
+    supports_cuda_graph = True
 
     def __init__(
         self,
@@ -120,7 +121,18 @@ class FlashInferAttentionBackend(AttentionBackend):
         )
         self._graph_wrappers.clear()
 
-    def plan(self, fb, for_cuda_graph: bool = False) -> None:
+    def plan(self, fb) -> None:
+        self._plan(fb, for_cuda_graph=False)
+
+    def plan_for_capture(self, fb) -> None:
+        self._plan(fb, for_cuda_graph=True)
+
+    def plan_for_replay(self, fb) -> None:
+        # the graph wrapper of this batch size copies the new page table into the fixed
+        # buffers the captured kernels read
+        self._plan(fb, for_cuda_graph=True)
+
+    def _plan(self, fb, for_cuda_graph: bool) -> None:
         table = self._page_table(fb)
         dtype = fb.kv_pool.dtype
         common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scaling)

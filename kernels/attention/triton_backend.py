@@ -3,8 +3,9 @@
 Same contract as the torch reference (see ``base.py``). The kernels read K/V slots through
 ``req_to_token`` directly, so every page size works and ``plan`` builds only small per-request
 tensors. Decode references the batch's own ``req_slots``/``seq_lens`` tensors and reads no
-length on the host, so a decode step can be captured in a CUDA graph: plan on the static batch
-once before capture, then refill those tensors in place before each replay.
+length on the host, so a decode step can be captured in a CUDA graph: ``plan_for_capture`` on the
+static batch once before capture, then refill those tensors in place; ``plan_for_replay`` only
+checks that the batch is still the captured one's.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class _ExtendPlan:
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graph = True
 
     def __init__(self, num_kv_splits: int | None = None):
         """``num_kv_splits`` fixes the decode split count; by default it is chosen from the batch
@@ -53,7 +55,17 @@ class TritonAttentionBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
         """Nothing to preallocate: decode reads the static batch tensors it was planned with."""
 
-    def plan(self, fb, for_cuda_graph: bool = False) -> None:
+    def plan_for_capture(self, fb) -> None:
+        if not fb.mode.is_decode:
+            raise ValueError("only decode batches can be captured in a CUDA graph")
+        self.plan(fb)
+
+    def plan_for_replay(self, fb) -> None:
+        # the captured kernels read fb's req_slots/seq_lens tensors, refilled in place, so the
+        # capture's plan still holds
+        self.plan_for_capture(fb)
+
+    def plan(self, fb) -> None:
         table = fb.req_to_token_pool.req_to_token
         if fb.mode.is_decode:
             self._decode = _DecodePlan(table, fb.req_slots, fb.seq_lens)

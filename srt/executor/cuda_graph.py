@@ -4,8 +4,10 @@ A captured step reads fixed input buffers (``input_ids``, ``positions``, ``out_k
 ``req_slots``, ``seq_lens``). A decode batch of B requests runs in the smallest bucket >= B:
 its rows are copied into the buffers and the remaining rows are padding (token 0 at position
 0, written to the padding KV slot 0, reading the all-zero padding request row, length 1), whose
-logits are dropped. The attention backend is planned on the static batch before each replay
-(it must support ``plan(fb, for_cuda_graph=True)``: flashinfer and triton do).
+logits are dropped. The attention backend plans each bucket's static batch with
+``plan_for_capture`` before capture and ``plan_for_replay`` before each replay (the contract's
+CUDA-graph hooks, ``kernels/attention/base.py``); a backend whose ``supports_cuda_graph`` is
+False is refused here, and :func:`should_capture` keeps the model runner from asking.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.kernels.attention.base import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +32,17 @@ def batch_size_buckets(max_bs: int) -> list[int]:
     return [s for s in sizes if s < max_bs] + [max_bs]
 
 
+def should_capture(device: torch.device, backend: AttentionBackend, disabled: bool) -> bool:
+    """Whether decode runs through CUDA graphs: on a CUDA device, unless turned off, with an
+    attention backend whose contract says it can be captured."""
+    return device.type == "cuda" and not disabled and backend.supports_cuda_graph
+
+
 class CudaGraphRunner:
     def __init__(self, runner, max_batch_size: int):
+        if not runner.attn_backend.supports_cuda_graph:
+            raise ValueError(f"the {runner.attn_backend.name} attention backend does not support "
+                             "CUDA graphs; pass --disable-cuda-graph or another backend")
         self.runner = runner
         self.buckets = batch_size_buckets(max_batch_size)
         self.max_bs = self.buckets[-1]
@@ -67,7 +82,7 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream()
         for i, bs in enumerate(reversed(self.buckets)):  # largest first: later ones reuse its pool
             fb = self._static_batch(bs, [1] * bs)
-            self.runner.attn_backend.plan(fb, for_cuda_graph=True)
+            self.runner.attn_backend.plan_for_capture(fb)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (autotuning, lazy init) outside the graph
@@ -101,6 +116,6 @@ class CudaGraphRunner:
             self.seq_lens[bs:padded].fill_(1)
         static = self._static_batch(padded, fb.seq_lens_cpu + [1] * (padded - bs))
         static.req_slots_cpu = fb.req_slots_cpu + [self.runner.padding_req_slot] * (padded - bs)
-        self.runner.attn_backend.plan(static, for_cuda_graph=True)
+        self.runner.attn_backend.plan_for_replay(static)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

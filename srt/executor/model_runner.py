@@ -10,7 +10,7 @@ import torch
 
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.executor.cuda_graph import CudaGraphRunner
+from radixlm.srt.executor.cuda_graph import CudaGraphRunner, should_capture
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from radixlm.srt.executor.transfer import tensor_to_device, to_device
@@ -80,7 +80,7 @@ class ModelRunner:
         )
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
         self.graph_runner = None
-        if self._use_cuda_graph():
+        if should_capture(self.device, self.attn_backend, cfg.disable_cuda_graph):
             self.graph_runner = CudaGraphRunner(self, min(cfg.max_running_requests, MAX_GRAPH_BATCH))
         logger.info(
             "model %s (%s) on %s/%s; KV pool: %d tokens (%.2f GiB), context length %d, attention %s",
@@ -88,10 +88,6 @@ class ModelRunner:
             self.max_total_tokens * self._kv_bytes_per_token() / 2**30, self.context_length,
             self.attn_backend.name,
         )
-
-    def _use_cuda_graph(self) -> bool:
-        return (self.device.type == "cuda" and not self.cfg.disable_cuda_graph
-                and self.attn_backend.name in ("flashinfer", "triton"))
 
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config

@@ -250,7 +250,7 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
     fb = case.fb
     for backend in _gpu_backends(case, page_size).values():
         backend.init_cuda_graph_state(max_batch_size=8, max_num_tokens=fb.kv_pool.max_total_tokens)
-        backend.plan(fb, for_cuda_graph=True)
+        backend.plan_for_capture(fb)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -260,7 +260,7 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
         with torch.cuda.graph(graph):
             static_out = backend.forward(case.q, case.k, case.v, case.layer, fb)
         _grow_by_one(case, page_size)
-        backend.plan(fb, for_cuda_graph=True)
+        backend.plan_for_replay(fb)
         graph.replay()
         torch.cuda.synchronize()
         assert_close(static_out, reference(case), 2e-2)
