@@ -170,12 +170,18 @@ def test_stopped_scheduler_turns_health_503_then_recovers(server: ServerProcess)
 
 
 @pytest.mark.slow
-def test_sigterm_drains_in_flight_then_exits_zero(server: ServerProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_children", [False, True], ids=["server", "whole-group"])
+def test_sigterm_drains_in_flight_then_exits_zero(server: ServerProcess, tmp_path: Path,
+                                                  to_children: bool) -> None:
+    """SIGTERM to the server alone (Kubernetes, docker) or to every process of the server, as
+    systemd's default KillMode=control-group does (the children then exit 0 while draining)."""
     short = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0}
     stream, call = Stream(server, short), Call(server, short)
     assert stream.started.wait(60), stream.error
     wait_running(server, 2)
     server.proc.send_signal(signal.SIGTERM)
+    for c in server.children if to_children else []:  # type: ignore[attr-defined]
+        c.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     r = httpx.get(server.url + "/health", timeout=10)
     assert r.status_code == 503 and r.headers["retry-after"]
