@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -16,6 +17,12 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4")
+# fields whose "auto" names a behaviour kept at run time, not a placeholder resolve() fills:
+# load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
+AUTO_IS_A_MODE = ("load_format", "grammar_backend")
+SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
+
+logger = logging.getLogger(__name__)
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -102,6 +109,43 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
         raise ValueError(f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}")
+
+
+def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
+    """``cfg`` with every start-up ``auto`` made concrete, logged once: ``device`` (cuda when
+    available), ``dtype`` (bfloat16 on a GPU, float32 on a CPU) and ``attention_backend``
+    (``kernels.attention.registry``'s rule; ``head_dim`` is the model's, which FlashInfer may
+    lack kernels for). Components read the result and never see ``auto`` again."""
+    import torch  # here, not at the top: building the CLI parser needs no torch
+
+    from radixlm.kernels.attention.registry import resolve_attention_backend
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}") from e
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if torch_device.type == "cuda" else "float32"
+    backend = resolve_attention_backend(cfg.attention_backend, torch_device, head_dim,
+                                        getattr(torch, dtype))
+    resolved = cfg.replace(device=device, dtype=dtype, attention_backend=backend)
+    logger.info("config: %s", describe(resolved))
+    return resolved
+
+
+def describe(cfg: ServerConfig) -> str:
+    """The fields that differ from their defaults, plus the resolved ones; secrets masked."""
+    shown = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == f.default and f.name not in ("device", "dtype", "attention_backend"):
+            continue
+        shown.append(f"{f.name}={'***' if f.name in SECRET_FIELDS and value else value!r}")
+    return ", ".join(shown)
 
 
 def _base_type(tp: Any) -> type:

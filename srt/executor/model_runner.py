@@ -9,7 +9,7 @@ import psutil
 import torch
 
 from radixlm.kernels.attention.registry import make_attention_backend
-from radixlm.srt.config import ServerConfig
+from radixlm.srt.config import ServerConfig, resolve
 from radixlm.srt.executor.cuda_graph import CudaGraphRunner, should_capture
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
@@ -23,18 +23,6 @@ logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BUDGET_GB = 2.0
 MAX_GRAPH_BATCH = 512
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 @dataclass
@@ -54,13 +42,15 @@ class BatchLayout:
 
 class ModelRunner:
     def __init__(self, cfg: ServerConfig):
-        self.cfg = cfg
-        self.device = resolve_device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
-        if self.device.type == "cpu" and cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
         self.model_dir = resolve_model_path(cfg.model_path, need_weights=cfg.load_format != "dummy")
         self.model_config = ModelConfig.from_pretrained(self.model_dir)
+        # the one place auto values are resolved: the attention backend depends on the model's
+        # head size, which is known from here on
+        self.cfg = cfg = resolve(cfg, head_dim=self.model_config.head_dim)
+        self.device = torch.device(cfg.device)
+        self.dtype: torch.dtype = getattr(torch, cfg.dtype)
+        if self.device.type == "cpu" and cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy")
         quantize_model(self.model, cfg.quantization, self.device)

@@ -1,0 +1,58 @@
+"""``config.resolve``: every start-up ``auto`` becomes concrete, once, and the runner uses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from radixlm.kernels.attention.registry import ATTENTION_BACKEND_NAMES
+from radixlm.srt.config import AUTO_IS_A_MODE, ServerConfig, config_from_kwargs, resolve
+from radixlm.srt.executor.model_runner import ModelRunner
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _auto_fields(cfg: ServerConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(cfg)
+            if getattr(cfg, f.name) == "auto" and f.name not in AUTO_IS_A_MODE]
+
+
+def test_resolve_leaves_no_auto_placeholder():
+    cfg = ServerConfig()
+    # the defaults hold placeholders; any new auto field must be resolved or listed as a mode
+    assert _auto_fields(cfg) == ["dtype", "device", "attention_backend"]
+    resolved = resolve(cfg, head_dim=64)
+    assert _auto_fields(resolved) == []
+    assert resolved.device == ("cuda" if HAS_CUDA else "cpu")
+    assert resolved.dtype == ("bfloat16" if HAS_CUDA else "float32")
+    assert resolved.attention_backend in ATTENTION_BACKEND_NAMES
+    assert resolve(resolved, head_dim=64) == resolved  # a resolved config stays as it is
+
+
+def test_resolve_on_cpu_picks_torch_float32_and_keeps_explicit_values():
+    resolved = resolve(ServerConfig(device="cpu"))
+    assert (resolved.device, resolved.dtype, resolved.attention_backend) == (
+        "cpu", "float32", "torch")
+    explicit = resolve(ServerConfig(device="cpu", dtype="bfloat16"))
+    assert explicit.dtype == "bfloat16"
+
+
+def test_resolve_rejects_a_bad_device():
+    with pytest.raises(ValueError, match="device must be"):
+        resolve(ServerConfig(device="tpu-ish"))
+
+
+def test_resolved_config_is_logged_once_without_secrets(caplog, tiny_llama_dir):
+    cfg = config_from_kwargs(model_path=str(tiny_llama_dir), device="cpu", api_key="s3cret",
+                             max_total_tokens=256, max_running_requests=4)
+    with caplog.at_level(logging.INFO, logger="radixlm.srt.config"):
+        runner = ModelRunner(cfg)
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixlm.srt.config"]
+    assert len(lines) == 1, lines
+    assert "attention_backend='torch'" in lines[0] and "dtype='float32'" in lines[0]
+    assert "s3cret" not in lines[0]
+    assert _auto_fields(runner.cfg) == []
+    assert (runner.device, runner.dtype) == (torch.device("cpu"), torch.float32)
