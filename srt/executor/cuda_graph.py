@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
     from radixlm.kernels.attention.base import AttentionBackend
@@ -46,12 +46,11 @@ class CudaGraphRunner:
         self.runner = runner
         self.buckets = batch_size_buckets(max_batch_size)
         self.max_bs = self.buckets[-1]
-        dev = runner.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.out_kv_slots = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.req_slots = torch.full((self.max_bs,), runner.padding_req_slot, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)
+        self.padding_req_slot = runner.padding_req_slot
+        # the graphs' fixed input buffers, every row padding until a replay fills it
+        self.static = ForwardBatch.for_graph_capture(
+            self.max_bs, self.padding_req_slot, req_to_token_pool=runner.req_to_token_pool,
+            kv_pool=runner.kv_pool, attn_backend=runner.attn_backend)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [bs, vocab] float32, the graphs' outputs
         self.pool = None
@@ -60,17 +59,6 @@ class CudaGraphRunner:
 
     def can_run(self, batch_size: int) -> bool:
         return batch_size <= self.max_bs
-
-    def _static_batch(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
-        r = self.runner
-        return ForwardBatch(
-            mode=ForwardMode.DECODE, input_ids=self.input_ids[:bs], positions=self.positions[:bs],
-            out_kv_slots=self.out_kv_slots[:bs], req_slots=self.req_slots[:bs],
-            req_slots_cpu=[r.padding_req_slot] * bs, seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=[n - 1 for n in seq_lens_cpu],
-            extend_lens_cpu=[1] * bs, req_to_token_pool=r.req_to_token_pool, kv_pool=r.kv_pool,
-            attn_backend=r.attn_backend,
-        )
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.runner.model(fb.input_ids, fb.positions, fb)
@@ -81,7 +69,7 @@ class CudaGraphRunner:
         start = time.perf_counter()
         stream = torch.cuda.Stream()
         for i, bs in enumerate(reversed(self.buckets)):  # largest first: later ones reuse its pool
-            fb = self._static_batch(bs, [1] * bs)
+            fb = self.static.graph_view(bs)
             self.runner.attn_backend.plan_for_capture(fb)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -103,19 +91,21 @@ class CudaGraphRunner:
         """Runs a decode ForwardBatch through the smallest fitting graph; ``[B, vocab]`` logits."""
         bs = fb.batch_size
         padded = self.buckets[bisect.bisect_left(self.buckets, bs)]
-        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
-        self.positions[:bs].copy_(fb.positions, non_blocking=True)
-        self.out_kv_slots[:bs].copy_(fb.out_kv_slots, non_blocking=True)
-        self.req_slots[:bs].copy_(fb.req_slots, non_blocking=True)
-        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        st = self.static
+        st.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
+        st.positions[:bs].copy_(fb.positions, non_blocking=True)
+        st.out_kv_slots[:bs].copy_(fb.out_kv_slots, non_blocking=True)
+        st.req_slots[:bs].copy_(fb.req_slots, non_blocking=True)
+        st.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
         if padded > bs:
-            self.input_ids[bs:padded].zero_()
-            self.positions[bs:padded].zero_()
-            self.out_kv_slots[bs:padded].zero_()
-            self.req_slots[bs:padded].fill_(self.runner.padding_req_slot)
-            self.seq_lens[bs:padded].fill_(1)
-        static = self._static_batch(padded, fb.seq_lens_cpu + [1] * (padded - bs))
-        static.req_slots_cpu = fb.req_slots_cpu + [self.runner.padding_req_slot] * (padded - bs)
-        self.runner.attn_backend.plan_for_replay(static)
+            st.input_ids[bs:padded].zero_()
+            st.positions[bs:padded].zero_()
+            st.out_kv_slots[bs:padded].zero_()
+            st.req_slots[bs:padded].fill_(self.padding_req_slot)
+            st.seq_lens[bs:padded].fill_(1)
+        pad = padded - bs
+        view = st.graph_view(padded, fb.seq_lens_cpu + [1] * pad,
+                             fb.req_slots_cpu + [self.padding_req_slot] * pad)
+        self.runner.attn_backend.plan_for_replay(view)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

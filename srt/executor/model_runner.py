@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -11,33 +11,21 @@ import torch
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig, resolve
 from radixlm.srt.executor.cuda_graph import CudaGraphRunner, should_capture
-from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
-from radixlm.srt.executor.transfer import tensor_to_device, to_device
+from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.quantize import quantize_model
 
+if TYPE_CHECKING:
+    from radixlm.srt.scheduler.batch import ScheduledBatch  # annotation only: a higher layer
+
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BUDGET_GB = 2.0
 MAX_GRAPH_BATCH = 512
-
-
-@dataclass
-class BatchLayout:
-    """A scheduled batch in plain Python lists, one entry per request (tokens flattened)."""
-
-    mode: ForwardMode
-    input_ids: list[int]
-    positions: list[int]
-    out_kv_slots: torch.Tensor  # [T] int64
-    req_slots: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    # set when the input ids are still on the device (the previous step's samples, not yet read)
-    input_ids_on_device: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -104,31 +92,16 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 
-    def build_forward_batch(self, layout: BatchLayout) -> ForwardBatch:
-        dev = self.device
-        seq_lens = [p + e for p, e in zip(layout.prefix_lens, layout.extend_lens, strict=True)]
-        ids = layout.input_ids_on_device
-        return ForwardBatch(
-            mode=layout.mode,
-            input_ids=to_device(layout.input_ids, dev) if ids is None else ids,
-            positions=to_device(layout.positions, dev),
-            out_kv_slots=tensor_to_device(layout.out_kv_slots, dev),
-            req_slots=to_device(layout.req_slots, dev),
-            req_slots_cpu=layout.req_slots,
-            seq_lens=to_device(seq_lens, dev),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=layout.prefix_lens,
-            extend_lens_cpu=layout.extend_lens,
-            req_to_token_pool=self.req_to_token_pool,
-            kv_pool=self.kv_pool,
-            attn_backend=self.attn_backend,
-        )
-
     @torch.inference_mode()
-    def forward(self, layout: BatchLayout, logit_rows: list[int]) -> torch.Tensor:
-        """Runs the model and returns float32 logits ``[len(logit_rows), vocab]`` for the given
-        token rows of the batch (e.g. the last new token of each request)."""
-        fb = self.build_forward_batch(layout)
+    def forward(self, batch: ScheduledBatch, logit_rows: list[int],
+                input_ids_on_device: torch.Tensor | None = None) -> torch.Tensor:
+        """Runs the model on a scheduler's batch and returns float32 logits
+        ``[len(logit_rows), vocab]`` for the given token rows of the batch (e.g. the last new
+        token of each request). ``input_ids_on_device``: the batch's input ids when they are
+        still on the device (the previous step's samples, not yet read back)."""
+        fb = ForwardBatch.from_scheduled(
+            batch, req_to_token_pool=self.req_to_token_pool, kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend, input_ids_on_device=input_ids_on_device)
         if fb.mode.is_decode and self.graph_runner is not None and self.graph_runner.can_run(fb.batch_size):
             logits = self.graph_runner.replay(fb)
             if len(logit_rows) != logits.shape[0]:

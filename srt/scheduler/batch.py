@@ -1,4 +1,8 @@
-"""A scheduled batch: which requests run, how many new tokens each, and the model inputs."""
+"""A scheduled batch: which requests run, how many new tokens each, and the model inputs.
+
+The model runner turns it into the executor's ``ForwardBatch`` (``ForwardBatch.from_scheduled``);
+there is no intermediate layout.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.srt.executor.forward_batch import ForwardMode
-from radixlm.srt.executor.model_runner import BatchLayout
 from radixlm.srt.scheduler.req import Req
 
 
@@ -53,21 +56,20 @@ class ScheduledBatch:
             setattr(self, name, [x for i, x in enumerate(getattr(self, name)) if i not in drop])
         return removed
 
-    def layout(self) -> BatchLayout:
+    def input_ids(self) -> list[int]:
+        """Every request's new token ids, request by request (``ForwardBatch.from_scheduled``
+        and the scheduler's embedding check read them)."""
         ids: list[int] = []
-        positions: list[int] = []
         for req, start, ext in zip(self.reqs, self.starts, self.extend_lens, strict=True):
             ids += req.fill_slice(start, start + ext)
-            positions += range(start, start + ext)
-        return BatchLayout(
-            mode=self.mode,
-            input_ids=ids,
-            positions=positions,
-            out_kv_slots=torch.cat(self.slots),
-            req_slots=[r.req_slot for r in self.reqs],
-            prefix_lens=list(self.starts),
-            extend_lens=list(self.extend_lens),
-        )
+        return ids
+
+    def positions(self) -> list[int]:
+        """The new tokens' positions, request by request: ``starts[i] .. starts[i] + ext - 1``."""
+        out: list[int] = []
+        for start, ext in zip(self.starts, self.extend_lens, strict=True):
+            out += range(start, start + ext)
+        return out
 
     def logit_rows(self) -> tuple[list[int], list[list[int]]]:
         """Rows of the batch's tokens that need logits, and per request the indices (into the

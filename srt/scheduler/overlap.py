@@ -34,17 +34,17 @@ def launch_decode(runner: ModelRunner, sampling: SamplingStep, batch: ScheduledB
                   prev: InflightDecode | None) -> InflightDecode:
     """Runs ``batch``'s forward and sampling without waiting; with ``prev`` in flight, the
     inputs are its sampled ids, still on the device."""
-    layout = batch.layout()
+    ids_on_device = None
     if prev is not None:
         same = len(prev.reqs) == len(batch.reqs) and all(
             a is b for a, b in zip(prev.reqs, batch.reqs, strict=True))
         if same:
-            layout.input_ids_on_device = prev.next_ids
+            ids_on_device = prev.next_ids
         else:
             row = {id(r): i for i, r in enumerate(prev.reqs)}
             index = to_device([row[id(r)] for r in batch.reqs], prev.next_ids.device)
-            layout.input_ids_on_device = prev.next_ids[index]
-    logits = runner.forward(layout, list(range(len(batch.reqs))))
+            ids_on_device = prev.next_ids[index]
+    logits = runner.forward(batch, list(range(len(batch.reqs))), input_ids_on_device=ids_on_device)
     next_ids = sampling.sample_on_device(logits, batch.reqs)
     if next_ids.device.type != "cuda":
         return InflightDecode(batch.reqs, next_ids, next_ids, None)

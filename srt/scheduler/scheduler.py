@@ -371,15 +371,12 @@ class Scheduler:
         """Forward, sampling and finish checks of one batch. Whatever one request's values
         break (a token id the model cannot embed, its grammar, its sampling row) ends that
         request with an error and leaves the others running."""
-        layout = batch.layout()
-        rejected = self._reject_unembeddable(batch, layout.input_ids)
-        if rejected:
-            if not batch.reqs:
-                return rejected
-            layout = batch.layout()
+        rejected = self._reject_unembeddable(batch, batch.input_ids())
+        if rejected and not batch.reqs:
+            return rejected
         rows, per_req = batch.logit_rows()
         try:
-            logits = self.runner.forward(layout, rows)
+            logits = self.runner.forward(batch, rows)
         except Exception as e:  # one bad batch must not take the scheduler down
             return rejected + self._forward_failed(batch, is_prefill, e)
         self.num_forward_steps += 1

@@ -78,20 +78,12 @@ def make_case(prefix_lens, extend_lens, *, heads=4, kv_heads=4, head_dim=64, pag
         r2t.write(slot, 0, torch.cat([pre, nw]).to(device))
     num_tokens = sum(extend_lens)
     new_ranges = zip(prefix_lens, seq_lens, strict=True)
-    fb = ForwardBatch(
-        mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
-        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
-        positions=torch.cat([torch.arange(p, n) for p, n in new_ranges]).to(device),
-        out_kv_slots=torch.cat(new).to(device),
-        req_slots=torch.tensor(req_slots, dtype=torch.int64, device=device),
-        req_slots_cpu=req_slots,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-        seq_lens_cpu=seq_lens,
-        prefix_lens_cpu=list(prefix_lens),
-        extend_lens_cpu=list(extend_lens),
-        req_to_token_pool=r2t,
-        kv_pool=kv_pool,
-        attn_backend=None,
+    fb = ForwardBatch.from_host(
+        ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+        torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        [i for p, n in new_ranges for i in range(p, n)],
+        torch.cat(new).to(device), req_slots, list(prefix_lens), list(extend_lens),
+        req_to_token_pool=r2t, kv_pool=kv_pool, attn_backend=None,
     )
     layer = Layer(0, heads, kv_heads, head_dim, head_dim**-0.5)
 

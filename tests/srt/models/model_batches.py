@@ -56,22 +56,9 @@ class KVSession:
             prefix_lens.append(prefix)
             extend_lens.append(len(tokens))
             self.cached_lens[req_slot] = prefix + len(tokens)
-        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-        req_slots = [r for r, _ in new_tokens]
-        dev = self.device
-        fb = ForwardBatch(
-            mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_kv_slots=torch.cat(slots),
-            req_slots=torch.tensor(req_slots, dtype=torch.int64, device=dev),
-            req_slots_cpu=req_slots,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=prefix_lens,
-            extend_lens_cpu=extend_lens,
-            req_to_token_pool=self.req_pool,
-            kv_pool=self.kv_pool,
+        fb = ForwardBatch.from_host(
+            mode, ids, positions, torch.cat(slots), [r for r, _ in new_tokens], prefix_lens,
+            extend_lens, req_to_token_pool=self.req_pool, kv_pool=self.kv_pool,
             attn_backend=self.backend,
         )
         self.backend.plan(fb)
