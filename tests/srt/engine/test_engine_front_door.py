@@ -40,8 +40,8 @@ def tm(engine, tmp_path_factory) -> Iterator[TokenizerManager]:
 def both(engine: Engine, tm: TokenizerManager, text: str | None = None,
          input_ids: list[int] | None = None, sp: dict | None = None, **logprob: Any):
     """(the Engine's message or ValueError, the tokenizer manager's message or error)."""
-    options = dict(return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-                   stream=False, **logprob)
+    options = {"return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0,
+               "stream": False, **logprob}
     try:
         msgs, _ = engine._admit(text, input_ids, sp, options)
         from_engine: Any = dataclasses.replace(msgs[0], rid="")
