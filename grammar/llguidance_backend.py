@@ -33,7 +33,7 @@ from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
 from radixlm.grammar.schema_checks import check_compilable, optional_property_counts
-from radixlm.grammar.schema_rewrite import tighten_one_of
+from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        version_tag = f"v={llguidance.__version__},rw=2"  # rw: rewrites (one_of, %json ws)
+        version_tag = f"v={llguidance.__version__},rw=3"  # rw: rewrites (one_of, closed objects, %json ws)
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
@@ -296,7 +296,7 @@ class LLGuidanceBackend(GrammarBackend):
             if spec.kind == "json_object":
                 schema = ANY_JSON_OBJECT_SCHEMA
             else:
-                schema = tighten_one_of(str(spec.value))
+                schema = rewrite_schema(str(spec.value))
             options = {
                 "whitespace_pattern": self.whitespace_pattern,
                 "coerce_one_of": True,

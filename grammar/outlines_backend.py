@@ -20,7 +20,7 @@ from radixlm.grammar.outlines_grammar import OutlinesGrammar
 from radixlm.grammar.outlines_worker import IndexJob, IndexWorkerPool
 from radixlm.grammar.regex_text import anchor_regex, ascii_digit_classes, choices_regex
 from radixlm.grammar.schema_checks import check_compilable
-from radixlm.grammar.schema_rewrite import tighten_one_of
+from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.vocab import TokenizerVocab
 
 # JSON whitespace allowed between tokens: at most one space. Unbounded whitespace lets a model
@@ -74,7 +74,7 @@ def schema_text_for(spec: GrammarSpec) -> str:
     schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
     try:
         json.loads(schema)
-        return tighten_one_of(schema)
+        return rewrite_schema(schema)
     except (ValueError, RecursionError) as exc:
         raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
 
@@ -100,7 +100,7 @@ class OutlinesBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         limit = f",max={self.max_regex_chars}" if self.max_regex_chars else ""
-        version_tag = f"v={version('outlines_core')},rw=1"  # rw: schema_rewrite's revision
+        version_tag = f"v={version('outlines_core')},rw=2"  # rw: schema_rewrite's revision
         return f"outlines(ws={self.whitespace_pattern!r}{limit},{version_tag})"
 
     def outlines_vocabulary(self):

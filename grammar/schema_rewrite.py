@@ -1,4 +1,16 @@
-"""Exact JSON Schema rewrites applied before either backend compiles a schema.
+"""JSON Schema rewrites applied before either backend compiles a schema.
+
+``rewrite_schema`` applies both rewrites below; the backends call it.
+
+``close_objects`` (on by default, ``strict_objects``): an object schema that declares
+``properties`` but says nothing about ``additionalProperties`` (nor ``patternProperties`` or
+``unevaluatedProperties``, and whose ``required``/``minProperties`` the declared properties
+can meet) admits no properties beyond the declared ones, as XGrammar's strict
+mode (SGLang's default) and OpenAI's strict structured outputs do. The documents it admits are a
+subset of the schema's, so every output still validates; without it a small model given a schema
+writes key after undeclared key (often copying the schema's own text) until its token budget
+runs out. Objects inside ``allOf`` (and the definitions they reference) are left open, since
+closing one branch would forbid the properties the other branches add.
 
 Both backends compile ``oneOf`` as ``anyOf``. ``tighten_one_of`` removes one common way that lets
 invalid documents through: branches that each only describe the same single optional property,
@@ -16,6 +28,108 @@ import json
 from typing import Any
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
+
+
+def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
+    """``schema_text`` with ``tighten_one_of`` and (if ``strict_objects``) ``close_objects``
+    applied; unchanged text when nothing applies or the text is not JSON."""
+    try:
+        schema = json.loads(schema_text)
+    except ValueError:
+        return schema_text  # the backends report the parse error
+    changed = _visit(schema)
+    if strict_objects:
+        changed |= close_objects(schema)
+    return json.dumps(schema) if changed else schema_text
+
+
+def close_objects(schema: Any) -> bool:
+    """Sets ``additionalProperties: false`` in place on every object schema that declares
+    ``properties`` and leaves extra properties unspecified, except under ``allOf`` and in the
+    ``$ref`` targets used there; whether anything changed."""
+    keep_open = {id(node) for node in _all_of_nodes(schema)}
+    changed = False
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if id(node) not in keep_open and _is_open_declared_object(node):
+            node["additionalProperties"] = False
+            changed = True
+        stack.extend(node.values())
+    return changed
+
+
+# keys that say something about extra properties, or may add properties of their own
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties",
+              "dependentSchemas", "dependencies", "if", "then", "else", "propertyNames",
+              "allOf", "anyOf", "oneOf", "$ref")
+
+
+def _is_open_declared_object(node: dict) -> bool:
+    """An object schema with declared properties that closing would not make unsatisfiable."""
+    properties = node.get("properties")
+    if not isinstance(properties, dict) or any(k in node for k in _OPEN_KEYS):
+        return False
+    required = node.get("required", [])
+    if not isinstance(required, list) or not set(map(str, required)) <= set(properties):
+        return False
+    min_properties = node.get("minProperties", 0)
+    return isinstance(min_properties, int) and min_properties <= len(properties)
+
+
+def _all_of_nodes(schema: Any) -> list[Any]:
+    """Every node inside an ``allOf``, and the local ``$ref`` targets (transitively) used there."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = [b for n in _walk(schema) if isinstance(n, dict)
+             for b in (n.get("allOf") if isinstance(n.get("allOf"), list) else [])]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        found.append(node)
+        children = list(node.values()) if isinstance(node, dict) else (
+            list(node) if isinstance(node, list) else [])
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            target = _resolve_local_ref(schema, node["$ref"])
+            if target is not None:
+                children.append(target)
+        stack.extend(c for c in children if isinstance(c, (dict, list)))
+    return found
+
+
+def _walk(node: Any):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, dict):
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+
+
+def _resolve_local_ref(schema: Any, ref: str) -> Any:
+    if not ref.startswith("#"):
+        return None
+    node = schema
+    for part in ref[1:].split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def tighten_one_of(schema_text: str) -> str:

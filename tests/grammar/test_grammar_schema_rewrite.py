@@ -10,7 +10,7 @@ import pytest
 from radixlm.grammar.base import GrammarSpec
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import OutlinesBackend
-from radixlm.grammar.schema_rewrite import tighten_one_of
+from radixlm.grammar.schema_rewrite import rewrite_schema, tighten_one_of
 from radixlm.grammar.testing import train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
 
@@ -64,3 +64,50 @@ def test_backends_reject_objects_matching_every_branch(name):
         accepted = matcher.accept_tokens(vocab.encode(text)) and matcher.accept_token(eos)
         assert accepted == valid, (text, name)
         assert jsonschema.Draft7Validator(SCHEMA).is_valid(json.loads(text)) == valid
+
+
+# ---------------------------------------------------------------- closed objects (strict mode)
+def test_declared_objects_are_closed_and_explicit_openness_is_kept():
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "b": {"type": "object", "properties": {"y": {}}, "additionalProperties": True},
+            "c": {"type": "object", "additionalProperties": {"type": "string"}},
+            "d": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}},
+            "e": {"type": "object", "properties": {"w": {}}, "required": ["w", "undeclared"]},
+        },
+    }
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["additionalProperties"] is True
+    assert props["c"]["additionalProperties"] == {"type": "string"}
+    assert "additionalProperties" not in props["d"]
+    assert "additionalProperties" not in props["e"]  # closing it would admit no document
+
+
+def test_objects_under_all_of_and_their_refs_stay_open():
+    schema = {
+        "$defs": {"Base": {"properties": {"id": {"type": "integer"}}},
+                  "Other": {"properties": {"n": {}}}},
+        "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"name": {"type": "string"}}}],
+        "properties": {"other": {"$ref": "#/$defs/Other"}},
+    }
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    assert "additionalProperties" not in out["$defs"]["Base"]
+    assert "additionalProperties" not in out["allOf"][1]
+    assert out["$defs"]["Other"]["additionalProperties"] is False
+    # the document that needs both allOf branches still validates against the rewritten schema
+    jsonschema.validate({"id": 1, "name": "x"}, out)
+
+
+def test_closed_schema_admits_a_subset_of_the_original():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    jsonschema.validate({"a": 1}, out)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"a": 1, "extra": 2}, out)
+    jsonschema.validate({"a": 1, "extra": 2}, schema)
+    assert rewrite_schema(json.dumps(schema), strict_objects=False) == json.dumps(schema)
