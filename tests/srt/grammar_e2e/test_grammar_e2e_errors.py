@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 INVALID = {
-    "regex": "(unclosed",
+    "regex": "[z-a]",  # well-formed; an unclosed group is refused before compiling
     "json_schema": '{"type": "object", "properties": {"a": {"type": "no-such-type"}}}',
     "ebnf": "start: (",
 }
@@ -24,7 +24,7 @@ def test_an_invalid_grammar_is_rejected_with_its_kind(smol_engine, kind):
 
 
 def test_unparsable_schema_text_is_rejected(smol_engine):
-    with pytest.raises(ValueError, match="Failed to compile json_schema grammar"):
+    with pytest.raises(ValueError, match="json_schema is not valid JSON"):
         smol_engine.generate("Hello", {**GREEDY, "json_schema": "{not json"})
 
 
@@ -49,7 +49,7 @@ def test_a_bad_grammar_fails_only_its_own_request(smol_engine):
         except ValueError as e:
             return str(e)
 
-    params = [{**GREEDY, "regex": "(yes|no)"}, {**GREEDY, "regex": "(unclosed"}, GREEDY]
+    params = [{**GREEDY, "regex": "(yes|no)"}, {**GREEDY, "regex": "[z-a]"}, GREEDY]
     with ThreadPoolExecutor(len(params)) as pool:
         good, bad, free = pool.map(run, params)
     assert good in ("yes", "no")
