@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.radix.base import FreeSlotsFn, MatchResult, PrefixCache
+from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult, PrefixCache
 from radixlm.radix.null_cache import NullCache
 from radixlm.radix.radix_cache import RadixCache
 
 __all__ = [
     "FreeSlotsFn",
+    "InsertResult",
     "MatchResult",
     "NullCache",
     "PrefixCache",

@@ -12,13 +12,18 @@ Contract
   default namespace.
 * Ownership of KV slots. Slots held by the cache belong to it until it frees them through the
   ``free_slots`` callback (on ``evict`` or ``reset``), each slot exactly once. After
-  ``num_present = insert(tokens, kv_slots)`` with ``num_cacheable = cacheable_len(len(tokens))``:
+  ``num_present = insert(tokens, kv_slots).num_present`` with
+  ``num_cacheable = cacheable_len(len(tokens))``:
 
     - ``kv_slots[:num_present]`` stay with the caller: those positions were already cached,
       with the cache's own slots (the caller frees the ones it allocated itself; slots it got
       from ``match_prefix`` are the cache's and must not be freed);
     - ``kv_slots[num_present:num_cacheable]`` now belong to the cache;
     - ``kv_slots[num_cacheable:]`` stay with the caller.
+
+  ``insert`` also returns the cache's slots for ``tokens[:num_cacheable]`` and the node that
+  ends them, as a match of the same tokens right after the insert would (no re-match needed
+  to lock what was just inserted).
 
 * Locking. ``inc_lock_ref(node)`` protects the path from ``node`` to its root from eviction
   until the matching ``dec_lock_ref(node)``. The ``last_node`` of a ``MatchResult`` must be
@@ -57,6 +62,16 @@ class MatchResult:
     last_node: Any  # handle of the node that ends the match; pass it to inc/dec_lock_ref
 
 
+@dataclass(frozen=True, eq=False)
+class InsertResult:
+    """What an insert did: which leading tokens were already cached, and where all of the
+    inserted (page-aligned) tokens now live."""
+
+    num_present: int  # leading tokens that were cached already (the caller's copies are its own)
+    kv_slots: torch.Tensor  # [cacheable_len(len(tokens))] int64: the cache's slots for them
+    last_node: Any  # the node that ends them; pass it to inc/dec_lock_ref
+
+
 class PrefixCache(ABC):
     """A map from token-id prefixes to KV slots; see the module docstring for the contract."""
 
@@ -69,10 +84,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def insert(
         self, token_ids: Sequence[int], kv_slots: torch.Tensor, namespace: str | None = None
-    ) -> int:
+    ) -> InsertResult:
         """Cache ``token_ids`` (page-aligned part) with ``kv_slots`` (one per token id).
 
-        Returns how many leading tokens were already cached; see the ownership rules above.
+        Returns how many leading tokens were already cached (see the ownership rules above)
+        and the cache's slots and last node for the page-aligned part; refreshes its LRU time.
         """
 
     @abstractmethod

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from radixlm.radix.base import MatchResult, PrefixCache
+from radixlm.radix.base import InsertResult, MatchResult, PrefixCache
 
 
 class NullCache(PrefixCache):
     """Same interface as RadixCache, no caching.
 
-    ``match_prefix`` matches nothing, ``insert`` keeps nothing and returns 0, and
+    ``match_prefix`` matches nothing, ``insert`` keeps nothing (``num_present`` 0, no slots), and
     ``cacheable_len`` is 0, so by the ownership rules the caller keeps (and frees) every slot it
     passes in. Lock calls accept any handle and do nothing; ``evict`` frees nothing.
     """
@@ -29,13 +29,14 @@ class NullCache(PrefixCache):
 
     def insert(
         self, token_ids: Sequence[int], kv_slots: torch.Tensor, namespace: str | None = None
-    ) -> int:
+    ) -> InsertResult:
         if kv_slots.dim() != 1 or kv_slots.numel() != len(token_ids):
             raise ValueError(
                 f"insert needs one kv slot per token id: got {len(token_ids)} token ids and "
                 f"kv_slots of shape {tuple(kv_slots.shape)}"
             )
-        return 0
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        return InsertResult(num_present=0, kv_slots=empty, last_node=None)
 
     def cacheable_len(self, num_tokens: int) -> int:
         return 0

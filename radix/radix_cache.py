@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixlm.radix.base import FreeSlotsFn, MatchResult, PrefixCache
+from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult, PrefixCache
 from radixlm.radix.tree_node import TreeNode, check_node, check_root, child_key, iter_subtree
 
 _MAX_TOKENS_SHOWN = 8
@@ -75,7 +75,7 @@ class RadixCache(PrefixCache):
 
     def insert(
         self, token_ids: Sequence[int], kv_slots: torch.Tensor, namespace: str | None = None
-    ) -> int:
+    ) -> InsertResult:
         if kv_slots.dim() != 1 or kv_slots.numel() != len(token_ids):
             raise ValueError(
                 f"insert needs one kv slot per token id: got {len(token_ids)} token ids and "
@@ -85,19 +85,25 @@ class RadixCache(PrefixCache):
         tokens = tuple(token_ids[:num_cacheable])
         self._clock += 1
         node = self._root(namespace)
-        pos = 0
+        pieces: list[torch.Tensor] = []
+        pos = num_present = 0
         while pos < num_cacheable:
             child = node.children.get(child_key(tokens, pos, self.page_size))
             if child is None:
-                self._add_leaf(node, tokens[pos:], kv_slots[pos:num_cacheable])
-                return pos
+                num_present = pos
+                node = self._add_leaf(node, tokens[pos:], kv_slots[pos:num_cacheable])
+                pieces.append(node.kv_slots)
+                break
             num_common = self._common_len(child.key, tokens, pos)
             if num_common < len(child.key):
                 child = self._split(child, num_common)
             child.last_access_time = self._clock
+            pieces.append(child.kv_slots)
             pos += num_common
             node = child
-        return pos
+        else:
+            num_present = pos
+        return InsertResult(num_present, self._concat(pieces), node)
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         while not node.is_root:
@@ -228,11 +234,14 @@ class RadixCache(PrefixCache):
         upper.children[child_key(node.key, 0, self.page_size)] = node
         return upper
 
-    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], kv_slots: torch.Tensor) -> None:
+    def _add_leaf(
+        self, parent: TreeNode, key: tuple[int, ...], kv_slots: torch.Tensor
+    ) -> TreeNode:
         slots = kv_slots.to(device=self.device, dtype=torch.int64).clone()
         leaf = TreeNode(key=key, kv_slots=slots, parent=parent, last_access_time=self._clock)
         parent.children[child_key(key, 0, self.page_size)] = leaf
         self._evictable_tokens += len(key)
+        return leaf
 
     def _remove_leaf(self, node: TreeNode) -> int:
         parent = node.parent

@@ -77,12 +77,9 @@ def fail_held_requests(scheduler: Scheduler, error: BaseException) -> BatchToken
     for req in held:
         while req.output_ids and req.output_ids[-1] == PENDING_TOKEN:
             req.output_ids.pop()
-        if req.status is ReqStatus.FINISHED:
-            continue  # released already; only its report is missing
-        req.finish(reason)
+        req.finish(reason)  # keeps the reason of one that finished already
         _forget(scheduler, req)
         scheduler.kv.release(req, keep_in_cache=False)  # its last KV may be half written
-        req.status = ReqStatus.FINISHED
     reported = list(dict.fromkeys(held + scheduler.finished_outside_step))
     scheduler.finished_outside_step = []
     scheduler.live.difference_update(reported)

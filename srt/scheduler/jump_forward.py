@@ -63,19 +63,7 @@ def edit_output(req: Req, edit: JumpForwardEdit, kv: KVManager) -> int:
     keep = len(req.output_ids) - edit.num_rollback
     new_len = len(req.prompt_ids) + keep
     if req.num_kv_tokens > new_len:
-        drop_kv_tail(kv, req, new_len)
+        kv.truncate(req, new_len)
     del req.output_ids[keep:]
     req.output_ids.extend(edit.token_ids)
-    net = len(edit.token_ids) - edit.num_rollback
-    req.num_forced_tokens += net
-    return net
-
-
-def drop_kv_tail(kv: KVManager, req: Req, new_len: int) -> None:
-    """Frees the KV slots of the request's positions ``[new_len, num_kv_tokens)``: tokens a
-    jump-forward edit dropped. They are never in the prefix cache (page size 1 here, or no
-    written KV at all with larger pages)."""
-    assert req.num_cached_prefix <= new_len < req.num_kv_tokens, (new_len, req.num_kv_tokens)
-    slots = kv.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=new_len).clone()
-    kv.allocator.free(slots)
-    req.num_kv_tokens = new_len
+    return len(edit.token_ids) - edit.num_rollback

@@ -11,6 +11,7 @@ import logging
 
 import torch
 
+from radixlm.radix import InsertResult
 from radixlm.srt.executor.memory_pool import ReqToTokenPool, TokenSlotAllocator
 from radixlm.srt.executor.transfer import tensor_to_device, to_device
 from radixlm.srt.scheduler.req import Req
@@ -103,23 +104,38 @@ class KVManager:
         """After a prefill chunk of a still-running request: puts its KV so far into the prefix
         cache (others can share it at once) and points the request at the cache's slots."""
         n = req.num_kv_tokens
-        tokens = req.fill_ids[:n]
         kv = self.req_to_token_pool.read(req.req_slot, n).clone()
-        present = self.cache.insert(tokens, kv)
-        if present > req.num_cached_prefix:
-            self.allocator.free(kv[req.num_cached_prefix : present])
-        match = self.cache.match_prefix(tokens)
-        self.req_to_token_pool.write(req.req_slot, 0, match.kv_slots)
-        if self.page_size > 1 and len(match.kv_slots) == n:  # the last position moved too
-            req.last_kv_slot = int(match.kv_slots[-1])
-        self.cache.inc_lock_ref(match.last_node)
+        inserted = self._insert(req, req.fill_ids[:n], kv)
+        self.req_to_token_pool.write(req.req_slot, 0, inserted.kv_slots)
+        if self.page_size > 1 and len(inserted.kv_slots) == n:  # the last position moved too
+            req.last_kv_slot = int(inserted.kv_slots[-1])
+        self.cache.inc_lock_ref(inserted.last_node)
         self.cache.dec_lock_ref(req.cache_node)
-        req.cache_node = match.last_node
-        req.num_cached_prefix = len(match.kv_slots)
+        req.cache_node = inserted.last_node
+        req.num_cached_prefix = len(inserted.kv_slots)
+
+    def _insert(self, req: Req, tokens: list[int], kv: torch.Tensor) -> InsertResult:
+        """Inserts the request's KV into the prefix cache and frees the request's copies of
+        positions the cache already held (its own locked prefix is the cache's already)."""
+        inserted = self.cache.insert(tokens, kv)
+        if inserted.num_present > req.num_cached_prefix:
+            self.allocator.free(kv[req.num_cached_prefix : inserted.num_present])
+        return inserted
+
+    def truncate(self, req: Req, new_len: int) -> None:
+        """Frees the KV slots of the request's positions ``[new_len, num_kv_tokens)``: tokens a
+        jump-forward edit dropped. They are never in the prefix cache, and with pages larger
+        than one token an edit never drops written KV (``max_rollback``), so ``last_kv_slot``
+        stays valid."""
+        assert req.num_cached_prefix <= new_len < req.num_kv_tokens, (new_len, req.num_kv_tokens)
+        slots = self.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=new_len)
+        self.allocator.free(slots.clone())
+        req.num_kv_tokens = new_len
 
     def release(self, req: Req, keep_in_cache: bool = True) -> None:
         """Gives the request's KV back: into the prefix cache where it can be kept, else to the
-        allocator; frees its table row and unlocks its cached prefix."""
+        allocator; frees its table row and unlocks its cached prefix. A request holding
+        nothing (released already, or never admitted) is left as it is."""
         if req.req_slot < 0:
             if req.cache_node is not None:
                 self.cache.dec_lock_ref(req.cache_node)
@@ -129,10 +145,8 @@ class KVManager:
         kv = self.req_to_token_pool.read(req.req_slot, n).clone()
         kept = 0
         if keep_in_cache:
-            present = self.cache.insert(req.fill_ids[:n], kv)
+            self._insert(req, req.fill_ids[:n], kv)
             kept = self.cache.cacheable_len(n)
-            if present > req.num_cached_prefix:
-                self.allocator.free(kv[req.num_cached_prefix : present])
         else:
             kept = req.num_cached_prefix
         self.allocator.free(kv[kept:n])

@@ -18,9 +18,10 @@ PENDING_TOKEN = -1  # output id of a token sampled on the device and not read ba
 
 
 class ReqStatus(enum.Enum):
+    """Where a live request is; a finished one is told by ``is_finished`` (its finish reason)."""
+
     WAITING = "waiting"
     RUNNING = "running"
-    FINISHED = "finished"
 
 
 @dataclass(eq=False)  # requests compare by identity (they live in lists)
@@ -45,9 +46,8 @@ class Req:
     cache_node: Any = None  # the prefix cache node locked for this request
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
 
-    # constrained decoding (both stay unset for unconstrained requests)
+    # constrained decoding (stays unset for unconstrained requests)
     grammar: GrammarMatcher | None = None  # has accepted exactly output_ids; set once compiled
-    num_forced_tokens: int = 0  # output tokens appended by jump-forward instead of sampled
 
     # streaming bookkeeping
     num_sent_tokens: int = 0

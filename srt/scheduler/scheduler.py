@@ -141,21 +141,21 @@ class Scheduler:
             self.finished_outside_step += self._resolve_inflight()
         reason = {"type": "abort", "message": "aborted by request"}
         for req in self.grammars.remove(hit):
-            self._finish_now(req, reason)
+            self._finish_between_steps(req, reason)
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
-            self._finish_now(req, reason)
+            self._finish_between_steps(req, reason)
         for req in [r for r in self.running if hit(r)]:
-            self.running.remove(req)
-            self._finish_now(req, reason)
+            self._finish_between_steps(req, reason)
         if self.chunked is not None and hit(self.chunked):
             req, self.chunked = self.chunked, None
-            self._finish_now(req, reason)
+            self._finish_between_steps(req, reason)
 
-    def _finish_now(self, req: Req, reason: dict) -> None:
+    def _finish_between_steps(self, req: Req, reason: dict) -> None:
+        """Finishes ``req`` outside a batch (abort, the last retracted request); the next
+        step reports it."""
         req.finish(reason)
-        self.kv.release(req)
-        req.status = ReqStatus.FINISHED
+        self._retire([req])
         self.finished_outside_step.append(req)
 
     def control(self, msg: ControlReq) -> ControlReply:
@@ -235,9 +235,7 @@ class Scheduler:
         finish with their 400 error."""
         ready, failed = self.grammars.poll()
         self.waiting.extend(ready)
-        for req in failed:
-            req.status = ReqStatus.FINISHED
-        self.finished_outside_step += failed
+        self.finished_outside_step += failed  # they hold no KV
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         """Admits waiting requests under the step's token budget. With chunked prefill the
@@ -324,11 +322,12 @@ class Scheduler:
     def _make_room_for_decode(self) -> None:
         """Evicts cached prefixes, then retracts requests, until every running one gets a slot."""
         while not self.kv.ensure_available(self._decode_slots_needed()):
-            victim = self.running.pop()
-            if not self.running:
-                victim.finish({"type": "length", "length": len(victim.output_ids)})
-                self._finish_now(victim, victim.finish_reason)
+            victim = self.running[-1]
+            if len(self.running) == 1:
+                self._finish_between_steps(victim, {"type": "length",
+                                                    "length": len(victim.output_ids)})
                 return
+            self.running.pop()
             logger.info("KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len)
             self.kv.release(victim)
             victim.status = ReqStatus.WAITING
@@ -359,7 +358,7 @@ class Scheduler:
         step, self.inflight = self.inflight, None
         touched = []
         for req, tok in zip(step.reqs, step.read_back(), strict=True):
-            if req.status is ReqStatus.FINISHED:  # finished one step earlier: drop this token
+            if req.is_finished:  # finished one step earlier: drop this token
                 continue
             assert req.output_ids[-1] == PENDING_TOKEN
             req.output_ids[-1] = tok
@@ -446,10 +445,12 @@ class Scheduler:
         return self._retire(batch.reqs, keep_in_cache=False)
 
     def _retire(self, reqs: list[Req], keep_in_cache: bool = True) -> list[Req]:
+        """The one release path: every finished request of ``reqs`` leaves the running list
+        and gives its KV back. Idempotent (a released request holds nothing), so the
+        requests of a batch can be passed whether or not an earlier path released them."""
         for req in reqs:
-            if req.is_finished and req.status is not ReqStatus.FINISHED:
+            if req.is_finished:
                 if req in self.running:
                     self.running.remove(req)
                 self.kv.release(req, keep_in_cache)
-                req.status = ReqStatus.FINISHED
         return reqs

@@ -32,8 +32,8 @@ def make(page_size: int = 1) -> tuple[RadixCache, FreedLog]:
 
 def test_insert_returns_already_present_prefix_and_match_returns_first_slots() -> None:
     cache, _ = make()
-    assert cache.insert([1, 2, 3, 4], slots(10, 11, 12, 13)) == 0
-    assert cache.insert([1, 2, 5], slots(20, 21, 22)) == 2
+    assert cache.insert([1, 2, 3, 4], slots(10, 11, 12, 13)).num_present == 0
+    assert cache.insert([1, 2, 5], slots(20, 21, 22)).num_present == 2
     result = cache.match_prefix([1, 2, 5, 9])
     assert result.matched_len == 3
     assert result.kv_slots.tolist() == [10, 11, 22]  # the tree keeps its own slots for [1, 2]
@@ -60,7 +60,7 @@ def test_splitting_a_locked_node_keeps_both_halves_locked() -> None:
     cache.insert([0, 0, 0], slots(0, 1, 2))
     locked = cache.match_prefix([0, 0, 0])
     cache.inc_lock_ref(locked.last_node)
-    assert cache.insert([0, 7], slots(5, 6)) == 1  # splits the locked node after one token
+    assert cache.insert([0, 7], slots(5, 6)).num_present == 1  # splits the locked node after one token
     cache.check_integrity()
     assert cache.protected_size() == 3 and cache.evictable_size() == 1
     assert cache.evict(100) == 1
@@ -72,7 +72,7 @@ def test_splitting_a_locked_node_keeps_both_halves_locked() -> None:
 def test_page_size_aligns_inserts_and_matches() -> None:
     cache, _ = make(page_size=4)
     assert cache.cacheable_len(10) == 8
-    assert cache.insert(list(range(10)), torch.arange(100, 110)) == 0
+    assert cache.insert(list(range(10)), torch.arange(100, 110)).num_present == 0
     assert cache.total_size() == 8  # the unaligned tail [8, 9] is not stored
     assert cache.match_prefix(list(range(7))).matched_len == 4
     assert cache.match_prefix(list(range(3))).matched_len == 0
@@ -84,7 +84,7 @@ def test_page_size_aligns_inserts_and_matches() -> None:
 def test_pages_that_differ_inside_the_first_page_are_separate_children() -> None:
     cache, _ = make(page_size=4)
     cache.insert([1, 2, 3, 4], slots(0, 1, 2, 3))
-    assert cache.insert([1, 2, 9, 9], slots(4, 5, 6, 7)) == 0
+    assert cache.insert([1, 2, 9, 9], slots(4, 5, 6, 7)).num_present == 0
     root = cache.match_prefix([]).last_node
     assert set(root.children) == {(1, 2, 3, 4), (1, 2, 9, 9)}
     cache.check_integrity()
@@ -96,7 +96,7 @@ def test_namespaces_never_match_each_other() -> None:
     assert cache.match_prefix([1, 2, 3]).matched_len == 0
     assert cache.match_prefix([1, 2, 3], namespace="salt-b").matched_len == 0
     assert cache.match_prefix([1, 2, 3], namespace="salt-a").kv_slots.tolist() == [0, 1, 2]
-    assert cache.insert([1, 2, 3], slots(5, 6, 7), namespace="salt-b") == 0
+    assert cache.insert([1, 2, 3], slots(5, 6, 7), namespace="salt-b").num_present == 0
     assert cache.match_prefix([1, 2], namespace="salt-b").kv_slots.tolist() == [5, 6]
     cache.check_integrity()
 
@@ -216,7 +216,7 @@ def test_empty_inputs() -> None:
     result = cache.match_prefix([])
     assert result.matched_len == 0 and result.kv_slots.numel() == 0
     assert result.kv_slots.dtype == torch.int64
-    assert cache.insert([], slots()) == 0
+    assert cache.insert([], slots()).num_present == 0
     assert cache.evict(10) == 0 and log.calls == []
     cache.inc_lock_ref(result.last_node)  # locking the root is a no-op
     cache.dec_lock_ref(result.last_node)

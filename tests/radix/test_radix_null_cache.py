@@ -11,7 +11,9 @@ from radixlm.radix import NullCache, PrefixCache, RadixCache, make_prefix_cache
 def test_null_cache_never_matches_or_keeps_anything() -> None:
     cache = NullCache(page_size=1)
     kv_slots = torch.tensor([4, 5, 6])
-    assert cache.insert([1, 2, 3], kv_slots) == 0
+    inserted = cache.insert([1, 2, 3], kv_slots)
+    assert inserted.num_present == 0 and inserted.kv_slots.numel() == 0
+    assert inserted.last_node is None
     assert cache.cacheable_len(3) == 0  # so the caller keeps and frees all three slots
     result = cache.match_prefix([1, 2, 3])
     assert result.matched_len == 0

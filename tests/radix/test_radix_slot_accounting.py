@@ -81,18 +81,19 @@ def decode(cache: PrefixCache, pool: SlotPool, req: SimReq, new_tokens: list[int
 
 def cache_chunk(cache: PrefixCache, pool: SlotPool, req: SimReq) -> None:
     """Unfinished request: hand the computed prefix to the cache, keep running on its slots."""
-    num_present = cache.insert(req.tokens, torch.tensor(req.kv_slots), None)
-    assert num_present >= req.num_cached
-    pool.free(req.kv_slots[req.num_cached : num_present])
-    match = cache.match_prefix(req.tokens)
-    req.kv_slots[: match.matched_len] = match.kv_slots.tolist()
-    cache.inc_lock_ref(match.last_node)
+    inserted = cache.insert(req.tokens, torch.tensor(req.kv_slots), None)
+    assert inserted.num_present >= req.num_cached
+    pool.free(req.kv_slots[req.num_cached : inserted.num_present])
+    num_cached = len(inserted.kv_slots)
+    assert num_cached == cache.cacheable_len(len(req.tokens))
+    req.kv_slots[:num_cached] = inserted.kv_slots.tolist()
+    cache.inc_lock_ref(inserted.last_node)
     cache.dec_lock_ref(req.last_node)
-    req.num_cached, req.last_node = match.matched_len, match.last_node
+    req.num_cached, req.last_node = num_cached, inserted.last_node
 
 
 def finish(cache: PrefixCache, pool: SlotPool, req: SimReq) -> None:
-    num_present = cache.insert(req.tokens, torch.tensor(req.kv_slots), None)
+    num_present = cache.insert(req.tokens, torch.tensor(req.kv_slots), None).num_present
     assert num_present >= req.num_cached
     pool.free(req.kv_slots[req.num_cached : num_present])
     pool.free(req.kv_slots[cache.cacheable_len(len(req.tokens)) :])

@@ -171,10 +171,18 @@ class RadixMachineBase(RuleBasedStateMachine):
         return result
 
     def do_insert(self, tokens: list[int], slots: list[int], namespace: str | None) -> int:
-        num_present = self.cache.insert(tokens, torch.tensor(slots, dtype=torch.int64), namespace)
+        inserted = self.cache.insert(tokens, torch.tensor(slots, dtype=torch.int64), namespace)
+        num_present = inserted.num_present
         aligned = len(tokens) // self.page_size * self.page_size
         assert num_present == self.ref.insert(tokens[:aligned], slots, namespace)
         assert self.collect_freed() == [], "insert must not free anything"
+        # what the scheduler locks instead of re-matching: the cache's slots for every
+        # inserted token, ending at the node that holds the last of them
+        assert inserted.kv_slots.tolist() == self.ref.match(tokens, namespace)[1]
+        node, depth = inserted.last_node, 0
+        while not node.is_root:
+            depth, node = depth + len(node.key), node.parent
+        assert depth == aligned
         self.history.append(tokens)
         return num_present
 

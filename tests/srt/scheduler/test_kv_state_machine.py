@@ -2,7 +2,7 @@
 
 Requests are admitted (match and lock a prefix, take a request row, allocate the rest, in
 chunks), decode (with retraction when the pool is short), have their tail cut by jump-forward
-(``drop_kv_tail``), finish (into the tree or not), are aborted in every phase, and the cache
+(``KVManager.truncate``, through ``edit_output`` and directly), finish (into the tree or not), are aborted in every phase, and the cache
 is evicted and flushed — in random orders, for page sizes 1 and 16.
 
 A brute-force model tracks every KV *page*: free, cached (keyed by all tokens up to the end of
@@ -256,7 +256,7 @@ class KVMachineBase(RuleBasedStateMachine):
     def _jump_forward(self, i: int, rollback: int, forced: list[int], streamed: bool) -> None:
         """A jump-forward edit after a sampled token (jump_forward.edit_output): drop what
         ``max_rollback`` allows of ``rollback`` output tokens, cutting their KV
-        (``drop_kv_tail``), then append forced tokens (at least one: an edit always leaves a
+        (``KVManager.truncate``), then append forced tokens (at least one: an edit always leaves a
         token to compute)."""
         running = [t for t in self._in("running") if t.req.fill_len < self.max_context - 8]
         if not running:
@@ -275,6 +275,26 @@ class KVMachineBase(RuleBasedStateMachine):
             self.model.release_pages(t.slots[new_len:])
             del t.slots[new_len:]
 
+    @precondition(lambda self: self.page_size == 1 and self._in("running"))
+    @rule(i=INDEX, num_dropped=st.integers(1, 8))
+    def truncate(self, i: int, num_dropped: int) -> None:
+        """``KVManager.truncate`` on its own: cut up to ``num_dropped`` positions of written KV
+        that the tree does not own (pages of one token: written KV may be dropped)."""
+        t = self._in("running")[i % len(self._in("running"))]
+        req = t.req
+        fixed = len(req.prompt_ids) + req.num_sent_tokens  # never drop what was streamed
+        new_len = max(req.num_kv_tokens - num_dropped, req.num_cached_prefix, fixed)
+        if new_len >= req.num_kv_tokens:
+            return
+        available = self.allocator.available_size()
+        self.kv.truncate(req, new_len)
+        self.allocator.collect_freed()
+        assert self.allocator.available_size() == available + len(t.slots) - new_len
+        # the token at position new_len stays, to be computed again (as an edit's last token)
+        del req.output_ids[new_len - len(req.prompt_ids) + 1 :]
+        self.model.release_pages(t.slots[new_len:])
+        del t.slots[new_len:]
+
     # ------------------------------------------------------------------ finish, abort
     def _finish(self, t: Tracked, keep_in_cache: bool) -> None:
         self._release(t, keep_in_cache)
@@ -289,7 +309,7 @@ class KVMachineBase(RuleBasedStateMachine):
     @precondition(lambda self: len(self.reqs) >= 3)  # fewer aborts, so requests live long
     @rule(i=INDEX)
     def abort(self, i: int) -> None:
-        """Scheduler.abort -> _finish_now: any phase (waiting, retracted, chunked, running,
+        """Scheduler.abort -> _finish_between_steps: any phase (waiting, retracted, chunked, running,
         with forced tokens pending), KV kept in the tree."""
         self._finish(self.reqs[i % len(self.reqs)], keep_in_cache=True)
 
