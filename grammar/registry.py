@@ -1,55 +1,30 @@
-"""Grammar backends by name (``--grammar-backend auto|outlines|llguidance``).
-
-``auto`` compiles regexes, choices and JSON schemas with outlines-core, falling back to
-llguidance when outlines-core rejects the spec, when the spec's regex is too long for a DFA
-(``outlines_max_regex_chars``) or when it does not finish within ``outlines_budget_s`` (it runs
-in a child process, killed when over budget; see ``outlines_worker``). llguidance compiles in tens
-of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars and ``json_object``
-go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas with numeric
-bounds or ``allOf`` (which outlines-core accepts but may ignore) try llguidance first. A JSON
-schema neither backend accepts gets a last try on llguidance in lenient mode, which ignores the
-keywords it does not implement. When every other backend rejects a spec whose outlines-core
-build went over budget, ``auto`` waits for that build after all (at most
-``outlines_last_resort_s`` more): a schema only outlines-core accepts, just over the budget on a
-loaded CPU, still compiles.
+"""Grammar backends by name (``--grammar-backend auto|outlines|llguidance|none``): the
+configuration and the factory. ``auto`` (outlines-core with llguidance as the fallback) lives in
+auto_backend.py.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any
 
-from radixlm.grammar.base import (
-    CompiledGrammar,
-    GrammarBackend,
-    GrammarCompileError,
-    GrammarSpec,
-    NullGrammarBackend,
-)
+from radixlm.grammar.auto_backend import AutoGrammarBackend
+from radixlm.grammar.base import GrammarBackend, NullGrammarBackend
 from radixlm.grammar.cache import GrammarCompileCache
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_SPEC_BYTES, GrammarLimits
-from radixlm.grammar.llguidance_backend import GrammarTooComplexError, LLGuidanceBackend
+from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import DEFAULT_WHITESPACE_PATTERN, OutlinesBackend
-from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES, IndexJob, IndexWorkerPool
-from radixlm.grammar.schema_checks import (
-    check_compilable,
-    outlines_regex_lower_bound,
-    recursive_ref,
-)
+from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES
 from radixlm.grammar.vocab import TokenizerVocab
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "GRAMMAR_BACKEND_NAMES",
+    "AutoGrammarBackend",
+    "GrammarConfig",
+    "create_compile_cache",
+    "create_grammar_backend",
+]
 
 GRAMMAR_BACKEND_NAMES = ("auto", "outlines", "llguidance", "none")
-_LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object")
-# JSON Schema keywords outlines-core accepts but does not (always) enforce, while llguidance
-# does. outlines-core drops an ``allOf`` next to ``properties`` in the same schema.
-_OUTLINES_IGNORED_KEYWORDS = frozenset(
-    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf"}
-)
 
 
 @dataclass(frozen=True)
@@ -86,146 +61,6 @@ class GrammarConfig:
         if self.outlines_max_memory_bytes < 0:
             raise ValueError("outlines_max_memory_bytes must be >= 0 (0: no limit)")
         self.limits  # noqa: B018  (validates the limits)
-
-
-def _uses_keywords_outlines_ignores(schema: Any) -> bool:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if _OUTLINES_IGNORED_KEYWORDS.intersection(node):
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
-class AutoGrammarBackend(GrammarBackend):
-    """outlines-core first for regular specs, llguidance for the rest and as the fallback."""
-
-    name = "auto"
-
-    def __init__(
-        self,
-        outlines: OutlinesBackend,
-        llguidance: LLGuidanceBackend,
-        outlines_budget_s: float = 3.0,
-        lenient_llguidance: LLGuidanceBackend | None = None,
-        outlines_last_resort_s: float = 20.0,
-        outlines_max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
-    ) -> None:
-        self.outlines = outlines
-        self.llguidance = llguidance
-        self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
-        self.outlines_budget_s = outlines_budget_s
-        self.outlines_last_resort_s = outlines_last_resort_s
-        self.index_workers = IndexWorkerPool(outlines.outlines_vocabulary,
-                                             outlines_max_memory_bytes)
-        self.num_fallbacks = 0
-        self._lock = threading.Lock()
-
-    def cache_tag(self) -> str:
-        lenient = "+lenient" if self.lenient_llguidance is not None else ""
-        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient}]"
-
-    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        errors: list[tuple[GrammarBackend, GrammarCompileError]] = []
-        overrun: IndexJob | None = None  # an over-budget outlines-core build, still going
-        schema = check_compilable(spec, self.outlines.limits)
-        try:
-            for backend in self._order(spec, schema):
-                if backend is self.lenient_llguidance and any(
-                    isinstance(e, GrammarTooComplexError) for _, e in errors
-                ):
-                    continue  # leniency does not make a grammar smaller
-                if errors:
-                    with self._lock:
-                        self.num_fallbacks += 1
-                    logger.info("%s failed on %s (%s); trying %s", _label(errors[-1][0]),
-                                spec.describe(), errors[-1][1].reason, _label(backend))
-                try:
-                    if backend is self.outlines:
-                        return self._compile_outlines_within_budget(spec)
-                    return backend.compile(spec)
-                except _OutlinesOverrun as error:
-                    overrun = error.job
-                    errors.append((backend, error))
-                except GrammarCompileError as error:
-                    errors.append((backend, error))
-            if overrun is not None:
-                grammar = self._wait_for_overrun(spec, overrun)
-                if grammar is not None:
-                    return grammar
-        finally:
-            if overrun is not None:
-                overrun.cancel()  # kills the child unless the build has finished
-        last = errors[-1][1]
-        earlier = "; ".join(f"{_label(b)}: {e.reason}" for b, e in errors[:-1])
-        reason = f"{last.reason} ({earlier})" if earlier else last.reason
-        raise GrammarCompileError(spec.kind, reason) from last
-
-    def _order(self, spec: GrammarSpec, schema: Any = None) -> list[GrammarBackend]:
-        if spec.kind in _LLGUIDANCE_ONLY_KINDS:
-            return [self.llguidance]
-        # outlines-core unrolls recursion to a fixed depth (a dead end deep in a document).
-        if schema is not None and (_uses_keywords_outlines_ignores(schema)
-                                   or recursive_ref(schema) is not None):
-            order: list[GrammarBackend] = [self.llguidance, self.outlines]
-        else:
-            order = [self.outlines, self.llguidance]
-        limit = self.outlines.max_regex_chars
-        if schema is not None and limit and outlines_regex_lower_bound(schema) > limit:
-            order.remove(self.outlines)  # its regex would be rejected as too long anyway
-        if spec.kind == "json_schema" and self.lenient_llguidance is not None:
-            order.append(self.lenient_llguidance)
-        return order
-
-    def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> CompiledGrammar:
-        # A lenient llguidance grammar's text carries its options: any llguidance backend loads it.
-        backend = self.outlines if backend_name == self.outlines.name else self.llguidance
-        return backend.deserialize(spec, backend_name, data)
-
-    def _compile_outlines_within_budget(self, spec: GrammarSpec) -> CompiledGrammar:
-        began = time.monotonic()
-        job = self.outlines.start_build(self.index_workers, spec)
-        index = job.wait(self.outlines_budget_s - (time.monotonic() - began))
-        if index is None:
-            raise _OutlinesOverrun(
-                spec.kind, f"outlines-core did not finish within {self.outlines_budget_s:g} s", job
-            )
-        return self.outlines.grammar_from_index(spec, index)
-
-    def _wait_for_overrun(self, spec: GrammarSpec, job: IndexJob) -> CompiledGrammar | None:
-        """The over-budget outlines-core build's grammar if it finishes within the last-resort
-        wait, else None."""
-        if self.outlines_last_resort_s <= 0:
-            return None
-        logger.info("no other backend compiles %s; waiting up to %g s more for outlines-core",
-                    spec.describe(), self.outlines_last_resort_s)
-        try:
-            index = job.wait(self.outlines_last_resort_s)
-        except GrammarCompileError:
-            return None
-        if index is None:
-            return None
-        logger.info("outlines-core compiled %s past its budget", spec.describe())
-        return self.outlines.grammar_from_index(spec, index)
-
-    def shutdown(self) -> None:
-        self.index_workers.close()
-
-
-class _OutlinesOverrun(GrammarCompileError):
-    """outlines-core went past its budget; its build goes on in ``job`` until cancelled."""
-
-    def __init__(self, kind: str, reason: str, job: IndexJob) -> None:
-        super().__init__(kind, reason)
-        self.job = job
-
-
-def _label(backend: GrammarBackend) -> str:
-    return f"{backend.name} (lenient)" if getattr(backend, "lenient", False) else backend.name
 
 
 def create_grammar_backend(config: GrammarConfig, vocab: TokenizerVocab) -> GrammarBackend:

@@ -24,6 +24,7 @@ from radixlm.srt.messages import (
     ControlReq,
     TokenizedGenerateReq,
 )
+from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.output import build_batch_output
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 
@@ -124,3 +125,21 @@ def abort_output(rid: str, prompt_tokens: int, message: str) -> BatchTokenOut:
         no_stop_trim=[False], skip_special_tokens=[True], output_token_logprobs=[None],
         output_top_logprobs=[None], input_token_logprobs=[None], input_top_logprobs=[None],
     )
+
+
+def reject_unembeddable(batch: ScheduledBatch, vocab_size: int) -> list[Req]:
+    """Takes out of the batch (and finishes with a 500) every request whose new tokens include
+    an id outside the model's embedding: the forward would fail for all of them. The caller
+    releases them."""
+    ids = batch.input_ids()
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
+        return []
+    bad = [i for i in range(len(batch.reqs))
+           if any(not 0 <= t < vocab_size for t in batch.new_tokens(i))]
+    rejected = batch.remove(bad)
+    for req in rejected:
+        logger.error("request %s holds a token id outside [0, %d)", req.rid, vocab_size)
+        req.finish({"type": "abort", "status_code": 500,
+                    "message": f"internal error: a token id outside [0, {vocab_size}) was "
+                               "about to be computed"})
+    return rejected

@@ -1,11 +1,7 @@
-"""Constrained decoding inside the scheduler: the grammar queue, per-step masks, jump-forward.
+"""Constrained decoding inside the scheduler, per step: masks, accepting tokens, jump-forward.
 
-A request with ``json_schema``, ``regex``, ``ebnf`` or ``choices`` enters the grammar queue
-(not ``Scheduler.waiting``) while its grammar compiles on the compile cache's worker threads;
-``poll`` hands it to the waiting queue with a matcher attached once the compilation is done, or
-finishes it with a 400 abort ("Failed to compile <kind> grammar: <reason>"). Other requests keep
-flowing meanwhile. The grammar vocabulary and the compile cache are built on first use, off the
-scheduler loop, so servers that never see a grammar pay nothing.
+Requests get here from the compile queue (grammar_queue.py, ``GrammarManager.queue``) with a
+matcher attached.
 
 Per step (only when a batch holds constrained requests):
 
@@ -38,28 +34,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from radixlm.grammar import (
-    GrammarCompileCache,
-    GrammarCompileError,
-    GrammarConfig,
-    GrammarSpec,
-    JumpForwardEdit,
-    TokenizerVocab,
-    apply_edit,
-    build_vocab,
-    create_compile_cache,
-)
+from radixlm.grammar import GrammarCompileCache, JumpForwardEdit, apply_edit
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.scheduler.grammar_queue import (
+    GrammarQueue,
+    GrammarStats,
+    grammar_config,
+    grammar_spec,
+)
 from radixlm.srt.scheduler.jump_forward import bounded_forced_edit, edit_output, max_rollback
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.mask_prefetch import MaskPrefetcher
@@ -69,175 +57,37 @@ from radixlm.srt.scheduler.stop import StopChecker
 logger = logging.getLogger(__name__)
 
 
-
-def grammar_spec(params: SamplingParams, kind: str | None = None) -> GrammarSpec | None:
-    """The request's output constraint, or None; ValueError for an unusable one. ``kind`` is
-    the message's ``grammar_kind``, decided by the front door (``json_object`` has no text);
-    without it, the kind of the grammar field that is set."""
-    if kind == "json_object":
-        return GrammarSpec.json_object()  # same language as {"type": "object"}; compiles fast
-    if params.json_schema is not None:
-        return GrammarSpec.json_schema(params.json_schema)
-    if params.regex is not None:
-        return GrammarSpec.regex(params.regex)
-    if params.ebnf is not None:
-        return GrammarSpec.ebnf(params.ebnf)
-    if params.choices is not None:
-        return GrammarSpec.choices(params.choices)
-    return None
-
-
-def grammar_config(cfg: ServerConfig) -> GrammarConfig:
-    extra: dict[str, Any] = {}
-    if cfg.grammar_whitespace_pattern is not None:
-        extra["whitespace_pattern"] = cfg.grammar_whitespace_pattern
-    return GrammarConfig(backend=cfg.grammar_backend, cache_dir=cfg.grammar_cache_dir,
-                         compile_timeout_s=cfg.grammar_compile_timeout_s, **extra)
-
-
-@dataclass
-class PendingGrammar:
-    req: Req
-    spec: GrammarSpec
-    future: Future | None = None  # the compile cache's future, once the cache exists
-
-
 @dataclass(frozen=True)
 class GrammarMasks:
     bitmask: torch.Tensor  # [num sampling rows, ceil(V/32)] int32, CPU; only `rows` are valid
     rows: list[int]  # sampling rows of constrained requests
 
 
-@dataclass
-class GrammarStats:
-    num_compiled: int = 0  # requests that got a matcher
-    num_failed: int = 0  # requests finished by a compile error
-    num_mask_rows: int = 0  # mask rows filled
-    num_prefetched_rows: int = 0  # ... of which a worker thread filled during the forward
-    mask_fill_s: float = 0.0  # scheduler-thread time spent on mask rows
-    num_jump_forwards: int = 0  # edits applied
-    num_forced_tokens: int = 0  # output tokens appended net of rolled-back ones
-
-    def as_dict(self) -> dict[str, Any]:
-        per_row_us = 1e6 * self.mask_fill_s / self.num_mask_rows if self.num_mask_rows else 0.0
-        return {**self.__dict__, "mask_fill_us_per_row": per_row_us}
-
-
 class GrammarManager:
     def __init__(self, cfg: ServerConfig, tokenizer: Any, eos_token_ids: set[int],
                  vocab_size: int, page_size: int) -> None:
-        self.config = grammar_config(cfg)
         self.jump_forward_enabled = not cfg.disable_jump_forward
         self.prefetch_enabled = True  # fill next steps' mask rows during the forward (the scheduler sets it per device)
-        self.tokenizer = tokenizer
-        self.eos_token_ids = sorted(eos_token_ids)
-        self.vocab_size = vocab_size
         self.page_size = page_size
-        self.queue: list[PendingGrammar] = []
         self.stats = GrammarStats()
-        self.vocab: TokenizerVocab | None = None
-        self._setup: Future[GrammarCompileCache] | None = None  # vocab + cache, built once
-        self._setup_pool: ThreadPoolExecutor | None = None
+        self.queue = GrammarQueue(grammar_config(cfg), tokenizer, eos_token_ids, vocab_size,
+                                  self.stats)
         self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
         self._buffer = BitmaskBuffer(self._bitmask)  # row access for fills, rebuilt on growth
         self._prefetcher = MaskPrefetcher(bitmask_width(vocab_size))
         self.mask_times_s: list[float] | None = None  # set to a list to record each row's fill
         self.mask_compute_times_s: list[float] | None = None  # ... and its compute time
 
-    # ------------------------------------------------------------------ compile queue
-    def submit(self, req: Req, spec: GrammarSpec) -> None:
-        """Starts compiling ``spec`` for ``req``; the request waits in the grammar queue."""
-        if self._setup is None:
-            self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
-            self._setup = self._setup_pool.submit(self._build_cache)
-        self.queue.append(PendingGrammar(req, spec))
-        self._start_compiles()
-
-    def has_pending(self) -> bool:
-        return bool(self.queue)
-
-    def poll(self) -> tuple[list[Req], list[Req]]:
-        """Requests whose grammar is ready (matcher attached) and requests whose grammar
-        failed (finished with a 400 abort), both in arrival order."""
-        if not self.queue:
-            return [], []
-        self._start_compiles()
-        ready: list[Req] = []
-        failed: list[Req] = []
-        still: list[PendingGrammar] = []
-        for item in self.queue:
-            future = item.future if item.future is not None else self._failed_setup()
-            if future is None or not future.done():
-                still.append(item)
-            elif self._attach(item, future):
-                ready.append(item.req)
-            else:
-                failed.append(item.req)
-        self.queue = still
-        return ready, failed
-
-    def wait(self, timeout_s: float) -> None:
-        """Blocks until some pending compilation finishes (or ``timeout_s``): the loop calls
-        this instead of spinning when nothing but compilations is left to do."""
-        futures = [p.future for p in self.queue if p.future is not None]
-        if self._setup is not None and not self._setup.done():
-            futures.append(self._setup)
-        if futures:
-            wait_futures(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
-
-    def remove(self, hit: Callable[[Req], bool]) -> list[Req]:
-        """Takes the queued requests ``hit`` selects out of the queue (aborts)."""
-        gone = [p.req for p in self.queue if hit(p.req)]
-        self.queue = [p for p in self.queue if not hit(p.req)]
-        return gone
-
-    def _build_cache(self) -> GrammarCompileCache:
-        start = time.perf_counter()
-        self.vocab = build_vocab(self.tokenizer, self.eos_token_ids, self.vocab_size)
-        cache = create_compile_cache(self.config, self.vocab)
-        logger.info("grammar backend %s ready in %.2f s", self.config.backend,
-                    time.perf_counter() - start)
-        return cache
-
     @property
     def compile_cache(self) -> GrammarCompileCache | None:
-        """The compile cache, once the first constrained request has built it."""
-        if self._setup is None or not self._setup.done() or self._setup.exception() is not None:
-            return None
-        return self._setup.result()
+        return self.queue.compile_cache
 
-    def _failed_setup(self) -> Future | None:
-        """The setup future when building the vocabulary or backend failed (its error then
-        fails every queued request), else None."""
-        if self._setup is not None and self._setup.done() and self._setup.exception() is not None:
-            return self._setup
-        return None
-
-    def _start_compiles(self) -> None:
-        cache = self.compile_cache
-        if cache is None:
-            return
-        for item in self.queue:
-            if item.future is None:
-                item.future = cache.get_or_compile(item.spec)
-
-    def _attach(self, item: PendingGrammar, future: Future) -> bool:
-        try:
-            item.req.grammar = future.result().new_matcher()
-        except GrammarCompileError as e:
-            return self._fail(item.req, str(e))
-        except Exception as e:  # a failed set-up (vocabulary, backend) fails the request too
-            logger.exception("grammar set-up failed for %s", item.req.rid)
-            return self._fail(item.req, str(GrammarCompileError(item.spec.kind, str(e))))
-        self.stats.num_compiled += 1
+    def prefetch_first_rows(self, reqs: list[Req]) -> None:
+        """Starts filling the first mask row of requests just out of the queue (during their
+        prefill)."""
         if self.prefetch_enabled:
-            self._prefetcher.submit(item.req)  # its first row, during its prefill
-        return True
-
-    def _fail(self, req: Req, message: str) -> bool:
-        req.finish({"type": "abort", "message": message, "status_code": 400})
-        self.stats.num_failed += 1
-        return False
+            for req in reqs:
+                self._prefetcher.submit(req)
 
     # ------------------------------------------------------------------ per step
     def fill_masks(self, reqs: list[Req]) -> GrammarMasks | None:
@@ -322,7 +172,7 @@ class GrammarManager:
             last = req.output_ids[-1] if req.output_ids else None
             req.finish({"type": "stop", "matched": last if last in stop.eos_token_ids else None})
             return
-        if self.jump_forward_enabled and not req.return_logprob and self.vocab is not None:
+        if self.jump_forward_enabled and not req.return_logprob and self.queue.vocab is not None:
             if self._jump_forward(req, kv, stop.context_length):
                 stop.check(req)
 
@@ -331,7 +181,7 @@ class GrammarManager:
         if room <= 0:
             return False
         rollback = max_rollback(req, self.page_size)
-        edit = bounded_forced_edit(req.grammar, self.vocab, req.output_ids, room, rollback)
+        edit = bounded_forced_edit(req.grammar, self.queue.vocab, req.output_ids, room, rollback)
         if edit is None:
             return False
         # The last forced token is left to the model: it may merge with the text after it
@@ -349,8 +199,8 @@ class GrammarManager:
 
     # ------------------------------------------------------------------ state
     def info(self) -> dict[str, Any]:
-        return {"backend": self.config.backend, "jump_forward": self.jump_forward_enabled,
-                "mask_prefetch": self.prefetch_enabled, "num_queued": len(self.queue),
+        return {"backend": self.queue.config.backend, "jump_forward": self.jump_forward_enabled,
+                "mask_prefetch": self.prefetch_enabled, "num_queued": len(self.queue.pending),
                 **self.stats.as_dict()}
 
     def check_integrity(self, reqs: list[Req]) -> None:
@@ -359,17 +209,10 @@ class GrammarManager:
             if req.grammar is not None:
                 n = req.grammar.num_accepted_tokens
                 assert n == len(req.output_ids), (req.rid, n, len(req.output_ids))
-        for item in self.queue:
-            assert item.req.grammar is None and not item.req.output_ids, item.req.rid
+        self.queue.check_integrity()
 
     def shutdown(self) -> None:
         """Stops the worker threads and the backends' child processes. A later constrained
         request builds the vocabulary and the compile cache again."""
         self._prefetcher.shutdown()
-        cache = self.compile_cache
-        if cache is not None:
-            cache.shutdown()
-        if self._setup_pool is not None:
-            self._setup_pool.shutdown(wait=False, cancel_futures=True)
-        self._setup = self._setup_pool = None
-
+        self.queue.shutdown()

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from radixlm.srt.messages import BatchTokenOut
 from radixlm.srt.sampling.logprobs import top_logprobs
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
-
-_HAS_STOP_STRS = "stop_strs" in {f.name for f in dataclasses.fields(BatchTokenOut)}
 
 
 def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: list[list[int]]) -> None:
@@ -66,7 +62,6 @@ def build_batch_output(reqs: list[Req]) -> BatchTokenOut | None:
         out.input_top_logprobs.append(r.input_top_logprobs if first_input and r.top_logprobs_num else None)
         if first_input:
             r.sent_input_logprobs = True
-        if _HAS_STOP_STRS:
-            out.stop_strs.append(r.params.stop_strs)
+        out.stop_strs.append(r.params.stop_strs)
         r.num_sent_tokens = len(r.output_ids)
     return out

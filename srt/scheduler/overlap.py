@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from radixlm.srt.executor.model_runner import ModelRunner
-from radixlm.srt.executor.transfer import to_device
+from radixlm.srt.executor.transfer import HostReadback, to_device
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.sampling_step import SamplingStep
@@ -48,8 +48,5 @@ def launch_decode(runner: ModelRunner, sampling: SamplingStep, batch: ScheduledB
     next_ids = sampling.sample_on_device(logits, batch.reqs)
     if next_ids.device.type != "cuda":
         return InflightDecode(batch.reqs, next_ids, next_ids, None)
-    host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
-    host.copy_(next_ids, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return InflightDecode(batch.reqs, next_ids, host, done)
+    readback = HostReadback(next_ids)
+    return InflightDecode(batch.reqs, next_ids, readback.host, readback.event)

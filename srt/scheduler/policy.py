@@ -13,9 +13,22 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 
 LPM_MAX_QUEUE = 128
+IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
+
+
+def shares_uncached_prefix(req: Req, batch: ScheduledBatch) -> bool:
+    """Whether an admitted request of this batch computes a long stretch of ``req``'s
+    uncached prefix (in-batch prefix sharing: compute it once; ``req`` waits one step and
+    then finds that prefix in the cache)."""
+    k = req.num_cached_prefix + IN_BATCH_PREFIX_MIN_SHARED
+    if req.fill_len - 1 < k:
+        return False
+    head = req.fill_slice(0, k)
+    return any(o.fill_len >= k and o.fill_slice(0, k) == head for o in batch.reqs)
 
 
 class FCFSPolicy:

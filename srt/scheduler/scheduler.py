@@ -6,7 +6,7 @@ The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine
 ``handle`` for incoming messages and ``step`` while ``has_work()``.
 
 Overlap scheduling (on a GPU, unless ``--disable-overlap-schedule``): a decode step of plain
-requests is launched without waiting for its tokens (``_launch_decode``); the next step builds
+requests is launched without waiting for its tokens (``launch_decode``); the next step builds
 and launches the following decode batch, whose input ids are the previous step's sampled ids
 still on the device, and only then reads the previous tokens back and checks them
 (``_resolve_inflight``), so the CPU work of a step runs while the GPU computes. While a step is
@@ -38,19 +38,19 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
-from radixlm.srt.scheduler.failures import check_fits, internal_error
-from radixlm.srt.scheduler.grammar_manager import GrammarManager, grammar_spec
+from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
+from radixlm.srt.scheduler.grammar_manager import GrammarManager
+from radixlm.srt.scheduler.grammar_queue import grammar_spec
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
-from radixlm.srt.scheduler.policy import make_policy
+from radixlm.srt.scheduler.policy import make_policy, shares_uncached_prefix
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
-IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
 GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar before looking at new messages
 
 
@@ -106,7 +106,7 @@ class Scheduler:
             self._queue(req, msg)
         except Exception as e:  # a bug met by this request: it alone ends
             logger.exception("admitting request %s failed", req.rid)
-            self.grammars.remove(lambda r: r is req)
+            self.grammars.queue.remove(lambda r: r is req)
             if req in self.waiting:
                 self.waiting.remove(req)
             req.finish(internal_error(e))
@@ -126,7 +126,7 @@ class Scheduler:
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
         if spec is not None:
-            self.grammars.submit(req, spec)  # joins self.waiting once compiled
+            self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
 
@@ -140,7 +140,7 @@ class Scheduler:
         if self.inflight is not None:
             self.finished_outside_step += self._resolve_inflight()
         reason = {"type": "abort", "message": "aborted by request"}
-        for req in self.grammars.remove(hit):
+        for req in self.grammars.queue.remove(hit):
             self._finish_between_steps(req, reason)
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
@@ -171,7 +171,7 @@ class Scheduler:
     # ---------------------------------------------------------------- state
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self.finished_outside_step
-                    or self.grammars.has_pending() or self.inflight is not None)
+                    or self.grammars.queue.has_pending() or self.inflight is not None)
 
     def ready_info(self) -> dict[str, Any]:
         r = self.runner
@@ -210,14 +210,15 @@ class Scheduler:
         prefill = self._schedule_prefill() if self.inflight is None else None
         batch = prefill or self._schedule_decode()
         if batch is not None and prefill is None and self._overlappable(batch):
-            launched = self._launch_decode(batch)
+            launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
+            self.num_forward_steps += 1
             if self.inflight is not None:
                 touched += self._resolve_inflight()  # the previous step's tokens, while this one runs
             self.inflight = launched
         elif batch is not None:
             touched += self._run(batch, is_prefill=prefill is not None)
         elif not self.finished_outside_step and not touched:
-            self.grammars.wait(GRAMMAR_WAIT_S)  # only compilations are pending
+            self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         out = build_batch_output(touched)
         self.finished_outside_step = []  # after the output: a failed step still reports them
@@ -233,7 +234,8 @@ class Scheduler:
     def _admit_compiled_grammars(self) -> None:
         """Requests whose grammar finished compiling join the waiting queue; failed ones
         finish with their 400 error."""
-        ready, failed = self.grammars.poll()
+        ready, failed = self.grammars.queue.poll()
+        self.grammars.prefetch_first_rows(ready)
         self.waiting.extend(ready)
         self.finished_outside_step += failed  # they hold no KV
 
@@ -261,7 +263,7 @@ class Scheduler:
             if req.req_slot < 0:
                 self.kv.release(req)
                 break
-            if self._shares_uncached_prefix(req, batch):
+            if shares_uncached_prefix(req, batch):
                 self.kv.release(req)  # defer: next step it finds that prefix in the cache
                 continue
             if not req.output_ids:
@@ -273,16 +275,6 @@ class Scheduler:
             self.waiting.remove(req)
             budget -= used
         return batch if batch.reqs else None
-
-    @staticmethod
-    def _shares_uncached_prefix(req: Req, batch: ScheduledBatch) -> bool:
-        """Whether an admitted request of this batch computes a long stretch of ``req``'s
-        uncached prefix (in-batch prefix sharing: compute it once)."""
-        k = req.num_cached_prefix + IN_BATCH_PREFIX_MIN_SHARED
-        if req.fill_len - 1 < k:
-            return False
-        head = req.fill_slice(0, k)
-        return any(o.fill_len >= k and o.fill_slice(0, k) == head for o in batch.reqs)
 
     def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunking: bool) -> int:
         """Adds the request's next prefill piece to the batch; returns its token count (0 when
@@ -348,11 +340,6 @@ class Scheduler:
             return False
         return self.kv.ensure_available(self._decode_slots_needed())
 
-    def _launch_decode(self, batch: ScheduledBatch) -> InflightDecode:
-        launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
-        self.num_forward_steps += 1
-        return launched
-
     def _resolve_inflight(self) -> list[Req]:
         """Reads the in-flight step's tokens back, appends them and runs the finish checks."""
         step, self.inflight = self.inflight, None
@@ -370,7 +357,8 @@ class Scheduler:
         """Forward, sampling and finish checks of one batch. Whatever one request's values
         break (a token id the model cannot embed, its grammar, its sampling row) ends that
         request with an error and leaves the others running."""
-        rejected = self._reject_unembeddable(batch, batch.input_ids())
+        rejected = self._retire(reject_unembeddable(batch, self.runner.vocab_size),
+                                keep_in_cache=False)
         if rejected and not batch.reqs:
             return rejected
         rows, per_req = batch.logit_rows()
@@ -415,23 +403,6 @@ class Scheduler:
         except Exception as e:  # a bug met by this request's values: it alone ends
             logger.exception("request %s failed after sampling", req.rid)
             req.finish(internal_error(e))
-
-    def _reject_unembeddable(self, batch: ScheduledBatch, ids: list[int]) -> list[Req]:
-        """Takes out of the batch (and finishes with a 500) every request whose new tokens
-        (``ids``: the batch's) include an id outside the model's embedding: the forward would
-        fail for all of them."""
-        vocab = self.runner.vocab_size
-        if not ids or (min(ids) >= 0 and max(ids) < vocab):
-            return []
-        bad = [i for i in range(len(batch.reqs))
-               if any(not 0 <= t < vocab for t in batch.new_tokens(i))]
-        rejected = batch.remove(bad)
-        for req in rejected:
-            logger.error("request %s holds a token id outside [0, %d)", req.rid, vocab)
-            req.finish({"type": "abort", "status_code": 500,
-                        "message": f"internal error: a token id outside [0, {vocab}) was "
-                                   "about to be computed"})
-        return self._retire(rejected, keep_in_cache=False)
 
     def _forward_failed(self, batch: ScheduledBatch, is_prefill: bool, e: Exception) -> list[Req]:
         """A batch whose forward raised: its requests run again one by one, so the failure

@@ -9,15 +9,11 @@ import time
 import jsonschema
 import pytest
 
+from radixlm.grammar.auto_backend import AutoGrammarBackend
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec, NullGrammarBackend
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import OutlinesBackend
-from radixlm.grammar.registry import (
-    AutoGrammarBackend,
-    GrammarConfig,
-    create_compile_cache,
-    create_grammar_backend,
-)
+from radixlm.grammar.registry import GrammarConfig, create_compile_cache, create_grammar_backend
 from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
 
@@ -219,7 +215,7 @@ def test_auto_last_resort_wait_is_bounded(vocab):
 
 def test_auto_reports_both_failures(auto):
     with pytest.raises(GrammarCompileError) as info:
-        auto.compile(GrammarSpec.regex("a("))
+        auto.compile(GrammarSpec.regex("a{2,1}"))  # balanced, so both backends see it
     message = str(info.value)
     assert message.startswith("Failed to compile regex grammar: ")
     assert "outlines" in message  # the first backend's reason is kept

@@ -176,7 +176,7 @@ def test_plain_requests_flow_while_a_grammar_compiles(tiny_llama_dir, monkeypatc
     while "plain" not in finished:
         out = sched.step()
         finished |= {rid for i, rid in enumerate(out.rids if out else []) if out.finish_reason[i]}
-    assert "constrained" not in finished and sched.grammars.has_pending()
+    assert "constrained" not in finished and sched.grammars.queue.has_pending()
     release.set()
     ((ids, reason),) = _drive(sched, [], also=("constrained",)).values()
     assert reason["type"] == "stop"
