@@ -116,6 +116,9 @@ class SamplingParams:
             if value is not None:
                 _coerce(f.name, value)
         _check_ranges(self)
+        if not self.spaces_between_special_tokens:  # accepted for SGLang clients, never ignored
+            raise ValueError("spaces_between_special_tokens=false is not supported: special "
+                             "tokens are decoded as the tokenizer joins them")
         _check_token_ids("stop_token_ids", self.stop_token_ids or [], vocab_size)
         _check_token_ids("logit_bias", list((self.logit_bias or {}).keys()), vocab_size)
         grammars = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
@@ -144,10 +147,6 @@ class SamplingParams:
     def logit_bias_by_id(self) -> dict[int, float]:
         """``logit_bias`` with integer keys (JSON clients send ``{"123": 5.0}``)."""
         return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
-
-    @property
-    def has_grammar(self) -> bool:
-        return any(getattr(self, name) is not None for name in _GRAMMAR_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (orjson-able) such that ``from_dict(p.to_dict()) == p``."""

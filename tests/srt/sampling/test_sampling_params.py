@@ -157,3 +157,11 @@ def test_to_dict_round_trips_through_orjson() -> None:
     assert SamplingParams.from_dict(wire) == p
     assert p.logit_bias_by_id == {5: 2.0, 7: -1.5}
     assert orjson.loads(p.json_schema) == {"type": "string"}
+
+
+def test_spaces_between_special_tokens_only_at_its_default() -> None:
+    """An SGLang field the detokenizer does not implement: its default is accepted, the other
+    value refused (a 400 at the front door), never silently ignored."""
+    SamplingParams.from_dict({"spaces_between_special_tokens": True}).validate()
+    with pytest.raises(ValueError, match="spaces_between_special_tokens=false is not supported"):
+        SamplingParams.from_dict({"spaces_between_special_tokens": False}).validate()
