@@ -17,7 +17,7 @@ import pytest
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.messages import TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
-from radixlm.srt.scheduler import grammar_manager as grammar_manager_module
+from radixlm.srt.scheduler import grammar_queue as grammar_queue_module
 
 SCHEMA = {
     "type": "object",
@@ -154,7 +154,7 @@ def test_jump_forward_saves_forward_steps(tiny_llama_dir):
 
 def test_plain_requests_flow_while_a_grammar_compiles(tiny_llama_dir, monkeypatch):
     release = threading.Event()
-    real_create = grammar_manager_module.create_compile_cache
+    real_create = grammar_queue_module.create_compile_cache
 
     def gated_cache(config, vocab):
         cache = real_create(config, vocab)
@@ -167,7 +167,7 @@ def test_plain_requests_flow_while_a_grammar_compiles(tiny_llama_dir, monkeypatc
         cache.backend.compile = compile_when_released
         return cache
 
-    monkeypatch.setattr(grammar_manager_module, "create_compile_cache", gated_cache)
+    monkeypatch.setattr(grammar_queue_module, "create_compile_cache", gated_cache)
     sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_cache_dir=None)
     prompts = _prompts(2)
     sched.handle(TokenizedGenerateReq("constrained", prompts[0], _params(1)))
@@ -193,7 +193,7 @@ def test_backend_none_rejects_grammars(tiny_llama_dir):
 
 
 def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
-    real_create = grammar_manager_module.create_compile_cache
+    real_create = grammar_queue_module.create_compile_cache
 
     def slow_cache(config, vocab):
         cache = real_create(config, vocab)
@@ -201,7 +201,7 @@ def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
         cache.backend.compile = lambda spec: threading.Event().wait(2.0) or compile_now(spec)
         return cache
 
-    monkeypatch.setattr(grammar_manager_module, "create_compile_cache", slow_cache)
+    monkeypatch.setattr(grammar_queue_module, "create_compile_cache", slow_cache)
     sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_compile_timeout_s=0.2,
                        grammar_cache_dir=None)
     msg = TokenizedGenerateReq("r", _prompts(1)[0], _params(1))
