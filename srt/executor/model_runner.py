@@ -43,12 +43,11 @@ class ModelRunner:
         self.model = load_model(self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy")
         quantize_model(self.model, cfg.quantization, self.device)
         mc = self.model_config
-        self.max_total_tokens = self._size_kv_pool()
-        self.context_length = min(cfg.context_length or mc.context_length, self.max_total_tokens)
-        self.kv_pool = KVPool(self.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim,
+        num_slots = self._size_kv_pool()
+        self.context_length = min(cfg.context_length or mc.context_length, num_slots)
+        self.kv_pool = KVPool(num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim,
                               self.dtype, self.device)
-        self.allocator = TokenSlotAllocator(self.max_total_tokens, cfg.page_size, self.device)
-        self.max_total_tokens = self.allocator.max_total_tokens
+        self.allocator = TokenSlotAllocator(num_slots, cfg.page_size, self.device)
         self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests + 8, self.context_length + 1,
                                                 self.device)
         self.attn_backend = make_attention_backend(
@@ -70,6 +69,11 @@ class ModelRunner:
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
         return KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The KV pool's size in tokens; the allocator is its one source."""
+        return self.allocator.max_total_tokens
 
     def _size_kv_pool(self) -> int:
         if self.cfg.max_total_tokens is not None:
