@@ -17,8 +17,10 @@ from _backend import connect, example_parser, print_usage
 
 import radixlm.lang as rl
 
-SYSTEM = ("You solve arithmetic tasks with a calculator. Each reply is one line: either "
-          "CALC: <expression> to use the calculator, or ANSWER: <number> when you are done.")
+SYSTEM = (
+    "You solve arithmetic tasks with a calculator. Each reply is one line: either "
+    "CALC: <expression> to use the calculator, or ANSWER: <number> when you are done."
+)
 EXAMPLE_TURNS = [
     ("user", "Apples cost 2 dollars each. How much do 5 apples cost?"),
     ("assistant", "CALC: 5 * 2"),
@@ -27,8 +29,14 @@ EXAMPLE_TURNS = [
 ]
 EXPRESSION_REGEX = r"[0-9]{1,6} [-+*/] [0-9]{1,6}"  # one operation per call
 NUMBER_REGEX = r"-?[0-9]{1,12}(\.[0-9]{1,4})?"
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-             ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculator(expression: str) -> str:
@@ -74,13 +82,13 @@ def agent(s, task: str, max_turns: int = 4):
 
 def main() -> None:
     parser = example_parser(__doc__)
-    parser.add_argument("--task", default="A shop sells pens at 3 dollars each. "
-                                          "How much do 14 pens cost?")
+    parser.add_argument(
+        "--task", default="A shop sells pens at 3 dollars each. How much do 14 pens cost?"
+    )
     parser.add_argument("--max-turns", type=int, default=4)
     args = parser.parse_args()
     with connect(args) as backend:
-        state = agent.run(task=args.task, max_turns=args.max_turns, backend=backend,
-                          temperature=0)
+        state = agent.run(task=args.task, max_turns=args.max_turns, backend=backend, temperature=0)
         for m in state.messages():
             print(f"[{m['role']}] {m['content']}")
         print(f"\nfinal answer: {state['answer']}")

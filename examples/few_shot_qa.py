@@ -20,10 +20,16 @@ SHOTS = [
     ("Which planet is known as the Red Planet?", ["Venus", "Mars", "Jupiter", "Saturn"], "Mars"),
     ("What is the largest ocean on Earth?", ["Atlantic", "Indian", "Arctic", "Pacific"], "Pacific"),
     ("How many legs does a spider have?", ["Six", "Eight", "Ten", "Four"], "Eight"),
-    ("What gas do plants absorb from the air?", ["Oxygen", "Helium", "Carbon dioxide", "Nitrogen"],
-     "Carbon dioxide"),
-    ("Which animal is known as the king of the jungle?", ["Elephant", "Tiger", "Lion", "Zebra"],
-     "Lion"),
+    (
+        "What gas do plants absorb from the air?",
+        ["Oxygen", "Helium", "Carbon dioxide", "Nitrogen"],
+        "Carbon dioxide",
+    ),
+    (
+        "Which animal is known as the king of the jungle?",
+        ["Elephant", "Tiger", "Lion", "Zebra"],
+        "Lion",
+    ),
 ]
 QUESTIONS = [
     ("What is the capital of France?", ["Berlin", "Madrid", "Paris", "Rome"], "Paris"),

@@ -34,8 +34,9 @@ TEXTS = [
 
 @rl.function
 def extract_person(s, text: str):
-    s += rl.system("You extract facts from text. Reply with a JSON object with the keys "
-                   "name, age and city.")
+    s += rl.system(
+        "You extract facts from text. Reply with a JSON object with the keys name, age and city."
+    )
     s += rl.user(text)
     s += rl.assistant(rl.gen("json", max_tokens=64, json_schema=PERSON_SCHEMA))
 

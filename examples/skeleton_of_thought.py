@@ -49,8 +49,13 @@ def main() -> None:
     args = parser.parse_args()
     with connect(args) as backend:
         start = time.perf_counter()
-        state = skeleton_of_thought.run(question=args.question, num_points=args.points,
-                                        depth=args.depth, backend=backend, temperature=0)
+        state = skeleton_of_thought.run(
+            question=args.question,
+            num_points=args.points,
+            depth=args.depth,
+            backend=backend,
+            temperature=0,
+        )
         for m in state.messages():
             print(f"[{m['role']}] {m['content']}")
         for i, expansion in enumerate(state["expansion"]):

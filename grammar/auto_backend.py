@@ -73,8 +73,9 @@ class AutoGrammarBackend(GrammarBackend):
         self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
         self.outlines_budget_s = outlines_budget_s
         self.outlines_last_resort_s = outlines_last_resort_s
-        self.index_workers = IndexWorkerPool(outlines.outlines_vocabulary,
-                                             outlines_max_memory_bytes)
+        self.index_workers = IndexWorkerPool(
+            outlines.outlines_vocabulary, outlines_max_memory_bytes
+        )
         self.num_fallbacks = 0
         self._lock = threading.Lock()
 
@@ -95,8 +96,13 @@ class AutoGrammarBackend(GrammarBackend):
                 if errors:
                     with self._lock:
                         self.num_fallbacks += 1
-                    logger.info("%s failed on %s (%s); trying %s", _label(errors[-1][0]),
-                                spec.describe(), errors[-1][1].reason, _label(backend))
+                    logger.info(
+                        "%s failed on %s (%s); trying %s",
+                        _label(errors[-1][0]),
+                        spec.describe(),
+                        errors[-1][1].reason,
+                        _label(backend),
+                    )
                 try:
                     if backend is self.outlines:
                         return self._compile_outlines_within_budget(spec)
@@ -122,8 +128,9 @@ class AutoGrammarBackend(GrammarBackend):
         if spec.kind in _LLGUIDANCE_ONLY_KINDS:
             return [self.llguidance]
         # outlines-core unrolls recursion to a fixed depth (a dead end deep in a document).
-        if schema is not None and (_uses_keywords_outlines_ignores(schema)
-                                   or recursive_ref(schema) is not None):
+        if schema is not None and (
+            _uses_keywords_outlines_ignores(schema) or recursive_ref(schema) is not None
+        ):
             order: list[GrammarBackend] = [self.llguidance, self.outlines]
         else:
             order = [self.outlines, self.llguidance]
@@ -154,8 +161,11 @@ class AutoGrammarBackend(GrammarBackend):
         wait, else None."""
         if self.outlines_last_resort_s <= 0:
             return None
-        logger.info("no other backend compiles %s; waiting up to %g s more for outlines-core",
-                    spec.describe(), self.outlines_last_resort_s)
+        logger.info(
+            "no other backend compiles %s; waiting up to %g s more for outlines-core",
+            spec.describe(),
+            self.outlines_last_resort_s,
+        )
         try:
             index = job.wait(self.outlines_last_resort_s)
         except GrammarCompileError:

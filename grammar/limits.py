@@ -35,8 +35,13 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 # A NUL escape not itself escaped: \x00, \x{0...}, \u0000, \U00000000, \0 (odd backslashes).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\(?:x00|x\{0+\}|u0000|U00000000|0(?![0-9]))")
 # Each kind's parameter name in sampling params (json_object has no text).
-_PARAMETER = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf",
-              "choices": "choices", "json_object": "json_schema"}
+_PARAMETER = {
+    "json_schema": "json_schema",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "choices": "choices",
+    "json_object": "json_schema",
+}
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,10 @@ def check_spec(kind: str, value: str | Sequence[str], limits: GrammarLimits | No
         texts = [str(value)]
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     if size > limits.max_spec_bytes:
-        raise ValueError(f"{name} is {size:,} bytes long; at most {limits.max_spec_bytes:,} bytes "
-                         "are allowed (shorten it, or raise the server's grammar size limit)")
+        raise ValueError(
+            f"{name} is {size:,} bytes long; at most {limits.max_spec_bytes:,} bytes "
+            "are allowed (shorten it, or raise the server's grammar size limit)"
+        )
     if kind in ("json_schema", "json_object"):
         if kind == "json_schema" or texts[0]:
             check_json_text(name, texts[0], limits.max_json_depth)
@@ -80,8 +87,10 @@ def check_json_text(name: str, text: str, max_depth: int = DEFAULT_MAX_JSON_DEPT
     ``max_depth``, does not parse, or is neither an object nor a boolean."""
     depth = json_nesting_depth(text)
     if depth > max_depth:
-        raise ValueError(f"{name} nests {depth} levels deep; at most {max_depth} nested objects "
-                         "and arrays are allowed")
+        raise ValueError(
+            f"{name} nests {depth} levels deep; at most {max_depth} nested objects "
+            "and arrays are allowed"
+        )
     try:
         schema = json.loads(text)
     except ValueError as exc:
@@ -89,8 +98,9 @@ def check_json_text(name: str, text: str, max_depth: int = DEFAULT_MAX_JSON_DEPT
     except RecursionError:  # cannot happen below the depth bound; kept as a clean error
         raise ValueError(f"{name} nests too deeply") from None
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"{name} must be a JSON object (or true / false), got "
-                         f"{type(schema).__name__}")
+        raise ValueError(
+            f"{name} must be a JSON object (or true / false), got {type(schema).__name__}"
+        )
     return schema
 
 
@@ -114,10 +124,14 @@ def json_nesting_depth(text: str) -> int:
 def _check_controls(name: str, text: str) -> None:
     found = _CONTROL_CHARS.search(text)
     if found:
-        raise ValueError(f"{name} contains the control character U+{ord(found.group()):04X} at "
-                         f"offset {found.start()}; control characters other than tab, line feed "
-                         "and carriage return are not allowed")
+        raise ValueError(
+            f"{name} contains the control character U+{ord(found.group()):04X} at "
+            f"offset {found.start()}; control characters other than tab, line feed "
+            "and carriage return are not allowed"
+        )
     escaped = _NUL_ESCAPE.search(text)
     if escaped:
-        raise ValueError(f"{name} contains a NUL escape at offset {escaped.start()}; outputs may "
-                         "not contain NUL characters")
+        raise ValueError(
+            f"{name} contains a NUL escape at offset {escaped.start()}; outputs may "
+            "not contain NUL characters"
+        )

@@ -58,14 +58,21 @@ MAX_OPTIONAL_PROPERTIES = (MAX_ITEMS_IN_ROW - 8) // 4
 
 class GrammarTooComplexError(GrammarCompileError):
     """A grammar past a parser limit (``auto`` does not retry it on lenient llguidance)."""
-  # tokens consumed at compile time to meet "too complex" before requests do
+
+
+# tokens consumed at compile time to meet "too complex" before requests do
 
 
 def parser_limits() -> LLParserLimits:
-    return LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW, step_max_items=50_000,
-                          max_lexer_states=250_000, max_grammar_size=500_000,
-                          initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
-                          verbose_errors=False)
+    return LLParserLimits(
+        max_items_in_row=MAX_ITEMS_IN_ROW,
+        step_max_items=50_000,
+        max_lexer_states=250_000,
+        max_grammar_size=500_000,
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        verbose_errors=False,
+    )
 
 
 class _VocabTokenizerView:
@@ -137,8 +144,11 @@ class LLGuidanceGrammar(CompiledGrammar):
             bits = np.unpackbits(scratch.view(np.uint8), bitorder="little")[: self.vocab.vocab_size]
             text = np.setdiff1d(np.flatnonzero(bits), eos)
             if step == 0 and not text.size and not matcher.is_accepting():
-                raise GrammarCompileError(self.spec.kind, "the grammar accepts no string (at "
-                                          "its start it can neither produce text nor end)")
+                raise GrammarCompileError(
+                    self.spec.kind,
+                    "the grammar accepts no string (at "
+                    "its start it can neither produce text nor end)",
+                )
             if not text.size or step == PROBE_STEPS:
                 return
             matcher.consume_token(int(text[0]))
@@ -149,8 +159,9 @@ class LLGuidanceGrammar(CompiledGrammar):
             return
         error = _first_line(matcher.get_error())
         if any(word in error for word in _LIMIT_WORDS):
-            raise GrammarTooComplexError(self.spec.kind, "the grammar is too complex for the "
-                                      f"parser's limits ({error})")
+            raise GrammarTooComplexError(
+                self.spec.kind, f"the grammar is too complex for the parser's limits ({error})"
+            )
         raise GrammarCompileError(self.spec.kind, f"the grammar accepts no string ({error})")
 
     def serialize(self) -> bytes:
@@ -265,13 +276,16 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        version_tag = f"v={llguidance.__version__},rw=3"  # rw: rewrites (one_of, closed objects, %json ws)
+        version_tag = (
+            f"v={llguidance.__version__},rw=3"  # rw: rewrites (one_of, closed objects, %json ws)
+        )
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
         """A lenient backend sharing this one's tokenizer."""
-        twin = LLGuidanceBackend(self.vocab, self.whitespace_pattern, lenient=True,
-                                 limits=self.limits)
+        twin = LLGuidanceBackend(
+            self.vocab, self.whitespace_pattern, lenient=True, limits=self.limits
+        )
         twin._tokenizer_owner = self
         return twin
 
@@ -310,9 +324,12 @@ class LLGuidanceBackend(GrammarBackend):
         schema = check_compilable(spec, self.limits)
         most = max(optional_property_counts(schema), default=0) if schema is not None else 0
         if most > MAX_OPTIONAL_PROPERTIES:  # fail in microseconds, not after a long build
-            raise GrammarTooComplexError(spec.kind, f"an object has {most:,} optional "
-                                         f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
-                                         "supported (mark some as required)")
+            raise GrammarTooComplexError(
+                spec.kind,
+                f"an object has {most:,} optional "
+                f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
+                "supported (mark some as required)",
+            )
         return self._build(spec, self.grammar_text(spec))
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:

@@ -136,16 +136,19 @@ class OutlinesBackend(GrammarBackend):
         """Starts building ``spec``'s index in one of ``pool``'s child processes (a JSON
         schema's regex is built there too: it can take gigabytes)."""
         if spec.kind in ("json_schema", "json_object"):
-            return pool.start_schema(schema_text_for(spec), self.whitespace_pattern,
-                                     self.max_regex_chars, spec.kind)
+            return pool.start_schema(
+                schema_text_for(spec), self.whitespace_pattern, self.max_regex_chars, spec.kind
+            )
         return pool.start(self.regex_for(spec), spec.kind)
 
     def grammar_from_index(self, spec: GrammarSpec, index) -> OutlinesGrammar:
         grammar = OutlinesGrammar(spec, index, self.vocab)
-        if not grammar.is_final(grammar.initial_state) and not grammar.text_token_ids(
-            grammar.initial_state
-        ).size:
-            raise GrammarCompileError(spec.kind, "the grammar accepts no string (no token of "
-                                      "the vocabulary can start it)")
+        if (
+            not grammar.is_final(grammar.initial_state)
+            and not grammar.text_token_ids(grammar.initial_state).size
+        ):
+            raise GrammarCompileError(
+                spec.kind, "the grammar accepts no string (no token of the vocabulary can start it)"
+            )
         grammar.warm_rows()  # every row now if the DFA is small; else on first visits
         return grammar

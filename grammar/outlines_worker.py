@@ -124,8 +124,10 @@ def _build(outlines_core, regex_text, vocabulary, request: tuple):
     _, schema, whitespace_pattern, max_chars = request
     regex = outlines_core.json_schema.build_regex_from_schema(schema, whitespace_pattern)
     if max_chars is not None and len(regex) > max_chars:
-        raise _Rejected(f"its regex has {len(regex):,} characters, over the {max_chars:,} "
-                        "allowed for outlines-core")
+        raise _Rejected(
+            f"its regex has {len(regex):,} characters, over the {max_chars:,} "
+            "allowed for outlines-core"
+        )
     # The same rewrites as outlines_backend.spec_to_regex.
     regex = regex_text.anchor_regex(regex_text.ascii_digit_classes(regex))
     del schema
@@ -198,8 +200,10 @@ class IndexJob:
             worker.kill()
             if worker.process.returncode == -signal.SIGABRT:  # Rust aborts when malloc fails
                 return False, self._pool.out_of_memory_reason()
-            return False, f"the outlines-core worker failed ({exc}; exit status " \
-                f"{worker.process.returncode})"
+            return (
+                False,
+                f"the outlines-core worker failed ({exc}; exit status {worker.process.returncode})",
+            )
         if not ok and str(value).startswith("MemoryError"):
             worker.kill()  # the child exits after a MemoryError; never reused
             return False, self._pool.out_of_memory_reason()
@@ -218,7 +222,9 @@ class IndexJob:
 class IndexWorkerPool:
     """Child processes building outlines-core indexes over one vocabulary."""
 
-    def __init__(self, vocabulary_factory, max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES) -> None:
+    def __init__(
+        self, vocabulary_factory, max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
+    ) -> None:
         self._vocabulary_factory = vocabulary_factory  # called once, on first use
         self.max_memory_bytes = max_memory_bytes  # RLIMIT_AS of each child (0: none)
         self._idle: list[_Worker] = []
@@ -230,16 +236,23 @@ class IndexWorkerPool:
         """Builds the index of ``regex`` (already anchored and rewritten)."""
         return self._submit(("index", regex), kind)
 
-    def start_schema(self, schema: str, whitespace_pattern: str, max_regex_chars: int | None,
-                     kind: str = "json_schema") -> IndexJob:
+    def start_schema(
+        self,
+        schema: str,
+        whitespace_pattern: str,
+        max_regex_chars: int | None,
+        kind: str = "json_schema",
+    ) -> IndexJob:
         """Turns JSON schema text into its regex (rejected when longer than
         ``max_regex_chars``), rewrites it as ``outlines_backend.spec_to_regex`` does and builds
         its index, all in the child."""
         return self._submit(("schema", schema, whitespace_pattern, max_regex_chars), kind)
 
     def out_of_memory_reason(self) -> str:
-        return (f"outlines-core ran out of memory (its build process is limited to "
-                f"{self.max_memory_bytes / (1 << 30):g} GiB of address space)")
+        return (
+            f"outlines-core ran out of memory (its build process is limited to "
+            f"{self.max_memory_bytes / (1 << 30):g} GiB of address space)"
+        )
 
     def _submit(self, request: tuple, kind: str) -> IndexJob:
         with self._lock:

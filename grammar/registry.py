@@ -52,7 +52,11 @@ class GrammarConfig:
             raise ValueError(
                 f"grammar backend must be one of {list(GRAMMAR_BACKEND_NAMES)}, got {self.backend!r}"
             )
-        if self.outlines_budget_s <= 0 or self.compile_timeout_s <= 0 or self.outlines_last_resort_s < 0:
+        if (
+            self.outlines_budget_s <= 0
+            or self.compile_timeout_s <= 0
+            or self.outlines_last_resort_s < 0
+        ):
             raise ValueError("grammar compile budgets and timeouts must be positive seconds")
         if self.cache_max_entries < 1 or self.compile_workers < 1:
             raise ValueError("cache_max_entries and compile_workers must be >= 1")
@@ -73,8 +77,9 @@ def create_grammar_backend(config: GrammarConfig, vocab: TokenizerVocab) -> Gram
     if config.backend == "llguidance":
         return llguidance
     return AutoGrammarBackend(
-        OutlinesBackend(vocab, config.whitespace_pattern, config.outlines_max_regex_chars,
-                        limits=config.limits),
+        OutlinesBackend(
+            vocab, config.whitespace_pattern, config.outlines_max_regex_chars, limits=config.limits
+        ),
         llguidance,
         config.outlines_budget_s,
         llguidance.lenient_twin() if config.lenient_json_fallback else None,

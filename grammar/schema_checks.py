@@ -122,8 +122,10 @@ def unsatisfiable_reason(schema: Any) -> str | None:
         return None
     stuck = sorted(t for t, ok in known.items() if not ok and t != "#")
     where = f" (through {', '.join(repr(t) for t in stuck[:3])})" if stuck else ""
-    return ("no finite JSON document matches the schema: every alternative refers back to "
-            f"itself with no way to end the recursion{where}")
+    return (
+        "no finite JSON document matches the schema: every alternative refers back to "
+        f"itself with no way to end the recursion{where}"
+    )
 
 
 def _satisfiable(node: Any, known: dict[str, bool]) -> bool:

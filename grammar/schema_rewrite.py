@@ -65,9 +65,21 @@ def close_objects(schema: Any) -> bool:
 
 
 # keys that say something about extra properties, or may add properties of their own
-_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties",
-              "dependentSchemas", "dependencies", "if", "then", "else", "propertyNames",
-              "allOf", "anyOf", "oneOf", "$ref")
+_OPEN_KEYS = (
+    "additionalProperties",
+    "patternProperties",
+    "unevaluatedProperties",
+    "dependentSchemas",
+    "dependencies",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+)
 
 
 def _is_open_declared_object(node: dict) -> bool:
@@ -86,16 +98,23 @@ def _all_of_nodes(schema: Any) -> list[Any]:
     """Every node inside an ``allOf``, and the local ``$ref`` targets (transitively) used there."""
     found: list[Any] = []
     seen: set[int] = set()
-    stack = [b for n in _walk(schema) if isinstance(n, dict)
-             for b in (n.get("allOf") if isinstance(n.get("allOf"), list) else [])]
+    stack = [
+        b
+        for n in _walk(schema)
+        if isinstance(n, dict)
+        for b in (n.get("allOf") if isinstance(n.get("allOf"), list) else [])
+    ]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         found.append(node)
-        children = list(node.values()) if isinstance(node, dict) else (
-            list(node) if isinstance(node, list) else [])
+        children = (
+            list(node.values())
+            if isinstance(node, dict)
+            else (list(node) if isinstance(node, list) else [])
+        )
         if isinstance(node, dict) and isinstance(node.get("$ref"), str):
             target = _resolve_local_ref(schema, node["$ref"])
             if target is not None:

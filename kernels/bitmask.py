@@ -48,8 +48,11 @@ def _apply_bitmask(
         row = tl.program_id(0).to(tl.int64)
     in_vocab = offs < vocab_size
     word_idx = offs // 32
-    words = tl.load(bitmask_ptr + row * stride_mask_row + word_idx,
-                    mask=in_vocab & (word_idx < num_words), other=0)
+    words = tl.load(
+        bitmask_ptr + row * stride_mask_row + word_idx,
+        mask=in_vocab & (word_idx < num_words),
+        other=0,
+    )
     allowed = ((words >> (offs % 32)) & 1) != 0
     neg_inf = tl.full([BLOCK], float("-inf"), dtype=logits_ptr.dtype.element_ty)
     tl.store(logits_ptr + row * stride_logits_row + offs, neg_inf, mask=in_vocab & ~allowed)
@@ -98,9 +101,15 @@ def apply_token_bitmask_inplace_triton(
     vocab_size = logits.shape[-1]
     grid = (num_rows, triton.cdiv(vocab_size, BLOCK_TOKENS))
     _bitmask_kernel()[grid](
-        logits, bitmask, bitmask if rows is None else rows,  # the rows pointer is unused if None
-        vocab_size, bitmask.shape[1], logits.stride(0), bitmask.stride(0),
-        HAS_ROWS=rows is not None, BLOCK=BLOCK_TOKENS,
+        logits,
+        bitmask,
+        bitmask if rows is None else rows,  # the rows pointer is unused if None
+        vocab_size,
+        bitmask.shape[1],
+        logits.stride(0),
+        bitmask.stride(0),
+        HAS_ROWS=rows is not None,
+        BLOCK=BLOCK_TOKENS,
     )
 
 
@@ -164,15 +173,17 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     bits = bits.flatten(-2)
     if bits.shape[-1] >= vocab_size:
         return bits[..., :vocab_size]
-    pad = torch.zeros((*bits.shape[:-1], vocab_size - bits.shape[-1]), dtype=torch.bool,
-                      device=bits.device)
+    pad = torch.zeros(
+        (*bits.shape[:-1], vocab_size - bits.shape[-1]), dtype=torch.bool, device=bits.device
+    )
     return torch.cat([bits, pad], dim=-1)
 
 
 def _validate(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     if logits.dim() != 2 or bitmask.dim() != 2:
-        raise ValueError(f"logits and bitmask must be 2-D, got {tuple(logits.shape)} and "
-                         f"{tuple(bitmask.shape)}")
+        raise ValueError(
+            f"logits and bitmask must be 2-D, got {tuple(logits.shape)} and {tuple(bitmask.shape)}"
+        )
     if bitmask.dtype != torch.int32:
         raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
     if bitmask.shape[0] != logits.shape[0]:

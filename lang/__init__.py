@@ -1,14 +1,14 @@
 """radixlm's frontend language: multi-call generation programs in plain Python.
 
-    import radixlm.lang as rl
+import radixlm.lang as rl
 
-    @rl.function
-    def classify(s, review):
-        s += rl.user("Is this review positive or negative?\\n" + review)
-        s += rl.assistant(rl.select("label", choices=["positive", "negative"]))
+@rl.function
+def classify(s, review):
+    s += rl.user("Is this review positive or negative?\\n" + review)
+    s += rl.assistant(rl.select("label", choices=["positive", "negative"]))
 
-    rl.set_default_backend(rl.Runtime())                  # or rl.RuntimeEndpoint(url)
-    print(classify.run(review="Loved it.")["label"])
+rl.set_default_backend(rl.Runtime())                  # or rl.RuntimeEndpoint(url)
+print(classify.run(review="Loved it.")["label"])
 """
 
 from __future__ import annotations
@@ -66,11 +66,41 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BackendError", "BaseBackend", "ChatTemplate", "ChoicesMethod", "Engine", "LocalBackend",
-    "OpenAI", "OpenAIBackend", "Program", "ProgramError", "ProgramState", "ProgramStateGroup",
-    "Prompt", "Runtime", "RuntimeEndpoint", "Usage", "assistant", "assistant_begin",
-    "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
-    "get_default_backend", "greedy_token", "greedy_token_selection", "select",
-    "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "BackendError",
+    "BaseBackend",
+    "ChatTemplate",
+    "ChoicesMethod",
+    "Engine",
+    "LocalBackend",
+    "OpenAI",
+    "OpenAIBackend",
+    "Program",
+    "ProgramError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "Prompt",
+    "Runtime",
+    "RuntimeEndpoint",
+    "Usage",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_default_backend",
+    "greedy_token",
+    "greedy_token_selection",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
 ]

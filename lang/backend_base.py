@@ -59,8 +59,11 @@ class UsageCounter:
             u.completion_tokens += completion_tokens
 
     def add_meta(self, meta: dict[str, Any]) -> None:
-        self.add(meta.get("prompt_tokens", 0) or 0, meta.get("cached_tokens", 0) or 0,
-                 meta.get("completion_tokens", 0) or 0)
+        self.add(
+            meta.get("prompt_tokens", 0) or 0,
+            meta.get("cached_tokens", 0) or 0,
+            meta.get("completion_tokens", 0) or 0,
+        )
 
     def snapshot(self) -> Usage:
         with self._lock:
@@ -87,15 +90,18 @@ class BaseBackend:
         """The generated text and the server's meta_info."""
         raise NotImplementedError
 
-    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[tuple[str, dict | None]]:
+    def generate_stream(
+        self, prompt: Prompt, params: GenParams
+    ) -> Iterator[tuple[str, dict | None]]:
         """Pieces of the generated text as they come, then ("", meta_info) last. The default
         yields the whole text at once."""
         text, meta = self.generate(prompt, params)
         yield text, None
         yield "", meta
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      unconditional: bool) -> ChoiceLogprobs:
+    def score_choices(
+        self, prompt: Prompt, choices: list[str], unconditional: bool
+    ) -> ChoiceLogprobs:
         raise NotImplementedError
 
     def select(self, prompt: Prompt, choices: list[str], method: ChoicesMethod) -> SelectResult:

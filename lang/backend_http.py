@@ -45,8 +45,13 @@ class RuntimeEndpoint(BaseBackend):
     """A server at ``base_url``. The chat template comes from the server's tokenizer when its
     folder is readable here, else ChatML (or pass ``chat_template``)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None,
-                 chat_template: ChatTemplate | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        chat_template: ChatTemplate | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         super().__init__()
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -106,7 +111,9 @@ class RuntimeEndpoint(BaseBackend):
         out = self._generate({"text": prompt.text, "sampling_params": params.to_sampling_params()})
         return out["text"], out["meta_info"]
 
-    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[tuple[str, dict | None]]:
+    def generate_stream(
+        self, prompt: Prompt, params: GenParams
+    ) -> Iterator[tuple[str, dict | None]]:
         body = {"text": prompt.text, "sampling_params": params.to_sampling_params(), "stream": True}
         r = self._request("POST", "/generate", json=body, stream=True)
         sent, meta = 0, None
@@ -114,9 +121,11 @@ class RuntimeEndpoint(BaseBackend):
             for line in r.iter_lines():
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
-                event = json.loads(line[len(b"data: "):])
+                event = json.loads(line[len(b"data: ") :])
                 if "error" in event:
-                    raise BackendError(f"the server stopped the stream: {event['error'].get('message')}")
+                    raise BackendError(
+                        f"the server stopped the stream: {event['error'].get('message')}"
+                    )
                 text, meta = event["text"], event["meta_info"]
                 if len(text) > sent:
                     yield text[sent:], None
@@ -126,17 +135,25 @@ class RuntimeEndpoint(BaseBackend):
         self.usage.add_meta(meta)
         yield "", meta
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      unconditional: bool) -> ChoiceLogprobs:
+    def score_choices(
+        self, prompt: Prompt, choices: list[str], unconditional: bool
+    ) -> ChoiceLogprobs:
         """Prefix prefill (its token count N), then one batch of [prefix, prefix + choice...]
         scored from N - BOUNDARY_TOKENS: the prefix's own tail ids show where each choice's
         tokens begin, even when its first token merged with the prefix's last ones."""
         num_prefix = self._generate({"text": prompt.text, "sampling_params": PREFILL_ONLY})[
-            "meta_info"]["prompt_tokens"]
+            "meta_info"
+        ]["prompt_tokens"]
         first = max(1, num_prefix - BOUNDARY_TOKENS)
         texts = [prompt.text] + [prompt.text + c for c in choices]
-        outs = self._generate({"text": texts, "sampling_params": [PREFILL_ONLY] * len(texts),
-                               "return_logprob": True, "logprob_start_len": first})
+        outs = self._generate(
+            {
+                "text": texts,
+                "sampling_params": [PREFILL_ONLY] * len(texts),
+                "return_logprob": True,
+                "logprob_start_len": first,
+            }
+        )
         entries = [out["meta_info"]["input_token_logprobs"] for out in outs]
         tail_ids = [e[1] for e in entries[0]]
         conditional = []
@@ -149,8 +166,14 @@ class RuntimeEndpoint(BaseBackend):
         return ChoiceLogprobs(conditional, uncond, cached)
 
     def _unconditional(self, choices: list[str]) -> list[list[float]]:
-        outs = self._generate({"text": list(choices), "sampling_params": [PREFILL_ONLY] * len(choices),
-                               "return_logprob": True, "logprob_start_len": 0})
+        outs = self._generate(
+            {
+                "text": list(choices),
+                "sampling_params": [PREFILL_ONLY] * len(choices),
+                "return_logprob": True,
+                "logprob_start_len": 0,
+            }
+        )
         return [logprob_values(out["meta_info"]["input_token_logprobs"]) for out in outs]
 
     def flush_cache(self) -> bool:

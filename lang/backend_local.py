@@ -1,7 +1,7 @@
 """The in-process backend: programs call an :class:`radixlm.srt.Engine` directly.
 
-    engine = Engine()                                   # or rl.Runtime() to own one
-    rl.set_default_backend(rl.LocalBackend(engine))
+engine = Engine()                                   # or rl.Runtime() to own one
+rl.set_default_backend(rl.LocalBackend(engine))
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ class LocalBackend(BaseBackend):
         out = self._run(prompt=prompt.text, sampling_params=params.to_sampling_params())
         return out["text"], out["meta_info"]
 
-    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[tuple[str, dict | None]]:
+    def generate_stream(
+        self, prompt: Prompt, params: GenParams
+    ) -> Iterator[tuple[str, dict | None]]:
         sent = 0
         last: dict[str, Any] | None = None
-        for chunk in self.engine.generate(prompt=prompt.text, stream=True,
-                                          sampling_params=params.to_sampling_params()):
+        for chunk in self.engine.generate(
+            prompt=prompt.text, stream=True, sampling_params=params.to_sampling_params()
+        ):
             text = chunk["text"]
             if len(text) > sent:
                 yield text[sent:], None
@@ -57,8 +60,9 @@ class LocalBackend(BaseBackend):
         self.usage.add_meta(last["meta_info"])
         yield "", last["meta_info"]
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      unconditional: bool) -> ChoiceLogprobs:
+    def score_choices(
+        self, prompt: Prompt, choices: list[str], unconditional: bool
+    ) -> ChoiceLogprobs:
         encode = self.tokenizer.encode
         prefix_ids = encode(prompt.text)
         if self.is_cache_enabled and prefix_ids:  # the prefix first, so that every choice reuses it
@@ -66,18 +70,26 @@ class LocalBackend(BaseBackend):
         full = [encode(prompt.text + c) for c in choices]
         starts = [choice_start(prefix_ids, ids) for ids in full]
         first = min(starts)
-        outs = self._run(input_ids=full, sampling_params=[PREFILL_ONLY] * len(full),
-                         return_logprob=True, logprob_start_len=first)
+        outs = self._run(
+            input_ids=full,
+            sampling_params=[PREFILL_ONLY] * len(full),
+            return_logprob=True,
+            logprob_start_len=first,
+        )
         conditional = [
-            logprob_values(out["meta_info"]["input_token_logprobs"][start - first:])
+            logprob_values(out["meta_info"]["input_token_logprobs"][start - first :])
             for out, start in zip(outs, starts, strict=True)
         ]
         uncond = self._unconditional(choices) if unconditional else None
         return ChoiceLogprobs(conditional, uncond, [o["meta_info"]["cached_tokens"] for o in outs])
 
     def _unconditional(self, choices: list[str]) -> list[list[float]]:
-        outs = self._run(prompt=list(choices), sampling_params=[PREFILL_ONLY] * len(choices),
-                         return_logprob=True, logprob_start_len=0)
+        outs = self._run(
+            prompt=list(choices),
+            sampling_params=[PREFILL_ONLY] * len(choices),
+            return_logprob=True,
+            logprob_start_len=0,
+        )
         return [logprob_values(out["meta_info"]["input_token_logprobs"]) for out in outs]
 
     def flush_cache(self) -> bool:
@@ -91,8 +103,12 @@ class Runtime(LocalBackend):
     """A LocalBackend that starts (and on :meth:`shutdown` stops) its own Engine;
     ``Runtime(model_path=None, **options)`` takes the Engine's options."""
 
-    def __init__(self, model_path: str | None = None, chat_template: ChatTemplate | None = None,
-                 **engine_options: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        chat_template: ChatTemplate | None = None,
+        **engine_options: Any,
+    ) -> None:
         from radixlm.srt import Engine
 
         super().__init__(Engine(model_path, **engine_options), chat_template)

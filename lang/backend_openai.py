@@ -35,7 +35,9 @@ def closest_choice(reply: str, choices: list[str]) -> int:
     hits = [i for i, c in enumerate(choices) if c.strip() and c.strip().lower() in text.lower()]
     if hits:
         return max(hits, key=lambda i: len(choices[i].strip()))
-    ratios = [difflib.SequenceMatcher(None, text.lower(), c.strip().lower()).ratio() for c in choices]
+    ratios = [
+        difflib.SequenceMatcher(None, text.lower(), c.strip().lower()).ratio() for c in choices
+    ]
     return max(range(len(choices)), key=lambda i: (ratios[i], -i))
 
 
@@ -43,14 +45,22 @@ class OpenAI(BaseBackend):
     """``OpenAI(model_name, base_url=None, api_key=None, supports_regex=False)``; other keyword
     arguments go to ``openai.OpenAI``."""
 
-    def __init__(self, model_name: str = "default", base_url: str | None = None,
-                 api_key: str | None = None, supports_regex: bool = False,
-                 chat_template: ChatTemplate | None = None, **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_name: str = "default",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        supports_regex: bool = False,
+        chat_template: ChatTemplate | None = None,
+        **client_kwargs: Any,
+    ) -> None:
         super().__init__()
         try:
             import openai
         except ImportError as e:
-            raise ImportError("the OpenAI backend needs the openai package: pip install openai") from e
+            raise ImportError(
+                "the OpenAI backend needs the openai package: pip install openai"
+            ) from e
         self.model_name = model_name
         self.supports_regex = supports_regex
         self.chat_template = chat_template or ChatTemplate.chatml()
@@ -59,22 +69,34 @@ class OpenAI(BaseBackend):
 
     def _messages(self, prompt: Prompt, primitive: str) -> list[dict[str, str]]:
         if prompt.role != "assistant" or prompt.role_text:
-            raise ValueError(f"{primitive} over a chat API must come right after assistant_begin() "
-                             f"(chat servers complete whole assistant messages)")
+            raise ValueError(
+                f"{primitive} over a chat API must come right after assistant_begin() "
+                f"(chat servers complete whole assistant messages)"
+            )
         return [dict(m) for m in prompt.messages]
 
     def _request(self, params: GenParams) -> dict[str, Any]:
-        kw: dict[str, Any] = {"model": self.model_name, "max_tokens": params.max_new_tokens,
-                              "temperature": params.temperature, "top_p": params.top_p,
-                              "frequency_penalty": params.frequency_penalty,
-                              "presence_penalty": params.presence_penalty, "seed": params.seed}
+        kw: dict[str, Any] = {
+            "model": self.model_name,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "frequency_penalty": params.frequency_penalty,
+            "presence_penalty": params.presence_penalty,
+            "seed": params.seed,
+        }
         if params.stop is not None:
             kw["stop"] = [params.stop] if isinstance(params.stop, str) else list(params.stop)
         if params.json_schema is not None:
-            kw["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "output", "schema": json.loads(params.json_schema)}}
-        extra = {k: getattr(params, k) for k in ("regex", "top_k", "min_p", "ignore_eos")
-                 if getattr(params, k) is not None}
+            kw["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": json.loads(params.json_schema)},
+            }
+        extra = {
+            k: getattr(params, k)
+            for k in ("regex", "top_k", "min_p", "ignore_eos")
+            if getattr(params, k) is not None
+        }
         if extra:
             kw["extra_body"] = extra
         return {k: v for k, v in kw.items() if v is not None}
@@ -89,8 +111,11 @@ class OpenAI(BaseBackend):
         if usage is None:
             return {}
         details = getattr(usage, "prompt_tokens_details", None)
-        meta = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                "cached_tokens": getattr(details, "cached_tokens", 0) or 0}
+        meta = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": getattr(details, "cached_tokens", 0) or 0,
+        }
         self.usage.add_meta(meta)
         return meta
 
@@ -98,10 +123,14 @@ class OpenAI(BaseBackend):
         messages = self._messages(prompt, "gen()")
         r = self._create(messages=messages, **self._request(params))
         choice = r.choices[0]
-        return choice.message.content or "", {"finish_reason": choice.finish_reason,
-                                              **self._count(r.usage)}
+        return choice.message.content or "", {
+            "finish_reason": choice.finish_reason,
+            **self._count(r.usage),
+        }
 
-    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[tuple[str, dict | None]]:
+    def generate_stream(
+        self, prompt: Prompt, params: GenParams
+    ) -> Iterator[tuple[str, dict | None]]:
         messages = self._messages(prompt, "gen()")
         reason, usage = None, None
         for chunk in self._create(messages=messages, stream=True, **self._request(params)):
@@ -114,9 +143,12 @@ class OpenAI(BaseBackend):
                 yield delta, None
         yield "", {"finish_reason": reason, **self._count(usage)}
 
-    def score_choices(self, prompt: Prompt, choices: list[str],
-                      unconditional: bool) -> ChoiceLogprobs:
-        raise NotImplementedError("a chat API gives no input-token logprobs; select prompts instead")
+    def score_choices(
+        self, prompt: Prompt, choices: list[str], unconditional: bool
+    ) -> ChoiceLogprobs:
+        raise NotImplementedError(
+            "a chat API gives no input-token logprobs; select prompts instead"
+        )
 
     def select(self, prompt: Prompt, choices: list[str], method: ChoicesMethod) -> SelectResult:
         messages = self._messages(prompt, "select()")
@@ -126,8 +158,11 @@ class OpenAI(BaseBackend):
         else:
             messages.append({"role": "user", "content": listing})
         longest = max(len(c) for c in choices)
-        params = GenParams(max_new_tokens=min(longest + 16, 256), temperature=0.0,
-                           regex="|".join(re.escape(c) for c in choices) if self.supports_regex else None)
+        params = GenParams(
+            max_new_tokens=min(longest + 16, 256),
+            temperature=0.0,
+            regex="|".join(re.escape(c) for c in choices) if self.supports_regex else None,
+        )
         r = self._create(messages=messages, **self._request(params))
         reply = r.choices[0].message.content or ""
         index = closest_choice(reply, choices)

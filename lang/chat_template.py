@@ -40,8 +40,10 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """The text of a whole conversation (what a program that built it holds)."""
-        return "".join(self.prefix(m["role"], i == 0) + m["content"] + self.suffix(m["role"])
-                       for i, m in enumerate(messages))
+        return "".join(
+            self.prefix(m["role"], i == 0) + m["content"] + self.suffix(m["role"])
+            for i, m in enumerate(messages)
+        )
 
     @classmethod
     def chatml(cls) -> ChatTemplate:
@@ -56,8 +58,9 @@ class ChatTemplate:
             return cls.chatml()
 
         def render(messages: list[dict[str, str]]) -> str:
-            return tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=False)
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=False
+            )
 
         return measure(render, name=getattr(tokenizer, "name_or_path", "tokenizer") or "tokenizer")
 
@@ -81,7 +84,7 @@ def _measure_role(render: Any, role: str) -> tuple[str, str, str]:
     later, later_suffix = _split(full, role)
     if not later.startswith(base) or later_suffix != suffix:
         return first, first, suffix
-    return first, later[len(base):], suffix
+    return first, later[len(base) :], suffix
 
 
 def measure(render: Any, name: str = "custom") -> ChatTemplate:
@@ -91,6 +94,8 @@ def measure(render: Any, name: str = "custom") -> ChatTemplate:
         try:
             firsts[role], laters[role], suffixes[role] = _measure_role(render, role)
         except Exception as e:
-            raise ValueError(f"cannot derive the {role} role from chat template {name!r}: {e}; "
-                             f"pass chat_template=ChatTemplate(...) to the backend") from e
+            raise ValueError(
+                f"cannot derive the {role} role from chat template {name!r}: {e}; "
+                f"pass chat_template=ChatTemplate(...) to the backend"
+            ) from e
     return ChatTemplate(laters, firsts, suffixes, name)

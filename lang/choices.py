@@ -54,13 +54,18 @@ class ChoicesMethod:
 
     def __call__(self, choices: list[str], logprobs: ChoiceLogprobs) -> SelectResult:
         if len(logprobs.conditional) != len(choices):
-            raise ValueError(f"got logprobs for {len(logprobs.conditional)} of {len(choices)} choices")
+            raise ValueError(
+                f"got logprobs for {len(logprobs.conditional)} of {len(choices)} choices"
+            )
         scores = self.scores(logprobs)
         index = self.pick(logprobs, scores)
-        meta = {"choices_method": self.name, "normalized_prompt_logprobs": scores,
-                "input_token_logprobs": logprobs.conditional,
-                "unconditional_token_logprobs": logprobs.unconditional,
-                "cached_tokens": logprobs.cached_tokens}
+        meta = {
+            "choices_method": self.name,
+            "normalized_prompt_logprobs": scores,
+            "input_token_logprobs": logprobs.conditional,
+            "unconditional_token_logprobs": logprobs.unconditional,
+            "cached_tokens": logprobs.cached_tokens,
+        }
         return SelectResult(choices[index], index, scores, meta)
 
     def __repr__(self) -> str:
@@ -130,5 +135,6 @@ def resolve_method(method: ChoicesMethod | str) -> ChoicesMethod:
         return method
     if isinstance(method, str) and method in METHODS:
         return METHODS[method]
-    raise ValueError(f"choices_method must be one of {sorted(METHODS)} (or a ChoicesMethod), "
-                     f"got {method!r}")
+    raise ValueError(
+        f"choices_method must be one of {sorted(METHODS)} (or a ChoicesMethod), got {method!r}"
+    )

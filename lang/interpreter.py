@@ -54,8 +54,10 @@ def convert(text: str, dtype: type | None, name: str | None) -> Any:
     try:
         return dtype(text.strip())
     except ValueError:
-        raise ValueError(f"the generated text {text!r} is not a valid {dtype.__name__} (is the "
-                         f"backend applying the regex constraint?)") from None
+        raise ValueError(
+            f"the generated text {text!r} is not a valid {dtype.__name__} (is the "
+            f"backend applying the regex constraint?)"
+        ) from None
 
 
 class StreamExecutor:
@@ -130,8 +132,9 @@ class StreamExecutor:
 
     def check_integrity(self) -> bool:
         """The state's bookkeeping agrees with its text (call when idle, after sync)."""
-        assert self.text[self.fork_start:] == "".join(c for c, _ in self.chunks), \
+        assert self.text[self.fork_start :] == "".join(c for c, _ in self.chunks), (
             "the streamed chunks do not add up to the text"
+        )
         assert self.fork_start <= len(self.text)
         assert self.role is None or self.role_start <= len(self.text), "role starts past the end"
         assert all(m["role"] in ("system", "user", "assistant") for m in self.messages)
@@ -190,7 +193,7 @@ class StreamExecutor:
             self.assigned.append(name)
 
     def _prompt(self) -> Prompt:
-        role_text = self.text[self.role_start:] if self.role else ""
+        role_text = self.text[self.role_start :] if self.role else ""
         return Prompt(self.text, tuple(dict(m) for m in self.messages), self.role, role_text)
 
     def _execute(self, expr: Expr) -> None:
@@ -209,7 +212,7 @@ class StreamExecutor:
         elif isinstance(expr, VarScopeEnd):
             if expr.name not in self.scopes:
                 raise ValueError(f"var_scope {expr.name!r} ends without having begun")
-            self._set(expr.name, self.text[self.scopes.pop(expr.name):])
+            self._set(expr.name, self.text[self.scopes.pop(expr.name) :])
         elif isinstance(expr, CommitPrefix):
             self.backend.cache_prefix(self._prompt())
         else:
@@ -244,16 +247,19 @@ class StreamExecutor:
 
     def _role_begin(self, role: str) -> None:
         if self.role is not None:
-            raise ValueError(f"role {role!r} begins inside the open role {self.role!r}; "
-                             f"end it first ({self.role}_end())")
+            raise ValueError(
+                f"role {role!r} begins inside the open role {self.role!r}; "
+                f"end it first ({self.role}_end())"
+            )
         is_first = not self.messages
         self._append(self.backend.chat_template.prefix(role, is_first))
         self.role, self.role_start = role, len(self.text)
 
     def _role_end(self, role: str) -> None:
         if self.role != role:
-            raise ValueError(f"{role}_end() without a matching {role}_begin() "
-                             f"(the open role is {self.role!r})")
-        self.messages.append({"role": role, "content": self.text[self.role_start:]})
+            raise ValueError(
+                f"{role}_end() without a matching {role}_begin() (the open role is {self.role!r})"
+            )
+        self.messages.append({"role": role, "content": self.text[self.role_start :]})
         self.role = None
         self._append(self.backend.chat_template.suffix(role))

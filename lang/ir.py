@@ -37,8 +37,9 @@ class GenParams:
 
     def merged_over(self, defaults: GenParams) -> GenParams:
         """These parameters, with every unset one taken from ``defaults``."""
-        changes = {f.name: getattr(self, f.name) for f in fields(self)
-                   if getattr(self, f.name) is not None}
+        changes = {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
         return dataclasses.replace(defaults, **changes)
 
     def to_sampling_params(self) -> dict[str, Any]:

@@ -29,7 +29,9 @@ def _check_regex(where: str, regex: str) -> str:
     try:
         re.compile(regex)
     except re.error as e:
-        raise ValueError(f"{where}: regex {regex!r} is not a valid regular expression: {e}") from None
+        raise ValueError(
+            f"{where}: regex {regex!r} is not a valid regular expression: {e}"
+        ) from None
     return regex
 
 
@@ -45,8 +47,10 @@ def _schema_string(where: str, schema: Any) -> str:
     else:
         parsed = schema
     if not isinstance(parsed, dict):
-        raise ValueError(f"{where}: json_schema must be a JSON object (dict, JSON string or "
-                         f"pydantic model), got {type(schema).__name__}")
+        raise ValueError(
+            f"{where}: json_schema must be a JSON object (dict, JSON string or "
+            f"pydantic model), got {type(schema).__name__}"
+        )
     return json.dumps(parsed)
 
 
@@ -98,10 +102,17 @@ def gen(
     if regex is None and dtype in DTYPE_REGEX and json_schema is None:
         regex = DTYPE_REGEX[dtype]
     params = GenParams(
-        max_new_tokens=max_tokens, stop=_as_tuple(stop), stop_token_ids=_as_tuple(stop_token_ids),
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, seed=seed,
+        max_new_tokens=max_tokens,
+        stop=_as_tuple(stop),
+        stop_token_ids=_as_tuple(stop_token_ids),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
         regex=None if regex is None else _check_regex(where, regex),
         json_schema=None if json_schema is None else _schema_string(where, json_schema),
     )

@@ -1,12 +1,12 @@
 """``@function`` programs and how they run: ``run``, ``run(stream=True)``, ``run_batch``, ``bind``.
 
-    @rl.function
-    def qa(s, question):
-        s += rl.user(question)
-        s += rl.assistant(rl.gen("answer", max_tokens=64))
+@rl.function
+def qa(s, question):
+    s += rl.user(question)
+    s += rl.assistant(rl.gen("answer", max_tokens=64))
 
-    state = qa.run(question="What is the capital of France?", temperature=0)
-    print(state["answer"])
+state = qa.run(question="What is the capital of France?", temperature=0)
+print(state["answer"])
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ def set_default_backend(backend: BaseBackend | None) -> None:
     """The backend used by ``run`` and ``run_batch`` when none is passed."""
     global _default_backend
     if backend is not None and not isinstance(backend, BaseBackend):
-        raise ValueError(f"a backend must be a LocalBackend, RuntimeEndpoint, OpenAI or another "
-                         f"BaseBackend, got {type(backend).__name__}")
+        raise ValueError(
+            f"a backend must be a LocalBackend, RuntimeEndpoint, OpenAI or another "
+            f"BaseBackend, got {type(backend).__name__}"
+        )
     _default_backend = backend
 
 
@@ -44,25 +46,39 @@ def get_default_backend() -> BaseBackend | None:
 def _resolve_backend(backend: BaseBackend | None) -> BaseBackend:
     backend = backend or _default_backend
     if backend is None:
-        raise ValueError("no backend: pass backend=... or call rl.set_default_backend("
-                         "rl.LocalBackend(engine)) / rl.set_default_backend(rl.RuntimeEndpoint(url))")
+        raise ValueError(
+            "no backend: pass backend=... or call rl.set_default_backend("
+            "rl.LocalBackend(engine)) / rl.set_default_backend(rl.RuntimeEndpoint(url))"
+        )
     return backend
 
 
-def sampling_defaults(max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS, stop: Any = None,
-                      stop_token_ids: Any = None, temperature: float | None = None,
-                      top_p: float | None = None, top_k: int | None = None,
-                      min_p: float | None = None, frequency_penalty: float | None = None,
-                      presence_penalty: float | None = None, ignore_eos: bool | None = None,
-                      seed: int | None = None) -> GenParams:
+def sampling_defaults(
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS,
+    stop: Any = None,
+    stop_token_ids: Any = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    seed: int | None = None,
+) -> GenParams:
     """The program-wide sampling parameters every ``gen`` inherits (None: the server's)."""
     return GenParams(
         max_new_tokens=max_new_tokens,
         stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
         stop_token_ids=None if stop_token_ids is None else tuple(stop_token_ids),
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, seed=seed,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
     )
 
 
@@ -77,9 +93,13 @@ class Program:
         if not callable(func):
             raise ValueError(f"@function decorates a function, got {func!r}")
         params = list(inspect.signature(func).parameters.values())
-        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
-                                                params[0].POSITIONAL_OR_KEYWORD):
-            raise ValueError(f"program {func.__name__}() must take the state s as its first argument")
+        if not params or params[0].kind not in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
+            raise ValueError(
+                f"program {func.__name__}() must take the state s as its first argument"
+            )
         self.func = func
         self.bound = dict(bound or {})
         self._arg_names = {p.name for p in params[1:]}
@@ -91,8 +111,10 @@ class Program:
         """A copy with some arguments fixed."""
         unknown = sorted(set(kwargs) - self._arg_names)
         if unknown and not self._takes_kwargs:
-            raise ValueError(f"{self.__name__}() has no argument(s) {unknown}; it takes "
-                             f"{sorted(self._arg_names)}")
+            raise ValueError(
+                f"{self.__name__}() has no argument(s) {unknown}; it takes "
+                f"{sorted(self._arg_names)}"
+            )
         return Program(self.func, {**self.bound, **kwargs})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -102,12 +124,16 @@ class Program:
 
     def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         # a program argument that shares a sampling option's name stays the program's
-        sampling = {k: kwargs.pop(k) for k in list(kwargs)
-                    if k in _SAMPLING_NAMES and k not in self._arg_names}
+        sampling = {
+            k: kwargs.pop(k)
+            for k in list(kwargs)
+            if k in _SAMPLING_NAMES and k not in self._arg_names
+        }
         return sampling, {**self.bound, **kwargs}
 
-    def run(self, *args: Any, backend: BaseBackend | None = None, stream: bool = False,
-            **kwargs: Any) -> ProgramState:
+    def run(
+        self, *args: Any, backend: BaseBackend | None = None, stream: bool = False, **kwargs: Any
+    ) -> ProgramState:
         """Run once. Keyword arguments are the program's, plus the sampling defaults
         (max_new_tokens, stop, temperature, top_p, top_k, min_p, ...). Without ``stream`` it
         returns once the program finished (raising its error); with ``stream=True`` at once:
@@ -117,8 +143,12 @@ class Program:
         executor = StreamExecutor(backend, sampling_defaults(**sampling), stream)
         state = ProgramState(executor)
         if stream:
-            threading.Thread(target=self._execute, args=(state, args, program_kwargs),
-                             name=f"radixlm-{self.__name__}", daemon=True).start()
+            threading.Thread(
+                target=self._execute,
+                args=(state, args, program_kwargs),
+                name=f"radixlm-{self.__name__}",
+                daemon=True,
+            ).start()
             return state
         error = self._execute(state, args, program_kwargs)
         if error is not None:
@@ -126,7 +156,9 @@ class Program:
         state.sync()
         return state
 
-    def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+    def _execute(
+        self, state: ProgramState, args: tuple, kwargs: dict[str, Any]
+    ) -> Exception | None:
         """Runs the body and ends the state. An exception from the body is stored in the state
         (as a ProgramError) and returned."""
         executor = state._ex
@@ -134,8 +166,11 @@ class Program:
             self.func(state, *args, **kwargs)
             return None
         except Exception as e:
-            err = e if isinstance(e, ProgramError) else ProgramError(
-                self.__name__, None, f"{type(e).__name__}: {e}")
+            err = (
+                e
+                if isinstance(e, ProgramError)
+                else ProgramError(self.__name__, None, f"{type(e).__name__}: {e}")
+            )
             if err is not e:
                 err.__cause__ = e
             executor.fail(err)
@@ -143,16 +178,24 @@ class Program:
         finally:
             executor.end()
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: BaseBackend | None = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  **sampling: Any) -> list[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        backend: BaseBackend | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        **sampling: Any,
+    ) -> list[ProgramState]:
         """Run once per dict of arguments, ``num_threads`` at a time; the states come back in
         the order of ``batch_kwargs``. A failed program's state holds its error
         (``state.error()``; reading it raises)."""
         unknown = sorted(set(sampling) - set(_SAMPLING_NAMES))
         if unknown:
-            raise ValueError(f"run_batch() got unknown option(s) {unknown}; program arguments go "
-                             f"in batch_kwargs, options are {list(_SAMPLING_NAMES)}")
+            raise ValueError(
+                f"run_batch() got unknown option(s) {unknown}; program arguments go "
+                f"in batch_kwargs, options are {list(_SAMPLING_NAMES)}"
+            )
         if not all(isinstance(kw, dict) for kw in batch_kwargs):
             raise ValueError("batch_kwargs must be a list of dicts of program arguments")
         if not batch_kwargs:

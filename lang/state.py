@@ -175,11 +175,12 @@ class ProgramStateGroup:
         for ex in executors:
             names.extend(n for n in ex.assigned if n not in names)
         for name in names:
-            self.parent.set_var(name, [ex.variables.get(name) if name in ex.assigned else None
-                                       for ex in executors])
+            self.parent.set_var(
+                name, [ex.variables.get(name) if name in ex.assigned else None for ex in executors]
+            )
         if mode == "concate_join":
             for ex in executors:
-                self.parent += Text(ex.text[ex.fork_start:])
+                self.parent += Text(ex.text[ex.fork_start :])
         for ex in executors:
             ex.end()
         self.is_joined = True

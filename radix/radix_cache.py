@@ -234,9 +234,7 @@ class RadixCache(PrefixCache):
         upper.children[child_key(node.key, 0, self.page_size)] = node
         return upper
 
-    def _add_leaf(
-        self, parent: TreeNode, key: tuple[int, ...], kv_slots: torch.Tensor
-    ) -> TreeNode:
+    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], kv_slots: torch.Tensor) -> TreeNode:
         slots = kv_slots.to(device=self.device, dtype=torch.int64).clone()
         leaf = TreeNode(key=key, kv_slots=slots, parent=parent, last_access_time=self._clock)
         parent.children[child_key(key, 0, self.page_size)] = leaf

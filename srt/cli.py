@@ -19,7 +19,9 @@ from radixlm.srt.config import ServerConfig, add_cli_args, config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixlm", description="radixlm structured-generation runtime")
+    parser = argparse.ArgumentParser(
+        prog="radixlm", description="radixlm structured-generation runtime"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP server (native and OpenAI APIs)")
     add_cli_args(serve)
@@ -51,7 +53,10 @@ def run_generate(args: argparse.Namespace, cfg: ServerConfig) -> int:
             prompt = engine.apply_chat_template([{"role": "user", "content": prompt}])
         out = engine.generate(
             prompt=prompt,
-            sampling_params={"max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
+            sampling_params={
+                "max_new_tokens": args.max_new_tokens,
+                "temperature": args.temperature,
+            },
         )
     finally:
         engine.shutdown()

@@ -32,17 +32,33 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any
 @dataclass(frozen=True)
 class ServerConfig:
     # model
-    model_path: str | None = _opt(None, "HF folder, .gguf file or folder holding one (default: SmolLM2-135M-Instruct)")
+    model_path: str | None = _opt(
+        None, "HF folder, .gguf file or folder holding one (default: SmolLM2-135M-Instruct)"
+    )
     tokenizer_path: str | None = _opt(None, "tokenizer folder (default: the model's)")
-    served_model_name: str | None = _opt(None, "model id reported by the API (default: derived from the path)")
-    load_format: str = _opt("auto", "auto: read the checkpoint; dummy: random weights (benchmarks)", ("auto", "dummy"))
-    dtype: str = _opt("auto", "weight and activation dtype (auto: bfloat16 on GPU, float32 on CPU)", DTYPES)
+    served_model_name: str | None = _opt(
+        None, "model id reported by the API (default: derived from the path)"
+    )
+    load_format: str = _opt(
+        "auto", "auto: read the checkpoint; dummy: random weights (benchmarks)", ("auto", "dummy")
+    )
+    dtype: str = _opt(
+        "auto", "weight and activation dtype (auto: bfloat16 on GPU, float32 on CPU)", DTYPES
+    )
     device: str = _opt("auto", "cpu, cuda or cuda:N (auto: cuda when available)")
-    quantization: str = _opt("none", "int4: 4-bit weights, bf16 activations in small-batch matmuls (CPU only)", QUANTIZATIONS)
+    quantization: str = _opt(
+        "none",
+        "int4: 4-bit weights, bf16 activations in small-batch matmuls (CPU only)",
+        QUANTIZATIONS,
+    )
     context_length: int | None = _opt(None, "maximum prompt + output length (default: the model's)")
     # memory
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from --mem-budget-gb or the free GPU memory)")
-    mem_budget_gb: float | None = _opt(None, "memory for the KV pool in GiB (CPU default: 2 GiB capped by free RAM)")
+    max_total_tokens: int | None = _opt(
+        None, "KV pool size in tokens (default: from --mem-budget-gb or the free GPU memory)"
+    )
+    mem_budget_gb: float | None = _opt(
+        None, "memory for the KV pool in GiB (CPU default: 2 GiB capped by free RAM)"
+    )
     mem_fraction_static: float = _opt(0.85, "GPU: fraction of total memory for weights + KV pool")
     page_size: int = _opt(1, "tokens per KV page")
     # scheduling
@@ -52,11 +68,22 @@ class ServerConfig:
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
     attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
-    grammar_backend: str = _opt("auto", "constrained decoding engine (none: reject grammars)", GRAMMAR_BACKENDS)
-    grammar_cache_dir: str | None = _opt(None, "folder for compiled grammars shared across restarts (default: memory only)")
-    grammar_compile_timeout_s: float = _opt(60.0, "fail a grammar compilation after this many seconds")
-    grammar_whitespace_pattern: str | None = _opt(None, "regex for JSON whitespace between tokens (default: at most one space; '' for compact JSON)")
-    disable_jump_forward: bool = _opt(False, "decode text a grammar forces token by token instead of appending it at once")
+    grammar_backend: str = _opt(
+        "auto", "constrained decoding engine (none: reject grammars)", GRAMMAR_BACKENDS
+    )
+    grammar_cache_dir: str | None = _opt(
+        None, "folder for compiled grammars shared across restarts (default: memory only)"
+    )
+    grammar_compile_timeout_s: float = _opt(
+        60.0, "fail a grammar compilation after this many seconds"
+    )
+    grammar_whitespace_pattern: str | None = _opt(
+        None,
+        "regex for JSON whitespace between tokens (default: at most one space; '' for compact JSON)",
+    )
+    disable_jump_forward: bool = _opt(
+        False, "decode text a grammar forces token by token instead of appending it at once"
+    )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs")
     disable_overlap_schedule: bool = _opt(False, "do not prepare the next batch during the forward")
     random_seed: int = _opt(0, "seed of unseeded sampling")
@@ -65,10 +92,17 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "HTTP host")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(None, "require this bearer key on every request")
-    admin_api_key: str | None = _opt(None, "bearer key for admin routes (/flush_cache, abort_all); default: --api-key")
+    admin_api_key: str | None = _opt(
+        None, "bearer key for admin routes (/flush_cache, abort_all); default: --api-key"
+    )
     max_request_body_mb: float = _opt(32.0, "largest request body in MiB (larger: 413)")
-    default_max_tokens: int = _opt(1024, "max_tokens of chat completions that give none (capped by the context left)")
-    allow_special_tokens_in_chat: bool = _opt(False, "tokenize special-token text in chat message content (<|im_end|>) as control tokens (unsafe)")
+    default_max_tokens: int = _opt(
+        1024, "max_tokens of chat completions that give none (capped by the context left)"
+    )
+    allow_special_tokens_in_chat: bool = _opt(
+        False,
+        "tokenize special-token text in chat message content (<|im_end|>) as control tokens (unsafe)",
+    )
     log_level: str = _opt("info", "logging level")
 
     def replace(self, **changes: Any) -> ServerConfig:
@@ -90,9 +124,13 @@ def validate(cfg: ServerConfig) -> None:
     for f in fields(cfg):
         choices = f.metadata.get("choices")
         if choices and getattr(cfg, f.name) not in choices:
-            raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(cfg, f.name)!r}")
+            raise ValueError(
+                f"{f.name} must be one of {list(choices)}, got {getattr(cfg, f.name)!r}"
+            )
     if cfg.quantization != "none" and cfg.device not in ("auto", "cpu"):
-        raise ValueError(f"quantization {cfg.quantization!r} runs on the CPU only; got device {cfg.device!r}")
+        raise ValueError(
+            f"quantization {cfg.quantization!r} runs on the CPU only; got device {cfg.device!r}"
+        )
     if cfg.page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
     if cfg.max_running_requests < 1:
@@ -102,13 +140,17 @@ def validate(cfg: ServerConfig) -> None:
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
     if not cfg.grammar_compile_timeout_s > 0:
-        raise ValueError(f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}")
+        raise ValueError(
+            f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}"
+        )
     if not cfg.max_request_body_mb > 0:
         raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
     if cfg.default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
-        raise ValueError(f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}")
+        raise ValueError(
+            f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"
+        )
 
 
 def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
@@ -130,8 +172,9 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "bfloat16" if torch_device.type == "cuda" else "float32"
-    backend = resolve_attention_backend(cfg.attention_backend, torch_device, head_dim,
-                                        getattr(torch, dtype))
+    backend = resolve_attention_backend(
+        cfg.attention_backend, torch_device, head_dim, getattr(torch, dtype)
+    )
     resolved = cfg.replace(device=device, dtype=dtype, attention_backend=backend)
     logger.info("config: %s", describe(resolved))
     return resolved
@@ -164,7 +207,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action="store_true", help=f.metadata["help"])
         else:
             parser.add_argument(
-                flag, type=tp, default=f.default, choices=f.metadata.get("choices"),
+                flag,
+                type=tp,
+                default=f.default,
+                choices=f.metadata.get("choices"),
                 help=f"{f.metadata['help']} (default: {f.default})",
             )
 

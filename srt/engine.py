@@ -47,8 +47,9 @@ _FINISHED = object()
 class Engine:
     def __init__(self, model_path: str | None = None, **options: Any):
         self.config = config_from_kwargs(model_path=model_path, **options)
-        logging.basicConfig(level=self.config.log_level.upper(),
-                            format="[%(asctime)s %(name)s] %(message)s")
+        logging.basicConfig(
+            level=self.config.log_level.upper(), format="[%(asctime)s %(name)s] %(message)s"
+        )
         self.scheduler = Scheduler(self.config)
         self.tokenizer = self.scheduler.runner.tokenizer
         self.vocab_size = self.scheduler.runner.vocab_size
@@ -76,9 +77,12 @@ class Engine:
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far."""
-        options = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num or 0,
-                       logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                       stream=stream)
+        options = dict(
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num or 0,
+            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+            stream=stream,
+        )
         msgs, is_batch = self._admit(prompt, input_ids, sampling_params, options)
         if stream and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")
@@ -103,7 +107,9 @@ class Engine:
             raise error
         return results if is_batch else results[0]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
+    ) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
@@ -111,7 +117,7 @@ class Engine:
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """Aborts the request ``rid`` (exact match; for a batch or ``n > 1`` request given a
         ``rid``, every one of its samples), or every request with ``abort_all``."""
-        for one in ([""] if abort_all else self._groups.get(rid, [rid])):
+        for one in [""] if abort_all else self._groups.get(rid, [rid]):
             self._inbox.put(AbortReq(rid=one, abort_all=abort_all))
         if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
             try:
@@ -139,23 +145,29 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
-    def _admit(self, prompt, input_ids, sampling_params,
-               options: dict[str, Any]) -> tuple[list[TokenizedGenerateReq], bool]:
+    def _admit(
+        self, prompt, input_ids, sampling_params, options: dict[str, Any]
+    ) -> tuple[list[TokenizedGenerateReq], bool]:
         """One checked message per prompt and sample (front_door.py), before any is queued,
         and whether the answer is a list; the front door's refusals become ValueErrors with
         the same message."""
         prompts, is_batch = self._prompts(prompt, input_ids)
-        params = (sampling_params if isinstance(sampling_params, list)
-                  else [sampling_params] * len(prompts))
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
         msgs = []
         try:
             for (text, ids), p in zip(prompts, params, strict=True):
-                sp, msg = self.door.prepare(self._new_rid(), text=text, input_ids=ids,
-                                            sampling_params=p, **options)
-                msgs += [msg] + [dataclasses.replace(msg, rid=self._new_rid())
-                                 for _ in range(sp.n - 1)]
+                sp, msg = self.door.prepare(
+                    self._new_rid(), text=text, input_ids=ids, sampling_params=p, **options
+                )
+                msgs += [msg] + [
+                    dataclasses.replace(msg, rid=self._new_rid()) for _ in range(sp.n - 1)
+                ]
         except GenerateError as e:
             raise ValueError(e.message) from None
         return msgs, is_batch or len(msgs) > 1

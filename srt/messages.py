@@ -96,7 +96,14 @@ class BatchStrOut:
 
 MESSAGE_TYPES = {
     cls.__name__: cls
-    for cls in (TokenizedGenerateReq, AbortReq, ControlReq, ControlReply, BatchTokenOut, BatchStrOut)
+    for cls in (
+        TokenizedGenerateReq,
+        AbortReq,
+        ControlReq,
+        ControlReply,
+        BatchTokenOut,
+        BatchStrOut,
+    )
 }
 
 
@@ -109,5 +116,7 @@ def decode(raw: bytes) -> Any:
     cls = MESSAGE_TYPES[obj["t"]]
     data = obj["d"]
     if cls is BatchStrOut:
-        return BatchStrOut(token_out=BatchTokenOut(**data["token_out"]), text_delta=data["text_delta"])
+        return BatchStrOut(
+            token_out=BatchTokenOut(**data["token_out"]), text_delta=data["text_delta"]
+        )
     return cls(**data)

@@ -24,7 +24,9 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-os.environ.setdefault("RADIXLM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "radixlm-test-cache"))
+os.environ.setdefault(
+    "RADIXLM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "radixlm-test-cache")
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,12 +52,22 @@ def write_tiny_llama(path, tokenizer, **shape):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    fields = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
-                  bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+    fields = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**{**fields, **shape})).save_pretrained(path, safe_serialization=True)
+    LlamaForCausalLM(LlamaConfig(**{**fields, **shape})).save_pretrained(
+        path, safe_serialization=True
+    )
     tokenizer.save_pretrained(path)
     return path
 

@@ -249,18 +249,21 @@ SYNTHETIC_BASE = {
 
 
 def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
-    _write_tree(tmp_path, {
-        **SYNTHETIC_BASE,
-        "srt/models/llama.py": (
-            "from typing import TYPE_CHECKING\n"
-            "from radixlm.srt import config\n"  # downward: models -> config
-            "if TYPE_CHECKING:\n"
-            "    from radixlm.srt.executor.forward_batch import ForwardBatch\n"
-            "else:\n"
-            "    from . import other\n"
-        ),
-        "srt/models/other.py": "from ..config import Y\n",
-    })
+    _write_tree(
+        tmp_path,
+        {
+            **SYNTHETIC_BASE,
+            "srt/models/llama.py": (
+                "from typing import TYPE_CHECKING\n"
+                "from radixlm.srt import config\n"  # downward: models -> config
+                "if TYPE_CHECKING:\n"
+                "    from radixlm.srt.executor.forward_batch import ForwardBatch\n"
+                "else:\n"
+                "    from . import other\n"
+            ),
+            "srt/models/other.py": "from ..config import Y\n",
+        },
+    )
     assert layering_violations(tmp_path) == []
 
 

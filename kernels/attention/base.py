@@ -51,7 +51,9 @@ class AttentionBackend(ABC):
     def plan(self, fb) -> None: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb) -> torch.Tensor: ...
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb
+    ) -> torch.Tensor: ...
 
     def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
         """Allocates the buffers captured decode steps read (``max_num_tokens`` bounds the cached

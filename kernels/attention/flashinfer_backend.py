@@ -79,18 +79,23 @@ class FlashInferAttentionBackend(AttentionBackend):
         from radixlm.kernels.attention.registry import FLASHINFER_DTYPES, FLASHINFER_HEAD_DIMS
 
         if dtype is not None and dtype not in FLASHINFER_DTYPES:
-            raise ValueError(f"the flashinfer attention backend has no {dtype} kernels (float16 "
-                             "and bfloat16 only); use --attention-backend triton or another --dtype")
+            raise ValueError(
+                f"the flashinfer attention backend has no {dtype} kernels (float16 "
+                "and bfloat16 only); use --attention-backend triton or another --dtype"
+            )
 
         if head_dim not in FLASHINFER_HEAD_DIMS:
-            raise ValueError(f"the flashinfer attention backend supports head_dim "
-                             f"{', '.join(map(str, FLASHINFER_HEAD_DIMS))}, the model has "
-                             f"{head_dim}; use --attention-backend triton")
+            raise ValueError(
+                f"the flashinfer attention backend supports head_dim "
+                f"{', '.join(map(str, FLASHINFER_HEAD_DIMS))}, the model has "
+                f"{head_dim}; use --attention-backend triton"
+            )
         if device.type != "cuda":
             raise ValueError(f"the flashinfer attention backend needs a CUDA device, got {device}")
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
-                             f"({num_kv_heads})")
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self._fi = import_flashinfer()
@@ -102,7 +107,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._tensor_cores = group >= 4 if use_tensor_cores is None else use_tensor_cores
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self._decode_wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-            self._workspace, "NHD", use_tensor_cores=self._tensor_cores)
+            self._workspace, "NHD", use_tensor_cores=self._tensor_cores
+        )
         self._prefill_wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         self._graph: _GraphBuffers | None = None
         self._graph_wrappers: dict[int, object] = {}
@@ -146,8 +152,15 @@ class FlashInferAttentionBackend(AttentionBackend):
                 raise ValueError("only decode batches can be captured in a CUDA graph")
             qo_indptr = _indptr(fb.extend_lens_cpu)
             wrapper = self._prefill_wrapper
-            wrapper.plan(qo_indptr, table.kv_indptr, table.kv_indices, table.last_page_len,
-                         *dims, causal=True, **common)
+            wrapper.plan(
+                qo_indptr,
+                table.kv_indptr,
+                table.kv_indices,
+                table.last_page_len,
+                *dims,
+                causal=True,
+                **common,
+            )
         self._active = wrapper
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
@@ -179,7 +192,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         dev = fb.req_slots.device
         pages_dev = torch.tensor(pages, dtype=torch.int64).to(dev, non_blocking=True)
         req_of = torch.repeat_interleave(
-            torch.arange(len(pages), device=dev), pages_dev, output_size=total)
+            torch.arange(len(pages), device=dev), pages_dev, output_size=total
+        )
         first_page = torch.cumsum(pages_dev, 0) - pages_dev  # [B] first page row per request
         page_in_req = torch.arange(total, device=dev) - first_page[req_of]
         table = fb.req_to_token_pool.req_to_token
@@ -194,10 +208,15 @@ class FlashInferAttentionBackend(AttentionBackend):
         if wrapper is None:
             g = self._graph
             if batch_size + 1 > g.kv_indptr.shape[0]:
-                raise ValueError(f"batch size {batch_size} exceeds the CUDA-graph maximum "
-                                 f"{g.kv_indptr.shape[0] - 1}")
+                raise ValueError(
+                    f"batch size {batch_size} exceeds the CUDA-graph maximum "
+                    f"{g.kv_indptr.shape[0] - 1}"
+                )
             wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self._tensor_cores,
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self._tensor_cores,
                 paged_kv_indptr_buffer=g.kv_indptr[: batch_size + 1],
                 paged_kv_indices_buffer=g.kv_indices,
                 paged_kv_last_page_len_buffer=g.last_page_len[:batch_size],
@@ -207,15 +226,20 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def _check_layer(self, layer: AttentionLayer) -> None:
         if (layer.num_heads, layer.num_kv_heads, layer.head_dim) != (
-            self.num_heads, self.num_kv_heads, self.head_dim
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
         ):
             raise ValueError(
                 f"layer {layer.layer_id} has heads/kv_heads/head_dim {layer.num_heads}/"
                 f"{layer.num_kv_heads}/{layer.head_dim}, the backend was built for "
-                f"{self.num_heads}/{self.num_kv_heads}/{self.head_dim}")
+                f"{self.num_heads}/{self.num_kv_heads}/{self.head_dim}"
+            )
         if abs(layer.scaling - self.scaling) > 1e-6 * self.scaling:
-            raise ValueError(f"layer {layer.layer_id} uses attention scaling {layer.scaling}, "
-                             f"the backend was built with {self.scaling}")
+            raise ValueError(
+                f"layer {layer.layer_id} uses attention scaling {layer.scaling}, "
+                f"the backend was built with {self.scaling}"
+            )
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:

@@ -36,18 +36,22 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_attention_backend(name: str, device: torch.device, head_dim: int | None = None,
-                              dtype: torch.dtype | None = None) -> str:
+def resolve_attention_backend(
+    name: str, device: torch.device, head_dim: int | None = None, dtype: torch.dtype | None = None
+) -> str:
     """The concrete backend name for ``name`` on ``device`` (``auto`` resolved; a ``head_dim``
     or ``dtype`` FlashInfer has no kernels for resolves to triton)."""
     if name not in ATTENTION_BACKEND_NAMES:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of "
-                         f"{', '.join(ATTENTION_BACKEND_NAMES)}")
+        raise ValueError(
+            f"unknown attention backend {name!r}; choose one of "
+            f"{', '.join(ATTENTION_BACKEND_NAMES)}"
+        )
     if name != "auto":
         return name
     if device.type == "cuda":
-        fits = ((head_dim is None or head_dim in FLASHINFER_HEAD_DIMS)
-                and (dtype is None or dtype in FLASHINFER_DTYPES))
+        fits = (head_dim is None or head_dim in FLASHINFER_HEAD_DIMS) and (
+            dtype is None or dtype in FLASHINFER_DTYPES
+        )
         if fits and flashinfer_available():
             return "flashinfer"
         if triton_available():
@@ -74,19 +78,27 @@ def make_attention_backend(
     if resolved == "triton":
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if device.type != "cuda" and not interpreted:
-            raise ValueError(f"the triton attention backend needs a CUDA device, got {device} "
-                             "(set TRITON_INTERPRET=1 to debug the kernels on the CPU)")
+            raise ValueError(
+                f"the triton attention backend needs a CUDA device, got {device} "
+                "(set TRITON_INTERPRET=1 to debug the kernels on the CPU)"
+            )
         if not triton_available():
             raise ValueError("the triton attention backend needs the triton package")
         from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     if None in (num_heads, num_kv_heads, head_dim):
-        raise ValueError("the flashinfer attention backend needs num_heads, num_kv_heads and "
-                         "head_dim")
+        raise ValueError(
+            "the flashinfer attention backend needs num_heads, num_kv_heads and head_dim"
+        )
     from radixlm.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
 
     return FlashInferAttentionBackend(
-        device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        page_size=page_size, scaling=scaling, dtype=dtype,
+        device,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        scaling=scaling,
+        dtype=dtype,
     )

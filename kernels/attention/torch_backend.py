@@ -21,7 +21,9 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self):
         self._kv_flat: torch.Tensor | None = None  # decode: every request's kv slots, concatenated
         self._kv_offsets: list[int] = []  # decode: request i's slots are _kv_flat[off[i]:off[i+1]]
-        self._extend_rows: list[tuple[int, int, int, torch.Tensor]] = []  # (start, prefix, ext, kv idx)
+        self._extend_rows: list[
+            tuple[int, int, int, torch.Tensor]
+        ] = []  # (start, prefix, ext, kv idx)
 
     def plan(self, fb) -> None:
         table = fb.req_to_token_pool.req_to_token
@@ -42,8 +44,12 @@ class TorchAttentionBackend(AttentionBackend):
         self._extend_rows = rows
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
-        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(-1, layer.num_kv_heads, layer.head_dim),
-                          v.view(-1, layer.num_kv_heads, layer.head_dim))
+        fb.kv_pool.set_kv(
+            layer.layer_id,
+            fb.out_kv_slots,
+            k.view(-1, layer.num_kv_heads, layer.head_dim),
+            v.view(-1, layer.num_kv_heads, layer.head_dim),
+        )
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
         if fb.mode.is_decode:
             return self._decode(q, k_buf, v_buf, layer)
@@ -59,8 +65,11 @@ class TorchAttentionBackend(AttentionBackend):
         for i in range(b):
             lo, hi = offs[i], offs[i + 1]
             out[i] = F.scaled_dot_product_attention(
-                qh[i], kf[lo:hi].transpose(0, 1)[None], vf[lo:hi].transpose(0, 1)[None],
-                scale=layer.scaling, enable_gqa=gqa,
+                qh[i],
+                kf[lo:hi].transpose(0, 1)[None],
+                vf[lo:hi].transpose(0, 1)[None],
+                scale=layer.scaling,
+                enable_gqa=gqa,
             )
         return out.view(b, h * d)
 
@@ -69,17 +78,29 @@ class TorchAttentionBackend(AttentionBackend):
         h, d = layer.num_heads, layer.head_dim
         for start, prefix, ext, kv_index in self._extend_rows:
             qh = q[start : start + ext].view(ext, h, d).transpose(0, 1)[None]  # [1, H, ext, d]
-            kh = k_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)  # [1, kv_heads, L, d]
+            kh = (
+                k_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)
+            )  # [1, kv_heads, L, d]
             vh = v_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)
             if prefix == 0:
                 o = F.scaled_dot_product_attention(
-                    qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=h != layer.num_kv_heads
+                    qh,
+                    kh,
+                    vh,
+                    is_causal=True,
+                    scale=layer.scaling,
+                    enable_gqa=h != layer.num_kv_heads,
                 )
             else:
                 rows = torch.arange(ext, device=q.device)[:, None] + prefix
                 mask = torch.arange(prefix + ext, device=q.device)[None, :] <= rows
                 o = F.scaled_dot_product_attention(
-                    qh, kh, vh, attn_mask=mask, scale=layer.scaling, enable_gqa=h != layer.num_kv_heads
+                    qh,
+                    kh,
+                    vh,
+                    attn_mask=mask,
+                    scale=layer.scaling,
+                    enable_gqa=h != layer.num_kv_heads,
                 )
             out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, h * d)
         return out

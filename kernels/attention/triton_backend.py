@@ -92,19 +92,40 @@ class TritonAttentionBackend(AttentionBackend):
         kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
         fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
-        dims = dict(num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
-                    head_dim=layer.head_dim, scaling=layer.scaling)
+        dims = dict(
+            num_heads=layer.num_heads,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            scaling=layer.scaling,
+        )
         if fb.mode.is_decode:
             plan = self._decode
             assert plan is not None, "plan(fb) must run before forward for a decode batch"
             splits = self._splits(q.shape[0], layer.num_kv_heads, q.device)
-            return decode_attention(q, k_buf, v_buf, plan.req_to_token, plan.req_slots,
-                                    plan.seq_lens, num_splits=splits, **dims)
+            return decode_attention(
+                q,
+                k_buf,
+                v_buf,
+                plan.req_to_token,
+                plan.req_slots,
+                plan.seq_lens,
+                num_splits=splits,
+                **dims,
+            )
         plan = self._extend
         assert plan is not None, "plan(fb) must run before forward for an extend batch"
-        return extend_attention(q, k_buf, v_buf, plan.req_to_token, plan.req_slots,
-                                plan.prefix_lens, plan.extend_lens, plan.extend_starts,
-                                plan.max_extend_len, **dims)
+        return extend_attention(
+            q,
+            k_buf,
+            v_buf,
+            plan.req_to_token,
+            plan.req_slots,
+            plan.prefix_lens,
+            plan.extend_lens,
+            plan.extend_starts,
+            plan.max_extend_len,
+            **dims,
+        )
 
     def _splits(self, batch: int, num_kv_heads: int, device: torch.device) -> int:
         if self._num_kv_splits is not None:

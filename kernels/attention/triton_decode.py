@@ -161,21 +161,41 @@ def decode_attention(
     out = torch.empty_like(q)
     if batch == 0:
         return out
-    part_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32,
-                         device=q.device)
+    part_o = torch.empty(
+        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
     part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     cfg = _decode_config(q, head_dim, group)
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_buf, v_buf, req_to_token, req_slots, seq_lens, part_o, part_lse,
-        q.stride(0), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
+        q,
+        k_buf,
+        v_buf,
+        req_to_token,
+        req_slots,
+        seq_lens,
+        part_o,
+        part_lse,
+        q.stride(0),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
         scaling * LOG2E,
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, GROUP=group, NUM_SPLITS=num_splits,
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        GROUP=group,
+        NUM_SPLITS=num_splits,
         **cfg,
     )
     _decode_merge_kernel[(batch, num_heads)](
-        part_o, part_lse, out, out.stride(0),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
+        part_o,
+        part_lse,
+        out,
+        out.stride(0),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out
 

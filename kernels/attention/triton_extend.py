@@ -123,10 +123,24 @@ def extend_attention(
     cfg = _extend_config(q, head_dim)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, cfg["BLOCK_M"]))
     _extend_kernel[grid](
-        q, k_buf, v_buf, out, req_to_token, req_slots, prefix_lens, extend_lens, extend_starts,
-        q.stride(0), out.stride(0), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
+        q,
+        k_buf,
+        v_buf,
+        out,
+        req_to_token,
+        req_slots,
+        prefix_lens,
+        extend_lens,
+        extend_starts,
+        q.stride(0),
+        out.stride(0),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
         scaling * LOG2E,
-        HEAD_DIM=head_dim, GROUP=group, **cfg,
+        HEAD_DIM=head_dim,
+        GROUP=group,
+        **cfg,
     )
     return out
 

@@ -23,10 +23,13 @@ import time
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
-                   "city": {"type": "string", "maxLength": 24},
-                   "occupation": {"type": "string", "maxLength": 24},
-                   "is_student": {"type": "boolean"}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 24},
+        "occupation": {"type": "string", "maxLength": 24},
+        "is_student": {"type": "boolean"},
+    },
     "required": ["name", "age", "city", "occupation", "is_student"],
     "additionalProperties": False,
 }
@@ -40,8 +43,16 @@ JSON_QUESTIONS = [
     "Return a JSON record for a student named Ana.",
     "Describe your favourite athlete as a JSON object.",
 ]
-STORY_TOPICS = ["a lighthouse", "a lost key", "the first snow", "a clever fox", "an old train",
-                "a quiet library", "a storm at sea", "a garden robot"]
+STORY_TOPICS = [
+    "a lighthouse",
+    "a lost key",
+    "the first snow",
+    "a clever fox",
+    "an old train",
+    "a quiet library",
+    "a storm at sea",
+    "a garden robot",
+]
 
 
 def timed_generate(engine, prompts: list[list[int]], params: list[dict]) -> tuple[float, list]:
@@ -60,21 +71,31 @@ def workloads(engine, batch_size: int) -> dict[str, tuple[list[list[int]], dict]
     questions = (JSON_QUESTIONS * batch_size)[:batch_size]
     prose = [f"Write a short story about {w}." for w in STORY_TOPICS]
     return {
-        "json_schema (person record)": (chat_ids(engine, questions),
-                                        {"json_schema": json.dumps(PERSON)}),
-        "json_object (any object)": (chat_ids(engine, questions),
-                                     {"json_schema": '{"type": "object"}'}),
-        "regex (letters and punctuation)": (chat_ids(engine, (prose * batch_size)[:batch_size]),
-                                            {"regex": r"[A-Za-z ,.;:'!?\n-]+"}),
+        "json_schema (person record)": (
+            chat_ids(engine, questions),
+            {"json_schema": json.dumps(PERSON)},
+        ),
+        "json_object (any object)": (
+            chat_ids(engine, questions),
+            {"json_schema": '{"type": "object"}'},
+        ),
+        "regex (letters and punctuation)": (
+            chat_ids(engine, (prose * batch_size)[:batch_size]),
+            {"regex": r"[A-Za-z ,.;:'!?\n-]+"},
+        ),
     }
 
 
 def throughput_table(engine, max_new_tokens: int, batch_size: int, repeats: int) -> None:
-    print(f"\n| workload ({batch_size} requests, one batch) | tokens | constrained tok/s "
-          "| unconstrained tok/s | constrained slower by |")
+    print(
+        f"\n| workload ({batch_size} requests, one batch) | tokens | constrained tok/s "
+        "| unconstrained tok/s | constrained slower by |"
+    )
     print("|---|---:|---:|---:|---:|")
     for name, (prompts, grammar) in workloads(engine, batch_size).items():
-        constrained = [{"temperature": 0, "max_new_tokens": max_new_tokens, **grammar}] * len(prompts)
+        constrained = [{"temperature": 0, "max_new_tokens": max_new_tokens, **grammar}] * len(
+            prompts
+        )
         _, outs = timed_generate(engine, prompts, constrained)  # warm-up: compile, memoize
         lengths = [o["meta_info"]["completion_tokens"] for o in outs]
         free = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in lengths]
@@ -85,8 +106,10 @@ def throughput_table(engine, max_new_tokens: int, batch_size: int, repeats: int)
                 assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths, name
                 best[side] = min(best[side], elapsed)
         n = sum(lengths)
-        print(f"| {name} | {n} | {n / best[0]:.1f} | {n / best[1]:.1f} "
-              f"| {100 * (best[0] / best[1] - 1):+.1f}% |")
+        print(
+            f"| {name} | {n} | {n / best[0]:.1f} | {n / best[1]:.1f} "
+            f"| {100 * (best[0] / best[1] - 1):+.1f}% |"
+        )
 
 
 def jump_forward_table(engine, max_new_tokens: int) -> None:
@@ -109,15 +132,19 @@ def jump_forward_table(engine, max_new_tokens: int) -> None:
         rows[enabled] = (steps, tokens, stopped, elapsed, docs)
     grammars.jump_forward_enabled = not engine.config.disable_jump_forward
     same = sum(_same_json(a, b) for a, b in zip(rows[False][4], rows[True][4], strict=True))
-    print(f"\n| JSON workload ({len(ids)} requests, one at a time) | forward steps | output tokens "
-          "| finished (stop) | seconds |")
+    print(
+        f"\n| JSON workload ({len(ids)} requests, one at a time) | forward steps | output tokens "
+        "| finished (stop) | seconds |"
+    )
     print("|---|---:|---:|---:|---:|")
     for enabled, (steps, tokens, stopped, elapsed, _) in rows.items():
         label = "jump-forward on" if enabled else "jump-forward off"
         print(f"| {label} | {steps} | {tokens} | {stopped}/{len(ids)} | {elapsed:.1f} |")
     saved = rows[False][0] - rows[True][0]
-    print(f"\ndecode steps saved by jump-forward: {saved} of {rows[False][0]} "
-          f"({100 * saved / max(rows[False][0], 1):.0f}%); identical documents: {same}/{len(ids)}")
+    print(
+        f"\ndecode steps saved by jump-forward: {saved} of {rows[False][0]} "
+        f"({100 * saved / max(rows[False][0], 1):.0f}%); identical documents: {same}/{len(ids)}"
+    )
 
 
 def _same_json(a: str, b: str) -> bool:
@@ -128,31 +155,45 @@ def _same_json(a: str, b: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct"
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best is reported)")
-    ap.add_argument("--grammar-whitespace-pattern", default=None,
-                    help="JSON whitespace between tokens ('' for compact JSON)")
+    ap.add_argument(
+        "--grammar-whitespace-pattern",
+        default=None,
+        help="JSON whitespace between tokens ('' for compact JSON)",
+    )
     args = ap.parse_args(argv)
 
     import torch
 
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=args.model_path, log_level="warning", max_total_tokens=32768,
-                    grammar_whitespace_pattern=args.grammar_whitespace_pattern)
+    engine = Engine(
+        model_path=args.model_path,
+        log_level="warning",
+        max_total_tokens=32768,
+        grammar_whitespace_pattern=args.grammar_whitespace_pattern,
+    )
     try:
-        print(f"model {engine.scheduler.runner.model_dir}, {torch.get_num_threads()} threads, "
-              f"grammar backend {engine.config.grammar_backend}")
+        print(
+            f"model {engine.scheduler.runner.model_dir}, {torch.get_num_threads()} threads, "
+            f"grammar backend {engine.config.grammar_backend}"
+        )
         engine.scheduler.grammars.jump_forward_enabled = False
         throughput_table(engine, args.max_new_tokens, args.batch_size, args.repeats)
         jump_forward_table(engine, args.max_new_tokens)
         info = engine.scheduler.grammars.info()
-        print(f"\nmask fill: {info['mask_fill_us_per_row']:.1f} us per constrained row on average "
-              f"({info['num_mask_rows']} rows)")
+        print(
+            f"\nmask fill: {info['mask_fill_us_per_row']:.1f} us per constrained row on average "
+            f"({info['num_mask_rows']} rows)"
+        )
     finally:
         engine.shutdown()
 

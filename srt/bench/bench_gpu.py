@@ -23,10 +23,18 @@ from pathlib import Path
 
 import torch
 
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                 max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
-                 tie_word_embeddings=False)
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 
 
 def make_model_folder(path: Path, shape: dict) -> Path:
@@ -35,12 +43,18 @@ def make_model_folder(path: Path, shape: dict) -> Path:
     from transformers import LlamaConfig, PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(**shape, architectures=["LlamaForCausalLM"], torch_dtype="bfloat16", bos_token_id=0,
-                eos_token_id=1).save_pretrained(path)
+    LlamaConfig(
+        **shape,
+        architectures=["LlamaForCausalLM"],
+        torch_dtype="bfloat16",
+        bos_token_id=0,
+        eos_token_id=1,
+    ).save_pretrained(path)
     vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1",
-                            bos_token="t0").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", eos_token="t1", bos_token="t0"
+    ).save_pretrained(path)
     return path
 
 
@@ -65,8 +79,12 @@ def calibrate(weight_bytes: int) -> dict:
     t = min(timed(lambda: m @ m) for _ in range(5))
     flops = 2 * 8192**3 / t
     torch.cuda.empty_cache()
-    return {"copy_bandwidth_TBps": bandwidth / 1e12, "bf16_matmul_TFLOPs": flops / 1e12,
-            "weight_GB": weight_bytes / 1e9, "roofline_ms_per_token": weight_bytes / bandwidth * 1e3}
+    return {
+        "copy_bandwidth_TBps": bandwidth / 1e12,
+        "bf16_matmul_TFLOPs": flops / 1e12,
+        "weight_GB": weight_bytes / 1e9,
+        "roofline_ms_per_token": weight_bytes / bandwidth * 1e3,
+    }
 
 
 def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -80,16 +98,27 @@ def generate(engine, ids: list[list[int]], out_len: int) -> float:
     return timed(lambda: engine.generate(input_ids=ids, sampling_params=params))
 
 
-def bench_engine(folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True) -> dict:
+def bench_engine(
+    folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True
+) -> dict:
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                    disable_cuda_graph=not graphs, disable_overlap_schedule=not overlap,
-                    max_running_requests=256,
-                    mem_fraction_static=0.85, log_level="warning")
+    engine = Engine(
+        model_path=str(folder),
+        load_format="dummy",
+        attention_backend=backend,
+        disable_cuda_graph=not graphs,
+        disable_overlap_schedule=not overlap,
+        max_running_requests=256,
+        mem_fraction_static=0.85,
+        log_level="warning",
+    )
     try:
-        out: dict = {"weight_bytes": sum(p.numel() * p.element_size()
-                                          for p in engine.scheduler.runner.model.parameters())}
+        out: dict = {
+            "weight_bytes": sum(
+                p.numel() * p.element_size() for p in engine.scheduler.runner.model.parameters()
+            )
+        }
         one = prompts(1, 128, vocab, seed=1)
         generate(engine, [one[0]], 8)  # warm-up
         t1 = generate(engine, [one[0]], 1)
@@ -126,8 +155,13 @@ def bench_prefix(folder: Path, backend: str, args, vocab: int) -> dict:
     best = sum(len(g) for g in groups) * 15 / sum(len(r) for r in reqs)
     out = {"best_hit_rate": best}
     for cache_on in (True, False):
-        engine = Engine(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                        disable_radix_cache=not cache_on, log_level="warning")
+        engine = Engine(
+            model_path=str(folder),
+            load_format="dummy",
+            attention_backend=backend,
+            disable_radix_cache=not cache_on,
+            log_level="warning",
+        )
         try:
             params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
             engine.generate(input_ids=reqs[:2], sampling_params=params)
@@ -135,7 +169,8 @@ def bench_prefix(folder: Path, backend: str, args, vocab: int) -> dict:
             res: list = []
             t = timed(lambda: res.extend(engine.generate(input_ids=reqs, sampling_params=params)))  # noqa: B023 - timed() calls it in this iteration
             hit = sum(r["meta_info"]["cached_tokens"] for r in res) / sum(
-                r["meta_info"]["prompt_tokens"] for r in res)
+                r["meta_info"]["prompt_tokens"] for r in res
+            )
             key = "on" if cache_on else "off"
             out[f"req_s_cache_{key}"] = len(reqs) / t
             out[f"hit_rate_cache_{key}"] = hit
@@ -155,8 +190,14 @@ def bench_hf(folder: Path, args, vocab: int) -> dict:
 
     def gen(x, n, **kw):
         with torch.inference_mode():
-            return model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,  # noqa: F821 - called before the del
-                                  pad_token_id=1, **kw)
+            return model.generate(  # noqa: F821 - called before the del
+                x,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=1,
+                **kw,
+            )
 
     gen(ids, 4)
     t1, tn = timed(lambda: gen(ids, 1)), timed(lambda: gen(ids, 65))
@@ -193,19 +234,26 @@ def release(engine) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sections", default="calib,decode,prefill,prefix,hf")
     ap.add_argument("--backends", default="flashinfer,triton")
     ap.add_argument("--graphs", default="on,off")
     ap.add_argument("--overlap", default="on,off", help="overlap scheduling on, off, or both")
-    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    ap.add_argument(
+        "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256]
+    )
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--itl-tokens", type=int, default=128)
-    ap.add_argument("--vs-hf", default="1024x128,128x512",
-                    type=lambda s: [tuple(int(v) for v in w.split("x")) for w in s.split(",")],
-                    help="batch-128 workloads (input x output tokens) run by transformers' eager "
-                         "generate and by our engine (graphs and overlap on), end to end")
+    ap.add_argument(
+        "--vs-hf",
+        default="1024x128,128x512",
+        type=lambda s: [tuple(int(v) for v in w.split("x")) for w in s.split(",")],
+        help="batch-128 workloads (input x output tokens) run by transformers' eager "
+        "generate and by our engine (graphs and overlap on), end to end",
+    )
     ap.add_argument("--skip-hf-static", action="store_true")
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
@@ -230,8 +278,12 @@ def main(argv: list[str] | None = None) -> None:
             for g in args.graphs.split(","):
                 for ov in args.overlap.split(","):
                     name = f"{backend}/graphs-{g}" + ("" if ov == "on" else "/no-overlap")
-                    section(name, lambda b=backend, g=g, ov=ov: bench_engine(
-                        folder, b, g == "on", args, vocab, overlap=ov == "on"))
+                    section(
+                        name,
+                        lambda b=backend, g=g, ov=ov: bench_engine(
+                            folder, b, g == "on", args, vocab, overlap=ov == "on"
+                        ),
+                    )
                     weight_bytes = weight_bytes or results[name].get("weight_bytes", 0)
     if "calib" in args.sections:
         section("calib", lambda: calibrate(weight_bytes or 16_060_522_496))
@@ -245,9 +297,11 @@ def main(argv: list[str] | None = None) -> None:
         for n_in, n_out in args.vs_hf:
             key = f"tok_s_b128_{n_in}x{n_out}"
             if isinstance(res, dict) and key in res and f"hf_eager_{key}" in hf:
-                print(f"batch 128, {n_in} in / {n_out} out: {name} {res[key]:,.0f} tok/s vs "
-                      f"transformers eager {hf[f'hf_eager_{key}']:,.0f} tok/s = "
-                      f"{res[key] / hf[f'hf_eager_{key}']:.1f}x")
+                print(
+                    f"batch 128, {n_in} in / {n_out} out: {name} {res[key]:,.0f} tok/s vs "
+                    f"transformers eager {hf[f'hf_eager_{key}']:,.0f} tok/s = "
+                    f"{res[key] / hf[f'hf_eager_{key}']:.1f}x"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

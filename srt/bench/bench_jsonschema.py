@@ -43,8 +43,10 @@ import numpy as np
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared/data/jsonschemabench"
 BACKENDS = ("outlines", "llguidance", "auto")
-PROMPT = ("Write one JSON document that is valid against the JSON schema below. Use realistic "
-          "values and keep it short.\nSchema: {schema}")
+PROMPT = (
+    "Write one JSON document that is valid against the JSON schema below. Use realistic "
+    "values and keep it short.\nSchema: {schema}"
+)
 
 
 @dataclass
@@ -129,8 +131,9 @@ def make_backends(tokenizer, eos_token_ids: list[int], vocab_size: int) -> dict:
     from radixlm.grammar import GrammarConfig, build_vocab, create_grammar_backend
 
     vocab = build_vocab(tokenizer, eos_token_ids, vocab_size)
-    backends = {name: create_grammar_backend(GrammarConfig(backend=name), vocab)
-                for name in BACKENDS}
+    backends = {
+        name: create_grammar_backend(GrammarConfig(backend=name), vocab) for name in BACKENDS
+    }
     # Tokenizer tables are built once here, not in every child (a server builds them at start).
     backends["llguidance"].lltokenizer()
     backends["auto"].llguidance.lltokenizer()
@@ -139,8 +142,9 @@ def make_backends(tokenizer, eos_token_ids: list[int], vocab_size: int) -> dict:
     return backends
 
 
-def run_coverage(cases: list[Case], backends: dict, budget_s: float,
-                 reports: dict[str, SubsetReport]) -> None:
+def run_coverage(
+    cases: list[Case], backends: dict, budget_s: float, reports: dict[str, SubsetReport]
+) -> None:
     from radixlm.grammar import GrammarSpec
 
     for i, case in enumerate(cases):
@@ -181,7 +185,9 @@ def _judge(case: Case, out: dict | ValueError) -> Generated:
     if isinstance(out, ValueError):  # the engine's own compilation failed
         return Generated(False, None, error=str(out).splitlines()[0][:160])
     finished = out["meta_info"]["finish_reason"]["type"] == "stop"
-    return Generated(finished, validate(case.schema, out["text"]) if finished else None, out["text"])
+    return Generated(
+        finished, validate(case.schema, out["text"]) if finished else None, out["text"]
+    )
 
 
 def _generate_or_error(engine, prompt: str, params: dict) -> dict | ValueError:
@@ -191,15 +197,18 @@ def _generate_or_error(engine, prompt: str, params: dict) -> dict | ValueError:
         return e
 
 
-def generate_subset(engine, cases: list[Case], max_new_tokens: int,
-                    max_schema_chars: int) -> list[Generated]:
+def generate_subset(
+    engine, cases: list[Case], max_new_tokens: int, max_schema_chars: int
+) -> list[Generated]:
     """All documents of a subset in one batch (validated once it is done, so no other thread
     runs Python next to the scheduler); one by one if the engine fails to compile one."""
     if not cases:
         return []
     prompts = [_prompt(engine, c, max_schema_chars) for c in cases]
-    params = [{"temperature": 0, "max_new_tokens": max_new_tokens, "json_schema": c.schema_text}
-              for c in cases]
+    params = [
+        {"temperature": 0, "max_new_tokens": max_new_tokens, "json_schema": c.schema_text}
+        for c in cases
+    ]
     try:
         outs = engine.generate(prompts, params)
     except ValueError:
@@ -208,8 +217,9 @@ def generate_subset(engine, cases: list[Case], max_new_tokens: int,
     return [_judge(c, out) for c, out in zip(cases, outs, strict=True)]
 
 
-def run_generation(engine, reports: dict[str, SubsetReport], max_new_tokens: int,
-                   max_schema_chars: int) -> None:
+def run_generation(
+    engine, reports: dict[str, SubsetReport], max_new_tokens: int, max_schema_chars: int
+) -> None:
     grammars = engine.scheduler.grammars
     for subset, report in reports.items():
         chosen = [c for c, r in zip(report.cases, report.compiles["auto"], strict=True) if r.ok]
@@ -219,8 +229,10 @@ def run_generation(engine, reports: dict[str, SubsetReport], max_new_tokens: int
         report.mask_times_s, grammars.mask_times_s = grammars.mask_times_s, None
         report.mask_compute_times_s = grammars.mask_compute_times_s
         grammars.mask_compute_times_s = None
-        print(f"  {subset}: {len(chosen)} documents in {time.perf_counter() - start:.0f} s",
-              flush=True)
+        print(
+            f"  {subset}: {len(chosen)} documents in {time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------------- report
@@ -233,9 +245,11 @@ def _share(num: int, den: int) -> str:
 
 
 def print_compile_table(reports: dict[str, SubsetReport], budget_s: float) -> None:
-    print(f"\n| subset | schemas | outlines <= {budget_s:g} s | llguidance <= {budget_s:g} s "
-          f"| auto <= {budget_s:g} s | auto, any | compile p50 / p90 s: outlines "
-          "| llguidance | auto |")
+    print(
+        f"\n| subset | schemas | outlines <= {budget_s:g} s | llguidance <= {budget_s:g} s "
+        f"| auto <= {budget_s:g} s | auto, any | compile p50 / p90 s: outlines "
+        "| llguidance | auto |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for subset, r in reports.items():
         cells = []
@@ -250,17 +264,21 @@ def print_compile_table(reports: dict[str, SubsetReport], budget_s: float) -> No
 
 
 def print_generation_table(reports: dict[str, SubsetReport]) -> None:
-    print("\n| subset | documents | finished (stop) | valid / finished | not checkable "
-          "| mask us/token p50 | p99 | fill us p50 | p99 | rows |")
+    print(
+        "\n| subset | documents | finished (stop) | valid / finished | not checkable "
+        "| mask us/token p50 | p99 | fill us p50 | p99 | rows |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for subset, r in reports.items():
         finished = [d for d in r.docs if d.finished]
         checked = [d for d in finished if d.valid is not None]
-        print(f"| {subset} | {len(r.docs)} | {_share(len(finished), len(r.docs))} "
-              f"| {_share(sum(bool(d.valid) for d in checked), len(checked))} "
-              f"| {len(finished) - len(checked)} | {_pct(r.mask_times_s, 50, 1e6)} "
-              f"| {_pct(r.mask_times_s, 99, 1e6)} | {_pct(r.mask_compute_times_s, 50, 1e6)} "
-              f"| {_pct(r.mask_compute_times_s, 99, 1e6)} | {len(r.mask_times_s)} |")
+        print(
+            f"| {subset} | {len(r.docs)} | {_share(len(finished), len(r.docs))} "
+            f"| {_share(sum(bool(d.valid) for d in checked), len(checked))} "
+            f"| {len(finished) - len(checked)} | {_pct(r.mask_times_s, 50, 1e6)} "
+            f"| {_pct(r.mask_times_s, 99, 1e6)} | {_pct(r.mask_compute_times_s, 50, 1e6)} "
+            f"| {_pct(r.mask_compute_times_s, 99, 1e6)} | {len(r.mask_times_s)} |"
+        )
 
 
 def with_overall(reports: dict[str, SubsetReport]) -> dict[str, SubsetReport]:
@@ -300,19 +318,30 @@ def print_unfinished(reports: dict[str, SubsetReport], chars: int = 240) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     ap.add_argument("--limit", type=int, default=None, help="schemas per subset (default: all)")
-    ap.add_argument("--subsets", default=None,
-                    help="comma-separated subsets to run, e.g. Snowplow,WashingtonPost (default: all)")
+    ap.add_argument(
+        "--subsets",
+        default=None,
+        help="comma-separated subsets to run, e.g. Snowplow,WashingtonPost (default: all)",
+    )
     ap.add_argument("--budget-s", type=float, default=5.0, help="compile time budget")
     ap.add_argument("--max-new-tokens", type=int, default=384)
-    ap.add_argument("--max-schema-chars", type=int, default=2000,
-                    help="schema text shown in the prompt (the constraint is the full schema)")
+    ap.add_argument(
+        "--max-schema-chars",
+        type=int,
+        default=2000,
+        help="schema text shown in the prompt (the constraint is the full schema)",
+    )
     ap.add_argument("--skip-generation", action="store_true")
-    ap.add_argument("--show-unfinished", action="store_true",
-                    help="print the end of every document that ran out of tokens")
+    ap.add_argument(
+        "--show-unfinished",
+        action="store_true",
+        help="print the end of every document that ran out of tokens",
+    )
     args = ap.parse_args(argv)
 
     from radixlm.srt.models.default_model import resolve_model_path

@@ -53,11 +53,18 @@ def multiple_choice(s, prefix: str, question: str, options: list[str]):
     s += rl.select("answer", [" " + o for o in options])
 
 
-CHAT_SYSTEM = ("You are a patient tutor. You explain ideas with short, concrete sentences, give "
-               "one everyday example when it helps, and never use lists or headings.")
+CHAT_SYSTEM = (
+    "You are a patient tutor. You explain ideas with short, concrete sentences, give "
+    "one everyday example when it helps, and never use lists or headings."
+)
 TOPICS = ["rain", "volcanoes", "bread", "magnets", "bicycles", "the moon", "bees", "rivers"]
-FOLLOW_UPS = ["Tell me one fact about {t}.", "Why does that happen?", "Give an example.",
-              "What else should I know?", "Summarize that in one sentence."]
+FOLLOW_UPS = [
+    "Tell me one fact about {t}.",
+    "Why does that happen?",
+    "Give an example.",
+    "What else should I know?",
+    "Summarize that in one sentence.",
+]
 
 
 @rl.function
@@ -70,8 +77,10 @@ def multi_turn_chat(s, topic: str, num_turns: int, max_tokens: int):
 
 @rl.function
 def fork_reasoning(s, question: str, num_branches: int, max_tokens: int):
-    s += ("Solve the problem. First think about it in several independent ways, then give the "
-          f"final answer.\nProblem: {question}\n")
+    s += (
+        "Solve the problem. First think about it in several independent ways, then give the "
+        f"final answer.\nProblem: {question}\n"
+    )
     forks = s.fork(num_branches)
     for i, f in enumerate(forks):
         f += f"Approach {i + 1}:" + rl.gen("thought", max_tokens=max_tokens, stop="\n")
@@ -101,15 +110,36 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
         return f"accuracy {right}/{len(truths)}"
 
     all_workloads = {
-        "mc": Workload("few-shot MC", multiple_choice,
-                       [{"prefix": prefix, "question": q, "options": o} for q, o, _ in questions],
-                       accuracy),
-        "chat": Workload("multi-turn chat", multi_turn_chat,
-                         [{"topic": TOPICS[i % len(TOPICS)], "num_turns": args.num_turns,
-                           "max_tokens": args.max_tokens} for i in range(args.num_conversations)]),
-        "fork": Workload("fork reasoning", fork_reasoning,
-                         [{"question": arithmetic_question(rng)[0], "num_branches": args.num_branches,
-                           "max_tokens": args.max_tokens} for _ in range(args.num_programs)]),
+        "mc": Workload(
+            "few-shot MC",
+            multiple_choice,
+            [{"prefix": prefix, "question": q, "options": o} for q, o, _ in questions],
+            accuracy,
+        ),
+        "chat": Workload(
+            "multi-turn chat",
+            multi_turn_chat,
+            [
+                {
+                    "topic": TOPICS[i % len(TOPICS)],
+                    "num_turns": args.num_turns,
+                    "max_tokens": args.max_tokens,
+                }
+                for i in range(args.num_conversations)
+            ],
+        ),
+        "fork": Workload(
+            "fork reasoning",
+            fork_reasoning,
+            [
+                {
+                    "question": arithmetic_question(rng)[0],
+                    "num_branches": args.num_branches,
+                    "max_tokens": args.max_tokens,
+                }
+                for _ in range(args.num_programs)
+            ],
+        ),
     }
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(names) - set(all_workloads))
@@ -147,8 +177,12 @@ def run_workload(backend: rl.LocalBackend, w: Workload, cache: str, num_threads:
 
 
 def run_mode(args: argparse.Namespace, workloads: list[Workload], cache_on: bool) -> list[Result]:
-    backend = rl.Runtime(args.model_path, log_level="warning", max_total_tokens=args.max_total_tokens,
-                         disable_radix_cache=not cache_on)
+    backend = rl.Runtime(
+        args.model_path,
+        log_level="warning",
+        max_total_tokens=args.max_total_tokens,
+        disable_radix_cache=not cache_on,
+    )
     try:
         warm = rl.function(lambda s: s.__iadd__("Hello" + rl.gen("w", max_tokens=4)))
         warm.run(backend=backend, **GREEDY)
@@ -159,16 +193,20 @@ def run_mode(args: argparse.Namespace, workloads: list[Workload], cache_on: bool
 
 
 def print_table(results: list[Result]) -> None:
-    header = (f"{'workload':16s} {'cache':5s} {'programs':>8s} {'requests':>8s} {'time s':>7s} "
-              f"{'prog/s':>7s} {'prompt tok':>10s} {'cached tok':>10s} {'hit rate':>8s} "
-              f"{'gen tok':>7s}  note")
+    header = (
+        f"{'workload':16s} {'cache':5s} {'programs':>8s} {'requests':>8s} {'time s':>7s} "
+        f"{'prog/s':>7s} {'prompt tok':>10s} {'cached tok':>10s} {'hit rate':>8s} "
+        f"{'gen tok':>7s}  note"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         u = r.usage
-        print(f"{r.workload:16s} {r.cache:5s} {r.num_programs:8d} {u.num_requests:8d} "
-              f"{r.seconds:7.2f} {r.programs_per_s:7.2f} {u.prompt_tokens:10d} "
-              f"{u.cached_tokens:10d} {u.cache_hit_rate:8.1%} {u.completion_tokens:7d}  {r.note}")
+        print(
+            f"{r.workload:16s} {r.cache:5s} {r.num_programs:8d} {u.num_requests:8d} "
+            f"{r.seconds:7.2f} {r.programs_per_s:7.2f} {u.prompt_tokens:10d} "
+            f"{u.cached_tokens:10d} {u.cache_hit_rate:8.1%} {u.completion_tokens:7d}  {r.note}"
+        )
     by_key = {(r.workload, r.cache): r for r in results}
     for name in dict.fromkeys(r.workload for r in results):
         on, off = by_key.get((name, "on")), by_key.get((name, "off"))
@@ -177,7 +215,9 @@ def print_table(results: list[Result]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model-path", default=None, help="default: SmolLM2-135M-Instruct")
     p.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size")
     p.add_argument("--workloads", default="mc,chat,fork", help="comma list of mc, chat, fork")

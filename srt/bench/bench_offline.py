@@ -20,8 +20,10 @@ import time
 
 import torch
 
-WORDS = ("the model reads a long document about rivers mountains cities and history then it "
-         "answers questions with care while the scheduler batches many requests").split()
+WORDS = (
+    "the model reads a long document about rivers mountains cities and history then it "
+    "answers questions with care while the scheduler batches many requests"
+).split()
 
 
 def make_prompts(tokenizer, n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
@@ -39,7 +41,9 @@ def run_ours(engine, prompts: list[list[int]], output_len: int) -> float:
     params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
     engine.flush_cache()  # no prefix reuse between runs: both sides prefill every prompt
     start = time.perf_counter()
-    outs = engine.generate(input_ids=prompts if len(prompts) > 1 else prompts[0], sampling_params=params)
+    outs = engine.generate(
+        input_ids=prompts if len(prompts) > 1 else prompts[0], sampling_params=params
+    )
     elapsed = time.perf_counter() - start
     outs = outs if isinstance(outs, list) else [outs]
     assert all(o["meta_info"]["completion_tokens"] == output_len for o in outs)
@@ -53,8 +57,14 @@ def run_transformers(model, tokenizer, prompts: list[list[int]], output_len: int
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                             min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+            pad_token_id=pad,
+        )
     elapsed = time.perf_counter() - start
     assert out.shape[1] == width + output_len
     return elapsed
@@ -64,25 +74,40 @@ PRECISIONS = {
     "none": "{dtype}",
     "int4": "int4 w, bf16 act",
 }
-INT4_NOTE = ("int4: linear weights 4-bit (for a Q4_1 GGUF, its own codes) and the LM head per-channel "
-             "int8, activations bf16 in those matmuls, for forwards of at most {rows} token rows; "
-             "more rows use the dense {dtype} weights")
+INT4_NOTE = (
+    "int4: linear weights 4-bit (for a Q4_1 GGUF, its own codes) and the LM head per-channel "
+    "int8, activations bf16 in those matmuls, for forwards of at most {rows} token rows; "
+    "more rows use the dense {dtype} weights"
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct"
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--min-prompt-len", type=int, default=32)
     ap.add_argument("--max-prompt-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per cell (best is reported)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="weights and activations, the same on both sides")
-    ap.add_argument("--quantization", default="none",
-                    help="comma list of our engine's --quantization modes to run side by side "
-                         "(none, int4); transformers always runs unquantized")
-    ap.add_argument("--workloads", default="1,batch", help="which to run: 1 (batch 1), batch, or both")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="weights and activations, the same on both sides",
+    )
+    ap.add_argument(
+        "--quantization",
+        default="none",
+        help="comma list of our engine's --quantization modes to run side by side "
+        "(none, int4); transformers always runs unquantized",
+    )
+    ap.add_argument(
+        "--workloads", default="1,batch", help="which to run: 1 (batch 1), batch, or both"
+    )
     args = ap.parse_args(argv)
     args.quantization = args.quantization.split(",")
     unknown = set(args.quantization) - set(PRECISIONS)
@@ -95,10 +120,13 @@ def make_workloads(tok, args: argparse.Namespace) -> dict[str, list[list[int]]]:
     chosen = args.workloads.split(",")
     workloads = {}
     if "1" in chosen:
-        workloads["batch 1"] = make_prompts(tok, 1, args.min_prompt_len * 4, args.min_prompt_len * 4)
+        workloads["batch 1"] = make_prompts(
+            tok, 1, args.min_prompt_len * 4, args.min_prompt_len * 4
+        )
     if "batch" in chosen:
         workloads[f"batch {args.batch_size}, mixed"] = make_prompts(
-            tok, args.batch_size, args.min_prompt_len, args.max_prompt_len)
+            tok, args.batch_size, args.min_prompt_len, args.max_prompt_len
+        )
     return workloads
 
 
@@ -118,25 +146,41 @@ def main(argv: list[str] | None = None) -> None:
     from radixlm.kernels.int4_cpu import MAX_INT4_ROWS
     from radixlm.srt import Engine
 
-    engines = {q: Engine(model_path=args.model_path, log_level="warning", max_total_tokens=32768,
-                         dtype=args.dtype, quantization=q) for q in args.quantization}
+    engines = {
+        q: Engine(
+            model_path=args.model_path,
+            log_level="warning",
+            max_total_tokens=32768,
+            dtype=args.dtype,
+            quantization=q,
+        )
+        for q in args.quantization
+    }
     first = next(iter(engines.values()))
     model_dir, tok = first.scheduler.runner.model_dir, first.tokenizer
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
-    print(f"model {model_dir}, {torch.get_num_threads()} threads, "
-          f"output {args.output_len} tokens/request")
-    print(f"{'workload':<18}{'engine':<14}{'precision':<18}{'tok/s':>8}{'ms/step':>9}"
-          f"{'vs transformers':>17}")
+    print(
+        f"model {model_dir}, {torch.get_num_threads()} threads, "
+        f"output {args.output_len} tokens/request"
+    )
+    print(
+        f"{'workload':<18}{'engine':<14}{'precision':<18}{'tok/s':>8}{'ms/step':>9}"
+        f"{'vs transformers':>17}"
+    )
     for name, prompts in make_workloads(tok, args).items():
         n = len(prompts) * args.output_len
         theirs, theirs_step = timed(lambda p, k: run_transformers(hf, tok, p, k), prompts, args)
         for q, engine in engines.items():
             ours, ours_step = timed(lambda p, k, e=engine: run_ours(e, p, k), prompts, args)
             precision = PRECISIONS[q].format(dtype=args.dtype)
-            print(f"{name:<18}{'radixlm':<14}{precision:<18}{n / ours:>8.1f}{ours_step:>9.1f}"
-                  f"{theirs / ours:>16.2f}x")
-        print(f"{name:<18}{'transformers':<14}{args.dtype:<18}{n / theirs:>8.1f}"
-              f"{theirs_step:>9.1f}{1:>16.2f}x")
+            print(
+                f"{name:<18}{'radixlm':<14}{precision:<18}{n / ours:>8.1f}{ours_step:>9.1f}"
+                f"{theirs / ours:>16.2f}x"
+            )
+        print(
+            f"{name:<18}{'transformers':<14}{args.dtype:<18}{n / theirs:>8.1f}"
+            f"{theirs_step:>9.1f}{1:>16.2f}x"
+        )
     if "int4" in engines:
         print(INT4_NOTE.format(rows=MAX_INT4_ROWS, dtype=args.dtype))
     for engine in engines.values():

@@ -68,8 +68,11 @@ async def _sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
 
 async def send_request(client: httpx.AsyncClient, url: str, req: BenchRequest) -> RequestOutput:
     """Streams one /generate request and times each arriving token."""
-    body = {"input_ids": req.input_ids, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": req.output_len, "ignore_eos": True}}
+    body = {
+        "input_ids": req.input_ids,
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": req.output_len, "ignore_eos": True},
+    }
     out = RequestOutput(prompt_len=len(req.input_ids))
     start = last = time.perf_counter()
     try:
@@ -112,12 +115,14 @@ async def arrivals(reqs: list[BenchRequest], rate: float, seed: int) -> AsyncIte
             await asyncio.sleep(rng.expovariate(rate))
 
 
-async def run_benchmark(url: str, reqs: list[BenchRequest], rate: float,
-                        max_concurrency: int | None, seed: int) -> tuple[list[RequestOutput], float]:
+async def run_benchmark(
+    url: str, reqs: list[BenchRequest], rate: float, max_concurrency: int | None, seed: int
+) -> tuple[list[RequestOutput], float]:
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+
         async def one(req: BenchRequest) -> RequestOutput:
             if limit is None:
                 return await send_request(client, url, req)
@@ -135,8 +140,12 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
     a = np.asarray(values) * 1000.0
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+    }
 
 
 def summarize(outs: list[RequestOutput], duration_s: float) -> dict:
@@ -145,8 +154,11 @@ def summarize(outs: list[RequestOutput], duration_s: float) -> dict:
     output_tokens = sum(o.output_len for o in ok)
     tpot = [(o.latency_s - o.ttft_s) / (o.output_len - 1) for o in ok if o.output_len > 1]
     return {
-        "completed": len(ok), "failed": len(outs) - len(ok), "duration_s": duration_s,
-        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "completed": len(ok),
+        "failed": len(outs) - len(ok),
+        "duration_s": duration_s,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
         "request_throughput": len(ok) / duration_s,
         "input_throughput": input_tokens / duration_s,
         "output_throughput": output_tokens / duration_s,
@@ -160,22 +172,32 @@ def summarize(outs: list[RequestOutput], duration_s: float) -> dict:
 
 def print_report(s: dict, args: argparse.Namespace, best: float | None) -> None:
     rows = [
-        ("Dataset", args.dataset_name), ("Request rate (req/s)", args.request_rate),
+        ("Dataset", args.dataset_name),
+        ("Request rate (req/s)", args.request_rate),
         ("Max concurrency", args.max_concurrency or "-"),
-        ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
+        ("Successful requests", s["completed"]),
+        ("Failed requests", s["failed"]),
         ("Benchmark duration (s)", f"{s['duration_s']:.2f}"),
-        ("Total input tokens", s["input_tokens"]), ("Total output tokens", s["output_tokens"]),
+        ("Total input tokens", s["input_tokens"]),
+        ("Total output tokens", s["output_tokens"]),
         ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
         ("Input token throughput (tok/s)", f"{s['input_throughput']:.1f}"),
         ("Output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
-        ("Cache hit rate", f"{s['hit_rate']:.1%}"
-         + (f" (best possible {best:.1%})" if best is not None else "")),
+        (
+            "Cache hit rate",
+            f"{s['hit_rate']:.1%}" + (f" (best possible {best:.1%})" if best is not None else ""),
+        ),
     ]
     print(f"{' Serving benchmark ':=^56}")
     for name, value in rows:
         print(f"{name:<36}{value!s:>20}")
     print(f"{'latency (ms)':<16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2e_ms")):
+    for label, key in (
+        ("TTFT", "ttft_ms"),
+        ("ITL", "itl_ms"),
+        ("TPOT", "tpot_ms"),
+        ("E2E", "e2e_ms"),
+    ):
         p = s[key]
         print(f"{label:<16}{p['mean']:>10.1f}{p['p50']:>10.1f}{p['p90']:>10.1f}{p['p99']:>10.1f}")
     print("=" * 56)
@@ -185,11 +207,23 @@ def print_report(s: dict, args: argparse.Namespace, best: float | None) -> None:
 def build_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
     source = TextTokens(tokenizer, seed=args.seed)
     if args.dataset_name == "random":
-        return random_requests(source, args.num_prompts, args.random_input_len,
-                               args.random_output_len, args.random_range_ratio, args.seed)
-    reqs = shared_prefix_requests(source, args.gsp_num_groups, args.gsp_prompts_per_group,
-                                  args.gsp_system_prompt_len, args.gsp_question_len,
-                                  args.gsp_output_len, args.seed)
+        return random_requests(
+            source,
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.seed,
+        )
+    reqs = shared_prefix_requests(
+        source,
+        args.gsp_num_groups,
+        args.gsp_prompts_per_group,
+        args.gsp_system_prompt_len,
+        args.gsp_question_len,
+        args.gsp_output_len,
+        args.seed,
+    )
     return reqs
 
 
@@ -232,23 +266,36 @@ def warm_up(url: str, reqs: list[BenchRequest], flush: bool) -> None:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--base-url", default=None, help="a running server (default: start one)")
     ap.add_argument("--tokenizer", default=None, help="default: the server's tokenizer path")
-    ap.add_argument("--dataset-name", default="random",
-                    choices=("random", "shared-prefix", "generated-shared-prefix"))
+    ap.add_argument(
+        "--dataset-name",
+        default="random",
+        choices=("random", "shared-prefix", "generated-shared-prefix"),
+    )
     ap.add_argument("--num-prompts", type=int, default=64, help="random dataset size")
     ap.add_argument("--random-input-len", type=int, default=256)
     ap.add_argument("--random-output-len", type=int, default=64)
-    ap.add_argument("--random-range-ratio", type=float, default=1.0,
-                    help="lengths uniform in [len * ratio, len]; 1.0 = exact lengths")
+    ap.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=1.0,
+        help="lengths uniform in [len * ratio, len]; 1.0 = exact lengths",
+    )
     ap.add_argument("--gsp-num-groups", type=int, default=8)
     ap.add_argument("--gsp-prompts-per-group", type=int, default=8)
     ap.add_argument("--gsp-system-prompt-len", type=int, default=1000)
     ap.add_argument("--gsp-question-len", type=int, default=32)
     ap.add_argument("--gsp-output-len", type=int, default=32)
-    ap.add_argument("--request-rate", type=float, default=float("inf"),
-                    help="Poisson arrival rate in requests/s (inf: all at once)")
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrival rate in requests/s (inf: all at once)",
+    )
     ap.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
     ap.add_argument("--output-file", default=None, help="append the results as one JSON line")
@@ -267,8 +314,9 @@ def main(argv: list[str] | None = None) -> dict:
         reqs = build_requests(args, load_tokenizer(args, url))
         best = best_hit_rate(reqs) if args.dataset_name != "random" else None
         warm_up(url, reqs, flush=not args.no_flush_cache)
-        outs, duration = asyncio.run(run_benchmark(url, reqs, args.request_rate,
-                                                   args.max_concurrency, args.seed))
+        outs, duration = asyncio.run(
+            run_benchmark(url, reqs, args.request_rate, args.max_concurrency, args.seed)
+        )
     summary = summarize(outs, duration)
     for o in [o for o in outs if not o.success][:5]:
         print(f"failed request: {o.error}")

@@ -73,16 +73,23 @@ def stream_one(engine, req: BenchRequest, start: threading.Event, out: list, i: 
         last = chunk
     meta = last["meta_info"]
     assert meta["completion_tokens"] == req.output_len, meta
-    out[i] = RequestStats(ttft, time.perf_counter() - t0, meta["prompt_tokens"],
-                          meta["cached_tokens"], meta["completion_tokens"])
+    out[i] = RequestStats(
+        ttft,
+        time.perf_counter() - t0,
+        meta["prompt_tokens"],
+        meta["cached_tokens"],
+        meta["completion_tokens"],
+    )
 
 
 def run_workload(engine, reqs: list[BenchRequest], label: str) -> RunStats:
     """Submits every request at once, one streaming thread each; waits for all."""
     out: list[RequestStats | None] = [None] * len(reqs)
     start = threading.Event()
-    threads = [threading.Thread(target=stream_one, args=(engine, r, start, out, i), daemon=True)
-               for i, r in enumerate(reqs)]
+    threads = [
+        threading.Thread(target=stream_one, args=(engine, r, start, out, i), daemon=True)
+        for i, r in enumerate(reqs)
+    ]
     for t in threads:
         t.start()
     t0 = time.perf_counter()
@@ -98,10 +105,14 @@ def run_workload(engine, reqs: list[BenchRequest], label: str) -> RunStats:
 def run_engine(args: argparse.Namespace, reqs: list[BenchRequest], cache_on: bool) -> RunStats:
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=args.model_path, log_level="warning",
-                    max_total_tokens=args.max_total_tokens, schedule_policy=args.schedule_policy,
-                    chunked_prefill_size=args.chunked_prefill_size,
-                    disable_radix_cache=not cache_on)
+    engine = Engine(
+        model_path=args.model_path,
+        log_level="warning",
+        max_total_tokens=args.max_total_tokens,
+        schedule_policy=args.schedule_policy,
+        chunked_prefill_size=args.chunked_prefill_size,
+        disable_radix_cache=not cache_on,
+    )
     try:
         warm = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
         engine.generate(input_ids=reqs[0].input_ids[-64:], sampling_params=warm)
@@ -116,24 +127,34 @@ def run_engine(args: argparse.Namespace, reqs: list[BenchRequest], cache_on: boo
 
 
 def print_table(runs: list[RunStats], best: float) -> None:
-    print(f"{'radix cache':<12}{'req/s':>8}{'out tok/s':>11}{'TTFT mean s':>13}{'TTFT p50 s':>12}"
-          f"{'hit rate':>10}{'best':>8}{'wall s':>9}")
+    print(
+        f"{'radix cache':<12}{'req/s':>8}{'out tok/s':>11}{'TTFT mean s':>13}{'TTFT p50 s':>12}"
+        f"{'hit rate':>10}{'best':>8}{'wall s':>9}"
+    )
     for r in runs:
-        print(f"{r.label:<12}{r.request_throughput:>8.2f}{r.output_throughput:>11.1f}"
-              f"{r.ttft('mean'):>13.2f}{r.ttft('p50'):>12.2f}{r.hit_rate:>10.1%}{best:>8.1%}"
-              f"{r.wall_s:>9.1f}")
+        print(
+            f"{r.label:<12}{r.request_throughput:>8.2f}{r.output_throughput:>11.1f}"
+            f"{r.ttft('mean'):>13.2f}{r.ttft('p50'):>12.2f}{r.hit_rate:>10.1%}{best:>8.1%}"
+            f"{r.wall_s:>9.1f}"
+        )
     by = {r.label: r for r in runs}
     if "on" in by and "off" in by:
         on, off = by["on"], by["off"]
-        print(f"speedup with the cache: {on.request_throughput / off.request_throughput:.2f}x "
-              f"throughput, {off.ttft('mean') / on.ttft('mean'):.2f}x lower mean TTFT; "
-              f"hit rate {on.hit_rate:.1%} of best {best:.1%} "
-              f"({on.hit_rate / best:.1%} of the best possible)")
+        print(
+            f"speedup with the cache: {on.request_throughput / off.request_throughput:.2f}x "
+            f"throughput, {off.ttft('mean') / on.ttft('mean'):.2f}x lower mean TTFT; "
+            f"hit rate {on.hit_rate:.1%} of best {best:.1%} "
+            f"({on.hit_rate / best:.1%} of the best possible)"
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct"
+    )
     ap.add_argument("--num-groups", type=int, default=8)
     ap.add_argument("--prompts-per-group", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=1000, help="shared few-shot prefix tokens")
@@ -154,13 +175,21 @@ def main(argv: list[str] | None = None) -> None:
     from radixlm.srt.models.default_model import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model_path))
-    reqs = shared_prefix_requests(TextTokens(tokenizer, seed=args.seed), args.num_groups,
-                                  args.prompts_per_group, args.prefix_len, args.question_len,
-                                  args.output_len, seed=args.seed)
+    reqs = shared_prefix_requests(
+        TextTokens(tokenizer, seed=args.seed),
+        args.num_groups,
+        args.prompts_per_group,
+        args.prefix_len,
+        args.question_len,
+        args.output_len,
+        seed=args.seed,
+    )
     best = best_hit_rate(reqs)
-    print(f"{len(reqs)} requests: {args.num_groups} groups x {args.prompts_per_group}, prefix "
-          f"{args.prefix_len} + question {args.question_len} tokens, output {args.output_len} "
-          f"tokens; policy {args.schedule_policy}, pool {args.max_total_tokens} tokens")
+    print(
+        f"{len(reqs)} requests: {args.num_groups} groups x {args.prompts_per_group}, prefix "
+        f"{args.prefix_len} + question {args.question_len} tokens, output {args.output_len} "
+        f"tokens; policy {args.schedule_policy}, pool {args.max_total_tokens} tokens"
+    )
     sides = [args.only == "on"] if args.only else [True, False]
     runs = [run_engine(args, reqs, cache_on) for cache_on in sides]
     print_table(runs, best)

@@ -49,8 +49,14 @@ class TextTokens:
         return out
 
 
-def random_requests(source: TextTokens, num_prompts: int, input_len: int, output_len: int,
-                    range_ratio: float = 1.0, seed: int = 0) -> list[BenchRequest]:
+def random_requests(
+    source: TextTokens,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float = 1.0,
+    seed: int = 0,
+) -> list[BenchRequest]:
     """SGLang's ``random`` dataset: lengths drawn uniformly from ``[len * range_ratio, len]``."""
     if not 0.0 <= range_ratio <= 1.0:
         raise ValueError(f"--random-range-ratio must be in [0, 1], got {range_ratio}")
@@ -65,9 +71,15 @@ def random_requests(source: TextTokens, num_prompts: int, input_len: int, output
     return reqs
 
 
-def shared_prefix_requests(source: TextTokens, num_groups: int, prompts_per_group: int,
-                           prefix_len: int, question_len: int, output_len: int,
-                           seed: int = 0) -> list[BenchRequest]:
+def shared_prefix_requests(
+    source: TextTokens,
+    num_groups: int,
+    prompts_per_group: int,
+    prefix_len: int,
+    question_len: int,
+    output_len: int,
+    seed: int = 0,
+) -> list[BenchRequest]:
     """Groups of requests sharing a ``prefix_len``-token prefix (a few-shot block), each
     followed by its own ``question_len``-token question. Questions of a group start with
     distinct tokens, so nothing beyond the prefix is shared. Requests are interleaved across

@@ -41,16 +41,22 @@ def should_capture(device: torch.device, backend: AttentionBackend, disabled: bo
 class CudaGraphRunner:
     def __init__(self, runner, max_batch_size: int):
         if not runner.attn_backend.supports_cuda_graph:
-            raise ValueError(f"the {runner.attn_backend.name} attention backend does not support "
-                             "CUDA graphs; pass --disable-cuda-graph or another backend")
+            raise ValueError(
+                f"the {runner.attn_backend.name} attention backend does not support "
+                "CUDA graphs; pass --disable-cuda-graph or another backend"
+            )
         self.runner = runner
         self.buckets = batch_size_buckets(max_batch_size)
         self.max_bs = self.buckets[-1]
         self.padding_req_slot = runner.padding_req_slot
         # the graphs' fixed input buffers, every row padding until a replay fills it
         self.static = ForwardBatch.for_graph_capture(
-            self.max_bs, self.padding_req_slot, req_to_token_pool=runner.req_to_token_pool,
-            kv_pool=runner.kv_pool, attn_backend=runner.attn_backend)
+            self.max_bs,
+            self.padding_req_slot,
+            req_to_token_pool=runner.req_to_token_pool,
+            kv_pool=runner.kv_pool,
+            attn_backend=runner.attn_backend,
+        )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [bs, vocab] float32, the graphs' outputs
         self.pool = None
@@ -81,11 +87,18 @@ class CudaGraphRunner:
                 self.logits[bs] = self._run_model(fb)
             self.pool = graph.pool()
             self.graphs[bs] = graph
-            print(f"\rcapturing CUDA graphs: {i + 1}/{len(self.buckets)} (batch size {bs})",
-                  end="", flush=True)
+            print(
+                f"\rcapturing CUDA graphs: {i + 1}/{len(self.buckets)} (batch size {bs})",
+                end="",
+                flush=True,
+            )
         print()
-        logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
-                    len(self.buckets), self.buckets, time.perf_counter() - start)
+        logger.info(
+            "captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
+            len(self.buckets),
+            self.buckets,
+            time.perf_counter() - start,
+        )
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Runs a decode ForwardBatch through the smallest fitting graph; ``[B, vocab]`` logits."""
@@ -104,8 +117,9 @@ class CudaGraphRunner:
             st.req_slots[bs:padded].fill_(self.padding_req_slot)
             st.seq_lens[bs:padded].fill_(1)
         pad = padded - bs
-        view = st.graph_view(padded, fb.seq_lens_cpu + [1] * pad,
-                             fb.req_slots_cpu + [self.padding_req_slot] * pad)
+        view = st.graph_view(
+            padded, fb.seq_lens_cpu + [1] * pad, fb.req_slots_cpu + [self.padding_req_slot] * pad
+        )
         self.runner.attn_backend.plan_for_replay(view)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -64,9 +64,17 @@ class ForwardBatch:
 
     @classmethod
     def from_host(
-        cls, mode: ForwardMode, input_ids: list[int] | torch.Tensor, positions: list[int],
-        out_kv_slots: torch.Tensor, req_slots: list[int], prefix_lens: list[int],
-        extend_lens: list[int], *, req_to_token_pool: ReqToTokenPool, kv_pool: KVPool,
+        cls,
+        mode: ForwardMode,
+        input_ids: list[int] | torch.Tensor,
+        positions: list[int],
+        out_kv_slots: torch.Tensor,
+        req_slots: list[int],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        *,
+        req_to_token_pool: ReqToTokenPool,
+        kv_pool: KVPool,
         attn_backend: AttentionBackend | None,
     ) -> ForwardBatch:
         """A batch from host lists (one entry per request, tokens flattened), copied to the
@@ -76,7 +84,9 @@ class ForwardBatch:
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
         return cls(
             mode=mode,
-            input_ids=input_ids if isinstance(input_ids, torch.Tensor) else to_device(input_ids, dev),
+            input_ids=input_ids
+            if isinstance(input_ids, torch.Tensor)
+            else to_device(input_ids, dev),
             positions=to_device(positions, dev),
             out_kv_slots=tensor_to_device(out_kv_slots, dev),
             req_slots=to_device(req_slots, dev),
@@ -92,22 +102,39 @@ class ForwardBatch:
 
     @classmethod
     def from_scheduled(
-        cls, batch: ScheduledBatch, *, req_to_token_pool: ReqToTokenPool, kv_pool: KVPool,
-        attn_backend: AttentionBackend, input_ids_on_device: torch.Tensor | None = None,
+        cls,
+        batch: ScheduledBatch,
+        *,
+        req_to_token_pool: ReqToTokenPool,
+        kv_pool: KVPool,
+        attn_backend: AttentionBackend,
+        input_ids_on_device: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """The forward batch of a scheduler's batch: request i computes ``extend_lens[i]`` new
         tokens on top of ``starts[i]`` cached ones, written to ``slots[i]``."""
         ids = batch.input_ids() if input_ids_on_device is None else input_ids_on_device
         return cls.from_host(
-            batch.mode, ids, batch.positions(), torch.cat(batch.slots),
-            [r.req_slot for r in batch.reqs], list(batch.starts), list(batch.extend_lens),
-            req_to_token_pool=req_to_token_pool, kv_pool=kv_pool, attn_backend=attn_backend,
+            batch.mode,
+            ids,
+            batch.positions(),
+            torch.cat(batch.slots),
+            [r.req_slot for r in batch.reqs],
+            list(batch.starts),
+            list(batch.extend_lens),
+            req_to_token_pool=req_to_token_pool,
+            kv_pool=kv_pool,
+            attn_backend=attn_backend,
         )
 
     @classmethod
     def for_graph_capture(
-        cls, max_batch_size: int, padding_req_slot: int, *, req_to_token_pool: ReqToTokenPool,
-        kv_pool: KVPool, attn_backend: AttentionBackend,
+        cls,
+        max_batch_size: int,
+        padding_req_slot: int,
+        *,
+        req_to_token_pool: ReqToTokenPool,
+        kv_pool: KVPool,
+        attn_backend: AttentionBackend,
     ) -> ForwardBatch:
         """The static decode batch CUDA graphs read, every row padding: token 0 at position 0,
         written to the padding KV slot 0, reading the padding request row, length 1. Its
@@ -130,16 +157,25 @@ class ForwardBatch:
             attn_backend=attn_backend,
         )
 
-    def graph_view(self, batch_size: int, seq_lens_cpu: list[int] | None = None,
-                   req_slots_cpu: list[int] | None = None) -> ForwardBatch:
+    def graph_view(
+        self,
+        batch_size: int,
+        seq_lens_cpu: list[int] | None = None,
+        req_slots_cpu: list[int] | None = None,
+    ) -> ForwardBatch:
         """The first ``batch_size`` rows of a static decode batch (views of the same storage),
         with host lists describing the step about to run (default: the static rows')."""
         bs = batch_size
         seq = self.seq_lens_cpu[:bs] if seq_lens_cpu is None else seq_lens_cpu
         return dataclasses.replace(
-            self, input_ids=self.input_ids[:bs], positions=self.positions[:bs],
-            out_kv_slots=self.out_kv_slots[:bs], req_slots=self.req_slots[:bs],
+            self,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_kv_slots=self.out_kv_slots[:bs],
+            req_slots=self.req_slots[:bs],
             req_slots_cpu=self.req_slots_cpu[:bs] if req_slots_cpu is None else req_slots_cpu,
-            seq_lens=self.seq_lens[:bs], seq_lens_cpu=seq, prefix_lens_cpu=[n - 1 for n in seq],
+            seq_lens=self.seq_lens[:bs],
+            seq_lens_cpu=seq,
+            prefix_lens_cpu=[n - 1 for n in seq],
             extend_lens_cpu=[1] * bs,
         )

@@ -24,7 +24,9 @@ class ReqToTokenPool:
 
     def __init__(self, num_req_slots: int, max_context_len: int, device: torch.device):
         # [num_req_slots + 1, max_context_len] int64 on `device`; 0 where unused (the padding slot)
-        self.req_to_token = torch.zeros((num_req_slots + 1, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token = torch.zeros(
+            (num_req_slots + 1, max_context_len), dtype=torch.int64, device=device
+        )
         self.num_req_slots = num_req_slots
         self.max_context_len = max_context_len
         self._free = list(range(num_req_slots, 0, -1))
@@ -66,10 +68,16 @@ class KVPool:
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
 
-    def set_kv(self, layer_id: int, kv_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def set_kv(
+        self, layer_id: int, kv_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         self.k_buffers[layer_id][kv_slots] = k.to(self.dtype)
         self.v_buffers[layer_id][kv_slots] = v.to(self.dtype)
 

@@ -14,8 +14,11 @@ from collections.abc import Sequence
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[Sequence[int]], device: torch.device,
-              dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def to_device(
+    values: Sequence[int] | Sequence[Sequence[int]],
+    device: torch.device,
+    dtype: torch.dtype = torch.int64,
+) -> torch.Tensor:
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)

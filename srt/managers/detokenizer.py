@@ -115,4 +115,3 @@ class Detokenizer:
         if not ids:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
-

@@ -47,8 +47,9 @@ class ModelLimits:
     @classmethod
     def from_info(cls, info: Mapping[str, Any]) -> ModelLimits:
         """From the scheduler's ``ready_info()``."""
-        return cls(int(info["vocab_size"]), int(info["context_length"]),
-                   int(info["max_total_tokens"]))
+        return cls(
+            int(info["vocab_size"]), int(info["context_length"]), int(info["max_total_tokens"])
+        )
 
 
 def grammar_kind(params: SamplingParams) -> str | None:
@@ -90,10 +91,14 @@ class FrontDoor:
             raise GenerateError(
                 f"the prompt has {num_chars} characters, more than the "
                 f"{self.limits.context_length}-token context length can hold (at most "
-                f"{self.max_prompt_chars} characters); shorten the prompt", 400, param)
+                f"{self.max_prompt_chars} characters); shorten the prompt",
+                400,
+                param,
+            )
 
-    def tokenize(self, text: str, add_special_tokens: bool = True,
-                 param: str = "prompt") -> list[int]:
+    def tokenize(
+        self, text: str, add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
         """The token ids of ``text``, its size checked first (blocking: the tokenizer
         manager runs it on its thread pool)."""
         self.check_prompt_chars(len(text), param)
@@ -103,16 +108,21 @@ class FrontDoor:
         vocab_size = self.limits.vocab_size
         bad = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]
         if bad:
-            raise GenerateError(f"{param} must be token ids in [0, {vocab_size}), got "
-                                f"{bad[:5]}", 400, param)
+            raise GenerateError(
+                f"{param} must be token ids in [0, {vocab_size}), got {bad[:5]}", 400, param
+            )
 
     def check_input_ids(self, ids: list[Any], param: str = "input_ids") -> list[int]:
         """A copy of client token ids, checked against the vocabulary; a prompt too long for
         the context is refused first (the per-id check of millions of ids would stall)."""
         limits = self.limits
         if len(ids) >= limits.context_length:
-            check_lengths(len(ids), SamplingParams(max_new_tokens=0), limits.context_length,
-                          limits.max_total_tokens)
+            check_lengths(
+                len(ids),
+                SamplingParams(max_new_tokens=0),
+                limits.context_length,
+                limits.max_total_tokens,
+            )
         self.check_token_ids(ids, param)
         return list(ids)
 
@@ -127,9 +137,17 @@ class FrontDoor:
         return params
 
     # ------------------------------------------------------------------ the message
-    def admit(self, rid: str, input_ids: list[int], params: SamplingParams, *,
-              return_logprob: bool = False, logprob_start_len: int = -1,
-              top_logprobs_num: int = 0, stream: bool = False) -> TokenizedGenerateReq:
+    def admit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+    ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
         after the length and logprob checks; ``input_ids`` and ``params`` come from this
         door (:meth:`tokenize` or :meth:`check_input_ids`, :meth:`parse_params`)."""
@@ -149,14 +167,23 @@ class FrontDoor:
             grammar_kind=grammar_kind(params),
         )
 
-    def prepare(self, rid: str, *, text: str | None = None, input_ids: list[Any] | None = None,
-                sampling_params: Mapping[str, Any] | None = None,
-                **options: Any) -> tuple[SamplingParams, TokenizedGenerateReq]:
+    def prepare(
+        self,
+        rid: str,
+        *,
+        text: str | None = None,
+        input_ids: list[Any] | None = None,
+        sampling_params: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> tuple[SamplingParams, TokenizedGenerateReq]:
         """Every check of one request, in the order the tokenizer manager runs them: the
         parameters, the prompt, then :meth:`admit` (``options`` are its keywords)."""
         params = self.parse_params(sampling_params)
         if (text is None) == (input_ids is None):
             raise GenerateError("send exactly one of text and input_ids", 400)
-        ids = (self.check_input_ids(input_ids) if input_ids is not None
-               else self.tokenize(text or "", param="text"))
+        ids = (
+            self.check_input_ids(input_ids)
+            if input_ids is not None
+            else self.tokenize(text or "", param="text")
+        )
         return params, self.admit(rid, ids, params, **options)

@@ -11,8 +11,9 @@ from radixlm.srt.sampling.params import MAX_SEED, SamplingParams
 MAX_TOP_LOGPROBS = 20
 
 
-def check_lengths(num_input: int, params: SamplingParams, context_length: int,
-                  max_total_tokens: int) -> None:
+def check_lengths(
+    num_input: int, params: SamplingParams, context_length: int, max_total_tokens: int
+) -> None:
     limit = min(context_length, max_total_tokens)
     if num_input >= limit:
         raise GenerateError(
@@ -47,8 +48,10 @@ def check_logprob_args(logprob_start_len: int, top_logprobs_num: int, num_input:
         )
 
 
-_PARAM_IN_MESSAGE = re.compile(r"^(?:sampling parameter |unknown sampling parameter\(s\): )?"
-                               r"([a-z_]+)")
+_PARAM_IN_MESSAGE = re.compile(
+    r"^(?:sampling parameter |unknown sampling parameter\(s\): )?"
+    r"([a-z_]+)"
+)
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 

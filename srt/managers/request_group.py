@@ -26,8 +26,13 @@ DISCONNECT_POLL_S = 0.5
 class GenerateError(Exception):
     """A request that cannot be served; ``status_code`` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None,
-                 code: str | int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        param: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
@@ -127,5 +132,6 @@ def raise_for_error_abort(finish_reason: dict[str, Any]) -> None:
     """An abort that carries an HTTP status (a rejected request) becomes a GenerateError; other
     aborts (asked for by a client) are reported as ``finish_reason.type == "abort"``."""
     if finish_reason.get("type") == "abort" and "status_code" in finish_reason:
-        raise GenerateError(str(finish_reason.get("message", "aborted")),
-                            int(finish_reason["status_code"]))
+        raise GenerateError(
+            str(finish_reason.get("message", "aborted")), int(finish_reason["status_code"])
+        )

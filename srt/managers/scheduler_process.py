@@ -47,7 +47,9 @@ class IpcEndpoints:
     @classmethod
     def in_dir(cls, ipc_dir: str | Path) -> IpcEndpoints:
         d = Path(ipc_dir)
-        return cls(f"ipc://{d / 'scheduler'}", f"ipc://{d / 'detokenizer'}", f"ipc://{d / 'tokenizer'}")
+        return cls(
+            f"ipc://{d / 'scheduler'}", f"ipc://{d / 'detokenizer'}", f"ipc://{d / 'tokenizer'}"
+        )
 
 
 class ChildLifecycle:
@@ -164,7 +166,10 @@ class SchedulerLoop:
 
 
 def run_scheduler_process(
-    cfg: ServerConfig, endpoints: IpcEndpoints, ready_conn: Connection, parent_pid: int,
+    cfg: ServerConfig,
+    endpoints: IpcEndpoints,
+    ready_conn: Connection,
+    parent_pid: int,
     heartbeat_path: str | None = None,
 ) -> None:
     """Entry point of the scheduler child (started with the ``spawn`` method)."""

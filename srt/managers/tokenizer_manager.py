@@ -50,8 +50,16 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 
-__all__ = ["ClientDisconnected", "DisconnectProbe", "GenerateError", "GenerateInput",
-           "PreparedReq", "RequestGroup", "TokenizerManager", "sample_seed"]
+__all__ = [
+    "ClientDisconnected",
+    "DisconnectProbe",
+    "GenerateError",
+    "GenerateInput",
+    "PreparedReq",
+    "RequestGroup",
+    "TokenizerManager",
+    "sample_seed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +208,9 @@ class TokenizerManager:
         """``fn(*args)`` on the tokenizer thread pool (off the event loop)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def tokenize_async(self, text: str, add_special_tokens: bool = True,
-                             param: str = "prompt") -> list[int]:
+    async def tokenize_async(
+        self, text: str, add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
         """Checks the size first, then tokenizes on the pool."""
         self.door.check_prompt_chars(len(text), param)
         return await self.run_blocking(self.tokenize, text, add_special_tokens)
@@ -236,9 +245,15 @@ class TokenizerManager:
         else:
             input_ids = await self.tokenize_async(inp.text or "", param="text")
         rid = uuid.uuid4().hex
-        msg = door.admit(rid, input_ids, params, return_logprob=inp.return_logprob,
-                         logprob_start_len=inp.logprob_start_len,
-                         top_logprobs_num=inp.top_logprobs_num, stream=inp.stream)
+        msg = door.admit(
+            rid,
+            input_ids,
+            params,
+            return_logprob=inp.return_logprob,
+            logprob_start_len=inp.logprob_start_len,
+            top_logprobs_num=inp.top_logprobs_num,
+            stream=inp.stream,
+        )
         return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid)
 
     async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
@@ -250,14 +265,14 @@ class TokenizerManager:
             if inp.text is not None and inp.input_ids is None:
                 if inp.text not in ids_of:
                     ids_of[inp.text] = await self.tokenize_async(inp.text, param="text")
-                inp = GenerateInput(**{**inp.__dict__, "text": None,
-                                       "input_ids": ids_of[inp.text]})
+                inp = GenerateInput(**{**inp.__dict__, "text": None, "input_ids": ids_of[inp.text]})
             prepared.append(await self.prepare(inp))
         return prepared
 
     # ------------------------------------------------------------------ request lifecycle
-    def open(self, prepared: list[PreparedReq],
-             probe: DisconnectProbe | None = None) -> RequestGroup:
+    def open(
+        self, prepared: list[PreparedReq], probe: DisconnectProbe | None = None
+    ) -> RequestGroup:
         """Registers the requests under their client rids (and ``inp.abort_keys``, such as the
         rid of all ``n`` samples) and sends them. Use the group as a ``with`` block: its end
         removes every state. Raises GenerateError 400, registering nothing, when one of those
@@ -267,8 +282,12 @@ class TokenizerManager:
         keys = list(dict.fromkeys(k for ks in keys_of for k in ks))
         taken = [k for k in keys if k in self.client_rids]
         if taken:
-            raise GenerateError(f"a request with rid {taken[0]!r} is already running; "
-                                "rids must be unique among running requests", 400, "rid")
+            raise GenerateError(
+                f"a request with rid {taken[0]!r} is already running; "
+                "rids must be unique among running requests",
+                400,
+                "rid",
+            )
         group = RequestGroup(self, [], keys, probe)
         for key in keys:
             self.client_rids[key] = []
@@ -389,8 +408,10 @@ class TokenizerManager:
             state.last_token_s = now
         if state.finish_reason is not None:
             self.observer.on_finish(
-                now - state.created_s, state.result.prompt_tokens,
-                state.result.completion_tokens, state.result.cached_tokens,
+                now - state.created_s,
+                state.result.prompt_tokens,
+                state.result.completion_tokens,
+                state.result.cached_tokens,
             )
 
     def output(self, state: ReqState) -> dict[str, Any]:

@@ -115,14 +115,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, signed sin)``, each ``[T, 1, head_dim]``: computed once per forward, used by
         every layer. ``signed sin`` is ``-sin`` on the first half so that one multiply-add
         rotates: ``x * cos + swap_halves(x) * signed_sin``."""
         cos = self.cos_cache[positions]
         sin = self.sin_cache[positions]
-        return (torch.cat((cos, cos), -1).unsqueeze(1).to(dtype),
-                torch.cat((-sin, sin), -1).unsqueeze(1).to(dtype))
+        return (
+            torch.cat((cos, cos), -1).unsqueeze(1).to(dtype),
+            torch.cat((-sin, sin), -1).unsqueeze(1).to(dtype),
+        )
 
     def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``x`` ``[T, n*head_dim]`` (rows may be strided) -> rotated ``[T, n, head_dim]``, contiguous."""

@@ -67,18 +67,25 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         """``rope``: the batch's ``RotaryEmbedding.cos_sin``, shared by every layer."""
         qkv = self.qkv_proj(hidden)
         t, q_size, kv_size = qkv.shape[0], self.qkv_proj.q_size, self.qkv_proj.kv_size
         if self.qk_norm:
             q, k, v = self.qkv_proj.split(qkv)
-            q = self.rotary_emb.rotate(self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope)
-            k = self.rotary_emb.rotate(self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope)
+            q = self.rotary_emb.rotate(
+                self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope
+            )
+            k = self.rotary_emb.rotate(
+                self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
+            )
             v = v.contiguous()
         elif self.fused_rope and fused.available(qkv):  # split + rotate in one kernel
-            q, k, v = fused.rope_split_qkv(qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim)
+            q, k, v = fused.rope_split_qkv(
+                qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim
+            )
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]

@@ -105,8 +105,9 @@ class SamplingParams:
             values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
         return cls(**values)
 
-    def validate(self, vocab_size: int | None = None,
-                 grammar_limits: GrammarLimits | None = None) -> None:
+    def validate(
+        self, vocab_size: int | None = None, grammar_limits: GrammarLimits | None = None
+    ) -> None:
         """Raise ValueError naming the parameter and its allowed range if a value is invalid.
         Token ids (``stop_token_ids``, ``logit_bias`` keys) are checked against ``vocab_size``
         when it is given; a grammar against ``grammar_limits`` (size, JSON nesting, control
@@ -117,8 +118,10 @@ class SamplingParams:
                 _coerce(f.name, value)
         _check_ranges(self)
         if not self.spaces_between_special_tokens:  # accepted for SGLang clients, never ignored
-            raise ValueError("spaces_between_special_tokens=false is not supported: special "
-                             "tokens are decoded as the tokenizer joins them")
+            raise ValueError(
+                "spaces_between_special_tokens=false is not supported: special "
+                "tokens are decoded as the tokenizer joins them"
+            )
         _check_token_ids("stop_token_ids", self.stop_token_ids or [], vocab_size)
         _check_token_ids("logit_bias", list((self.logit_bias or {}).keys()), vocab_size)
         grammars = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
@@ -238,8 +241,9 @@ def _coerce_logit_bias(value: Any) -> dict[int, float]:
     if not isinstance(value, Mapping):
         raise _type_error("logit_bias", "an object mapping token ids to numbers", value)
     if len(value) > MAX_LOGIT_BIAS_ENTRIES:
-        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
-                         f"got {len(value)}")
+        raise ValueError(
+            f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(value)}"
+        )
     out: dict[int, float] = {}
     for key, bias in value.items():
         token_id = _parse_token_id(key)
@@ -315,21 +319,37 @@ def _check_ranges(p: SamplingParams) -> None:
     _require(p.seed is None or 0 <= p.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}]", p.seed)
     _check_stop_lists(p)
     for token_id, bias in p.logit_bias_by_id.items():
-        _require(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, f"logit_bias[{token_id}]",
-                 f"a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", bias)
+        _require(
+            -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+            f"logit_bias[{token_id}]",
+            f"a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            bias,
+        )
 
 
 def _check_stop_lists(p: SamplingParams) -> None:
     stops = p.stop_strs
-    _require(len(stops) <= MAX_STOP_STRS, "stop", f"at most {MAX_STOP_STRS} strings",
-             f"{len(stops)} strings")
+    _require(
+        len(stops) <= MAX_STOP_STRS,
+        "stop",
+        f"at most {MAX_STOP_STRS} strings",
+        f"{len(stops)} strings",
+    )
     _require(all(s != "" for s in stops), "stop", "non-empty strings", p.stop)
     longest = max((len(s) for s in stops), default=0)
-    _require(longest <= MAX_STOP_STR_CHARS, "stop",
-             f"strings of at most {MAX_STOP_STR_CHARS} characters", f"{longest} characters")
+    _require(
+        longest <= MAX_STOP_STR_CHARS,
+        "stop",
+        f"strings of at most {MAX_STOP_STR_CHARS} characters",
+        f"{longest} characters",
+    )
     num_ids = len(p.stop_token_ids or [])
-    _require(num_ids <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
-             f"at most {MAX_STOP_TOKEN_IDS} token ids", f"{num_ids} ids")
+    _require(
+        num_ids <= MAX_STOP_TOKEN_IDS,
+        "stop_token_ids",
+        f"at most {MAX_STOP_TOKEN_IDS} token ids",
+        f"{num_ids} ids",
+    )
 
 
 def _check_token_ids(name: str, token_ids: list[Any], vocab_size: int | None) -> None:

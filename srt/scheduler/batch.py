@@ -18,7 +18,9 @@ from radixlm.srt.scheduler.req import Req
 class ScheduledBatch:
     mode: ForwardMode
     reqs: list[Req] = field(default_factory=list)
-    starts: list[int] = field(default_factory=list)  # tokens already in the KV cache before this step
+    starts: list[int] = field(
+        default_factory=list
+    )  # tokens already in the KV cache before this step
     extend_lens: list[int] = field(default_factory=list)
     slots: list[torch.Tensor] = field(default_factory=list)
     completes: list[bool] = field(default_factory=list)  # fill complete after this step: samples
@@ -44,7 +46,11 @@ class ScheduledBatch:
     def single(self, i: int) -> ScheduledBatch:
         """A batch of request i alone (same positions and slots)."""
         one = ScheduledBatch(self.mode)
-        one.reqs, one.starts, one.extend_lens = [self.reqs[i]], [self.starts[i]], [self.extend_lens[i]]
+        one.reqs, one.starts, one.extend_lens = (
+            [self.reqs[i]],
+            [self.starts[i]],
+            [self.extend_lens[i]],
+        )
         one.slots, one.completes = [self.slots[i]], [self.completes[i]]
         return one
 
@@ -77,7 +83,9 @@ class ScheduledBatch:
         rows: list[int] = []
         per_req: list[list[int]] = []
         offset = 0
-        for i, (req, start, ext) in enumerate(zip(self.reqs, self.starts, self.extend_lens, strict=True)):
+        for i, (req, start, ext) in enumerate(
+            zip(self.reqs, self.starts, self.extend_lens, strict=True)
+        ):
             mine: list[int] = []
             if req.wants_input_logprobs:
                 first = max(req.logprob_start_len - 1, 0)

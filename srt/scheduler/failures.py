@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def check_fits(req: Req, context_length: int, max_total_tokens: int) -> None:
     """ValueError (a 400) for a prompt that can never run here. The rest of a request was
     checked by the front door (srt/managers/front_door.py); the KV pool's size is the
@@ -72,8 +73,14 @@ def fail_held_requests(scheduler: Scheduler, error: BaseException) -> BatchToken
     that raised may have left any of them half updated) and returns their output. Requests
     still queued without KV (waiting, compiling a grammar) are untouched and run later."""
     scheduler.inflight = None  # its tokens are lost with the requests that sampled them
-    held = [r for r in scheduler.live if r.is_finished or r.status is not ReqStatus.WAITING
-            or r.req_slot >= 0 or r.cache_node is not None]
+    held = [
+        r
+        for r in scheduler.live
+        if r.is_finished
+        or r.status is not ReqStatus.WAITING
+        or r.req_slot >= 0
+        or r.cache_node is not None
+    ]
     reason = internal_error(error)
     for req in held:
         while req.output_ids and req.output_ids[-1] == PENDING_TOKEN:
@@ -119,11 +126,18 @@ def _failure_reply(msg: Any, e: Exception) -> ControlReply | BatchTokenOut | Non
 def abort_output(rid: str, prompt_tokens: int, message: str) -> BatchTokenOut:
     """A BatchTokenOut that finishes one request with an error before it produced anything."""
     return BatchTokenOut(
-        rids=[rid], new_token_ids=[[]],
+        rids=[rid],
+        new_token_ids=[[]],
         finish_reason=[{"type": "abort", "message": message, "status_code": 500}],
-        prompt_tokens=[prompt_tokens], completion_tokens=[0], cached_tokens=[0],
-        no_stop_trim=[False], skip_special_tokens=[True], output_token_logprobs=[None],
-        output_top_logprobs=[None], input_token_logprobs=[None], input_top_logprobs=[None],
+        prompt_tokens=[prompt_tokens],
+        completion_tokens=[0],
+        cached_tokens=[0],
+        no_stop_trim=[False],
+        skip_special_tokens=[True],
+        output_token_logprobs=[None],
+        output_top_logprobs=[None],
+        input_token_logprobs=[None],
+        input_top_logprobs=[None],
     )
 
 
@@ -134,12 +148,20 @@ def reject_unembeddable(batch: ScheduledBatch, vocab_size: int) -> list[Req]:
     ids = batch.input_ids()
     if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
         return []
-    bad = [i for i in range(len(batch.reqs))
-           if any(not 0 <= t < vocab_size for t in batch.new_tokens(i))]
+    bad = [
+        i
+        for i in range(len(batch.reqs))
+        if any(not 0 <= t < vocab_size for t in batch.new_tokens(i))
+    ]
     rejected = batch.remove(bad)
     for req in rejected:
         logger.error("request %s holds a token id outside [0, %d)", req.rid, vocab_size)
-        req.finish({"type": "abort", "status_code": 500,
-                    "message": f"internal error: a token id outside [0, {vocab_size}) was "
-                               "about to be computed"})
+        req.finish(
+            {
+                "type": "abort",
+                "status_code": 500,
+                "message": f"internal error: a token id outside [0, {vocab_size}) was "
+                "about to be computed",
+            }
+        )
     return rejected

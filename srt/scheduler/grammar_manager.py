@@ -64,14 +64,23 @@ class GrammarMasks:
 
 
 class GrammarManager:
-    def __init__(self, cfg: ServerConfig, tokenizer: Any, eos_token_ids: set[int],
-                 vocab_size: int, page_size: int) -> None:
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        vocab_size: int,
+        page_size: int,
+    ) -> None:
         self.jump_forward_enabled = not cfg.disable_jump_forward
-        self.prefetch_enabled = True  # fill next steps' mask rows during the forward (the scheduler sets it per device)
+        self.prefetch_enabled = (
+            True  # fill next steps' mask rows during the forward (the scheduler sets it per device)
+        )
         self.page_size = page_size
         self.stats = GrammarStats()
-        self.queue = GrammarQueue(grammar_config(cfg), tokenizer, eos_token_ids, vocab_size,
-                                  self.stats)
+        self.queue = GrammarQueue(
+            grammar_config(cfg), tokenizer, eos_token_ids, vocab_size, self.stats
+        )
         self._bitmask = torch.zeros((0, bitmask_width(vocab_size)), dtype=torch.int32)
         self._buffer = BitmaskBuffer(self._bitmask)  # row access for fills, rebuilt on growth
         self._prefetcher = MaskPrefetcher(bitmask_width(vocab_size))
@@ -97,8 +106,10 @@ class GrammarManager:
         if not rows:
             return None
         if self._bitmask.shape[0] < len(reqs):
-            self._bitmask = torch.zeros((max(len(reqs), 2 * self._bitmask.shape[0]),
-                                         self._bitmask.shape[1]), dtype=torch.int32)
+            self._bitmask = torch.zeros(
+                (max(len(reqs), 2 * self._bitmask.shape[0]), self._bitmask.shape[1]),
+                dtype=torch.int32,
+            )
             self._buffer = BitmaskBuffer(self._bitmask)
         bitmask = self._bitmask[: len(reqs)]
         for i in rows:
@@ -139,8 +150,13 @@ class GrammarManager:
             return
         if not accepted:
             req.output_ids.pop()
-            req.finish({"type": "abort", "message": f"internal error: the grammar rejected "
-                        f"sampled token {token}", "status_code": 500})
+            req.finish(
+                {
+                    "type": "abort",
+                    "message": f"internal error: the grammar rejected sampled token {token}",
+                    "status_code": 500,
+                }
+            )
 
     def advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
         """After the stop check of a sampled token: a terminated grammar finishes the request
@@ -161,8 +177,13 @@ class GrammarManager:
         spec = grammar_spec(req.params)
         kind = spec.kind if spec is not None else "grammar"
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        req.finish({"type": "abort", "status_code": 400, "message": f"the {kind} grammar "
-                    f"failed while decoding (simplify it): {reason}"})
+        req.finish(
+            {
+                "type": "abort",
+                "status_code": 400,
+                "message": f"the {kind} grammar failed while decoding (simplify it): {reason}",
+            }
+        )
         self.stats.num_failed += 1
 
     def _advance(self, req: Req, kv: KVManager, stop: StopChecker) -> None:
@@ -199,9 +220,13 @@ class GrammarManager:
 
     # ------------------------------------------------------------------ state
     def info(self) -> dict[str, Any]:
-        return {"backend": self.queue.config.backend, "jump_forward": self.jump_forward_enabled,
-                "mask_prefetch": self.prefetch_enabled, "num_queued": len(self.queue.pending),
-                **self.stats.as_dict()}
+        return {
+            "backend": self.queue.config.backend,
+            "jump_forward": self.jump_forward_enabled,
+            "mask_prefetch": self.prefetch_enabled,
+            "num_queued": len(self.queue.pending),
+            **self.stats.as_dict(),
+        }
 
     def check_integrity(self, reqs: list[Req]) -> None:
         """Every matcher has accepted exactly its request's output tokens."""

@@ -55,8 +55,12 @@ def grammar_config(cfg: ServerConfig) -> GrammarConfig:
     extra: dict[str, Any] = {}
     if cfg.grammar_whitespace_pattern is not None:
         extra["whitespace_pattern"] = cfg.grammar_whitespace_pattern
-    return GrammarConfig(backend=cfg.grammar_backend, cache_dir=cfg.grammar_cache_dir,
-                         compile_timeout_s=cfg.grammar_compile_timeout_s, **extra)
+    return GrammarConfig(
+        backend=cfg.grammar_backend,
+        cache_dir=cfg.grammar_cache_dir,
+        compile_timeout_s=cfg.grammar_compile_timeout_s,
+        **extra,
+    )
 
 
 @dataclass
@@ -86,8 +90,14 @@ class GrammarStats:
 class GrammarQueue:
     """Constrained requests whose grammar is compiling: submit, poll, wait, remove, shutdown."""
 
-    def __init__(self, config: GrammarConfig, tokenizer: Any, eos_token_ids: set[int],
-                 vocab_size: int, stats: GrammarStats) -> None:
+    def __init__(
+        self,
+        config: GrammarConfig,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        vocab_size: int,
+        stats: GrammarStats,
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(eos_token_ids)
@@ -169,8 +179,9 @@ class GrammarQueue:
         start = time.perf_counter()
         self.vocab = build_vocab(self.tokenizer, self.eos_token_ids, self.vocab_size)
         cache = create_compile_cache(self.config, self.vocab)
-        logger.info("grammar backend %s ready in %.2f s", self.config.backend,
-                    time.perf_counter() - start)
+        logger.info(
+            "grammar backend %s ready in %.2f s", self.config.backend, time.perf_counter() - start
+        )
         return cache
 
     def _failed_setup(self) -> Future | None:

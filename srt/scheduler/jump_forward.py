@@ -29,16 +29,23 @@ logger = logging.getLogger(__name__)
 JUMP_FORWARD_LOOKBACK = 4  # output tokens re-encoded together with forced text
 
 
-def bounded_forced_edit(matcher: GrammarMatcher, vocab: TokenizerVocab, output_ids: list[int],
-                        room: int, lookback: int) -> JumpForwardEdit | None:
+def bounded_forced_edit(
+    matcher: GrammarMatcher, vocab: TokenizerVocab, output_ids: list[int], room: int, lookback: int
+) -> JumpForwardEdit | None:
     """The edit the grammar forces after ``output_ids``, adding at most ``room`` net tokens
     plus the one left to the model (see ``GrammarManager``), or None. ``matcher`` is only
     copied, never changed; a backend error while computing the continuation means no jump."""
     try:
         forced = forced_continuation(matcher.copy(), vocab, max_tokens=room + 1)
         if forced.text:
-            return retokenize_forced(matcher.copy(), vocab, output_ids, forced.text,
-                                     lookback=lookback, max_tokens=room + 1)
+            return retokenize_forced(
+                matcher.copy(),
+                vocab,
+                output_ids,
+                forced.text,
+                lookback=lookback,
+                max_tokens=room + 1,
+            )
         if forced.token_ids:
             return JumpForwardEdit(0, forced.token_ids)
     except Exception as e:  # the request's own matcher is intact: it decodes token by token
@@ -50,8 +57,11 @@ def max_rollback(req: Req, page_size: int) -> int:
     """Output tokens an edit may drop: never ones already streamed, never ones whose KV the
     prefix cache owns, and with pages larger than one token only the token sampled this step
     (its KV is not written yet)."""
-    limit = min(JUMP_FORWARD_LOOKBACK, len(req.output_ids) - req.num_sent_tokens,
-                req.fill_len - req.num_cached_prefix)
+    limit = min(
+        JUMP_FORWARD_LOOKBACK,
+        len(req.output_ids) - req.num_sent_tokens,
+        req.fill_len - req.num_cached_prefix,
+    )
     if page_size > 1:
         limit = min(limit, req.fill_len - req.num_kv_tokens)
     return max(limit, 0)

@@ -172,6 +172,11 @@ class KVManager:
         free_rows = self.req_to_token_pool.available_size()
         ok = total == u["max_total_tokens"] and free_rows == self.req_to_token_pool.num_req_slots
         if not ok:
-            logger.error("KV leak detected when idle: %s (sum %d), free request rows %d/%d",
-                         u, total, free_rows, self.req_to_token_pool.num_req_slots)
+            logger.error(
+                "KV leak detected when idle: %s (sum %d), free request rows %d/%d",
+                u,
+                total,
+                free_rows,
+                self.req_to_token_pool.num_req_slots,
+            )
         return ok

@@ -52,8 +52,9 @@ class MaskPrefetcher:
     def submit(self, req: Req) -> None:
         """Starts filling ``req``'s next mask row (its matcher must be settled for the step)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, args=(self._queue,),
-                                            name="grammar-mask", daemon=True)
+            self._thread = threading.Thread(
+                target=self._work, args=(self._queue,), name="grammar-mask", daemon=True
+            )
             self._thread.start()
         job = _MaskJob(req.grammar, _output_key(req))
         self._jobs[req] = job

@@ -10,7 +10,9 @@ from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 
 
-def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: list[list[int]]) -> None:
+def record_input_logprobs(
+    batch: ScheduledBatch, logits: torch.Tensor, per_req: list[list[int]]
+) -> None:
     """Stores the logprob of each prompt token (from the position before it) for requests that
     asked for input logprobs; completes them once the whole prompt has been seen."""
     for i, req in enumerate(batch.reqs):
@@ -27,7 +29,8 @@ def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: 
             if req.top_logprobs_num > 0:
                 tv, ti = top_logprobs(logits[rows], req.top_logprobs_num)
                 req.partial_input_top += [
-                    [[v, t] for v, t in zip(a, b, strict=True)] for a, b in zip(tv.tolist(), ti.tolist(), strict=True)
+                    [[v, t] for v, t in zip(a, b, strict=True)]
+                    for a, b in zip(tv.tolist(), ti.tolist(), strict=True)
                 ]
         if batch.completes_fill(i):
             head = [[None, req.prompt_ids[0]]] if req.logprob_start_len == 0 else []
@@ -37,13 +40,24 @@ def record_input_logprobs(batch: ScheduledBatch, logits: torch.Tensor, per_req: 
 
 def build_batch_output(reqs: list[Req]) -> BatchTokenOut | None:
     """One entry per request that has something to report: streamed tokens or its finish."""
-    chosen = [r for r in reqs if r.is_finished or (r.stream and len(r.output_ids) > r.num_sent_tokens)]
+    chosen = [
+        r for r in reqs if r.is_finished or (r.stream and len(r.output_ids) > r.num_sent_tokens)
+    ]
     if not chosen:
         return None
     out = BatchTokenOut(
-        rids=[], new_token_ids=[], finish_reason=[], prompt_tokens=[], completion_tokens=[],
-        cached_tokens=[], no_stop_trim=[], skip_special_tokens=[], output_token_logprobs=[],
-        output_top_logprobs=[], input_token_logprobs=[], input_top_logprobs=[],
+        rids=[],
+        new_token_ids=[],
+        finish_reason=[],
+        prompt_tokens=[],
+        completion_tokens=[],
+        cached_tokens=[],
+        no_stop_trim=[],
+        skip_special_tokens=[],
+        output_token_logprobs=[],
+        output_top_logprobs=[],
+        input_token_logprobs=[],
+        input_top_logprobs=[],
     )
     for r in chosen:
         sent = r.num_sent_tokens
@@ -55,11 +69,17 @@ def build_batch_output(reqs: list[Req]) -> BatchTokenOut | None:
         out.cached_tokens.append(r.cached_tokens)
         out.no_stop_trim.append(r.params.no_stop_trim)
         out.skip_special_tokens.append(r.params.skip_special_tokens)
-        out.output_token_logprobs.append(r.output_token_logprobs[sent:] if r.return_logprob else None)
+        out.output_token_logprobs.append(
+            r.output_token_logprobs[sent:] if r.return_logprob else None
+        )
         out.output_top_logprobs.append(r.output_top_logprobs[sent:] if r.top_logprobs_num else None)
-        first_input = r.return_logprob and not r.sent_input_logprobs and r.input_token_logprobs is not None
+        first_input = (
+            r.return_logprob and not r.sent_input_logprobs and r.input_token_logprobs is not None
+        )
         out.input_token_logprobs.append(r.input_token_logprobs if first_input else None)
-        out.input_top_logprobs.append(r.input_top_logprobs if first_input and r.top_logprobs_num else None)
+        out.input_top_logprobs.append(
+            r.input_top_logprobs if first_input and r.top_logprobs_num else None
+        )
         if first_input:
             r.sent_input_logprobs = True
         out.stop_strs.append(r.params.stop_strs)

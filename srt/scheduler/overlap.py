@@ -30,14 +30,16 @@ class InflightDecode:
         return self.host_ids.tolist()
 
 
-def launch_decode(runner: ModelRunner, sampling: SamplingStep, batch: ScheduledBatch,
-                  prev: InflightDecode | None) -> InflightDecode:
+def launch_decode(
+    runner: ModelRunner, sampling: SamplingStep, batch: ScheduledBatch, prev: InflightDecode | None
+) -> InflightDecode:
     """Runs ``batch``'s forward and sampling without waiting; with ``prev`` in flight, the
     inputs are its sampled ids, still on the device."""
     ids_on_device = None
     if prev is not None:
         same = len(prev.reqs) == len(batch.reqs) and all(
-            a is b for a, b in zip(prev.reqs, batch.reqs, strict=True))
+            a is b for a, b in zip(prev.reqs, batch.reqs, strict=True)
+        )
         if same:
             ids_on_device = prev.next_ids
         else:

@@ -88,5 +88,7 @@ POLICIES = {p.name: p for p in (FCFSPolicy, LPMPolicy, DFSWeightPolicy)}
 
 def make_policy(name: str):
     if name not in POLICIES:
-        raise ValueError(f"schedule policy {name!r} is not available; choose one of {sorted(POLICIES)}")
+        raise ValueError(
+            f"schedule policy {name!r} is not available; choose one of {sorted(POLICIES)}"
+        )
     return POLICIES[name]()

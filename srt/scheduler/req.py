@@ -40,7 +40,9 @@ class Req:
 
     # KV placement (valid while the request holds a req slot)
     req_slot: int = -1
-    num_kv_tokens: int = 0  # tokens whose K/V are in the pool, req_to_token[req_slot, :num_kv_tokens]
+    num_kv_tokens: int = (
+        0  # tokens whose K/V are in the pool, req_to_token[req_slot, :num_kv_tokens]
+    )
     num_cached_prefix: int = 0  # of those, the leading tokens owned by the prefix cache
     last_kv_slot: int = 0  # req_to_token[req_slot, num_kv_tokens - 1], kept on the host (pages > 1)
     cache_node: Any = None  # the prefix cache node locked for this request
@@ -85,7 +87,11 @@ class Req:
 
     @property
     def wants_input_logprobs(self) -> bool:
-        return self.return_logprob and self.logprob_start_len >= 0 and self.input_token_logprobs is None
+        return (
+            self.return_logprob
+            and self.logprob_start_len >= 0
+            and self.input_token_logprobs is None
+        )
 
     def max_prefix_match(self) -> int:
         """How many leading fill tokens may come from the cache: never all of them (the last

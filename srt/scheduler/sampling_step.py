@@ -21,16 +21,24 @@ logger = logging.getLogger(__name__)
 
 def _reads_no_outputs(p) -> bool:
     """No penalty or bias: sampling does not depend on the tokens generated so far."""
-    return (not p.logit_bias and p.frequency_penalty == 0 and p.presence_penalty == 0
-            and p.repetition_penalty == 1)
+    return (
+        not p.logit_bias
+        and p.frequency_penalty == 0
+        and p.presence_penalty == 0
+        and p.repetition_penalty == 1
+    )
 
 
 def is_overlappable(req: Req) -> bool:
     """Whether the request's next token can be sampled before its last one is known on the host
     (overlap scheduling): nothing in its sampling reads its output tokens, and no logprobs or
     grammar state are needed."""
-    return (req.grammar is None and not req.return_logprob and req.params.min_new_tokens == 0
-            and _reads_no_outputs(req.params))
+    return (
+        req.grammar is None
+        and not req.return_logprob
+        and req.params.min_new_tokens == 0
+        and _reads_no_outputs(req.params)
+    )
 
 
 def _is_plain_greedy(p) -> bool:
@@ -44,8 +52,14 @@ class SamplingStep:
         self.sampler = Sampler()
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
 
-    def run(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], stop: StopChecker,
-            masks: GrammarMasks | None = None) -> list[int]:
+    def run(
+        self,
+        logits: torch.Tensor,
+        rows: list[int],
+        reqs: list[Req],
+        stop: StopChecker,
+        masks: GrammarMasks | None = None,
+    ) -> list[int]:
         """``logits[rows[i]]`` belongs to ``reqs[i]``; returns the sampled ids and records the
         output logprobs of requests that asked for them (from the unmasked logits). ``masks``
         (row ``i`` for ``reqs[i]``) restricts constrained requests to the tokens their grammar
@@ -68,18 +82,26 @@ class SamplingStep:
             self._record(raw_lp, next_ids[lp_rows], [reqs[i] for i in lp_rows])
         return next_ids.tolist()
 
-    def _sample_apart(self, logits: torch.Tensor, reqs: list[Req],
-                      suppress: list[list[int]]) -> torch.Tensor:
+    def _sample_apart(
+        self, logits: torch.Tensor, reqs: list[Req], suppress: list[list[int]]
+    ) -> torch.Tensor:
         """Samples each row on its own, so a row whose values break sampling (NaN or infinite
         logits, say) ends only its own request (with a 500); its id is a placeholder that the
         caller skips, as it skips every finished request."""
         ids = []
         for i, req in enumerate(reqs):
             try:
-                ids.append(self._sample(logits[i : i + 1], [req], [suppress[i]] if suppress[i] else None))
+                ids.append(
+                    self._sample(logits[i : i + 1], [req], [suppress[i]] if suppress[i] else None)
+                )
             except Exception as e:
-                req.finish({"type": "abort", "status_code": 500,
-                            "message": f"internal error while sampling: {e}"})
+                req.finish(
+                    {
+                        "type": "abort",
+                        "status_code": 500,
+                        "message": f"internal error while sampling: {e}",
+                    }
+                )
                 ids.append(torch.zeros(1, dtype=torch.int64, device=logits.device))
         return torch.cat(ids)
 
@@ -88,13 +110,18 @@ class SamplingStep:
         plain requests (see ``is_overlappable``) whose logits rows are ``logits[i]``."""
         return self._sample(logits, reqs, None)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Req],
-                suppress: list[list[int]] | None) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, reqs: list[Req], suppress: list[list[int]] | None
+    ) -> torch.Tensor:
         if suppress is None and all(_is_plain_greedy(r.params) for r in reqs):
             return logits.argmax(dim=-1)  # the common greedy batch (masks already applied)
         info = SamplingBatchInfo.build(
-            [r.params for r in reqs], [r.output_ids for r in reqs], [r.generator for r in reqs],
-            self.vocab_size, self.device, self.default_generator,
+            [r.params for r in reqs],
+            [r.output_ids for r in reqs],
+            [r.generator for r in reqs],
+            self.vocab_size,
+            self.device,
+            self.default_generator,
             prompt_ids=[r.prompt_ids for r in reqs],
         )
         return self.sampler.sample(logits, info, suppress)
@@ -107,6 +134,10 @@ class SamplingStep:
         for i, (req, lp, tok) in enumerate(zip(reqs, lps, ids.tolist(), strict=True)):
             req.output_token_logprobs.append([lp, tok])
             if req.top_logprobs_num > 0:
-                vals, top_ids = tops[0][i, : req.top_logprobs_num], tops[1][i, : req.top_logprobs_num]
+                vals, top_ids = (
+                    tops[0][i, : req.top_logprobs_num],
+                    tops[1][i, : req.top_logprobs_num],
+                )
                 req.output_top_logprobs.append(
-                    [[v, t] for v, t in zip(vals.tolist(), top_ids.tolist(), strict=True)])
+                    [[v, t] for v, t in zip(vals.tolist(), top_ids.tolist(), strict=True)]
+                )

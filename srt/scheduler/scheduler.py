@@ -59,7 +59,9 @@ class Scheduler:
         self.cfg = cfg
         self.runner = runner or ModelRunner(cfg)
         r = self.runner
-        self.cache = make_prefix_cache(cfg.disable_radix_cache, cfg.page_size, r.allocator.free, r.device)
+        self.cache = make_prefix_cache(
+            cfg.disable_radix_cache, cfg.page_size, r.allocator.free, r.device
+        )
         self.kv = KVManager(r.allocator, r.req_to_token_pool, self.cache)
         eos = set(r.model_config.eos_token_ids)
         if r.tokenizer.eos_token_id is not None:
@@ -98,9 +100,15 @@ class Scheduler:
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         """Queues the request (or finishes it: 400 for invalid parameters, 500 when admitting
         it fails); it is reported by the next step either way."""
-        req = Req(rid=msg.rid, prompt_ids=list(msg.input_ids), params=SamplingParams(),
-                  return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream)
+        req = Req(
+            rid=msg.rid,
+            prompt_ids=list(msg.input_ids),
+            params=SamplingParams(),
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            stream=msg.stream,
+        )
         self.live.add(req)
         try:
             self._queue(req, msg)
@@ -134,6 +142,7 @@ class Scheduler:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).
         The senders hold the rid of every sample of a batch or ``n > 1`` request and abort each
         one: a prefix match would let a client naming its request ``2`` abort ``20``, ``2a``..."""
+
         def hit(r: Req) -> bool:
             return abort_all or r.rid == rid
 
@@ -170,8 +179,14 @@ class Scheduler:
 
     # ---------------------------------------------------------------- state
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.finished_outside_step
-                    or self.grammars.queue.has_pending() or self.inflight is not None)
+        return bool(
+            self.waiting
+            or self.running
+            or self.chunked
+            or self.finished_outside_step
+            or self.grammars.queue.has_pending()
+            or self.inflight is not None
+        )
 
     def ready_info(self) -> dict[str, Any]:
         r = self.runner
@@ -189,9 +204,12 @@ class Scheduler:
 
     def server_info(self) -> dict[str, Any]:
         info = self.kv.usage()
-        info.update(num_running=len(self.running) + (self.chunked is not None),
-                    num_waiting=len(self.waiting), num_forward_steps=self.num_forward_steps,
-                    grammar=self.grammars.info())
+        info.update(
+            num_running=len(self.running) + (self.chunked is not None),
+            num_waiting=len(self.waiting),
+            num_forward_steps=self.num_forward_steps,
+            grammar=self.grammars.info(),
+        )
         return info
 
     def check_idle(self) -> bool:
@@ -213,7 +231,9 @@ class Scheduler:
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
             self.num_forward_steps += 1
             if self.inflight is not None:
-                touched += self._resolve_inflight()  # the previous step's tokens, while this one runs
+                touched += (
+                    self._resolve_inflight()
+                )  # the previous step's tokens, while this one runs
             self.inflight = launched
         elif batch is not None:
             touched += self._run(batch, is_prefill=prefill is not None)
@@ -303,7 +323,9 @@ class Scheduler:
         starts = [req.num_kv_tokens for req in self.running]
         all_slots = self.kv.alloc_for_batch(self.running, pending)
         assert all_slots is not None, "decode slots were reserved"
-        for req, start, num_new, slots in zip(self.running, starts, pending, all_slots, strict=True):
+        for req, start, num_new, slots in zip(
+            self.running, starts, pending, all_slots, strict=True
+        ):
             batch.add(req, start, num_new, slots)
         return batch
 
@@ -316,19 +338,25 @@ class Scheduler:
         while not self.kv.ensure_available(self._decode_slots_needed()):
             victim = self.running[-1]
             if len(self.running) == 1:
-                self._finish_between_steps(victim, {"type": "length",
-                                                    "length": len(victim.output_ids)})
+                self._finish_between_steps(
+                    victim, {"type": "length", "length": len(victim.output_ids)}
+                )
                 return
             self.running.pop()
-            logger.info("KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len)
+            logger.info(
+                "KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len
+            )
             self.kv.release(victim)
             victim.status = ReqStatus.WAITING
             self.waiting.appendleft(victim)
 
     # ---------------------------------------------------------------- overlap scheduling
     def _overlappable(self, batch: ScheduledBatch) -> bool:
-        return (self.overlap and batch.mode is ForwardMode.DECODE
-                and all(is_overlappable(r) for r in batch.reqs))
+        return (
+            self.overlap
+            and batch.mode is ForwardMode.DECODE
+            and all(is_overlappable(r) for r in batch.reqs)
+        )
 
     def _can_chain_decode(self) -> bool:
         """Whether the next step can be launched before the one in flight is read back: a
@@ -357,8 +385,9 @@ class Scheduler:
         """Forward, sampling and finish checks of one batch. Whatever one request's values
         break (a token id the model cannot embed, its grammar, its sampling row) ends that
         request with an error and leaves the others running."""
-        rejected = self._retire(reject_unembeddable(batch, self.runner.vocab_size),
-                                keep_in_cache=False)
+        rejected = self._retire(
+            reject_unembeddable(batch, self.runner.vocab_size), keep_in_cache=False
+        )
         if rejected and not batch.reqs:
             return rejected
         rows, per_req = batch.logit_rows()
@@ -408,9 +437,12 @@ class Scheduler:
         """A batch whose forward raised: its requests run again one by one, so the failure
         ends only the request it comes from (every one of them if it comes from none)."""
         if len(batch.reqs) > 1:
-            logger.warning("forward of %d requests failed (%s); running them one by one",
-                           len(batch.reqs), e)
-            return [r for i in range(len(batch.reqs)) for r in self._run(batch.single(i), is_prefill)]
+            logger.warning(
+                "forward of %d requests failed (%s); running them one by one", len(batch.reqs), e
+            )
+            return [
+                r for i in range(len(batch.reqs)) for r in self._run(batch.single(i), is_prefill)
+            ]
         logger.exception("forward failed for request %s", batch.reqs[0].rid)
         batch.reqs[0].finish(internal_error(e))
         return self._retire(batch.reqs, keep_in_cache=False)

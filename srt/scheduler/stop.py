@@ -28,7 +28,9 @@ class StopChecker:
         num_out = len(req.output_ids)
         last = req.output_ids[-1]
         if num_out >= p.min_new_tokens:
-            if last in (p.stop_token_ids or ()) or (not p.ignore_eos and last in self.eos_token_ids):
+            if last in (p.stop_token_ids or ()) or (
+                not p.ignore_eos and last in self.eos_token_ids
+            ):
                 req.finish({"type": "stop", "matched": last})
                 return
             matched = self._matched_stop_str(req)

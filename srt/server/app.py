@@ -81,8 +81,9 @@ def create_app(
             await asyncio.gather(*tasks, return_exceptions=True)
             await tm.close()
 
-    app = FastAPI(title="radixlm", version=package_version(), lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="radixlm", version=package_version(), lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     name = served_model_name(tm.cfg, tm.info)
     app.state.tm = tm
     app.state.metrics = metrics
@@ -93,14 +94,14 @@ def create_app(
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/metrics", metrics_route, methods=["GET"],
-                      response_class=PlainTextResponse)
+    app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)
     # added last = outermost: the key is checked before any body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(tm.cfg.max_request_body_mb * 2**20))
     if tm.cfg.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=tm.cfg.api_key,
-                           admin_api_key=tm.cfg.admin_api_key)
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=tm.cfg.api_key, admin_api_key=tm.cfg.admin_api_key
+        )
     return app
 
 

@@ -22,8 +22,11 @@ def message_dict(msg: ChatMessage) -> dict[str, Any]:
         parts = []
         for part in msg.content:
             if part.type != "text":
-                raise GenerateError(f"content parts of type {part.type!r} are not supported; "
-                                    "send text", 400, "messages")
+                raise GenerateError(
+                    f"content parts of type {part.type!r} are not supported; send text",
+                    400,
+                    "messages",
+                )
             parts.append(part.text or "")
         out["content"] = "".join(parts)
     elif msg.content is None:
@@ -51,8 +54,10 @@ def _content_spans(prompt: str, contents: list[str]) -> list[tuple[int, int]]:
         if at < 0:
             raise GenerateError(
                 "a message holds special-token text that this model's chat template rewrites, "
-                "so it cannot be kept as plain text; remove the special-token text", 400,
-                "messages")
+                "so it cannot be kept as plain text; remove the special-token text",
+                400,
+                "messages",
+            )
         spans.append((at, at + len(content)))
         cursor = at + len(content)
     return spans
@@ -69,22 +74,27 @@ def tokenize_chat(tm: TokenizerManager, prompt: str, contents: list[str]) -> lis
     cursor = 0
     for start, end in _content_spans(prompt, risky):
         ids += tm.tokenizer.encode(prompt[cursor:start], add_special_tokens=False)
-        ids += tm.tokenizer.encode(prompt[start:end], add_special_tokens=False,
-                                   split_special_tokens=True)
+        ids += tm.tokenizer.encode(
+            prompt[start:end], add_special_tokens=False, split_special_tokens=True
+        )
         cursor = end
     ids += tm.tokenizer.encode(prompt[cursor:], add_special_tokens=False)
     return ids
 
 
-async def chat_input_ids(tm: TokenizerManager,
-                         messages: list[ChatMessage]) -> tuple[str, list[int]]:
+async def chat_input_ids(
+    tm: TokenizerManager, messages: list[ChatMessage]
+) -> tuple[str, list[int]]:
     """The templated prompt and its token ids. The content's size is checked before the
     template runs; templating and tokenization run on the tokenizer pool."""
     if not getattr(tm.tokenizer, "chat_template", None):
         raise GenerateError("this model has no chat template; use /v1/completions", 400)
     if len(messages) > tm.context_length:  # every template spends tokens on each message
-        raise GenerateError(f"{len(messages)} messages cannot fit the {tm.context_length}-token "
-                            "context", 400, "messages")
+        raise GenerateError(
+            f"{len(messages)} messages cannot fit the {tm.context_length}-token context",
+            400,
+            "messages",
+        )
     dicts = [message_dict(m) for m in messages]
     contents = [d["content"] for d in dicts if isinstance(d.get("content"), str)]
     tm.check_prompt_chars(sum(len(c) for c in contents), "messages")

@@ -32,8 +32,9 @@ ERROR_TYPES = {
 CLIENT_CLOSED_REQUEST = 499
 
 
-def error_body(message: str, status_code: int, param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, status_code: int, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
@@ -44,8 +45,9 @@ def error_body(message: str, status_code: int, param: str | None = None,
     }
 
 
-def error_response(message: str, status_code: int, param: str | None = None,
-                   code: str | int | None = None) -> JSONResponse:
+def error_response(
+    message: str, status_code: int, param: str | None = None, code: str | int | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, status_code, param, code), status_code=status_code)
 
 
@@ -79,21 +81,31 @@ def check_json_content_type(request: Request) -> None:
     media = (raw or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
         got = repr(raw) if raw else "none"
-        raise GenerateError(f"send the body as JSON with Content-Type: application/json "
-                            f"(got {got})", 415, code="unsupported_media_type")
+        raise GenerateError(
+            f"send the body as JSON with Content-Type: application/json (got {got})",
+            415,
+            code="unsupported_media_type",
+        )
 
 
 def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, ...]]) -> None:
     """A 400 for a field this server does not implement, unless it holds its "off" value."""
     for name, off_values in unsupported.items():
         if name in data and data[name] not in off_values:
-            raise GenerateError(f"{name} is not supported by this server; leave it out",
-                                400, name, "unsupported_parameter")
+            raise GenerateError(
+                f"{name} is not supported by this server; leave it out",
+                400,
+                name,
+                "unsupported_parameter",
+            )
 
 
-async def parse_body(request: Request, model: type[BaseModel],
-                     unsupported: dict[str, tuple[Any, ...]] | None = None,
-                     precheck: Callable[[dict[str, Any]], None] | None = None) -> Any:
+async def parse_body(
+    request: Request,
+    model: type[BaseModel],
+    unsupported: dict[str, tuple[Any, ...]] | None = None,
+    precheck: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
     """The JSON body validated as ``model`` (strict types); GenerateError 415 for another
     content type, 413 (from the body-size middleware) for a body over the limit, 400 for
     malformed JSON or wrong fields."""
@@ -142,5 +154,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         # the details go to the log only: they may name local paths or internals
         logger.exception("unhandled error")
-        return error_response(f"internal server error ({type(exc).__name__}); see the server "
-                              "log", 500)
+        return error_response(
+            f"internal server error ({type(exc).__name__}); see the server log", 500
+        )

@@ -55,21 +55,29 @@ class ServerProcesses:
         self.endpoints = IpcEndpoints.in_dir(self.ipc_dir)
         self.procs: dict[str, BaseProcess] = {}
         self.ready_conns: dict[str, Connection] = {}
-        self.heartbeats = {name: os.path.join(self.ipc_dir, f"{name}.heartbeat")
-                           for name in ("scheduler", "detokenizer")}
+        self.heartbeats = {
+            name: os.path.join(self.ipc_dir, f"{name}.heartbeat")
+            for name in ("scheduler", "detokenizer")
+        }
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
-        self._start_child(ctx, "scheduler", run_scheduler_process,
-                          (self.heartbeats["scheduler"],))
-        self._start_child(ctx, "detokenizer", run_detokenizer_process,
-                          (self.procs["scheduler"].pid, self.heartbeats["detokenizer"]))
+        self._start_child(ctx, "scheduler", run_scheduler_process, (self.heartbeats["scheduler"],))
+        self._start_child(
+            ctx,
+            "detokenizer",
+            run_detokenizer_process,
+            (self.procs["scheduler"].pid, self.heartbeats["detokenizer"]),
+        )
 
     def _start_child(self, ctx: Any, name: str, target: Any, extra: tuple) -> None:
         create_heartbeat_file(self.heartbeats[name])
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=target, name=f"radixlm-{name}",
-                           args=(self.cfg, self.endpoints, writer, os.getpid(), *extra))
+        proc = ctx.Process(
+            target=target,
+            name=f"radixlm-{name}",
+            args=(self.cfg, self.endpoints, writer, os.getpid(), *extra),
+        )
         proc.start()
         writer.close()
         self.procs[name], self.ready_conns[name] = proc, reader
@@ -96,8 +104,9 @@ class ServerProcesses:
             report = conn.recv()
         except EOFError:
             self.procs[name].join(1.0)
-            raise RuntimeError(f"the {name} process exited during start-up "
-                               f"(exit code {self.procs[name].exitcode})") from None
+            raise RuntimeError(
+                f"the {name} process exited during start-up (exit code {self.procs[name].exitcode})"
+            ) from None
         if not report["ok"]:
             raise RuntimeError(report["error"])
         return report["info"]
@@ -158,8 +167,9 @@ def _continue(proc: BaseProcess) -> None:
 
 
 def configure_logging(log_level: str) -> None:
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def resolved_config_line(cfg: ServerConfig, info: dict[str, Any]) -> str:
@@ -167,8 +177,16 @@ def resolved_config_line(cfg: ServerConfig, info: dict[str, Any]) -> str:
     for secret in ("api_key", "admin_api_key"):
         if shown.get(secret):
             shown[secret] = "<set>"
-    keys = ("model_path", "architecture", "device", "dtype", "max_total_tokens",
-            "context_length", "vocab_size", "attention_backend")
+    keys = (
+        "model_path",
+        "architecture",
+        "device",
+        "dtype",
+        "max_total_tokens",
+        "context_length",
+        "vocab_size",
+        "attention_backend",
+    )
     shown.update({f"resolved_{k}": info[k] for k in keys if k in info})
     return orjson.dumps(shown).decode()
 
@@ -212,8 +230,13 @@ def launch_server(cfg: ServerConfig) -> None:
         app = create_app(tm, metrics, watchers=(supervisor.watch,))
         app.state.health_problem = procs.problem
         supervisor.gate.app = app
-        logger.info("serving %s on http://%s:%d; config %s", app.state.served_model_name,
-                    cfg.host, cfg.port, resolved_config_line(cfg, info))
+        logger.info(
+            "serving %s on http://%s:%d; config %s",
+            app.state.served_model_name,
+            cfg.host,
+            cfg.port,
+            resolved_config_line(cfg, info),
+        )
         serve(cfg, supervisor)
     finally:
         procs.stop()
@@ -226,9 +249,15 @@ def serve(cfg: ServerConfig, supervisor: Supervisor) -> None:
     import uvicorn
 
     level = cfg.log_level.lower()
-    config = uvicorn.Config(supervisor.gate, host=cfg.host, port=cfg.port, log_level=level,
-                            access_log=level == "debug", lifespan="on",
-                            timeout_graceful_shutdown=int(DEATH_GRACE_S))
+    config = uvicorn.Config(
+        supervisor.gate,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=level,
+        access_log=level == "debug",
+        lifespan="on",
+        timeout_graceful_shutdown=int(DEATH_GRACE_S),
+    )
     server = SupervisedServer(config, supervisor)
     supervisor.server = server
     server.run()

@@ -30,8 +30,9 @@ class ServerMetrics:
         labels = ["model_name"]
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets,
-                             registry=self.registry).labels(model_name)
+            return Histogram(
+                PREFIX + name, doc, labels, buckets=buckets, registry=self.registry
+            ).labels(model_name)
 
         def counter(name: str, doc: str) -> Any:
             return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
@@ -39,12 +40,13 @@ class ServerMetrics:
         def gauge(name: str, doc: str) -> Any:
             return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
 
-        self.ttft = hist("time_to_first_token_seconds", "Time to the first streamed token",
-                         TTFT_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "Time between streamed tokens",
-                        ITL_BUCKETS)
-        self.e2e = hist("e2e_request_latency_seconds", "Request latency from arrival to finish",
-                        E2E_BUCKETS)
+        self.ttft = hist(
+            "time_to_first_token_seconds", "Time to the first streamed token", TTFT_BUCKETS
+        )
+        self.itl = hist("inter_token_latency_seconds", "Time between streamed tokens", ITL_BUCKETS)
+        self.e2e = hist(
+            "e2e_request_latency_seconds", "Request latency from arrival to finish", E2E_BUCKETS
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the prefix cache")
@@ -73,7 +75,9 @@ class ServerMetrics:
         self.cached_tokens.inc(cached)
         self._prompt_total += prompt
         self._cached_total += cached
-        self.cache_hit_rate.set(self._cached_total / self._prompt_total if self._prompt_total else 0)
+        self.cache_hit_rate.set(
+            self._cached_total / self._prompt_total if self._prompt_total else 0
+        )
 
     def update_scheduler(self, info: dict[str, Any]) -> None:
         """Gauges from the scheduler's ``server_info`` reply."""

@@ -32,11 +32,21 @@ def _matches(token: bytes, key: str | None) -> bool:
     return key is not None and hmac.compare_digest(token, key.encode())
 
 
-async def _send_error(send: Callable, message: str, status: int, code: str,
-                      extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _send_error(
+    send: Callable,
+    message: str,
+    status: int,
+    code: str,
+    extra_headers: list[tuple[bytes, bytes]] = (),
+) -> None:
     body = orjson.dumps(error_body(message, status, code=code))
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), *extra_headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *extra_headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -56,8 +66,13 @@ class ApiKeyMiddleware:
         if _matches(token, self._key) or _matches(token, self._admin_key):
             await self.app(scope, receive, send)
             return
-        await _send_error(send, "missing or wrong API key: send Authorization: Bearer <key>",
-                          401, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        await _send_error(
+            send,
+            "missing or wrong API key: send Authorization: Bearer <key>",
+            401,
+            "invalid_api_key",
+            [(b"www-authenticate", b"Bearer")],
+        )
 
 
 def require_admin(request: Request) -> None:
@@ -69,10 +84,14 @@ def require_admin(request: Request) -> None:
     if _matches(token, cfg.admin_api_key):
         return
     if token and _matches(token, cfg.api_key):
-        raise GenerateError("this route needs the admin API key (--admin-api-key)", 403,
-                            code="admin_key_required")
-    raise GenerateError("this route needs the admin API key: send Authorization: Bearer "
-                        "<admin key>", 401, code="invalid_api_key")
+        raise GenerateError(
+            "this route needs the admin API key (--admin-api-key)", 403, code="admin_key_required"
+        )
+    raise GenerateError(
+        "this route needs the admin API key: send Authorization: Bearer <admin key>",
+        401,
+        code="invalid_api_key",
+    )
 
 
 class BodyLimitMiddleware:
@@ -84,9 +103,12 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
 
     def _too_large(self) -> GenerateError:
-        return GenerateError(f"the request body is larger than the limit of "
-                             f"{self.max_bytes / 2**20:g} MiB (--max-request-body-mb)", 413,
-                             code="request_too_large")
+        return GenerateError(
+            f"the request body is larger than the limit of "
+            f"{self.max_bytes / 2**20:g} MiB (--max-request-body-mb)",
+            413,
+            code="request_too_large",
+        )
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":

@@ -55,8 +55,12 @@ def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
 
 def check_num_sequences(num: int) -> None:
     if num > MAX_SEQUENCES_PER_REQUEST:
-        raise GenerateError(f"this request asks for {num} sequences (prompts x n); at most "
-                            f"{MAX_SEQUENCES_PER_REQUEST} per request", 400, "n")
+        raise GenerateError(
+            f"this request asks for {num} sequences (prompts x n); at most "
+            f"{MAX_SEQUENCES_PER_REQUEST} per request",
+            400,
+            "n",
+        )
 
 
 # ---------------------------------------------------------------------- /generate
@@ -115,18 +119,20 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
         parents = tuple(dict.fromkeys(r for r in (body.rid, rid) if isinstance(r, str)))
         for j in range(num_samples):
             sample_rid = f"{rid}-{j}" if rid is not None and num_samples > 1 else rid
-            inputs.append(GenerateInput(
-                text=prompt if body.text is not None else None,
-                input_ids=prompt if body.input_ids is not None else None,
-                sampling_params=sp,
-                rid=sample_rid,
-                abort_keys=tuple(p for p in parents if p != sample_rid),
-                return_logprob=_pick(body.return_logprob, i, n, "return_logprob"),
-                logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len"),
-                top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num"),
-                return_text_in_logprobs=body.return_text_in_logprobs,
-                stream=body.stream,
-            ))
+            inputs.append(
+                GenerateInput(
+                    text=prompt if body.text is not None else None,
+                    input_ids=prompt if body.input_ids is not None else None,
+                    sampling_params=sp,
+                    rid=sample_rid,
+                    abort_keys=tuple(p for p in parents if p != sample_rid),
+                    return_logprob=_pick(body.return_logprob, i, n, "return_logprob"),
+                    logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len"),
+                    top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num"),
+                    return_text_in_logprobs=body.return_text_in_logprobs,
+                    stream=body.stream,
+                )
+            )
     rids = [inp.rid for inp in inputs if inp.rid is not None]
     if len(set(rids)) != len(rids):
         raise GenerateError("rids must be unique within a batch", 400, "rid")
@@ -150,8 +156,9 @@ async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[by
 
 @router.post("/generate", openapi_extra=json_body(GenerateReqInput), responses=STREAM_RESPONSE)
 async def generate(request: Request) -> Response:
-    body = await parse_body(request, GenerateReqInput, UNSUPPORTED_NATIVE,
-                            batch_precheck(get_tm(request)))
+    body = await parse_body(
+        request, GenerateReqInput, UNSUPPORTED_NATIVE, batch_precheck(get_tm(request))
+    )
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)
@@ -188,17 +195,18 @@ async def get_model_info(request: Request) -> Response:
 async def get_server_info(request: Request) -> Response:
     tm = get_tm(request)
     reply = await tm.control("server_info")
-    config = {k: v for k, v in dataclasses.asdict(tm.cfg).items()
-              if k not in SECRET_CONFIG_FIELDS}
-    return json_response({
-        **config,
-        **tm.info,
-        "served_model_name": request.app.state.served_model_name,
-        "kv_pool": reply.data,
-        "num_inflight_requests": tm.num_request_states,
-        "num_request_states": tm.num_request_states,
-        "version": request.app.version,
-    })
+    config = {k: v for k, v in dataclasses.asdict(tm.cfg).items() if k not in SECRET_CONFIG_FIELDS}
+    return json_response(
+        {
+            **config,
+            **tm.info,
+            "served_model_name": request.app.state.served_model_name,
+            "kv_pool": reply.data,
+            "num_inflight_requests": tm.num_request_states,
+            "num_request_states": tm.num_request_states,
+            "version": request.app.version,
+        }
+    )
 
 
 @router.post("/flush_cache")
@@ -223,8 +231,11 @@ async def abort_request(request: Request) -> Response:
         tm.abort_all()
         return json_response({"message": "abort sent"})
     if not body.rid:
-        raise GenerateError("give the rid of the request to abort (or abort_all: true with "
-                            "the admin key)", 400, "rid")
+        raise GenerateError(
+            "give the rid of the request to abort (or abort_all: true with the admin key)",
+            400,
+            "rid",
+        )
     return json_response({"message": "abort sent", "num_aborted": tm.abort(body.rid)})
 
 
@@ -233,8 +244,9 @@ async def health_generate(request: Request) -> Response:
     try:  # on timeout the cancelled request is aborted in the scheduler
         return await asyncio.wait_for(_generate_one_token(request), HEALTH_GENERATE_TIMEOUT_S)
     except asyncio.TimeoutError:
-        raise GenerateError(f"the scheduler did not generate a token within "
-                            f"{HEALTH_GENERATE_TIMEOUT_S:.0f} s", 503) from None
+        raise GenerateError(
+            f"the scheduler did not generate a token within {HEALTH_GENERATE_TIMEOUT_S:.0f} s", 503
+        ) from None
 
 
 async def _generate_one_token(request: Request) -> Response:
@@ -242,8 +254,9 @@ async def _generate_one_token(request: Request) -> Response:
     inp = GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
     with tm.open([await tm.prepare(inp)], request) as group:
         out = await group.collect()
-    return json_response({"status": "ok",
-                          "completion_tokens": out[0]["meta_info"]["completion_tokens"]})
+    return json_response(
+        {"status": "ok", "completion_tokens": out[0]["meta_info"]["completion_tokens"]}
+    )
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeInput))
@@ -253,10 +266,16 @@ async def tokenize(request: Request) -> Response:
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
     tokens = [await tm.tokenize_async(p, body.add_special_tokens) for p in prompts]
     if isinstance(body.prompt, list):
-        return json_response({"tokens": tokens, "count": [len(t) for t in tokens],
-                              "max_model_len": tm.context_length})
-    return json_response({"tokens": tokens[0], "count": len(tokens[0]),
-                          "max_model_len": tm.context_length})
+        return json_response(
+            {
+                "tokens": tokens,
+                "count": [len(t) for t in tokens],
+                "max_model_len": tm.context_length,
+            }
+        )
+    return json_response(
+        {"tokens": tokens[0], "count": len(tokens[0]), "max_model_len": tm.context_length}
+    )
 
 
 @router.post("/detokenize", openapi_extra=json_body(DetokenizeInput))

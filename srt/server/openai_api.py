@@ -58,8 +58,14 @@ class Call:
     include_usage: bool = False
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model, "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
 
 @dataclass
@@ -85,8 +91,9 @@ async def list_models(request: Request) -> Response:
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request) -> Response:
-    check_model(model_id, request.app.state.accepted_model_names,
-                request.app.state.served_model_name)
+    check_model(
+        model_id, request.app.state.accepted_model_names, request.app.state.served_model_name
+    )
     return json_response(model_card(request))
 
 
@@ -109,9 +116,13 @@ def chat_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
     if call.logprobs:
         logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
     message = {"role": "assistant", "content": out["text"], "refusal": None}
-    return {"index": i, "message": message,
-            "logprobs": logprobs, "finish_reason": finish_reason(out),
-            "matched_stop": _matched_stop(out)}
+    return {
+        "index": i,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(out),
+        "matched_stop": _matched_stop(out),
+    }
 
 
 def chat_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
@@ -142,17 +153,31 @@ def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, s
     return get_tm(request), model or state.served_model_name
 
 
-@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest),
-             responses=STREAM_RESPONSE)
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=json_body(ChatCompletionRequest),
+    responses=STREAM_RESPONSE,
+)
 async def chat_completions(request: Request) -> Response:
-    body = await parse_body(request, ChatCompletionRequest, UNSUPPORTED_OPENAI,
-                            lambda data: precheck_chat(data, get_tm(request).context_length))
+    body = await parse_body(
+        request,
+        ChatCompletionRequest,
+        UNSUPPORTED_OPENAI,
+        lambda data: precheck_chat(data, get_tm(request).context_length),
+    )
     tm, model = _open_call(request, body.model)
     plan = await chat_plan(body, tm)
     prepared = await tm.prepare_all(plan.inputs)
-    call = Call(tm, plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model,
-                "chat.completion", logprobs=body.logprobs,
-                include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    call = Call(
+        tm,
+        plan,
+        f"chatcmpl-{uuid.uuid4().hex}",
+        int(time.time()),
+        model,
+        "chat.completion",
+        logprobs=body.logprobs,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
     group = tm.open(prepared, request)
     if body.stream:
         call.object = "chat.completion.chunk"
@@ -171,9 +196,13 @@ def completion_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]
         entries, tops = completion_entries(out, call.echo)
         offset = 0 if call.echo else len(prompt)
         logprobs = completion_logprobs(entries, tops, call.top_logprobs, offset)
-    return {"index": i, "text": (prompt if call.echo else "") + out["text"],
-            "logprobs": logprobs, "finish_reason": finish_reason(out),
-            "matched_stop": _matched_stop(out)}
+    return {
+        "index": i,
+        "text": (prompt if call.echo else "") + out["text"],
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(out),
+        "matched_stop": _matched_stop(out),
+    }
 
 
 def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
@@ -199,22 +228,31 @@ def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor)
     return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
 
 
-@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest),
-             responses=STREAM_RESPONSE)
+@router.post(
+    "/v1/completions", openapi_extra=json_body(CompletionRequest), responses=STREAM_RESPONSE
+)
 async def completions(request: Request) -> Response:
-    body = await parse_body(request, CompletionRequest, UNSUPPORTED_OPENAI,
-                            batch_precheck(get_tm(request)))
+    body = await parse_body(
+        request, CompletionRequest, UNSUPPORTED_OPENAI, batch_precheck(get_tm(request))
+    )
     tm, model = _open_call(request, body.model)
     plan = await completion_plan(body, tm)
     prepared = await tm.prepare_all(plan.inputs)
-    call = Call(tm, plan, f"cmpl-{uuid.uuid4().hex}", int(time.time()), model,
-                "text_completion", echo=body.echo, logprobs=body.logprobs is not None,
-                top_logprobs=bool(body.logprobs),
-                include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    call = Call(
+        tm,
+        plan,
+        f"cmpl-{uuid.uuid4().hex}",
+        int(time.time()),
+        model,
+        "text_completion",
+        echo=body.echo,
+        logprobs=body.logprobs is not None,
+        top_logprobs=bool(body.logprobs),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
     group = tm.open(prepared, request)
     if body.stream:
-        return ClosingStreamingResponse(stream_choices(call, group, completion_chunk),
-                                        group.close)
+        return ClosingStreamingResponse(stream_choices(call, group, completion_chunk), group.close)
     with group:
         outs = await group.collect()
     choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
@@ -225,8 +263,9 @@ async def completions(request: Request) -> Response:
 ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "dict | None"]
 
 
-async def stream_choices(call: Call, group: RequestGroup,
-                         make_chunk: ChunkFn) -> AsyncIterator[bytes]:
+async def stream_choices(
+    call: Call, group: RequestGroup, make_chunk: ChunkFn
+) -> AsyncIterator[bytes]:
     """One chunk per update of any choice, one ``finish_reason`` per choice, then the usage
     chunk (when asked for) and ``[DONE]``; an error becomes an error event."""
     cursors = [ChoiceCursor() for _ in group.states]

@@ -29,12 +29,22 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 # OpenAI / SGLang-extra field -> native sampling parameter
 _PASSTHROUGH = {
-    "temperature": "temperature", "top_p": "top_p", "stop": "stop",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "logit_bias": "logit_bias", "top_k": "top_k", "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty", "min_tokens": "min_new_tokens",
-    "regex": "regex", "json_schema": "json_schema", "ebnf": "ebnf", "ignore_eos": "ignore_eos",
-    "stop_token_ids": "stop_token_ids", "no_stop_trim": "no_stop_trim",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_new_tokens",
+    "regex": "regex",
+    "json_schema": "json_schema",
+    "ebnf": "ebnf",
+    "ignore_eos": "ignore_eos",
+    "stop_token_ids": "stop_token_ids",
+    "no_stop_trim": "no_stop_trim",
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
@@ -57,8 +67,13 @@ def check_model(requested: str | None, accepted: set[str], served: str) -> None:
     """A missing model means the served one; an unknown one is a 404 that names only the
     served name (never the local path it was loaded from)."""
     if requested is not None and requested not in accepted:
-        raise GenerateError(f"the model {requested!r} does not exist; this server serves "
-                            f"{served!r} (see /v1/models)", 404, "model", "model_not_found")
+        raise GenerateError(
+            f"the model {requested!r} does not exist; this server serves "
+            f"{served!r} (see /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
 
 
 def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str, Any]:
@@ -81,8 +96,13 @@ def _check_max_tokens(value: int | None, name: str) -> None:
         raise GenerateError(f"{name} must be >= 0, got {value}", 400, name)
 
 
-def _expand(plan: OpenAIPlan, req: OpenAISamplingFields, ids: list[int], sp: dict[str, Any],
-            logprob: tuple[bool, int, int]) -> None:
+def _expand(
+    plan: OpenAIPlan,
+    req: OpenAISamplingFields,
+    ids: list[int],
+    sp: dict[str, Any],
+    logprob: tuple[bool, int, int],
+) -> None:
     """Adds ``req.n`` native inputs for one prompt (seeded samples get seeds seed, seed+1, ...).
     With several choices, choice j of prompt p shows rid ``{rid}-{p}-{j}``; ``rid`` aborts all."""
     return_logprob, start_len, top_num = logprob
@@ -98,11 +118,19 @@ def _expand(plan: OpenAIPlan, req: OpenAISamplingFields, ids: list[int], sp: dic
         if req.rid is not None:
             rid = req.rid if is_single else f"{req.rid}-{prompt_index}-{j}"
             keys = () if is_single else (req.rid,)
-        plan.inputs.append(GenerateInput(
-            input_ids=ids, sampling_params=sample_sp, rid=rid, abort_keys=keys,
-            return_logprob=return_logprob, logprob_start_len=start_len,
-            top_logprobs_num=top_num, return_text_in_logprobs=True, stream=req.stream,
-        ))
+        plan.inputs.append(
+            GenerateInput(
+                input_ids=ids,
+                sampling_params=sample_sp,
+                rid=rid,
+                abort_keys=keys,
+                return_logprob=return_logprob,
+                logprob_start_len=start_len,
+                top_logprobs_num=top_num,
+                return_text_in_logprobs=True,
+                stream=req.stream,
+            )
+        )
 
 
 # ---------------------------------------------------------------------- chat
@@ -112,8 +140,9 @@ def response_format_schema(fmt: ResponseFormat | None) -> str | None:
     if fmt.type == "json_object":
         return JSON_OBJECT_SCHEMA
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise GenerateError("response_format json_schema needs json_schema.schema", 400,
-                            "response_format")
+        raise GenerateError(
+            "response_format json_schema needs json_schema.schema", 400, "response_format"
+        )
     return json.dumps(fmt.json_schema.schema_)
 
 
@@ -133,8 +162,9 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
     _check_counts(req.n, 1)
     top = req.top_logprobs or 0
     if not 0 <= top <= MAX_CHAT_TOP_LOGPROBS:
-        raise GenerateError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {top}",
-                            400, "top_logprobs")
+        raise GenerateError(
+            f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {top}", 400, "top_logprobs"
+        )
     if top and not req.logprobs:
         raise GenerateError("top_logprobs needs logprobs: true", 400, "top_logprobs")
     schema = response_format_schema(req.response_format)
@@ -158,8 +188,9 @@ def _prompt_list(prompt: Any) -> list[Any]:
     return [prompt] if isinstance(prompt[0], int) else list(prompt)
 
 
-async def _completion_prompt(tm: TokenizerManager,
-                             prompt: str | list[int]) -> tuple[str, list[int]]:
+async def _completion_prompt(
+    tm: TokenizerManager, prompt: str | list[int]
+) -> tuple[str, list[int]]:
     """(text, ids) of one prompt; token ids are checked before anything decodes them."""
     if isinstance(prompt, str):
         return prompt, await tm.tokenize_async(prompt)
@@ -173,8 +204,11 @@ async def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenA
     prompts = _prompt_list(req.prompt)
     _check_counts(req.n, len(prompts))
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
-        raise GenerateError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got "
-                            f"{req.logprobs}", 400, "logprobs")
+        raise GenerateError(
+            f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {req.logprobs}",
+            400,
+            "logprobs",
+        )
     _check_max_tokens(req.max_tokens, "max_tokens")
     plan = OpenAIPlan(n=req.n, num_prompts=len(prompts))
     return_logprob = req.logprobs is not None
@@ -219,15 +253,22 @@ def chat_logprobs(entries: list[list[Any]], tops: list[Any]) -> dict[str, Any]:
     content = []
     for i, (lp, _, text) in enumerate(entries):
         row = tops[i] if i < len(tops) and tops[i] else []
-        content.append({
-            "token": text or "", "logprob": lp, "bytes": _bytes(text),
-            "top_logprobs": [{"token": t or "", "logprob": v, "bytes": _bytes(t)} for v, _, t in row],
-        })
+        content.append(
+            {
+                "token": text or "",
+                "logprob": lp,
+                "bytes": _bytes(text),
+                "top_logprobs": [
+                    {"token": t or "", "logprob": v, "bytes": _bytes(t)} for v, _, t in row
+                ],
+            }
+        )
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries: list[list[Any]], tops: list[Any], with_top: bool,
-                        offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    entries: list[list[Any]], tops: list[Any], with_top: bool, offset: int
+) -> dict[str, Any]:
     tokens, token_logprobs, text_offset, top_logprobs = [], [], [], []
     for i, (lp, _, text) in enumerate(entries):
         tokens.append(text or "")
@@ -237,7 +278,9 @@ def completion_logprobs(entries: list[list[Any]], tops: list[Any], with_top: boo
         row = tops[i] if i < len(tops) and tops[i] else []
         top_logprobs.append({t or "": v for v, _, t in row})
     return {
-        "tokens": tokens, "token_logprobs": token_logprobs, "text_offset": text_offset,
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "text_offset": text_offset,
         "top_logprobs": top_logprobs if with_top else None,
     }
 

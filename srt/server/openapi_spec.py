@@ -31,8 +31,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ]
 }
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {"description": "JSON, or server-sent events when stream is true",
-          "content": {"application/json": {}, "text/event-stream": {}}},
+    200: {
+        "description": "JSON, or server-sent events when stream is true",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
 }
 
 

@@ -23,14 +23,24 @@ class _Body(BaseModel):
 # Fields whose meaning radixlm does not implement: accepted only when absent or at the value
 # that means "off" (listed), so a request never gets silently different sampling.
 UNSUPPORTED_NATIVE = {
-    "image_data": (None, [], ""), "audio_data": (None, [], ""), "video_data": (None, [], ""),
-    "input_embeds": (None, []), "lora_path": (None, ""), "custom_logit_processor": (None, ""),
-    "session_params": (None, {}), "return_hidden_states": (None, False),
+    "image_data": (None, [], ""),
+    "audio_data": (None, [], ""),
+    "video_data": (None, [], ""),
+    "input_embeds": (None, []),
+    "lora_path": (None, ""),
+    "custom_logit_processor": (None, ""),
+    "session_params": (None, {}),
+    "return_hidden_states": (None, False),
 }
 UNSUPPORTED_OPENAI = {
-    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
-    "function_call": (None, "none", "auto"), "best_of": (None, 1), "suffix": (None, ""),
-    "audio": (None,), "modalities": (None, ["text"]),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
 }
 
 
@@ -177,15 +187,20 @@ def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) ->
         rows = [value] if is_flat_ids else value
         longest = max((len(r) for r in rows if isinstance(r, list)), default=0)
         if longest >= context_length:
-            raise ValueError(f"{name} has a prompt of {longest} token ids; the context holds "
-                             f"{context_length} tokens")
+            raise ValueError(
+                f"{name} has a prompt of {longest} token ids; the context holds "
+                f"{context_length} tokens"
+            )
 
 
 def precheck_chat(data: dict[str, Any], max_items: int) -> None:
     """No more messages, nor content parts, than the context has tokens."""
     messages = data.get("messages")
     _check_len(messages, max_items, "messages")
-    parts = sum(len(m["content"]) for m in messages or () if isinstance(m, dict)
-                and isinstance(m.get("content"), list))
+    parts = sum(
+        len(m["content"])
+        for m in messages or ()
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+    )
     if parts > max_items:
         raise ValueError(f"messages hold {parts} content parts; at most {max_items}")

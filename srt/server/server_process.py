@@ -1,7 +1,7 @@
 """Run ``radixlm serve`` as a subprocess and wait until it answers (tests, benchmarks, scripts).
 
-    with ServerProcess(["--max-total-tokens", "4096"]) as server:
-        requests.post(server.url + "/generate", json={...})
+with ServerProcess(["--max-total-tokens", "4096"]) as server:
+    requests.post(server.url + "/generate", json={...})
 """
 
 from __future__ import annotations
@@ -26,15 +26,33 @@ def free_port() -> int:
 class ServerProcess:
     """A server on 127.0.0.1 and a free port; ``stop`` sends SIGTERM and waits."""
 
-    def __init__(self, args: list[str] | None = None, port: int | None = None,
-                 log_path: str | Path | None = None, startup_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        args: list[str] | None = None,
+        port: int | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "radixlm.srt.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port), *(args or [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixlm.srt.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *(args or []),
+        ]
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             self._wait_healthy(startup_timeout_s)
         except BaseException:
@@ -49,7 +67,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited during start-up (code {self.proc.returncode})")
+                raise RuntimeError(
+                    f"the server exited during start-up (code {self.proc.returncode})"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return

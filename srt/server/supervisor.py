@@ -52,8 +52,11 @@ def describe_exit(name: str, exitcode: int | None) -> str:
             sig_name = signal.Signals(-exitcode).name
         except ValueError:
             sig_name = f"signal {-exitcode}"
-        hint = ("; the kernel's OOM killer sends SIGKILL when memory runs out"
-                if -exitcode == signal.SIGKILL else "")
+        hint = (
+            "; the kernel's OOM killer sends SIGKILL when memory runs out"
+            if -exitcode == signal.SIGKILL
+            else ""
+        )
         return f"the {name} process was killed by {sig_name} (exit code {exitcode}{hint})"
     return f"the {name} process exited (exit code {exitcode})"
 
@@ -87,9 +90,17 @@ class DrainGate:
     @staticmethod
     async def _reject(send: Callable, reason: str) -> None:
         body = orjson.dumps(error_body(f"server unavailable: {reason}", 503))
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode()),
-            (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"retry-after", str(RETRY_AFTER_S).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -120,8 +131,9 @@ class Supervisor:
     """Watches the children while uvicorn serves; decides when uvicorn stops and with which exit
     code the server ends (``exit_code``)."""
 
-    def __init__(self, procs: ServerProcesses, gate: DrainGate,
-                 drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    def __init__(
+        self, procs: ServerProcesses, gate: DrainGate, drain_timeout_s: float = DRAIN_TIMEOUT_S
+    ) -> None:
         self.procs = procs
         self.gate = gate
         self.drain_timeout_s = drain_timeout_s
@@ -162,8 +174,12 @@ class Supervisor:
             logger.info("%s during the drain", reason)
             self.drain_deadline = min(self.drain_deadline, time.monotonic() + CLEAN_EXIT_GRACE_S)
             return True
-        logger.error("%s; failing the requests in flight with 503 and exiting with code %d so "
-                     "that a supervisor restarts the server", reason, EXIT_WORKER_DIED)
+        logger.error(
+            "%s; failing the requests in flight with 503 and exiting with code %d so "
+            "that a supervisor restarts the server",
+            reason,
+            EXIT_WORKER_DIED,
+        )
         self.exit_code = EXIT_WORKER_DIED
         self.gate.close(reason)
         tm.mark_dead(reason)
@@ -174,13 +190,19 @@ class Supervisor:
     def _drain_done(self, tm: TokenizerManager) -> bool:
         if not self._drain_logged:
             self._drain_logged = True
-            logger.info("%s: draining %d request(s) in flight for up to %.0f s; new requests get "
-                        "503", self._drain_signal, self.gate.num_inflight, self.drain_timeout_s)
+            logger.info(
+                "%s: draining %d request(s) in flight for up to %.0f s; new requests get 503",
+                self._drain_signal,
+                self.gate.num_inflight,
+                self.drain_timeout_s,
+            )
         if self.gate.num_inflight == 0:
             logger.info("drained; stopping")
         elif time.monotonic() >= (self.drain_deadline or 0.0):
-            logger.warning("drain ended with %d request(s) in flight; failing them with 503",
-                           self.gate.num_inflight)
+            logger.warning(
+                "drain ended with %d request(s) in flight; failing them with 503",
+                self.gate.num_inflight,
+            )
             tm.mark_dead("the server is shutting down")
             tm.abort_all()  # the scheduler stops generating for them and can exit at once
         else:

@@ -24,19 +24,34 @@ from radixlm.grammar.vocab import build_vocab
 from radixlm.srt.sampling.params import SamplingParams
 
 SELF_REF = {"$ref": "#"}
-REQUIRED_SELF = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
-                                 "required": ["c"]}}, "$ref": "#/$defs/n"}
-REQUIRED_MUTUAL = {"$defs": {
-    "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
-    "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]},
-}, "$ref": "#/$defs/a"}
-OPTIONAL_MUTUAL = {"$defs": {
-    "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
-    "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}},
-}, "$ref": "#/$defs/a"}
-TREE = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4},
-                                         "kids": {"type": "array", "items": {"$ref": "#"}}},
-        "required": ["name"]}
+REQUIRED_SELF = {
+    "$defs": {
+        "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+    },
+    "$ref": "#/$defs/n",
+}
+REQUIRED_MUTUAL = {
+    "$defs": {
+        "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+        "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]},
+    },
+    "$ref": "#/$defs/a",
+}
+OPTIONAL_MUTUAL = {
+    "$defs": {
+        "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
+        "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}},
+    },
+    "$ref": "#/$defs/a",
+}
+TREE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 4},
+        "kids": {"type": "array", "items": {"$ref": "#"}},
+    },
+    "required": ["name"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +68,9 @@ def auto(vocab):
 
 # ------------------------------------------------------------------ front door
 def test_a_spec_over_the_size_limit_is_rejected_before_parsing():
-    big = json.dumps({"type": "object",
-                      "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}})
+    big = json.dumps(
+        {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}
+    )
     with pytest.raises(ValueError, match=r"json_schema is [\d,]+ bytes long; at most 262,144"):
         check_spec("json_schema", big)
     check_spec("json_schema", big, GrammarLimits(max_spec_bytes=len(big)))  # configurable
@@ -76,17 +92,28 @@ def test_nesting_depth_skips_brackets_inside_strings():
 
 
 def test_unparsable_or_non_object_schemas_are_rejected():
-    for text, message in [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
-                          ("", "not valid JSON")]:
+    for text, message in [
+        ("{bad", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ("", "not valid JSON"),
+    ]:
         with pytest.raises(ValueError, match=message):
             check_spec("json_schema", text)
     check_spec("json_schema", "true")
 
 
-@pytest.mark.parametrize("kind,text", [
-    ("regex", "\x00abc"), ("regex", r"\x00abc"), ("regex", r"a\u0000"), ("regex", r"\x{0}"),
-    ("ebnf", 'root ::= "\x01"'), ("ebnf", 'root ::= "\\x00"'), ("choices", ["ok", "a\x00"]),
-])
+@pytest.mark.parametrize(
+    "kind,text",
+    [
+        ("regex", "\x00abc"),
+        ("regex", r"\x00abc"),
+        ("regex", r"a\u0000"),
+        ("regex", r"\x{0}"),
+        ("ebnf", 'root ::= "\x01"'),
+        ("ebnf", 'root ::= "\\x00"'),
+        ("choices", ["ok", "a\x00"]),
+    ],
+)
 def test_control_characters_are_rejected(kind, text):
     with pytest.raises(ValueError, match="control character|NUL escape"):
         check_spec(kind, text)
@@ -112,8 +139,11 @@ def test_escaped_backslashes_and_whitespace_controls_pass():
 
 
 def test_sampling_params_reject_hostile_grammars_with_value_error():
-    for params in [{"regex": "\x00a"}, {"json_schema": "[" * 100_000},
-                   {"json_schema": {"type": "object", "description": "x" * 300_000}}]:
+    for params in [
+        {"regex": "\x00a"},
+        {"json_schema": "[" * 100_000},
+        {"json_schema": {"type": "object", "description": "x" * 300_000}},
+    ]:
         with pytest.raises(ValueError):
             SamplingParams.from_dict(params).validate(100)
     nested: dict = {}
@@ -132,10 +162,25 @@ def test_recursion_is_found_and_unsatisfiable_recursion_named():
     assert recursive_ref({"type": "object", "properties": {"a": {"type": "string"}}}) is None
     for schema in (SELF_REF, REQUIRED_SELF, REQUIRED_MUTUAL):
         assert "no finite JSON document" in unsatisfiable_reason(schema)
-    for schema in (TREE, OPTIONAL_MUTUAL, {"$defs": {"t": {"anyOf": [
-            {"type": "null"},
-            {"type": "object", "properties": {"n": {"$ref": "#/$defs/t"}}, "required": ["n"]},
-    ]}}, "$ref": "#/$defs/t"}):
+    for schema in (
+        TREE,
+        OPTIONAL_MUTUAL,
+        {
+            "$defs": {
+                "t": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "properties": {"n": {"$ref": "#/$defs/t"}},
+                            "required": ["n"],
+                        },
+                    ]
+                }
+            },
+            "$ref": "#/$defs/t",
+        },
+    ):
         assert unsatisfiable_reason(schema) is None
 
 
@@ -158,16 +203,18 @@ def test_recursive_schemas_go_to_llguidance_and_generate_valid_documents(vocab, 
     assert grammar.backend_name == "llguidance"  # outlines-core would unroll a fixed depth
     finished = 0
     for seed in range(6):
-        ids, ended = random_walk(grammar.new_matcher(), vocab, random.Random(seed),
-                                 max_tokens=300, eos_probability=0.5)
+        ids, ended = random_walk(
+            grammar.new_matcher(), vocab, random.Random(seed), max_tokens=300, eos_probability=0.5
+        )
         if ended:
             finished += 1
             jsonschema.validate(json.loads(vocab.decode_bytes(ids).decode()), schema)
     assert finished >= 3
 
 
-@pytest.mark.parametrize("grammar", ["root ::= root", 'root ::= "a" root', 'start: "a" start',
-                                     "start: start"])
+@pytest.mark.parametrize(
+    "grammar", ["root ::= root", 'root ::= "a" root', 'start: "a" start', "start: start"]
+)
 def test_grammars_without_finite_strings_fail_at_compile_time(auto, grammar):
     with pytest.raises(GrammarCompileError, match="accepts no string|too complex"):
         auto.compile(GrammarSpec.ebnf(grammar))
@@ -207,13 +254,16 @@ def test_forced_tokens_take_a_maximum(vocab, backend_cls):
     assert len(matcher.forced_tokens()) > 3
     assert len(matcher.forced_tokens(max_tokens=3)) == 3
     forced = forced_continuation(matcher, vocab, max_tokens=3)
-    assert len(forced.token_ids) == 3 and forced.text == vocab.decode_bytes(
-        list(forced.token_ids)).decode()
+    assert (
+        len(forced.token_ids) == 3
+        and forced.text == vocab.decode_bytes(list(forced.token_ids)).decode()
+    )
     assert forced_continuation(matcher, vocab, max_tokens=0).token_ids == ()
     full = forced_continuation(matcher, vocab)  # old call sites keep working
     edit = retokenize_forced(matcher, vocab, [], full.text, max_tokens=3)
     assert len(edit.token_ids) - edit.num_rollback <= 3 and matcher.copy().accept_tokens(
-        list(edit.token_ids))
+        list(edit.token_ids)
+    )
 
 
 # ------------------------------------------------------------------ whitespace
@@ -221,12 +271,17 @@ def _accepts(matcher, vocab, text: str) -> bool:
     return matcher.copy().accept_tokens(vocab.encode(text))
 
 
-@pytest.mark.parametrize("spec", [
-    GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}),
-    GrammarSpec.json_object(),
-    GrammarSpec.ebnf('start: %json {"type": "object", "properties": {"a": {"type": "integer"}}}'),
-    GrammarSpec.ebnf('start: "x" %json {"type": "object"}'),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        GrammarSpec.json_object(),
+        GrammarSpec.ebnf(
+            'start: %json {"type": "object", "properties": {"a": {"type": "integer"}}}'
+        ),
+        GrammarSpec.ebnf('start: "x" %json {"type": "object"}'),
+    ],
+)
 @pytest.mark.parametrize("backend_cls", [OutlinesBackend, LLGuidanceBackend])
 def test_json_whitespace_is_at_most_one_space_by_default(vocab, spec, backend_cls):
     if spec.kind == "ebnf" and backend_cls is OutlinesBackend:
@@ -241,8 +296,7 @@ def test_json_whitespace_is_at_most_one_space_by_default(vocab, spec, backend_cl
 
 
 def test_an_explicit_whitespace_option_in_a_json_rule_is_kept(vocab):
-    lark = ('start: %json {"type": "object", '
-            '"x-guidance": {"whitespace_pattern": "[ \\\\n]{0,4}"}}')
+    lark = 'start: %json {"type": "object", "x-guidance": {"whitespace_pattern": "[ \\\\n]{0,4}"}}'
     matcher = LLGuidanceBackend(vocab).compile(GrammarSpec.ebnf(lark)).new_matcher()
     assert matcher.accept_tokens(vocab.encode("{"))
     assert _accepts(matcher, vocab, " \n ")
@@ -255,8 +309,9 @@ def test_an_index_build_past_the_address_space_limit_kills_only_the_child(vocab)
     try:
         assert pool.start("(?:abc)$", "regex").wait(30.0) is not None
         # outlines-core writes every order of optional properties: a regex of about 560 MB.
-        schema = json.dumps({"type": "object",
-                             "properties": {f"p{i}": {"type": "string"} for i in range(4000)}})
+        schema = json.dumps(
+            {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(4000)}}
+        )
         before = psutil.Process().memory_info().rss
         with pytest.raises(GrammarCompileError, match="ran out of memory.*0.75 GiB"):
             pool.start_schema(schema, "[ ]?", None).wait(120.0)

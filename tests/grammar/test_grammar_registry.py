@@ -162,7 +162,9 @@ class RejectingLLGuidance(LLGuidanceBackend):
 
 
 def test_auto_falls_back_when_outlines_exceeds_its_budget_and_stops_the_build(vocab):
-    auto = AutoGrammarBackend(OutlinesBackend(vocab), LLGuidanceBackend(vocab), outlines_budget_s=0.05)
+    auto = AutoGrammarBackend(
+        OutlinesBackend(vocab), LLGuidanceBackend(vocab), outlines_budget_s=0.05
+    )
     try:
         began = time.perf_counter()
         grammar = auto.compile(slow_regex(1.0))
@@ -180,8 +182,12 @@ def test_auto_falls_back_when_outlines_exceeds_its_budget_and_stops_the_build(vo
 def test_auto_waits_for_an_over_budget_outlines_build_when_nothing_else_compiles(vocab):
     """A spec only outlines-core accepts, built just past its budget (a loaded CPU): auto
     waits for that build instead of failing."""
-    auto = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
-                              outlines_budget_s=0.05, outlines_last_resort_s=10.0)
+    auto = AutoGrammarBackend(
+        OutlinesBackend(vocab),
+        RejectingLLGuidance(vocab),
+        outlines_budget_s=0.05,
+        outlines_last_resort_s=10.0,
+    )
     try:
         grammar = auto.compile(slow_regex(0.5))
         assert grammar.backend_name == "outlines"
@@ -193,10 +199,18 @@ def test_auto_waits_for_an_over_budget_outlines_build_when_nothing_else_compiles
 
 
 def test_auto_last_resort_wait_is_bounded(vocab):
-    auto = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
-                              outlines_budget_s=0.05, outlines_last_resort_s=0.2)
-    no_wait = AutoGrammarBackend(OutlinesBackend(vocab), RejectingLLGuidance(vocab),
-                                 outlines_budget_s=0.05, outlines_last_resort_s=0)
+    auto = AutoGrammarBackend(
+        OutlinesBackend(vocab),
+        RejectingLLGuidance(vocab),
+        outlines_budget_s=0.05,
+        outlines_last_resort_s=0.2,
+    )
+    no_wait = AutoGrammarBackend(
+        OutlinesBackend(vocab),
+        RejectingLLGuidance(vocab),
+        outlines_budget_s=0.05,
+        outlines_last_resort_s=0,
+    )
     try:
         began = time.perf_counter()
         with pytest.raises(GrammarCompileError) as info:

@@ -90,8 +90,10 @@ def test_declared_objects_are_closed_and_explicit_openness_is_kept():
 
 def test_objects_under_all_of_and_their_refs_stay_open():
     schema = {
-        "$defs": {"Base": {"properties": {"id": {"type": "integer"}}},
-                  "Other": {"properties": {"n": {}}}},
+        "$defs": {
+            "Base": {"properties": {"id": {"type": "integer"}}},
+            "Other": {"properties": {"n": {}}},
+        },
         "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"name": {"type": "string"}}}],
         "properties": {"other": {"$ref": "#/$defs/Other"}},
     }

@@ -63,8 +63,19 @@ def _alloc_slots(prefix_lens, extend_lens, page_size, pool_tokens, gen):
     return prefix, new
 
 
-def make_case(prefix_lens, extend_lens, *, heads=4, kv_heads=4, head_dim=64, page_size=1,
-              dtype=torch.float32, decode=False, seed=0, device=DEVICE) -> Case:
+def make_case(
+    prefix_lens,
+    extend_lens,
+    *,
+    heads=4,
+    kv_heads=4,
+    head_dim=64,
+    page_size=1,
+    dtype=torch.float32,
+    decode=False,
+    seed=0,
+    device=DEVICE,
+) -> Case:
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     pool_tokens = 4 * (sum(seq_lens) + 8 * page_size * (len(seq_lens) + 3))
@@ -82,8 +93,13 @@ def make_case(prefix_lens, extend_lens, *, heads=4, kv_heads=4, head_dim=64, pag
         ForwardMode.DECODE if decode else ForwardMode.EXTEND,
         torch.zeros(num_tokens, dtype=torch.int64, device=device),
         [i for p, n in new_ranges for i in range(p, n)],
-        torch.cat(new).to(device), req_slots, list(prefix_lens), list(extend_lens),
-        req_to_token_pool=r2t, kv_pool=kv_pool, attn_backend=None,
+        torch.cat(new).to(device),
+        req_slots,
+        list(prefix_lens),
+        list(extend_lens),
+        req_to_token_pool=r2t,
+        kv_pool=kv_pool,
+        attn_backend=None,
     )
     layer = Layer(0, heads, kv_heads, head_dim, head_dim**-0.5)
 
@@ -129,8 +145,15 @@ def test_extend_matches_torch(lens, heads, kv_heads, page_size):
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_decode_matches_torch(num_splits, heads, kv_heads, page_size):
     seq_lens = [1, 9, 70, 17]  # length 1 leaves most splits empty
-    case = make_case([n - 1 for n in seq_lens], [1] * 4, heads=heads, kv_heads=kv_heads,
-                     page_size=page_size, decode=True, seed=heads + page_size)
+    case = make_case(
+        [n - 1 for n in seq_lens],
+        [1] * 4,
+        heads=heads,
+        kv_heads=kv_heads,
+        page_size=page_size,
+        decode=True,
+        seed=heads + page_size,
+    )
     out = run_backend(TritonAttentionBackend(num_kv_splits=num_splits), case)
     assert_close(out, reference(case), 1e-4)
 
@@ -150,8 +173,9 @@ def test_head_dim_128_and_writes_kv(decode):
 def test_bf16_through_upcast_path():
     """bf16 inputs; the interpreter upcasts before tl.dot. Reference: fp32 on the same values."""
     for decode, lens in ((False, ([6, 0], [9, 4])), (True, ([20, 2], [1, 1]))):
-        case = make_case(*lens, heads=8, kv_heads=2, page_size=2, dtype=torch.bfloat16,
-                         decode=decode, seed=11)
+        case = make_case(
+            *lens, heads=8, kv_heads=2, page_size=2, dtype=torch.bfloat16, decode=decode, seed=11
+        )
         out = run_backend(TritonAttentionBackend(), case)
         case.fb.kv_pool.k_buffers[0] = case.fb.kv_pool.k_buffers[0].float()
         case.fb.kv_pool.v_buffers[0] = case.fb.kv_pool.v_buffers[0].float()
@@ -181,8 +205,12 @@ def _gpu_backends(case: Case, page_size: int):
 
         layer = case.layer
         backends["flashinfer"] = FlashInferAttentionBackend(
-            DEVICE, num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
-            head_dim=layer.head_dim, page_size=page_size)
+            DEVICE,
+            num_heads=layer.num_heads,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            page_size=page_size,
+        )
     return backends
 
 
@@ -212,8 +240,16 @@ def test_gpu_backends_match_torch(decode, dtype, heads, kv_heads, head_dim, page
         lens = ([n - 1 for n in seq_lens], [1] * len(seq_lens))
     else:
         lens = ([0, 100, 37, 0, 600], [300, 1, 77, 5, 129])
-    case = make_case(*lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                     page_size=page_size, dtype=dtype, decode=decode, seed=head_dim + page_size)
+    case = make_case(
+        *lens,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=dtype,
+        decode=decode,
+        seed=head_dim + page_size,
+    )
     ref = reference(case)
     for name, backend in _gpu_backends(case, page_size).items():
         out = run_backend(backend, case)
@@ -226,8 +262,9 @@ def test_gpu_backends_match_torch(decode, dtype, heads, kv_heads, head_dim, page
 def test_gpu_backends_fp32_are_exact(page_size):
     """fp32 (no tf32 in the Triton kernels): tight agreement, as greedy decoding needs."""
     for decode, lens in ((False, ([0, 50], [70, 9])), (True, ([99, 4, 300], [1, 1, 1]))):
-        case = make_case(*lens, heads=16, kv_heads=4, head_dim=64, page_size=page_size,
-                         decode=decode, seed=3)
+        case = make_case(
+            *lens, heads=16, kv_heads=4, head_dim=64, page_size=page_size, decode=decode, seed=3
+        )
         assert_close(run_backend(TritonAttentionBackend(), case), reference(case), 1e-4)
 
 
@@ -237,8 +274,17 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
     """Capture one decode step, then grow every sequence by one token and replay after
     re-planning on the same static batch tensors: the output must follow the new lengths."""
     seq_lens = [5, 40, 301]
-    case = make_case([n - 1 for n in seq_lens], [1] * 3, heads=32, kv_heads=8, head_dim=128,
-                     page_size=page_size, dtype=torch.bfloat16, decode=True, seed=7)
+    case = make_case(
+        [n - 1 for n in seq_lens],
+        [1] * 3,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        decode=True,
+        seed=7,
+    )
     fb = case.fb
     for backend in _gpu_backends(case, page_size).values():
         backend.init_cuda_graph_state(max_batch_size=8, max_num_tokens=fb.kv_pool.max_total_tokens)

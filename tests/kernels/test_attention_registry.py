@@ -50,14 +50,13 @@ def test_flashinfer_needs_shape_and_cuda():
     with pytest.raises(ValueError, match="num_heads"):
         registry.make_attention_backend("flashinfer", CPU)
     with pytest.raises(ValueError, match="CUDA"):
-        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
-                                        head_dim=64)
+        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2, head_dim=64)
 
 
 def test_flashinfer_rejects_head_dims_it_has_no_kernels_for():
     with pytest.raises(ValueError, match="head_dim 64, 128, 256, the model has 32"):
-        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
-                                        head_dim=32)
+        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2, head_dim=32)
     with pytest.raises(ValueError, match="no torch.float32 kernels"):
-        registry.make_attention_backend("flashinfer", CPU, num_heads=4, num_kv_heads=2,
-                                        head_dim=64, dtype=torch.float32)
+        registry.make_attention_backend(
+            "flashinfer", CPU, num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.float32
+        )

@@ -33,7 +33,9 @@ def test_rmsnorm_and_add_rmsnorm(dtype, rows, n):
     res = torch.randn(rows, n, generator=g).to(DEVICE, dtype)
     w = (1 + 0.1 * torch.randn(n, generator=g)).to(DEVICE, dtype)
     tol = TOL[dtype]
-    torch.testing.assert_close(fused.rmsnorm(x, w, 1e-5), ref_rmsnorm(x, w, 1e-5), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        fused.rmsnorm(x, w, 1e-5), ref_rmsnorm(x, w, 1e-5), atol=tol, rtol=tol
+    )
     out, summed = fused.add_rmsnorm(x, res, w, 1e-6)
     torch.testing.assert_close(summed, x + res, atol=0, rtol=0)  # rounded exactly like torch
     torch.testing.assert_close(out, ref_rmsnorm(x + res, w, 1e-6), atol=tol, rtol=tol)
@@ -52,8 +54,9 @@ def test_rope_split_qkv(dtype, heads, kv_heads, head_dim):
     cos, sin = rope.cos_sin(positions, dtype)
     q, k, v = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim)
     q_ref = rope.rotate(qkv[:, : heads * head_dim].float(), (cos.float(), sin.float()))
-    k_ref = rope.rotate(qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].float(),
-                        (cos.float(), sin.float()))
+    k_ref = rope.rotate(
+        qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].float(), (cos.float(), sin.float())
+    )
     tol = TOL[dtype]
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     torch.testing.assert_close(q.float(), q_ref.flatten(1), atol=tol, rtol=tol)

@@ -56,7 +56,9 @@ class ScriptedBackend(BaseBackend):
     def score_choices(self, prompt: Prompt, choices: list[str], unconditional: bool):
         self._record("score", prompt)
         cond = [self.choice_logprobs.get(c, [-5.0]) for c in choices]
-        return ChoiceLogprobs(cond, [[-1.0] * (len(c) - 1) for c in cond] if unconditional else None)
+        return ChoiceLogprobs(
+            cond, [[-1.0] * (len(c) - 1) for c in cond] if unconditional else None
+        )
 
 
 @pytest.fixture
@@ -132,8 +134,10 @@ def test_var_scope_and_roles(backend):
     state = prog.run(backend=backend)
     assert state._ex.check_integrity()
     assert state["question"] == "Why?"
-    assert state.messages() == [{"role": "user", "content": "Why?"},
-                                {"role": "assistant", "content": state["answer"]}]
+    assert state.messages() == [
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": state["answer"]},
+    ]
     assert state.text() == rl.ChatTemplate.chatml().render(state.messages())
 
 
@@ -153,8 +157,9 @@ def test_select_uses_the_method_and_records_scores(backend):
 
 
 def test_choices_methods_rank_from_logprobs():
-    lp = rl.choices.ChoiceLogprobs([[-1.0, -0.1], [-1.0, -0.01], [-0.2, -5.0, -5.0]],
-                                   [[-0.5], [-3.0], [-0.1, -0.1]])
+    lp = rl.choices.ChoiceLogprobs(
+        [[-1.0, -0.1], [-1.0, -0.01], [-0.2, -5.0, -5.0]], [[-0.5], [-3.0], [-0.1, -0.1]]
+    )
     names = ["a", "b", "c"]
     assert rl.token_length_normalized(names, lp).decision == "b"
     assert rl.greedy_token(names, lp).decision == "c"
@@ -268,8 +273,10 @@ def test_run_without_a_backend_says_how_to_set_one():
 def test_chat_template_is_measured_from_the_tokenizer_template():
     import jinja2
 
-    source = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<s>DEFAULT</s>"
-              "{% endif %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]{% endfor %}")
+    source = (
+        "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<s>DEFAULT</s>"
+        "{% endif %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]{% endfor %}"
+    )
 
     class Tok:
         chat_template = source
@@ -315,11 +322,17 @@ def test_http_select_finds_choice_tokens_that_merged_with_the_prefix():
         sent.append(body)
         if body["sampling_params"] == {"max_new_tokens": 0} and "return_logprob" not in body:
             return {"meta_info": {"prompt_tokens": 10, "cached_tokens": 0}}
-        rows = [[[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None]],  # prefix
-                [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-2.0, 90, None],
-                 [-1.0, 91, None]],  # its last token merged with the choice's first
-                [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None],
-                 [-0.5, 92, None]]]  # a clean boundary
+        rows = [
+            [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None]],  # prefix
+            [
+                [-0.1, 6, None],
+                [-0.2, 7, None],
+                [-0.3, 8, None],
+                [-2.0, 90, None],
+                [-1.0, 91, None],
+            ],  # its last token merged with the choice's first
+            [[-0.1, 6, None], [-0.2, 7, None], [-0.3, 8, None], [-0.4, 9, None], [-0.5, 92, None]],
+        ]  # a clean boundary
         return [{"meta_info": {"input_token_logprobs": r, "cached_tokens": 5}} for r in rows]
 
     endpoint = object.__new__(RuntimeEndpoint)

@@ -18,9 +18,11 @@ from radixlm.srt.server.server_process import ServerProcess
 pytestmark = pytest.mark.slow  # every backend runs the default model (smol_engine)
 
 GREEDY = {"temperature": 0}
-FEW_SHOT = ("Q: What is the capital of Italy?\nA: Rome\n"
-            "Q: What is the capital of Spain?\nA: Madrid\n"
-            "Q: What is the capital of France?\nA:")
+FEW_SHOT = (
+    "Q: What is the capital of Italy?\nA: Rome\n"
+    "Q: What is the capital of Spain?\nA: Madrid\n"
+    "Q: What is the capital of France?\nA:"
+)
 CHOICES = [" Paris", " Berlin", " Lyon", " The Eiffel Tower"]
 
 RawGenerate = Callable[..., dict]
@@ -58,8 +60,9 @@ def raw(kind: str, request: pytest.FixtureRequest, smol_engine) -> RawGenerate:
 
     def post(prompt=None, sampling_params=None, input_ids=None, **kw) -> dict:
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, **kw}
-        r = httpx.post(url + "/generate", json={k: v for k, v in body.items() if v is not None},
-                       timeout=300)
+        r = httpx.post(
+            url + "/generate", json={k: v for k, v in body.items() if v is not None}, timeout=300
+        )
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -72,8 +75,12 @@ def tok(smol_engine):
 
 
 def token_logprobs(raw: RawGenerate, ids: list[int], start: int) -> list[float]:
-    out = raw(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-              logprob_start_len=start)
+    out = raw(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=start,
+    )
     return [e[0] for e in out["meta_info"]["input_token_logprobs"] if e[0] is not None]
 
 
@@ -95,8 +102,9 @@ def expected_scores(raw: RawGenerate, tok, method: str) -> list[float]:
     return scores
 
 
-@pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token",
-                                    "unconditional_likelihood_normalized"])
+@pytest.mark.parametrize(
+    "method", ["token_length_normalized", "greedy_token", "unconditional_likelihood_normalized"]
+)
 def test_select_picks_the_highest_normalized_logprob(backend, raw, tok, method):
     @rl.function
     def quiz(s):
@@ -130,8 +138,10 @@ def test_fork_join_collects_every_branch_and_reuses_the_prefix(backend, raw, tok
     state = facts.run(backend=backend, **GREEDY)
     assert len(state["fact"]) == 3
     for i, fact in enumerate(state["fact"]):
-        alone = raw(prompt=prefix + f"Fact {i + 1}:",
-                    sampling_params={"max_new_tokens": 6, "stop": "\n", **GREEDY})
+        alone = raw(
+            prompt=prefix + f"Fact {i + 1}:",
+            sampling_params={"max_new_tokens": 6, "stop": "\n", **GREEDY},
+        )
         assert fact == alone["text"]
     num_prefix = len(tok.encode(prefix))
     assert all(m["cached_tokens"] >= num_prefix - 1 for m in state["metas"]), state["metas"]
@@ -173,13 +183,23 @@ def test_run_batch_returns_states_in_order(backend, raw):
         s += f"The capital of {country} is" + rl.gen("city", max_tokens=3)
 
     countries = ["France", "Japan", "Italy", "Germany", "Egypt"]
-    states = capital.run_batch([{"country": c} for c in countries], backend=backend,
-                               num_threads=3, progress_bar=True, **GREEDY)
-    expected = [raw(prompt=f"The capital of {c} is",
-                    sampling_params={"max_new_tokens": 3, **GREEDY})["text"] for c in countries]
+    states = capital.run_batch(
+        [{"country": c} for c in countries],
+        backend=backend,
+        num_threads=3,
+        progress_bar=True,
+        **GREEDY,
+    )
+    expected = [
+        raw(prompt=f"The capital of {c} is", sampling_params={"max_new_tokens": 3, **GREEDY})[
+            "text"
+        ]
+        for c in countries
+    ]
     assert [s["city"] for s in states] == expected
-    assert [s.text() for s in states] == [f"The capital of {c} is{e}"
-                                          for c, e in zip(countries, expected, strict=True)]
+    assert [s.text() for s in states] == [
+        f"The capital of {c} is{e}" for c, e in zip(countries, expected, strict=True)
+    ]
 
 
 def test_roles_render_through_the_chat_template(backend, raw, tok):
@@ -197,7 +217,10 @@ def test_roles_render_through_the_chat_template(backend, raw, tok):
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
     assert state.text() == tok.apply_chat_template(msgs, tokenize=False)
     prompt = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
-    assert msgs[2]["content"] == raw(prompt=prompt, sampling_params={"max_new_tokens": 6, **GREEDY})["text"]
+    assert (
+        msgs[2]["content"]
+        == raw(prompt=prompt, sampling_params={"max_new_tokens": 6, **GREEDY})["text"]
+    )
 
     no_system = rl.function(lambda s: s.__iadd__(rl.user("Hi") + rl.assistant("Hello")))
     state = no_system.run(backend=backend)
@@ -227,8 +250,11 @@ def test_openai_backend_gen_and_select_by_prompting(server, tok, smol_engine):
         s += rl.assistant(rl.select("where", ["Europe", "Asia"]))
 
     state = chat.run(backend=backend, **GREEDY)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     expected = smol_engine.generate(prompt, {"max_new_tokens": 12, **GREEDY})["text"]
     assert state["answer"] == expected
     assert state["where"] in ("Europe", "Asia")

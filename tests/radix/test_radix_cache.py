@@ -60,7 +60,9 @@ def test_splitting_a_locked_node_keeps_both_halves_locked() -> None:
     cache.insert([0, 0, 0], slots(0, 1, 2))
     locked = cache.match_prefix([0, 0, 0])
     cache.inc_lock_ref(locked.last_node)
-    assert cache.insert([0, 7], slots(5, 6)).num_present == 1  # splits the locked node after one token
+    assert (
+        cache.insert([0, 7], slots(5, 6)).num_present == 1
+    )  # splits the locked node after one token
     cache.check_integrity()
     assert cache.protected_size() == 3 and cache.evictable_size() == 1
     assert cache.evict(100) == 1

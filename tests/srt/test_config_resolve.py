@@ -16,8 +16,11 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 def _auto_fields(cfg: ServerConfig) -> list[str]:
-    return [f.name for f in dataclasses.fields(cfg)
-            if getattr(cfg, f.name) == "auto" and f.name not in AUTO_IS_A_MODE]
+    return [
+        f.name
+        for f in dataclasses.fields(cfg)
+        if getattr(cfg, f.name) == "auto" and f.name not in AUTO_IS_A_MODE
+    ]
 
 
 def test_resolve_leaves_no_auto_placeholder():
@@ -35,7 +38,10 @@ def test_resolve_leaves_no_auto_placeholder():
 def test_resolve_on_cpu_picks_torch_float32_and_keeps_explicit_values():
     resolved = resolve(ServerConfig(device="cpu"))
     assert (resolved.device, resolved.dtype, resolved.attention_backend) == (
-        "cpu", "float32", "torch")
+        "cpu",
+        "float32",
+        "torch",
+    )
     explicit = resolve(ServerConfig(device="cpu", dtype="bfloat16"))
     assert explicit.dtype == "bfloat16"
 
@@ -46,8 +52,13 @@ def test_resolve_rejects_a_bad_device():
 
 
 def test_resolved_config_is_logged_once_without_secrets(caplog, tiny_llama_dir):
-    cfg = config_from_kwargs(model_path=str(tiny_llama_dir), device="cpu", api_key="s3cret",
-                             max_total_tokens=256, max_running_requests=4)
+    cfg = config_from_kwargs(
+        model_path=str(tiny_llama_dir),
+        device="cpu",
+        api_key="s3cret",
+        max_total_tokens=256,
+        max_running_requests=4,
+    )
     with caplog.at_level(logging.INFO, logger="radixlm.srt.config"):
         runner = ModelRunner(cfg)
     lines = [r.getMessage() for r in caplog.records if r.name == "radixlm.srt.config"]

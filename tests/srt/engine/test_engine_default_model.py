@@ -17,7 +17,9 @@ GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 
 def test_capital_of_france(smol_engine):
-    prompt = smol_engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = smol_engine.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
     out = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 32})
     assert "Paris" in out["text"]
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
@@ -31,10 +33,15 @@ def test_greedy_matches_transformers_generate(smol_engine, default_model_dir):
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
-                              min_new_tokens=16, pad_token_id=tok.eos_token_id)
+            ref = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=16,
+                do_sample=False,
+                min_new_tokens=16,
+                pad_token_id=tok.eos_token_id,
+            )
         ours = smol_engine.generate(input_ids=ids, sampling_params=GREEDY)
-        assert ours["output_ids"] == ref[0, len(ids):].tolist(), prompt
+        assert ours["output_ids"] == ref[0, len(ids) :].tolist(), prompt
 
 
 def test_batch_of_mixed_lengths_equals_each_alone(smol_engine):
@@ -44,7 +51,13 @@ def test_batch_of_mixed_lengths_equals_each_alone(smol_engine):
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(smol_engine):
-    params = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 12, "seed": 1234, "ignore_eos": True}
+    params = {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "max_new_tokens": 12,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     first = smol_engine.generate(PROMPTS[0], params)["output_ids"]
     again = smol_engine.generate(PROMPTS[0], params)["output_ids"]
     others = [{**params, "seed": None}, {**params, "seed": 7}, params]
@@ -85,18 +98,27 @@ def test_stop_conditions(smol_engine):
 
 
 def test_min_new_tokens_holds_back_eos(smol_engine):
-    prompt = smol_engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = smol_engine.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
     short = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 64})
     assert short["meta_info"]["finish_reason"]["type"] == "stop"
     n = short["meta_info"]["completion_tokens"] + 5
-    longer = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 64, "min_new_tokens": n})
+    longer = smol_engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 64, "min_new_tokens": n}
+    )
     assert longer["meta_info"]["completion_tokens"] >= n
 
 
 def test_logprobs(smol_engine):
     ids = smol_engine.tokenizer.encode(PROMPTS[0])
-    out = smol_engine.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 4},
-                               return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    out = smol_engine.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 4},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
     meta = out["meta_info"]
     inp = meta["input_token_logprobs"]
     assert [t for _, t, _ in inp] == ids and inp[0][0] is None
@@ -106,8 +128,12 @@ def test_logprobs(smol_engine):
     for (lp, tok, _), top in zip(outp, meta["output_top_logprobs"], strict=True):
         assert len(top) == 3 and top[0][1] == tok and abs(top[0][0] - lp) < 1e-5  # greedy = top-1
     # the same input logprobs from a later start position, with the prefix now cached
-    later = smol_engine.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1},
-                                 return_logprob=True, logprob_start_len=2)
+    later = smol_engine.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=2,
+    )
     tail = later["meta_info"]["input_token_logprobs"]
     assert [t for _, t, _ in tail] == ids[2:]
     assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(tail, inp[2:], strict=True))
@@ -130,9 +156,15 @@ def test_prefill_only_request(smol_engine):
 
 @pytest.mark.parametrize(
     "params, name",
-    [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": 0}, "top_k"),
-     ({"min_p": 2}, "min_p"), ({"max_new_tokens": -1}, "max_new_tokens"),
-     ({"frequency_penalty": 5}, "frequency_penalty"), ({"bogus": 1}, "bogus")],
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"frequency_penalty": 5}, "frequency_penalty"),
+        ({"bogus": 1}, "bogus"),
+    ],
 )
 def test_invalid_sampling_params_raise_value_error(smol_engine, params, name):
     with pytest.raises(ValueError, match=name):

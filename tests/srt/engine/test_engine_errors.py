@@ -9,12 +9,16 @@ import pytest
 def test_batch_with_one_invalid_grammar_raises_after_all_finished(tiny_llama_dir):
     from radixlm.srt import Engine
 
-    with Engine(model_path=str(tiny_llama_dir), log_level="warning", max_total_tokens=2048) as engine:
+    with Engine(
+        model_path=str(tiny_llama_dir), log_level="warning", max_total_tokens=2048
+    ) as engine:
         good = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
         # well-formed for the front door, refused by the grammar compiler in the scheduler
         bad = {"temperature": 0, "max_new_tokens": 6, "regex": "[z-a]"}
         with pytest.raises(ValueError, match="Failed to compile regex grammar"):
-            engine.generate(input_ids=[[5, 6, 7], [8, 9, 10], [11, 12]], sampling_params=[good, bad, good])
+            engine.generate(
+                input_ids=[[5, 6, 7], [8, 9, 10], [11, 12]], sampling_params=[good, bad, good]
+            )
         assert engine._results == {}
         out = engine.generate(input_ids=[5, 6, 7], sampling_params=good)  # still serves
         assert out["meta_info"]["completion_tokens"] == 6

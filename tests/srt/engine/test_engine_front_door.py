@@ -30,18 +30,30 @@ def engine(tiny_llama_dir) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def tm(engine, tmp_path_factory) -> Iterator[TokenizerManager]:
     """A tokenizer manager over the engine's tokenizer and limits (nothing is sent)."""
-    tm = TokenizerManager(ServerConfig(), engine.tokenizer,
-                          IpcEndpoints.in_dir(tmp_path_factory.mktemp("ipc")))
+    tm = TokenizerManager(
+        ServerConfig(), engine.tokenizer, IpcEndpoints.in_dir(tmp_path_factory.mktemp("ipc"))
+    )
     tm.info = engine.scheduler.ready_info()
     yield tm
     asyncio.run(tm.close())
 
 
-def both(engine: Engine, tm: TokenizerManager, text: str | None = None,
-         input_ids: list[int] | None = None, sp: dict | None = None, **logprob: Any):
+def both(
+    engine: Engine,
+    tm: TokenizerManager,
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    sp: dict | None = None,
+    **logprob: Any,
+):
     """(the Engine's message or ValueError, the tokenizer manager's message or error)."""
-    options = {"return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0,
-               "stream": False, **logprob}
+    options = {
+        "return_logprob": False,
+        "logprob_start_len": -1,
+        "top_logprobs_num": 0,
+        "stream": False,
+        **logprob,
+    }
     try:
         msgs, _ = engine._admit(text, input_ids, sp, options)
         from_engine: Any = dataclasses.replace(msgs[0], rid="")
@@ -55,13 +67,20 @@ def both(engine: Engine, tm: TokenizerManager, text: str | None = None,
     return from_engine, from_tm
 
 
-@pytest.mark.parametrize("text, input_ids, sp, logprob", [
-    ("Hello there", None, {"max_new_tokens": 4, "json_schema": '{"type": "object"}'}, {}),
-    ("Hello there", None, {"regex": "[ab]+", "n": 2, "seed": 3}, {}),
-    (None, [1, 2, 3, 4], {"temperature": 0.5, "stop": ["x"], "logit_bias": {"7": 1.5}},
-     {"return_logprob": True, "logprob_start_len": 1, "top_logprobs_num": 2}),
-    (None, [5, 6], None, {"logprob_start_len": 1}),  # no return_logprob: no logprobs sent
-])
+@pytest.mark.parametrize(
+    "text, input_ids, sp, logprob",
+    [
+        ("Hello there", None, {"max_new_tokens": 4, "json_schema": '{"type": "object"}'}, {}),
+        ("Hello there", None, {"regex": "[ab]+", "n": 2, "seed": 3}, {}),
+        (
+            None,
+            [1, 2, 3, 4],
+            {"temperature": 0.5, "stop": ["x"], "logit_bias": {"7": 1.5}},
+            {"return_logprob": True, "logprob_start_len": 1, "top_logprobs_num": 2},
+        ),
+        (None, [5, 6], None, {"logprob_start_len": 1}),  # no return_logprob: no logprobs sent
+    ],
+)
 def test_the_same_message_from_both_entry_points(engine, tm, text, input_ids, sp, logprob):
     from_engine, from_tm = both(engine, tm, text, input_ids, sp, **logprob)
     assert from_engine == from_tm
@@ -69,18 +88,22 @@ def test_the_same_message_from_both_entry_points(engine, tm, text, input_ids, sp
         assert from_tm.grammar_kind == "json_object"
 
 
-@pytest.mark.parametrize("text, input_ids, sp, logprob, expected", [
-    ("hi", None, {"top_p": 0}, {}, "top_p must be in (0, 1]"),
-    ("hi", None, {"regex": "a", "choices": ["b"]}, {}, "at most one of json_schema, regex"),
-    ("hi", None, {"json_schema": "{"}, {}, "json_schema"),
-    (None, [1, 10**9], None, {}, "input_ids must be token ids in"),
-    (None, [1] * POOL, {"max_new_tokens": 1}, {}, f"KV pool {POOL} tokens"),
-    (None, [1] * 10, {"max_new_tokens": 2040}, {}, "exceeds the context length"),
-    (None, [1, 2], None, {"return_logprob": True, "top_logprobs_num": 99}, "top_logprobs_num"),
-    ("", None, None, {}, "the prompt is empty"),
-])
-def test_the_same_refusal_from_both_entry_points(engine, tm, text, input_ids, sp, logprob,
-                                                 expected):
+@pytest.mark.parametrize(
+    "text, input_ids, sp, logprob, expected",
+    [
+        ("hi", None, {"top_p": 0}, {}, "top_p must be in (0, 1]"),
+        ("hi", None, {"regex": "a", "choices": ["b"]}, {}, "at most one of json_schema, regex"),
+        ("hi", None, {"json_schema": "{"}, {}, "json_schema"),
+        (None, [1, 10**9], None, {}, "input_ids must be token ids in"),
+        (None, [1] * POOL, {"max_new_tokens": 1}, {}, f"KV pool {POOL} tokens"),
+        (None, [1] * 10, {"max_new_tokens": 2040}, {}, "exceeds the context length"),
+        (None, [1, 2], None, {"return_logprob": True, "top_logprobs_num": 99}, "top_logprobs_num"),
+        ("", None, None, {}, "the prompt is empty"),
+    ],
+)
+def test_the_same_refusal_from_both_entry_points(
+    engine, tm, text, input_ids, sp, logprob, expected
+):
     from_engine, from_tm = both(engine, tm, text, input_ids, sp, **logprob)
     assert type(from_engine) is ValueError and isinstance(from_tm, GenerateError)
     assert expected in str(from_engine)

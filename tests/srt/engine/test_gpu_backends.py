@@ -17,12 +17,30 @@ from radixlm.srt.bench.bench_gpu import make_model_folder
 
 pytestmark = pytest.mark.gpu
 
-TINY = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096,
-            rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
-SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
-               rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+TINY = dict(
+    hidden_size=256,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+SMOLLM2 = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 
 
 # FlashInfer compiles its kernels per shape on first use (minutes): RADIXLM_GPU_TEST_BACKENDS
@@ -38,17 +56,26 @@ def _prompts(vocab: int) -> list[list[int]]:
 def _greedy(folder, shape, backend, dtype, n, graphs=True, head_scale=1.0, with_top=False):
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                    dtype=dtype, disable_cuda_graph=not graphs, max_total_tokens=16384,
-                    log_level="warning")
+    engine = Engine(
+        model_path=str(folder),
+        load_format="dummy",
+        attention_backend=backend,
+        dtype=dtype,
+        disable_cuda_graph=not graphs,
+        max_total_tokens=16384,
+        log_level="warning",
+    )
     try:
         with torch.inference_mode():
             for name, p in engine.scheduler.runner.model.named_parameters():
                 if "lm_head" in name:
                     p.mul_(head_scale)
-        outs = engine.generate(input_ids=_prompts(shape["vocab_size"]),
-                               sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
-                               return_logprob=with_top, top_logprobs_num=2 if with_top else None)
+        outs = engine.generate(
+            input_ids=_prompts(shape["vocab_size"]),
+            sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
+            return_logprob=with_top,
+            top_logprobs_num=2 if with_top else None,
+        )
         ids = [o["output_ids"] for o in outs]
         if not with_top:
             return ids
@@ -85,7 +112,9 @@ def test_smollm2_shape_bf16_first_32_tokens_agree(tmp_path):
     for backend in BACKENDS:
         got = _greedy(folder, SMOLLM2, backend, "bfloat16", 32)
         for want, have, top in zip(ref, got, ref_top, strict=True):
-            diff = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), None)
+            diff = next(
+                (i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), None
+            )
             if diff is None:
                 continue
             gap = top[diff][0][0] - top[diff][1][0]

@@ -17,9 +17,18 @@ from radixlm.srt.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
 
-TINY = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096,
-            rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+TINY = dict(
+    hidden_size=256,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 LENGTHS = (5, 37, 200, 64)
 MAX_NEW = (40, 12, 25, 1)
 
@@ -31,10 +40,15 @@ def folder(tmp_path_factory):
 
 def _scheduler(folder, overlap: bool, backend: str) -> Scheduler:
     torch.manual_seed(0)
-    cfg = config_from_kwargs(model_path=str(folder), load_format="dummy", attention_backend=backend,
-                             dtype="float32" if backend != "flashinfer" else "float16",
-                             max_total_tokens=8192, log_level="warning",
-                             disable_overlap_schedule=not overlap)
+    cfg = config_from_kwargs(
+        model_path=str(folder),
+        load_format="dummy",
+        attention_backend=backend,
+        dtype="float32" if backend != "flashinfer" else "float16",
+        max_total_tokens=8192,
+        log_level="warning",
+        disable_overlap_schedule=not overlap,
+    )
     return Scheduler(cfg)
 
 
@@ -42,8 +56,13 @@ def _submit_all(s: Scheduler) -> None:
     rng = random.Random(0)
     for i, (n, m) in enumerate(zip(LENGTHS, MAX_NEW, strict=True)):
         ids = [rng.randrange(2, TINY["vocab_size"]) for _ in range(n)]
-        s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids, sampling_params={
-            "temperature": 0, "max_new_tokens": m, "ignore_eos": True}))
+        s.handle(
+            TokenizedGenerateReq(
+                rid=f"r{i}",
+                input_ids=ids,
+                sampling_params={"temperature": 0, "max_new_tokens": m, "ignore_eos": True},
+            )
+        )
 
 
 def _drain(s: Scheduler, on_step=None) -> dict:

@@ -48,8 +48,14 @@ def test_backends_that_claim_graph_support_implement_every_hook():
 
 
 def test_graph_runner_refuses_a_backend_without_support(tiny_llama_dir):
-    runner = ModelRunner(config_from_kwargs(model_path=str(tiny_llama_dir), log_level="warning",
-                                            max_total_tokens=256, max_running_requests=4))
+    runner = ModelRunner(
+        config_from_kwargs(
+            model_path=str(tiny_llama_dir),
+            log_level="warning",
+            max_total_tokens=256,
+            max_running_requests=4,
+        )
+    )
     assert runner.graph_runner is None
     with pytest.raises(ValueError, match="does not support CUDA graphs"):
         CudaGraphRunner(runner, 4)

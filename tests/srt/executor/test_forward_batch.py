@@ -24,8 +24,9 @@ def _mixed_batch() -> ScheduledBatch:
     decode step (prompt of 3 plus 2 generated tokens: the last one is new)."""
     chunk = Req(rid="chunk", prompt_ids=[11, 12, 13, 14, 15, 16], params=SamplingParams())
     whole = Req(rid="whole", prompt_ids=[21, 22], params=SamplingParams())
-    decode = Req(rid="decode", prompt_ids=[31, 32, 33], params=SamplingParams(),
-                 output_ids=[34, 35])
+    decode = Req(
+        rid="decode", prompt_ids=[31, 32, 33], params=SamplingParams(), output_ids=[34, 35]
+    )
     for slot, req in zip((3, 1, 5), (chunk, whole, decode), strict=True):
         req.req_slot = slot
     batch = ScheduledBatch(ForwardMode.EXTEND)
@@ -38,8 +39,9 @@ def _mixed_batch() -> ScheduledBatch:
 def test_from_scheduled_has_the_old_layout_fields():
     r2t, kv = _pools()
     backend = TorchAttentionBackend()
-    fb = ForwardBatch.from_scheduled(_mixed_batch(), req_to_token_pool=r2t, kv_pool=kv,
-                                     attn_backend=backend)
+    fb = ForwardBatch.from_scheduled(
+        _mixed_batch(), req_to_token_pool=r2t, kv_pool=kv, attn_backend=backend
+    )
     assert fb.mode is ForwardMode.EXTEND
     assert fb.input_ids.tolist() == [13, 14, 15, 21, 22, 35]
     assert fb.positions.tolist() == [2, 3, 4, 0, 1, 4]
@@ -47,8 +49,10 @@ def test_from_scheduled_has_the_old_layout_fields():
     assert fb.req_slots.tolist() == fb.req_slots_cpu == [3, 1, 5]
     assert fb.seq_lens.tolist() == fb.seq_lens_cpu == [5, 2, 5]
     assert (fb.prefix_lens_cpu, fb.extend_lens_cpu) == ([2, 0, 4], [3, 2, 1])
-    assert all(t.dtype == torch.int64 for t in (fb.input_ids, fb.positions, fb.req_slots,
-                                                fb.seq_lens, fb.out_kv_slots))
+    assert all(
+        t.dtype == torch.int64
+        for t in (fb.input_ids, fb.positions, fb.req_slots, fb.seq_lens, fb.out_kv_slots)
+    )
     assert (fb.req_to_token_pool, fb.kv_pool, fb.attn_backend) == (r2t, kv, backend)
     assert (fb.batch_size, fb.num_tokens) == (3, 6)
 
@@ -56,9 +60,13 @@ def test_from_scheduled_has_the_old_layout_fields():
 def test_from_scheduled_takes_input_ids_still_on_the_device():
     r2t, kv = _pools()
     on_device = torch.tensor([9, 9, 9, 9, 9, 9])
-    fb = ForwardBatch.from_scheduled(_mixed_batch(), req_to_token_pool=r2t, kv_pool=kv,
-                                     attn_backend=TorchAttentionBackend(),
-                                     input_ids_on_device=on_device)
+    fb = ForwardBatch.from_scheduled(
+        _mixed_batch(),
+        req_to_token_pool=r2t,
+        kv_pool=kv,
+        attn_backend=TorchAttentionBackend(),
+        input_ids_on_device=on_device,
+    )
     assert fb.input_ids is on_device
     assert fb.positions.tolist() == [2, 3, 4, 0, 1, 4]
 
@@ -66,8 +74,9 @@ def test_from_scheduled_takes_input_ids_still_on_the_device():
 def test_graph_capture_batch_is_padding_and_views_share_its_buffers():
     r2t, kv = _pools()
     pad = ReqToTokenPool.PADDING_ROW
-    static = ForwardBatch.for_graph_capture(8, pad, req_to_token_pool=r2t, kv_pool=kv,
-                                            attn_backend=TorchAttentionBackend())
+    static = ForwardBatch.for_graph_capture(
+        8, pad, req_to_token_pool=r2t, kv_pool=kv, attn_backend=TorchAttentionBackend()
+    )
     assert static.mode is ForwardMode.DECODE and static.batch_size == 8
     assert static.input_ids.tolist() == static.positions.tolist() == [0] * 8
     assert static.out_kv_slots.tolist() == [0] * 8

@@ -16,16 +16,22 @@ pytestmark = pytest.mark.slow
 NUM_REQUESTS = 40
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 16},
-                   "country": {"type": "string", "maxLength": 16},
-                   "population_millions": {"type": "integer", "minimum": 0, "maximum": 999}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "country": {"type": "string", "maxLength": 16},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 999},
+    },
     "required": ["city", "country", "population_millions"],
     "additionalProperties": False,
 }
 REGEX = r"\d{1,2}:\d{2} (AM|PM)"
 CHOICES = ["north", "south", "east", "west"]
-FREE_PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
-                "Once upon a time, there was"]
+FREE_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "1, 2, 3, 4,",
+    "Once upon a time, there was",
+]
 FREE = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 
@@ -34,15 +40,28 @@ def _job(i: int) -> tuple[str, dict, str]:
     and unconstrained requests."""
     kind = ("json", "regex", "choices", "free")[i % 4]
     if kind == "json":
-        return (f"Describe city number {i} as JSON: ",
-                {"temperature": 0.8, "seed": i, "max_new_tokens": 96,
-                 "json_schema": json.dumps(SCHEMA)}, kind)
+        return (
+            f"Describe city number {i} as JSON: ",
+            {
+                "temperature": 0.8,
+                "seed": i,
+                "max_new_tokens": 96,
+                "json_schema": json.dumps(SCHEMA),
+            },
+            kind,
+        )
     if kind == "regex":
-        return (f"Meeting {i} starts at ", {"temperature": 0.8, "seed": i, "max_new_tokens": 12,
-                                            "regex": REGEX}, kind)
+        return (
+            f"Meeting {i} starts at ",
+            {"temperature": 0.8, "seed": i, "max_new_tokens": 12, "regex": REGEX},
+            kind,
+        )
     if kind == "choices":
-        return (f"Compass direction {i}: ", {"temperature": 1.0, "seed": i, "max_new_tokens": 8,
-                                             "choices": CHOICES}, kind)
+        return (
+            f"Compass direction {i}: ",
+            {"temperature": 1.0, "seed": i, "max_new_tokens": 8, "choices": CHOICES},
+            kind,
+        )
     return FREE_PROMPTS[(i // 4) % len(FREE_PROMPTS)], FREE, kind
 
 

@@ -61,8 +61,10 @@ def test_more_than_one_grammar_is_rejected(smol_engine):
     with pytest.raises(ValueError, match="at most one of json_schema, regex, ebnf, choices"):
         smol_engine.generate("Hello", {**GREEDY, "regex": "a", "ebnf": 'start: "a"'})
     with pytest.raises(ValueError, match="at most one"):
-        smol_engine.generate("Hello", {**GREEDY, "json_schema": json.dumps({"type": "string"}),
-                                       "choices": ["a", "b"]})
+        smol_engine.generate(
+            "Hello",
+            {**GREEDY, "json_schema": json.dumps({"type": "string"}), "choices": ["a", "b"]},
+        )
 
 
 def test_bad_choices_are_rejected(smol_engine):

@@ -27,16 +27,25 @@ SCHEMAS = {
         "type": "object",
         "properties": {
             "status": {"enum": ["active", "inactive", "banned"]},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
-                     "minItems": 1, "maxItems": 3},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 12},
+                "minItems": 1,
+                "maxItems": 3,
+            },
         },
         "required": ["status", "tags"],
         "additionalProperties": False,
     },
     "nested with refs": {
-        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"},
-                                                             "y": {"type": "integer"}},
-                            "required": ["x", "y"], "additionalProperties": False}},
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            }
+        },
         "type": "object",
         "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
         "required": ["start", "end"],
@@ -44,16 +53,20 @@ SCHEMAS = {
     },
     "numeric bounds": {  # auto compiles these with llguidance (outlines-core ignores bounds)
         "type": "object",
-        "properties": {"rating": {"type": "integer", "minimum": 1, "maximum": 5},
-                       "score": {"type": "number", "minimum": 0, "maximum": 1}},
+        "properties": {
+            "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+        },
         "required": ["rating", "score"],
         "additionalProperties": False,
     },
     "pattern and format": {
         "type": "object",
-        "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
-                       "released": {"type": "string", "format": "date"},
-                       "price": {"anyOf": [{"type": "number"}, {"type": "null"}]}},
+        "properties": {
+            "sku": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
+            "released": {"type": "string", "format": "date"},
+            "price": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+        },
         "required": ["sku", "released", "price"],
         "additionalProperties": False,
     },
@@ -70,8 +83,10 @@ def test_outputs_validate_against_the_schema(smol_engine, name):
     schema = SCHEMAS[name]
     prompt = _prompt(smol_engine, QUESTION.format(name))
     params = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(schema)}]
-    params += [{"temperature": 1.0, "seed": s, "max_new_tokens": 96,
-                "json_schema": json.dumps(schema)} for s in range(2)]
+    params += [
+        {"temperature": 1.0, "seed": s, "max_new_tokens": 96, "json_schema": json.dumps(schema)}
+        for s in range(2)
+    ]
     for out in smol_engine.generate([prompt] * len(params), params):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         jsonschema.validate(json.loads(out["text"]), schema)
@@ -79,8 +94,9 @@ def test_outputs_validate_against_the_schema(smol_engine, name):
 
 def test_json_object_response_is_an_object(smol_engine):
     prompt = _prompt(smol_engine, "Give me a JSON object describing a person.")
-    out = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 96,
-                                        "json_schema": '{"type": "object"}'})
+    out = smol_engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 96, "json_schema": '{"type": "object"}'}
+    )
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
     assert isinstance(json.loads(out["text"]), dict)
 
@@ -96,8 +112,9 @@ def test_ebnf_grammar_output_is_in_the_language(smol_engine):
 
 def test_truncated_output_reports_length(smol_engine):
     prompt = _prompt(smol_engine, QUESTION.format("person"))
-    out = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 5,
-                                        "json_schema": json.dumps(PERSON)})
+    out = smol_engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 5, "json_schema": json.dumps(PERSON)}
+    )
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert out["meta_info"]["completion_tokens"] == 5
     assert out["text"].startswith("{")
@@ -111,8 +128,9 @@ def _run_counting_steps(engine, prompt: str, jump_forward: bool) -> tuple[dict, 
     grammars.jump_forward_enabled = jump_forward
     try:
         before = engine.scheduler.num_forward_steps
-        out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 80,
-                                       "json_schema": json.dumps(PERSON)})
+        out = engine.generate(
+            prompt, {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(PERSON)}
+        )
         return out, engine.scheduler.num_forward_steps - before
     finally:
         grammars.jump_forward_enabled = saved

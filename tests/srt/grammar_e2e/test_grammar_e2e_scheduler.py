@@ -60,8 +60,12 @@ def grammar_cache_dir(tmp_path_factory):
     _GRAMMAR_DIR.clear()
 
 
-def _drive(sched: Scheduler, msgs: list[TokenizedGenerateReq], also: tuple[str, ...] = (),
-           max_steps: int = 3000) -> dict:
+def _drive(
+    sched: Scheduler,
+    msgs: list[TokenizedGenerateReq],
+    also: tuple[str, ...] = (),
+    max_steps: int = 3000,
+) -> dict:
     """Steps until idle, checking the grammar invariant after every step; returns per rid (of
     ``msgs`` and the already submitted ``also``) the token ids it reported and its finish."""
     for msg in msgs:
@@ -83,9 +87,12 @@ def _drive(sched: Scheduler, msgs: list[TokenizedGenerateReq], also: tuple[str, 
 
 
 def _requests(n: int, stream_every: int = 2) -> list[TokenizedGenerateReq]:
-    return [TokenizedGenerateReq(rid=f"r{i}", input_ids=p, sampling_params=_params(i),
-                                 stream=i % stream_every == 0)
-            for i, p in enumerate(_prompts(n))]
+    return [
+        TokenizedGenerateReq(
+            rid=f"r{i}", input_ids=p, sampling_params=_params(i), stream=i % stream_every == 0
+        )
+        for i, p in enumerate(_prompts(n))
+    ]
 
 
 def _check_valid(sched: Scheduler, results: dict) -> None:
@@ -189,7 +196,9 @@ def test_backend_none_rejects_grammars(tiny_llama_dir):
     msg = TokenizedGenerateReq("r", _prompts(1)[0], _params(1))
     ((_, reason),) = _drive(sched, [msg]).values()
     assert reason["type"] == "abort" and reason["status_code"] == 400
-    assert reason["message"].startswith("Failed to compile regex grammar: constrained decoding is disabled")
+    assert reason["message"].startswith(
+        "Failed to compile regex grammar: constrained decoding is disabled"
+    )
 
 
 def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
@@ -202,10 +211,12 @@ def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
         return cache
 
     monkeypatch.setattr(grammar_queue_module, "create_compile_cache", slow_cache)
-    sched = _scheduler(tiny_llama_dir, max_total_tokens=4096, grammar_compile_timeout_s=0.2,
-                       grammar_cache_dir=None)
+    sched = _scheduler(
+        tiny_llama_dir, max_total_tokens=4096, grammar_compile_timeout_s=0.2, grammar_cache_dir=None
+    )
     msg = TokenizedGenerateReq("r", _prompts(1)[0], _params(1))
     ((_, reason),) = _drive(sched, [msg]).values()
     assert reason["status_code"] == 400
-    assert reason["message"] == ("Failed to compile regex grammar: compilation did not finish "
-                                 "within 0.2 s")
+    assert reason["message"] == (
+        "Failed to compile regex grammar: compilation did not finish within 0.2 s"
+    )

@@ -33,9 +33,14 @@ def model_dir(tmp_path_factory, tiny_llama_writer):
     from radixlm.grammar.testing import train_byte_level_tokenizer
 
     tok = train_byte_level_tokenizer()
-    return tiny_llama_writer(tmp_path_factory.mktemp("gpu-grammar-llama"), tok, hidden_size=128,
-                             intermediate_size=256, bos_token_id=tok.eos_token_id,
-                             tie_word_embeddings=False)
+    return tiny_llama_writer(
+        tmp_path_factory.mktemp("gpu-grammar-llama"),
+        tok,
+        hidden_size=128,
+        intermediate_size=256,
+        bos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
 
 
 def _requests(n_each: int, temperature: float) -> tuple[list[list[int]], list[dict]]:
@@ -44,16 +49,27 @@ def _requests(n_each: int, temperature: float) -> tuple[list[list[int]], list[di
     grammars = [{"json_schema": json.dumps(SCHEMA)}, {"regex": REGEX}, {"choices": CHOICES}, {}]
     for i in range(n_each * len(grammars)):
         prompts.append([rng.randrange(3, 400) for _ in range(rng.randrange(4, 40))])
-        params.append({"temperature": temperature, "max_new_tokens": 48, "seed": i,
-                       **grammars[i % len(grammars)]})
+        params.append(
+            {
+                "temperature": temperature,
+                "max_new_tokens": 48,
+                "seed": i,
+                **grammars[i % len(grammars)],
+            }
+        )
     return prompts, params
 
 
 def _run(model_dir, device: str, temperature: float) -> list[dict]:
     from radixlm.srt import Engine
 
-    engine = Engine(model_path=str(model_dir), device=device, dtype="float32",
-                    max_total_tokens=8192, log_level="warning")
+    engine = Engine(
+        model_path=str(model_dir),
+        device=device,
+        dtype="float32",
+        max_total_tokens=8192,
+        log_level="warning",
+    )
     try:
         prompts, params = _requests(3, temperature)
         outs = engine.generate(input_ids=prompts, sampling_params=params)

@@ -35,17 +35,20 @@ def refusal(fn, *args, **kwargs) -> GenerateError:
     return err.value
 
 
-@pytest.mark.parametrize("sp, param, message", [
-    ({"temperature": -1}, "temperature", "temperature must be >= 0"),
-    ({"bogus": 1}, None, "unknown sampling parameter(s): bogus"),
-    ({"top_k": "3"}, "top_k", "sampling parameter top_k must be an integer"),
-    ({"stop_token_ids": [VOCAB]}, "stop_token_ids", f"in [0, {VOCAB}) (the vocabulary)"),
-    ({"logit_bias": {"-1": 1.0}}, "logit_bias", "logit_bias token id must be in [0,"),
-    ({"regex": "a", "ebnf": "root ::= \"a\""}, None, "at most one of json_schema, regex"),
-    ({"regex": "(ab"}, "regex", "regex"),
-    ({"json_schema": "{not json"}, "json_schema", "json_schema"),
-    ({"json_schema": "[" * 200 + "]" * 200}, "json_schema", "json_schema"),
-])
+@pytest.mark.parametrize(
+    "sp, param, message",
+    [
+        ({"temperature": -1}, "temperature", "temperature must be >= 0"),
+        ({"bogus": 1}, None, "unknown sampling parameter(s): bogus"),
+        ({"top_k": "3"}, "top_k", "sampling parameter top_k must be an integer"),
+        ({"stop_token_ids": [VOCAB]}, "stop_token_ids", f"in [0, {VOCAB}) (the vocabulary)"),
+        ({"logit_bias": {"-1": 1.0}}, "logit_bias", "logit_bias token id must be in [0,"),
+        ({"regex": "a", "ebnf": 'root ::= "a"'}, None, "at most one of json_schema, regex"),
+        ({"regex": "(ab"}, "regex", "regex"),
+        ({"json_schema": "{not json"}, "json_schema", "json_schema"),
+        ({"json_schema": "[" * 200 + "]" * 200}, "json_schema", "json_schema"),
+    ],
+)
 def test_sampling_params_are_refused_naming_the_parameter(door, sp, param, message):
     err = refusal(door.prepare, "r", input_ids=[1, 2, 3], sampling_params=sp)
     assert message in err.message
@@ -58,16 +61,20 @@ def test_input_ids_are_checked_against_the_vocabulary(door):
     assert err.param == "input_ids"
     # a prompt too long for the context is refused by its length, before any id is looked at
     err = refusal(door.prepare, "r", input_ids=[-1] * CONTEXT)
-    assert err.message.startswith(f"the prompt has {CONTEXT} tokens, but this server takes at "
-                                  f"most {CONTEXT - 1}")
+    assert err.message.startswith(
+        f"the prompt has {CONTEXT} tokens, but this server takes at most {CONTEXT - 1}"
+    )
 
 
 def test_prompt_lengths(door):
     assert "the prompt is empty" in refusal(door.prepare, "r", input_ids=[]).message
     assert "the prompt is empty" in refusal(door.prepare, "r", text="").message
-    err = refusal(door.prepare, "r", input_ids=[1] * 10,
-                  sampling_params={"max_new_tokens": CONTEXT - 9})
-    assert err.param == "max_new_tokens" and f"exceeds the context length of {CONTEXT}" in err.message
+    err = refusal(
+        door.prepare, "r", input_ids=[1] * 10, sampling_params={"max_new_tokens": CONTEXT - 9}
+    )
+    assert (
+        err.param == "max_new_tokens" and f"exceeds the context length of {CONTEXT}" in err.message
+    )
     door.prepare("r", input_ids=[1] * 10, sampling_params={"max_new_tokens": CONTEXT - 10})
     err = refusal(door.prepare, "r", text="x" * (door.max_prompt_chars + 1))
     assert err.param == "text" and f"more than the {CONTEXT}-token context" in err.message
@@ -90,16 +97,19 @@ def test_exactly_one_of_text_and_input_ids(door):
     assert "exactly one" in refusal(door.prepare, "r", text="a", input_ids=[1]).message
 
 
-@pytest.mark.parametrize("sp, kind", [
-    ({"json_schema": '{"type": "object"}'}, "json_object"),
-    ({"json_schema": {"type": "object"}}, "json_object"),
-    ({"json_schema": '{"type": "object", "required": ["a"]}'}, "json_schema"),
-    ({"json_schema": "true"}, "json_schema"),
-    ({"regex": "[ab]+"}, "regex"),
-    ({"ebnf": 'root ::= "a"'}, "ebnf"),
-    ({"choices": ["yes", "no"]}, "choices"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "sp, kind",
+    [
+        ({"json_schema": '{"type": "object"}'}, "json_object"),
+        ({"json_schema": {"type": "object"}}, "json_object"),
+        ({"json_schema": '{"type": "object", "required": ["a"]}'}, "json_schema"),
+        ({"json_schema": "true"}, "json_schema"),
+        ({"regex": "[ab]+"}, "regex"),
+        ({"ebnf": 'root ::= "a"'}, "ebnf"),
+        ({"choices": ["yes", "no"]}, "choices"),
+        ({}, None),
+    ],
+)
 def test_the_grammar_kind_is_decided_once_and_travels(door, sp, kind):
     params, msg = door.prepare("r", text="Hello world", sampling_params=sp)
     assert msg.grammar_kind == kind == grammar_kind(params)

@@ -55,10 +55,18 @@ class FakeScheduler:
         self.steps += 1
         req = self.pending.pop(0)
         return BatchTokenOut(
-            rids=[req.rid], new_token_ids=[[7]], finish_reason=[{"type": "length", "length": 1}],
-            prompt_tokens=[len(req.input_ids)], completion_tokens=[1], cached_tokens=[0],
-            no_stop_trim=[False], skip_special_tokens=[True], output_token_logprobs=[None],
-            output_top_logprobs=[None], input_token_logprobs=[None], input_top_logprobs=[None],
+            rids=[req.rid],
+            new_token_ids=[[7]],
+            finish_reason=[{"type": "length", "length": 1}],
+            prompt_tokens=[len(req.input_ids)],
+            completion_tokens=[1],
+            cached_tokens=[0],
+            no_stop_trim=[False],
+            skip_special_tokens=[True],
+            output_token_logprobs=[None],
+            output_top_logprobs=[None],
+            input_token_logprobs=[None],
+            input_top_logprobs=[None],
         )
 
 
@@ -141,8 +149,10 @@ def test_detokenizer_loop(tmp_path) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["hello world"] * 5, trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        ["hello world"] * 5,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
     endpoints = IpcEndpoints.in_dir(tmp_path)
     ctx = zmq.Context()
     results = ctx.socket(zmq.PULL)

@@ -57,8 +57,15 @@ class KVSession:
             extend_lens.append(len(tokens))
             self.cached_lens[req_slot] = prefix + len(tokens)
         fb = ForwardBatch.from_host(
-            mode, ids, positions, torch.cat(slots), [r for r, _ in new_tokens], prefix_lens,
-            extend_lens, req_to_token_pool=self.req_pool, kv_pool=self.kv_pool,
+            mode,
+            ids,
+            positions,
+            torch.cat(slots),
+            [r for r, _ in new_tokens],
+            prefix_lens,
+            extend_lens,
+            req_to_token_pool=self.req_pool,
+            kv_pool=self.kv_pool,
             attn_backend=self.backend,
         )
         self.backend.plan(fb)

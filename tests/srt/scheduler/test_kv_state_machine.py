@@ -70,8 +70,9 @@ class KVMachineBase(RuleBasedStateMachine):
         held = Counter()
         for t in self.reqs:
             if t.locked is not None:
-                held.update(t.locked[:e] for e in range(self.page_size, len(t.locked) + 1,
-                                                        self.page_size))
+                held.update(
+                    t.locked[:e] for e in range(self.page_size, len(t.locked) + 1, self.page_size)
+                )
         return held
 
     def _owned_pages(self, t: Tracked) -> set[int]:
@@ -153,10 +154,16 @@ class KVMachineBase(RuleBasedStateMachine):
         self.reqs.append(Tracked(req, "waiting", []))
 
     @precondition(lambda self: self._in("waiting") or self._in("chunked"))
-    @rule(picks=st.lists(INDEX, min_size=1, max_size=3, unique=True), chunk=CHUNK,
-          defer=st.booleans(), token=st.integers(0, 1), finish=st.sets(INDEX, max_size=2))
-    def prefill_step(self, picks: list[int], chunk: int, defer: bool, token: int,
-                     finish: set[int]) -> None:
+    @rule(
+        picks=st.lists(INDEX, min_size=1, max_size=3, unique=True),
+        chunk=CHUNK,
+        defer=st.booleans(),
+        token=st.integers(0, 1),
+        finish=st.sets(INDEX, max_size=2),
+    )
+    def prefill_step(
+        self, picks: list[int], chunk: int, defer: bool, token: int, finish: set[int]
+    ) -> None:
         """One prefill batch, as Scheduler._schedule_prefill and the step after the forward:
         continue chunked requests, admit waiting ones until one does not fit, sample a token
         for every complete prompt, finish some of them (a grammar that ends at once), and put

@@ -22,7 +22,9 @@ def _workload() -> list[list[int]]:
     rng = random.Random(1234)
     heads = [[rng.randrange(100, 40000) for _ in range(SHARED_LEN)] for _ in range(3)]
     tail = PROMPT_LEN - SHARED_LEN
-    return [heads[i % 3] + [rng.randrange(100, 40000) for _ in range(tail)] for i in range(NUM_PROMPTS)]
+    return [
+        heads[i % 3] + [rng.randrange(100, 40000) for _ in range(tail)] for i in range(NUM_PROMPTS)
+    ]
 
 
 PROMPTS = _workload()
@@ -64,14 +66,16 @@ def test_radix_cache_on_gives_the_same_greedy_outputs(tiny_llama_dir, reference,
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_chunked_prefill_gives_the_same_greedy_outputs(tiny_llama_dir, reference, policy):
-    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=4096, schedule_policy=policy,
-                              chunked_prefill_size=16)
+    outputs, _ = run_workload(
+        tiny_llama_dir, max_total_tokens=4096, schedule_policy=policy, chunked_prefill_size=16
+    )
     assert outputs == reference
 
 
 def test_chunked_prefill_without_cache_gives_the_same_greedy_outputs(tiny_llama_dir, reference):
-    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=16,
-                              disable_radix_cache=True)
+    outputs, _ = run_workload(
+        tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=16, disable_radix_cache=True
+    )
     assert outputs == reference
 
 
@@ -87,9 +91,15 @@ def test_forced_retraction_gives_the_same_greedy_outputs(tiny_llama_dir, referen
     assert outputs == reference
 
 
-def test_forced_retraction_without_cache_gives_the_same_greedy_outputs(tiny_llama_dir, reference, caplog):
+def test_forced_retraction_without_cache_gives_the_same_greedy_outputs(
+    tiny_llama_dir, reference, caplog
+):
     caplog.set_level(logging.INFO, logger="radixlm.srt.scheduler")
-    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=RETRACT_POOL, disable_radix_cache=True,
-                              chunked_prefill_size=16)
+    outputs, _ = run_workload(
+        tiny_llama_dir,
+        max_total_tokens=RETRACT_POOL,
+        disable_radix_cache=True,
+        chunked_prefill_size=16,
+    )
     assert _retractions(caplog) > 0
     assert outputs == reference

@@ -21,8 +21,11 @@ POOL = 4096
 # Eight free letters (what the compile-time probe sees), then braces around 5,000 optional
 # words: llguidance's row after ``{`` has about 10,000 Earley items (its limit is 8,000), so the
 # matcher fails while decoding ("Current row has 10001 items").
-HOSTILE_EBNF = ('root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] "{" '
-                + " ".join(f'"k{i}"?' for i in range(5000)) + ' "}"')
+HOSTILE_EBNF = (
+    'root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] "{" '
+    + " ".join(f'"k{i}"?' for i in range(5000))
+    + ' "}"'
+)
 # Eight free letters, then "a" forever: compiles (the probe sees letters only), then forces an
 # endless continuation, which llguidance computes to its item limit and errors on.
 ENDLESS_EBNF = 'root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] tail\ntail ::= "a" tail'
@@ -32,9 +35,13 @@ ENDLESS_EBNF = 'root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] tail\nt
 def sched(tiny_llama_dir, tmp_path_factory):
     """One scheduler for the module (the grammar vocabulary is built once); every test must
     leave it idle and leak-free."""
-    cfg = config_from_kwargs(model_path=str(tiny_llama_dir), log_level="warning",
-                             max_total_tokens=POOL, grammar_backend="llguidance",
-                             grammar_cache_dir=str(tmp_path_factory.mktemp("grammars")))
+    cfg = config_from_kwargs(
+        model_path=str(tiny_llama_dir),
+        log_level="warning",
+        max_total_tokens=POOL,
+        grammar_backend="llguidance",
+        grammar_cache_dir=str(tmp_path_factory.mktemp("grammars")),
+    )
     s = Scheduler(cfg)
     yield s
     s.grammars.shutdown()
@@ -63,8 +70,9 @@ def _prompt(seed: int, n: int = 12) -> list[int]:
 
 def _msg(rid: str, seed: int, stream: bool = False, **params) -> TokenizedGenerateReq:
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True, **params}
-    return TokenizedGenerateReq(rid=rid, input_ids=_prompt(seed), sampling_params=params,
-                                stream=stream)
+    return TokenizedGenerateReq(
+        rid=rid, input_ids=_prompt(seed), sampling_params=params, stream=stream
+    )
 
 
 FINISHED_AT: dict[str, int] = {}  # rid -> the step of the last ``drive`` that finished it
@@ -101,8 +109,11 @@ def serial(s: Scheduler, msgs) -> dict[str, tuple]:
     return out
 
 
-PLAIN = [("p0", 0, {"max_new_tokens": 60}), ("p1", 1, {"max_new_tokens": 40}),
-         ("g0", 2, {"regex": r"[a-z]{30,40}"})]
+PLAIN = [
+    ("p0", 0, {"max_new_tokens": 60}),
+    ("p1", 1, {"max_new_tokens": 40}),
+    ("g0", 2, {"regex": r"[a-z]{30,40}"}),
+]
 
 
 def _plain_msgs(stream: bool = False):
@@ -150,10 +161,12 @@ def test_abort_all_still_ends_everything(sched):
 def _corrupt_at(step_no: int, rid: str, corrupt):
     """A hook that changes one running request's state after admission, as a bug elsewhere or
     a value past validation would."""
+
     def hook(s: Scheduler, step: int) -> None:
         if step == step_no:
             (req,) = [r for r in s.running if r.rid == rid]
             corrupt(s, req)
+
     return hook
 
 
@@ -164,6 +177,7 @@ def test_a_token_the_model_cannot_embed_ends_only_its_request(sched):
 
     def corrupt(s, req):
         req.output_ids[-1] = vocab + 5  # the next decode step's input
+
     got = drive(sched, [victim, *_plain_msgs()], hook=_corrupt_at(3, "victim", corrupt))
     reason = got["victim"][1]
     assert reason["type"] == "abort" and reason["status_code"] == 500, reason
@@ -178,6 +192,7 @@ def test_a_sampling_row_that_raises_ends_only_its_request(sched):
 
     def corrupt(s, req):
         object.__setattr__(req.params, "temperature", "hot")  # validation would refuse it
+
     got = drive(sched, [victim, *_plain_msgs()], hook=_corrupt_at(3, "victim", corrupt))
     reason = got["victim"][1]
     assert reason["type"] == "abort" and reason["status_code"] == 500, reason
@@ -203,6 +218,7 @@ def test_a_failed_step_answers_and_releases_every_held_request(sched):
             s.policy = _BrokenPolicy()
         elif step == 6:
             s.policy = policy
+
     try:
         got = drive(sched, [_msg(f"r{i}", i, max_new_tokens=50) for i in range(3)], hook=hook)
     finally:
@@ -217,17 +233,39 @@ def test_a_failed_step_answers_and_releases_every_held_request(sched):
 def test_idle_after_grammar_finish_stream_and_abort(tiny_llama_dir, tmp_path):
     """Grammar requests (jump-forward, EOS and length finishes), streamed or not, one aborted
     mid-stream, for page sizes 1 and 4 and with chunked prefill: idle means leak-free."""
-    specs = [{"regex": r"[a-z]{3,8}"}, {"regex": r"(cat|dog) and (cat|dog)"},
-             {"json_schema": json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
-                                         "required": ["n"]})},
-             {"ebnf": 'root ::= "x" ("ab" | "cd")+ "yz"'}, {}]
+    specs = [
+        {"regex": r"[a-z]{3,8}"},
+        {"regex": r"(cat|dog) and (cat|dog)"},
+        {
+            "json_schema": json.dumps(
+                {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+            )
+        },
+        {"ebnf": 'root ::= "x" ("ab" | "cd")+ "yz"'},
+        {},
+    ]
     for opts in ({}, {"page_size": 4}, {"chunked_prefill_size": 8}):
-        s = Scheduler(config_from_kwargs(model_path=str(tiny_llama_dir), log_level="warning",
-                                         max_total_tokens=POOL, grammar_cache_dir=str(tmp_path),
-                                         **opts))
+        s = Scheduler(
+            config_from_kwargs(
+                model_path=str(tiny_llama_dir),
+                log_level="warning",
+                max_total_tokens=POOL,
+                grammar_cache_dir=str(tmp_path),
+                **opts,
+            )
+        )
         try:
-            msgs = [_msg(f"s{i}", i % 4, stream=i % 2 == 0, max_new_tokens=6 + 7 * (i % 3),
-                         ignore_eos=False, **specs[i % len(specs)]) for i in range(10)]
+            msgs = [
+                _msg(
+                    f"s{i}",
+                    i % 4,
+                    stream=i % 2 == 0,
+                    max_new_tokens=6 + 7 * (i % 3),
+                    ignore_eos=False,
+                    **specs[i % len(specs)],
+                )
+                for i in range(10)
+            ]
             got = drive(s, msgs, hook=lambda s, step: step == 5 and s.abort("s4"))
             assert len(got) == 10
             assert {r[1]["type"] for r in got.values()} >= {"stop", "length"}, got
@@ -244,8 +282,11 @@ def test_engine_abort_of_a_batch_rid_ends_every_sample(tiny_llama_dir):
     try:
         params = {"temperature": 0.7, "max_new_tokens": 1500, "ignore_eos": True, "n": 3}
         box: dict = {}
-        caller = threading.Thread(target=lambda: box.update(
-            out=engine.generate(input_ids=_prompt(0), sampling_params=params, rid="grp")))
+        caller = threading.Thread(
+            target=lambda: box.update(
+                out=engine.generate(input_ids=_prompt(0), sampling_params=params, rid="grp")
+            )
+        )
         caller.start()
         while "grp" not in engine._groups and caller.is_alive():
             caller.join(0.01)

@@ -27,8 +27,9 @@ PARAMS = [
 
 
 def _scheduler(model_dir, overlap: bool) -> Scheduler:
-    s = Scheduler(config_from_kwargs(model_path=str(model_dir), log_level="warning",
-                                     max_total_tokens=2048))
+    s = Scheduler(
+        config_from_kwargs(model_path=str(model_dir), log_level="warning", max_total_tokens=2048)
+    )
     s.overlap = overlap
     return s
 
@@ -36,8 +37,11 @@ def _scheduler(model_dir, overlap: bool) -> Scheduler:
 def _submit(s: Scheduler, i: int, params: dict, **extra) -> None:
     params = dict(params)
     stream = params.pop("stream", False)
-    s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=PROMPTS[i], sampling_params=params,
-                                  stream=stream, **extra))
+    s.handle(
+        TokenizedGenerateReq(
+            rid=f"r{i}", input_ids=PROMPTS[i], sampling_params=params, stream=stream, **extra
+        )
+    )
 
 
 def _drain(s: Scheduler, outputs: dict, on_step=None) -> int:
@@ -96,7 +100,9 @@ def test_overlap_with_arrivals_mid_decode(tiny_llama_dir):
     _, overlap_out, steps = _run_all(tiny_llama_dir, overlap=True, late=True)
     assert steps > 0
     # the first three requests' early (non-streamed) steps report nothing; finals must agree
-    assert {k: v for k, v in overlap_out.items() if v[1]} == {k: v for k, v in sync_out.items() if v[1]}
+    assert {k: v for k, v in overlap_out.items() if v[1]} == {
+        k: v for k, v in sync_out.items() if v[1]
+    }
 
 
 def test_logprob_request_runs_synchronously_with_same_result(tiny_llama_dir, reference):
@@ -104,7 +110,9 @@ def test_logprob_request_runs_synchronously_with_same_result(tiny_llama_dir, ref
     assert outputs == reference
 
 
-def test_stop_token_finishes_one_step_late_without_leaking_the_extra_token(tiny_llama_dir, reference):
+def test_stop_token_finishes_one_step_late_without_leaking_the_extra_token(
+    tiny_llama_dir, reference
+):
     stop_at = reference["r1"][0][4]  # r1's fifth greedy token
     params = {"temperature": 0, "max_new_tokens": 11, "stop_token_ids": [stop_at]}
     s = _scheduler(tiny_llama_dir, overlap=True)

@@ -21,8 +21,13 @@ def _prompts() -> list[list[int]]:
 def _run(model_dir, page_size: int) -> list[list[int]]:
     from radixlm.srt import Engine
 
-    with Engine(model_path=str(model_dir), page_size=page_size, max_total_tokens=1024,
-                chunked_prefill_size=16, log_level="warning") as engine:
+    with Engine(
+        model_path=str(model_dir),
+        page_size=page_size,
+        max_total_tokens=1024,
+        chunked_prefill_size=16,
+        log_level="warning",
+    ) as engine:
         outs = [engine.generate(input_ids=_prompts(), sampling_params=GREEDY)]
         outs.append(engine.generate(input_ids=_prompts()[::-1], sampling_params=GREEDY)[::-1])
         info = engine.get_server_info()

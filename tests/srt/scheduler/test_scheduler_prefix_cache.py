@@ -70,8 +70,11 @@ def test_multi_turn_chat_reuses_the_whole_previous_turn(smol_engine):
     previous round's KV is cached except for its last sampled token, which was never fed back
     through the model; everything before it must be served from the cache."""
     tok = smol_engine.tokenizer
-    questions = ["What is the capital of France?", "And the capital of Germany?",
-                 "Which of the two cities is larger?"]
+    questions = [
+        "What is the capital of France?",
+        "And the capital of Germany?",
+        "Which of the two cities is larger?",
+    ]
     ids = tok.encode(smol_engine.apply_chat_template([{"role": "user", "content": questions[0]}]))
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     previous = None
@@ -96,7 +99,7 @@ def test_multi_turn_chat_reuses_the_whole_previous_turn(smol_engine):
     assert smol_engine.flush_cache()
     fresh = smol_engine.generate(input_ids=last_prompt, sampling_params=CHAT)
     assert fresh["meta_info"]["cached_tokens"] == 0
-    assert fresh["output_ids"] == ids[len(last_prompt):]
+    assert fresh["output_ids"] == ids[len(last_prompt) :]
 
 
 @pytest.mark.parametrize("n", [POOL, POOL + 500])
@@ -125,8 +128,11 @@ def test_flush_cache_empties_the_tree_when_idle(engine):
 def test_flush_cache_is_refused_while_a_request_runs(engine):
     engine.generate(input_ids=random_ids(40, seed=4), sampling_params=GREEDY)
     cached_before = engine.scheduler.cache.total_size()
-    stream = engine.generate(input_ids=random_ids(30, seed=5), stream=True,
-                             sampling_params={"temperature": 0, "max_new_tokens": 500, "ignore_eos": True})
+    stream = engine.generate(
+        input_ids=random_ids(30, seed=5),
+        stream=True,
+        sampling_params={"temperature": 0, "max_new_tokens": 500, "ignore_eos": True},
+    )
     first = next(stream)
     assert first["meta_info"]["finish_reason"] is None  # still running
     assert engine.flush_cache() is False

@@ -36,8 +36,14 @@ def run_concurrently(engine, prompts, params, num_threads: int = 4, chunk: int =
     """Sends the prompts in chunks from several threads, so arrivals mix with running steps."""
     starts = range(0, len(prompts), chunk)
     with ThreadPoolExecutor(num_threads) as pool:
-        futures = [pool.submit(engine.generate, input_ids=prompts[s : s + chunk],
-                               sampling_params=params[s : s + chunk]) for s in starts]
+        futures = [
+            pool.submit(
+                engine.generate,
+                input_ids=prompts[s : s + chunk],
+                sampling_params=params[s : s + chunk],
+            )
+            for s in starts
+        ]
         return [out for f in futures for out in f.result(timeout=300)]
 
 
@@ -47,8 +53,13 @@ def test_shared_prefix_stress_under_a_small_pool(tiny_llama_dir, policy):
 
     prompts, params = make_workload()
     assert sum(len(p) for p in prompts) > 10 * POOL
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning",
-                    schedule_policy=policy, chunked_prefill_size=256)
+    engine = Engine(
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=POOL,
+        log_level="warning",
+        schedule_policy=policy,
+        chunked_prefill_size=256,
+    )
     cache = engine.scheduler.cache
     evicted: list[int] = []
     evict = cache.evict
@@ -80,8 +91,13 @@ def check_sample_against_cache_free_run(model_dir, prompts, params, outs) -> Non
     from radixlm.srt import Engine
 
     picked = random.Random(1).sample(range(len(prompts)), NUM_CHECKED)
-    with Engine(model_path=str(model_dir), max_total_tokens=8192, log_level="warning",
-                disable_radix_cache=True) as ref:
-        expected = ref.generate(input_ids=[prompts[i] for i in picked],
-                                sampling_params=[params[i] for i in picked])
+    with Engine(
+        model_path=str(model_dir),
+        max_total_tokens=8192,
+        log_level="warning",
+        disable_radix_cache=True,
+    ) as ref:
+        expected = ref.generate(
+            input_ids=[prompts[i] for i in picked], sampling_params=[params[i] for i in picked]
+        )
     assert [outs[i]["output_ids"] for i in picked] == [e["output_ids"] for e in expected]

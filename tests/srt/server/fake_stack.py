@@ -47,11 +47,15 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["Hello world! done. the quick brown fox", "stop here"] * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
-                                   chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", chat_template=CHAT_TEMPLATE
+    )
 
 
 @dataclass
@@ -112,8 +116,14 @@ class FakeWorker(threading.Thread):
             self.send.send(encode(self.control(msg)))
 
     def control(self, msg: ControlReq) -> ControlReply:
-        info = {"max_total_tokens": MAX_TOTAL_TOKENS, "available": MAX_TOTAL_TOKENS,
-                "evictable": 0, "protected": 0, "num_running": len(self.active), "num_waiting": 0}
+        info = {
+            "max_total_tokens": MAX_TOTAL_TOKENS,
+            "available": MAX_TOTAL_TOKENS,
+            "evictable": 0,
+            "protected": 0,
+            "num_running": len(self.active),
+            "num_waiting": 0,
+        }
         if msg.kind == "flush_cache" and self.active:
             return ControlReply(msg.req_id, False, {"message": "requests are running"})
         return ControlReply(msg.req_id, True, info)
@@ -138,8 +148,11 @@ class FakeWorker(threading.Thread):
     def tick(self) -> None:
         for req in self.active.values():
             self._advance(req)
-        chosen = [r for r in self.active.values()
-                  if r.finish or (r.msg.stream and len(r.output_ids) > r.num_sent)]
+        chosen = [
+            r
+            for r in self.active.values()
+            if r.finish or (r.msg.stream and len(r.output_ids) > r.num_sent)
+        ]
         if not chosen:
             return
         out = BatchTokenOut([], [], [], [], [], [], [], [], [], [], [], [], [])
@@ -150,7 +163,7 @@ class FakeWorker(threading.Thread):
         self.send.send(encode(self.detok.handle(out)))
 
     def _append(self, out: BatchTokenOut, r: FakeReq) -> None:
-        new = r.output_ids[r.num_sent:]
+        new = r.output_ids[r.num_sent :]
         positions = range(r.num_sent, len(r.output_ids))
         want_lp, first = r.msg.return_logprob, r.num_sent == 0
         out.rids.append(r.msg.rid)
@@ -162,17 +175,23 @@ class FakeWorker(threading.Thread):
         out.no_stop_trim.append(r.params.no_stop_trim)
         out.skip_special_tokens.append(r.params.skip_special_tokens)
         out.output_token_logprobs.append(
-            [[-0.1 * (i + 1), t] for i, t in zip(positions, new, strict=True)] if want_lp else None)
+            [[-0.1 * (i + 1), t] for i, t in zip(positions, new, strict=True)] if want_lp else None
+        )
         out.output_top_logprobs.append(
             [[[-0.1 * (i + 1), t], [-5.0, 0]] for i, t in zip(positions, new, strict=True)]
-            if want_lp and r.msg.top_logprobs_num else None)
+            if want_lp and r.msg.top_logprobs_num
+            else None
+        )
         ids, start = r.msg.input_ids, r.msg.logprob_start_len
         in_lp = want_lp and first and start >= 0
         out.input_token_logprobs.append(
-            [[None if i == 0 else -1.0, ids[i]] for i in range(start, len(ids))] if in_lp else None)
+            [[None if i == 0 else -1.0, ids[i]] for i in range(start, len(ids))] if in_lp else None
+        )
         out.input_top_logprobs.append(
             [[] if i == 0 else [[-1.0, ids[i]]] for i in range(start, len(ids))]
-            if in_lp and r.msg.top_logprobs_num else None)
+            if in_lp and r.msg.top_logprobs_num
+            else None
+        )
         out.stop_strs.append(r.params.stop_strs)
         r.num_sent = len(r.output_ids)
 
@@ -180,8 +199,9 @@ class FakeWorker(threading.Thread):
 class FakeStack:
     """uvicorn (in a thread) + app + TokenizerManager + FakeWorker on a private ipc folder."""
 
-    def __init__(self, ipc_dir: Path, api_key: str | None = None, tick_s: float = 0.005,
-                 **cfg_options: Any) -> None:
+    def __init__(
+        self, ipc_dir: Path, api_key: str | None = None, tick_s: float = 0.005, **cfg_options: Any
+    ) -> None:
         self.tokenizer = make_tokenizer()
         self.endpoints = IpcEndpoints.in_dir(ipc_dir)
         self.worker = FakeWorker(self.tokenizer, self.endpoints, tick_s)
@@ -189,12 +209,17 @@ class FakeStack:
         self.worker.ready.wait(5)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = ServerConfig(model_path="/models/fake-model", api_key=api_key, port=self.port,
-                           **cfg_options)
+        cfg = ServerConfig(
+            model_path="/models/fake-model", api_key=api_key, port=self.port, **cfg_options
+        )
         self.metrics = ServerMetrics("fake-model")
         self.tm = TokenizerManager(cfg, self.tokenizer, self.endpoints, observer=self.metrics)
-        self.tm.info = {"model_path": "/models/fake-model", "context_length": CONTEXT_LENGTH,
-                        "vocab_size": len(self.tokenizer), "max_total_tokens": MAX_TOTAL_TOKENS}
+        self.tm.info = {
+            "model_path": "/models/fake-model",
+            "context_length": CONTEXT_LENGTH,
+            "vocab_size": len(self.tokenizer),
+            "max_total_tokens": MAX_TOTAL_TOKENS,
+        }
         self.app = create_app(self.tm, self.metrics)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)

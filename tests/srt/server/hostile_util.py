@@ -73,8 +73,15 @@ class LiveServer:
             self.proc.stop(timeout_s=30)
 
     # ------------------------------------------------------------------ requests
-    def post(self, path: str, body: Any = None, *, raw: bytes | None = None,
-             timeout: float = HTTP_TIMEOUT_S, **kw: Any) -> httpx.Response:
+    def post(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        timeout: float = HTTP_TIMEOUT_S,
+        **kw: Any,
+    ) -> httpx.Response:
         headers = {**self.headers, **kw.pop("headers", {})}
         if raw is not None:
             headers.setdefault("Content-Type", "application/json")
@@ -113,8 +120,12 @@ def start_all(servers: list[LiveServer]) -> None:
 
 def _is_idle(info: dict[str, Any]) -> bool:
     pool = info["kv_pool"]
-    return (info["num_inflight_requests"] == 0 and pool["num_running"] == 0
-            and pool["num_waiting"] == 0 and pool["grammar"].get("num_queued", 0) == 0)
+    return (
+        info["num_inflight_requests"] == 0
+        and pool["num_running"] == 0
+        and pool["num_waiting"] == 0
+        and pool["grammar"].get("num_queued", 0) == 0
+    )
 
 
 def assert_clean(server: LiveServer) -> None:
@@ -129,7 +140,9 @@ def assert_clean(server: LiveServer) -> None:
         time.sleep(0.1)
         info = server.info()
     pool = info["kv_pool"]
-    assert info["num_inflight_requests"] == 0, f"request state left: {info['num_inflight_requests']}"
+    assert info["num_inflight_requests"] == 0, (
+        f"request state left: {info['num_inflight_requests']}"
+    )
     assert pool["num_running"] == 0 and pool["num_waiting"] == 0, f"scheduler not idle: {pool}"
     assert pool["grammar"].get("num_queued", 0) == 0, f"grammar jobs left: {pool['grammar']}"
     total = pool["available"] + pool["evictable"] + pool["protected"]
@@ -178,18 +191,20 @@ def parse_sse(raw: bytes) -> list[Any]:
     events: list[Any] = []
     for block in blocks:
         assert block.startswith("data: ") and "\n" not in block, f"bad SSE event {block[:200]!r}"
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append("[DONE]" if data == "[DONE]" else json.loads(data))
     assert events and events[-1] == "[DONE]", f"no final [DONE]: {blocks[-3:]}"
     assert "[DONE]" not in events[:-1], "[DONE] before the end"
     return events
 
 
-def stream(server: LiveServer, path: str, body: dict,
-           timeout: float = HTTP_TIMEOUT_S) -> tuple[httpx.Response, list[Any]]:
+def stream(
+    server: LiveServer, path: str, body: dict, timeout: float = HTTP_TIMEOUT_S
+) -> tuple[httpx.Response, list[Any]]:
     """POSTs a streaming request; the response and its parsed events (empty when not 200)."""
-    with httpx.stream("POST", server.url + path, json=body, headers=server.headers,
-                      timeout=timeout) as r:
+    with httpx.stream(
+        "POST", server.url + path, json=body, headers=server.headers, timeout=timeout
+    ) as r:
         raw = r.read()
     if r.status_code != 200:
         return r, []
@@ -217,8 +232,10 @@ def raw_request(server: LiveServer, path: str, body: bytes) -> socket.socket:
     host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
     sock = socket.create_connection((host, port), timeout=10)
     auth = "".join(f"{k}: {v}\r\n" for k, v in server.headers.items())
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"{auth}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"{auth}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 

@@ -24,8 +24,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeStack]:
 
 @pytest.fixture(scope="module")
 def client(stack: FakeStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
-                         _strict_response_validation=True)
+    return openai.OpenAI(
+        base_url=stack.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        _strict_response_validation=True,
+    )
 
 
 def post(stack: FakeStack, path: str, body: object, **kw) -> httpx.Response:
@@ -45,7 +49,7 @@ def sse_events(lines: Iterator[str]) -> list[object]:
     events = []
     for line in lines:
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -65,14 +69,22 @@ def test_generate_text(stack: FakeStack) -> None:
 
 
 def test_generate_batch_input_ids_and_n(stack: FakeStack) -> None:
-    r = post(stack, "/generate", {"input_ids": [[5, 6, 7], [8, 9]],
-                                  "sampling_params": {"max_new_tokens": 3, "top_k": -1,
-                                                      "temperature": None}})
+    r = post(
+        stack,
+        "/generate",
+        {
+            "input_ids": [[5, 6, 7], [8, 9]],
+            "sampling_params": {"max_new_tokens": 3, "top_k": -1, "temperature": None},
+        },
+    )
     assert r.status_code == 200, r.text
     outs = r.json()
     assert [o["meta_info"]["prompt_tokens"] for o in outs] == [3, 2]
-    r = post(stack, "/generate", {"text": "x", "rid": "many",
-                                  "sampling_params": {"max_new_tokens": 2, "n": 3}})
+    r = post(
+        stack,
+        "/generate",
+        {"text": "x", "rid": "many", "sampling_params": {"max_new_tokens": 2, "n": 3}},
+    )
     assert sorted(o["meta_info"]["id"] for o in r.json()) == ["many-0", "many-1", "many-2"]
 
 
@@ -90,13 +102,19 @@ def test_generate_stream_is_cumulative_and_utf8_safe(stack: FakeStack) -> None:
 
 
 def test_generate_logprobs(stack: FakeStack) -> None:
-    body = {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": 2},
-            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
-            "return_text_in_logprobs": True}
+    body = {
+        "input_ids": [3, 4, 5],
+        "sampling_params": {"max_new_tokens": 2},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
     meta = post(stack, "/generate", body).json()["meta_info"]
     first = stack.worker.expected_ids(1)[0]
     assert meta["output_token_logprobs"][0] == pytest.approx(
-        [-0.1, first, stack.tokenizer.decode([first])])
+        [-0.1, first, stack.tokenizer.decode([first])]
+    )
     assert meta["input_token_logprobs"][0][:2] == [None, 3]
     assert len(meta["input_token_logprobs"]) == 3
     assert len(meta["output_top_logprobs"][1]) == 2
@@ -113,18 +131,21 @@ def test_prefill_only_and_stop_string(stack: FakeStack) -> None:
     assert post(stack, "/generate", body).json()["text"] == "Hello world"
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"text": "hi", "sampling_params": {"max_new_tokens": "x"}}, "max_new_tokens"),
-    ({"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"text": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
-    ({"text": "hi", "input_ids": [1]}, "exactly one"),
-    ({"text": "hi " * CONTEXT_LENGTH}, "shorten the prompt"),
-    ({"text": "hi", "sampling_params": {"max_new_tokens": CONTEXT_LENGTH}}, "context length"),
-    ({"input_ids": [10**9]}, "input_ids"),
-    ({"text": 5}, "text"),
-    ({"text": "hi", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
-])
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"text": "hi", "sampling_params": {"max_new_tokens": "x"}}, "max_new_tokens"),
+        ({"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"text": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
+        ({"text": "hi", "input_ids": [1]}, "exactly one"),
+        ({"text": "hi " * CONTEXT_LENGTH}, "shorten the prompt"),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": CONTEXT_LENGTH}}, "context length"),
+        ({"input_ids": [10**9]}, "input_ids"),
+        ({"text": 5}, "text"),
+        ({"text": "hi", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
+    ],
+)
 def test_generate_rejects_bad_requests(stack: FakeStack, body: dict, needle: str) -> None:
     r = post(stack, "/generate", body)
     assert r.status_code == 400, r.text
@@ -134,8 +155,12 @@ def test_generate_rejects_bad_requests(stack: FakeStack, body: dict, needle: str
 
 def test_malformed_json_then_healthy(stack: FakeStack) -> None:
     for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
-        r = httpx.post(stack.url + path, content=b"{not json", timeout=10,
-                       headers={"Content-Type": "application/json"})
+        r = httpx.post(
+            stack.url + path,
+            content=b"{not json",
+            timeout=10,
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     assert httpx.get(stack.url + "/health").status_code == 200
 
@@ -168,8 +193,12 @@ def test_flush_cache_refused_while_busy(stack: FakeStack) -> None:
 
 def test_abort_request_by_rid(stack: FakeStack) -> None:
     stack.worker.tick_s = 0.05
-    body = {"text": "hi", "rid": "to-abort", "sampling_params": {"max_new_tokens": 100},
-            "stream": True}
+    body = {
+        "text": "hi",
+        "rid": "to-abort",
+        "sampling_params": {"max_new_tokens": 100},
+        "stream": True,
+    }
     try:
         with httpx.stream("POST", stack.url + "/generate", json=body, timeout=30) as r:
             lines = r.iter_lines()
@@ -185,8 +214,12 @@ def test_abort_request_by_rid(stack: FakeStack) -> None:
 
 def test_client_disconnect_aborts(stack: FakeStack) -> None:
     stack.worker.tick_s = 0.05
-    body = {"text": "hi", "rid": "gone-away", "sampling_params": {"max_new_tokens": 200},
-            "stream": True}
+    body = {
+        "text": "hi",
+        "rid": "gone-away",
+        "sampling_params": {"max_new_tokens": 200},
+        "stream": True,
+    }
     try:
         with httpx.stream("POST", stack.url + "/generate", json=body, timeout=30) as r:
             next(r.iter_lines())  # then the connection closes mid-stream
@@ -230,8 +263,13 @@ def test_models(stack: FakeStack, client: openai.OpenAI) -> None:
 
 def test_chat_completion(stack: FakeStack, client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=5, n=2,
-        logprobs=True, top_logprobs=2)
+        model="fake-model",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+    )
     assert len(r.choices) == 2 and r.object == "chat.completion"
     assert all(c.message.content == expected_text(stack, 5) for c in r.choices)
     assert all(c.finish_reason == "length" for c in r.choices)
@@ -246,10 +284,21 @@ def test_chat_completion(stack: FakeStack, client: openai.OpenAI) -> None:
 
 def test_chat_stop_and_extra_body(stack: FakeStack, client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "hi"}], stop=["world"],
-        max_completion_tokens=20, seed=7, temperature=0.5,
-        extra_body={"top_k": 5, "min_p": 0.1, "regex": "[a-z]+", "ignore_eos": True,
-                    "repetition_penalty": 1.1, "rid": "xb"})
+        model="default",
+        messages=[{"role": "user", "content": "hi"}],
+        stop=["world"],
+        max_completion_tokens=20,
+        seed=7,
+        temperature=0.5,
+        extra_body={
+            "top_k": 5,
+            "min_p": 0.1,
+            "regex": "[a-z]+",
+            "ignore_eos": True,
+            "repetition_penalty": 1.1,
+            "rid": "xb",
+        },
+    )
     assert r.choices[0].message.content == "Hello " and r.choices[0].finish_reason == "stop"
     sp = last_received(stack).sampling_params
     assert (sp["top_k"], sp["min_p"], sp["regex"], sp["ignore_eos"]) == (5, 0.1, "[a-z]+", True)
@@ -259,21 +308,34 @@ def test_chat_stop_and_extra_body(stack: FakeStack, client: openai.OpenAI) -> No
 def test_response_format_maps_to_json_schema(stack: FakeStack, client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        model="default",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
         response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
-        extra_body={"rid": "rf"})
+        extra_body={"rid": "rf"},
+    )
     assert json.loads(last_received(stack).sampling_params["json_schema"]) == schema
     client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-        response_format={"type": "json_object"}, extra_body={"rid": "jo"})
-    assert json.loads(last_received(stack).sampling_params["json_schema"]) == {
-        "type": "object"}
+        model="default",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+        response_format={"type": "json_object"},
+        extra_body={"rid": "jo"},
+    )
+    assert json.loads(last_received(stack).sampling_params["json_schema"]) == {"type": "object"}
 
 
 def test_chat_stream_with_usage(stack: FakeStack, client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=8, n=2,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts, finishes = ["", ""], [0, 0]
     for c in chunks[:-1]:
         for choice in c.choices:
@@ -313,25 +375,45 @@ def test_completions_stream(stack: FakeStack) -> None:
     # openai's Completion type has no null finish_reason, which every non-final streamed
     # chunk carries (as OpenAI's own), so this stream is read without strict validation
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0)
-    chunks = list(client.completions.create(model="default", prompt="x", max_tokens=6,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="default",
+            prompt="x",
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == expected_text(stack, 6)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 6
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/completions", {"model": "default", "prompt": "x", "temperature": "hot"}, "temperature"),
-    ("/v1/completions", {"model": "default", "prompt": "x", "logprobs": 9}, "logprobs"),
-    ("/v1/completions", {"model": "default", "prompt": []}, "prompt"),
-    ("/v1/completions", {"model": "default"}, "prompt"),
-    ("/v1/chat/completions", {"model": "default", "messages": []}, "messages"),
-    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "x", "content": ""}]},
-     "messages"),
-    ("/v1/chat/completions", {"model": "default", "n": 0,
-                              "messages": [{"role": "user", "content": "hi"}]}, "n"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/completions",
+            {"model": "default", "prompt": "x", "temperature": "hot"},
+            "temperature",
+        ),
+        ("/v1/completions", {"model": "default", "prompt": "x", "logprobs": 9}, "logprobs"),
+        ("/v1/completions", {"model": "default", "prompt": []}, "prompt"),
+        ("/v1/completions", {"model": "default"}, "prompt"),
+        ("/v1/chat/completions", {"model": "default", "messages": []}, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "default", "messages": [{"role": "x", "content": ""}]},
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "default", "n": 0, "messages": [{"role": "user", "content": "hi"}]},
+            "n",
+        ),
+    ],
+)
 def test_openai_errors(stack: FakeStack, path: str, body: dict, param: str) -> None:
     r = post(stack, path, body)
     assert r.status_code == 400, r.text
@@ -343,21 +425,24 @@ def test_openai_client_raises_bad_request(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="default", prompt="x", max_tokens=1, top_p=5)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="default", max_tokens=1,
-                                       messages=[{"role": "user", "content": "x" * 2000}])
+        client.chat.completions.create(
+            model="default", max_tokens=1, messages=[{"role": "user", "content": "x" * 2000}]
+        )
 
 
 def test_mid_stream_error_event(stack: FakeStack) -> None:
     """A request the workers reject after the stream started ends with an error event."""
-    body = {"model": "default", "prompt": "x", "max_tokens": 50, "stream": True,
-            "rid": "bad-later"}
+    body = {"model": "default", "prompt": "x", "max_tokens": 50, "stream": True, "rid": "bad-later"}
     stack.worker.tick_s = 0.05
     try:
         with httpx.stream("POST", stack.url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             next(lines)
             stack.worker.active[last_received(stack).rid].finish = {
-                "type": "abort", "message": "grammar failed", "status_code": 400}
+                "type": "abort",
+                "message": "grammar failed",
+                "status_code": 400,
+            }
             events = sse_events(lines)
     finally:
         stack.worker.tick_s = 0.005
@@ -367,17 +452,24 @@ def test_mid_stream_error_event(stack: FakeStack) -> None:
 
 # ---------------------------------------------------------------------- metrics, auth, death
 def test_metrics(stack: FakeStack) -> None:
-    post(stack, "/generate", {"text": "m", "sampling_params": {"max_new_tokens": 3},
-                              "stream": True})
+    post(
+        stack, "/generate", {"text": "m", "sampling_params": {"max_new_tokens": 3}, "stream": True}
+    )
     text = httpx.get(stack.url + "/metrics").text
-    for name in ("radixlm_time_to_first_token_seconds_bucket",
-                 "radixlm_inter_token_latency_seconds_bucket",
-                 "radixlm_e2e_request_latency_seconds_count", "radixlm_num_running_reqs",
-                 "radixlm_token_usage", "radixlm_prompt_tokens_total",
-                 "radixlm_generation_tokens_total", "radixlm_cache_hit_rate"):
+    for name in (
+        "radixlm_time_to_first_token_seconds_bucket",
+        "radixlm_inter_token_latency_seconds_bucket",
+        "radixlm_e2e_request_latency_seconds_count",
+        "radixlm_num_running_reqs",
+        "radixlm_token_usage",
+        "radixlm_prompt_tokens_total",
+        "radixlm_generation_tokens_total",
+        "radixlm_cache_hit_rate",
+    ):
         assert name in text, name
-    count = [ln for ln in text.splitlines()
-             if ln.startswith("radixlm_e2e_request_latency_seconds_count")][0]
+    count = [
+        ln for ln in text.splitlines() if ln.startswith("radixlm_e2e_request_latency_seconds_count")
+    ][0]
     assert float(count.split()[-1]) > 0
 
 

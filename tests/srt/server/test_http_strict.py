@@ -66,11 +66,14 @@ def error_of(r: httpx.Response, status: int) -> dict:
 
 
 # ---------------------------------------------------------------------- content type, size
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", None])
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
+)
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/abort_request"])
-def test_json_only_as_application_json(stack: FakeStack, path: str,
-                                       content_type: str | None) -> None:
+def test_json_only_as_application_json(
+    stack: FakeStack, path: str, content_type: str | None
+) -> None:
     """A browser sends text/plain and form bodies cross-origin without a CORS preflight."""
     headers = {"Content-Type": content_type} if content_type else {}
     body = orjson.dumps({**COMP, "text": "hi", "abort_all": True})
@@ -82,69 +85,103 @@ def test_json_only_as_application_json(stack: FakeStack, path: str,
 
 def test_json_with_charset_is_served(stack: FakeStack) -> None:
     body = orjson.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}})
-    r = httpx.post(stack.url + "/generate", content=body, timeout=10,
-                   headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    r = httpx.post(
+        stack.url + "/generate",
+        content=body,
+        timeout=10,
+        headers={"Content-Type": "Application/JSON; charset=utf-8"},
+    )
     assert r.status_code == 200, r.text
 
 
 def test_body_over_the_limit_is_413(stack: FakeStack) -> None:
     big = orjson.dumps({"text": "x" * (33 * 2**20)})
-    err = error_of(httpx.post(stack.url + "/generate", content=big, timeout=60,
-                              headers={"Content-Type": "application/json"}), 413)
+    err = error_of(
+        httpx.post(
+            stack.url + "/generate",
+            content=big,
+            timeout=60,
+            headers={"Content-Type": "application/json"},
+        ),
+        413,
+    )
     assert "MiB" in err["message"]
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: counted while it arrives
         for i in range(0, len(big), 2**20):
-            yield big[i:i + 2**20]
+            yield big[i : i + 2**20]
 
-    r = httpx.post(stack.url + "/generate", content=chunks(), timeout=60,
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        stack.url + "/generate",
+        content=chunks(),
+        timeout=60,
+        headers={"Content-Type": "application/json"},
+    )
     error_of(r, 413)
 
 
 # ---------------------------------------------------------------------- strict types
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/completions", {**COMP, "max_tokens": "10"}, "max_tokens"),
-    ("/v1/completions", {**COMP, "stream": "yes"}, "stream"),
-    ("/v1/completions", {**COMP, "n": True}, "n"),
-    ("/v1/completions", {**COMP, "temperature": "0.5"}, "temperature"),
-    ("/v1/completions", {**COMP, "prompt": [1, True]}, "prompt"),
-    ("/v1/completions", {**COMP, "echo": 1}, "echo"),
-    ("/v1/chat/completions", {**CHAT, "max_tokens": 5.0}, "max_tokens"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": "true"}, "logprobs"),
-    ("/v1/chat/completions", {**CHAT, "model": 123}, "model"),
-    ("/generate", {"text": "hi", "stream": "yes"}, "stream"),
-    ("/generate", {"input_ids": [1, True]}, "input_ids"),
-    ("/generate", {"text": "hi", "return_logprob": 1}, "return_logprob"),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "10"}}, "max_new_tokens"),
-    ("/generate", {"text": "hi", "sampling_params": {"n": True}}, "n"),
-    ("/generate", [{"text": "hi"}], "JSON object"),
-])
-def test_types_are_never_coerced(stack: FakeStack, path: str, body: object,
-                                 param: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {**COMP, "max_tokens": "10"}, "max_tokens"),
+        ("/v1/completions", {**COMP, "stream": "yes"}, "stream"),
+        ("/v1/completions", {**COMP, "n": True}, "n"),
+        ("/v1/completions", {**COMP, "temperature": "0.5"}, "temperature"),
+        ("/v1/completions", {**COMP, "prompt": [1, True]}, "prompt"),
+        ("/v1/completions", {**COMP, "echo": 1}, "echo"),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": 5.0}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "logprobs": "true"}, "logprobs"),
+        ("/v1/chat/completions", {**CHAT, "model": 123}, "model"),
+        ("/generate", {"text": "hi", "stream": "yes"}, "stream"),
+        ("/generate", {"input_ids": [1, True]}, "input_ids"),
+        ("/generate", {"text": "hi", "return_logprob": 1}, "return_logprob"),
+        (
+            "/generate",
+            {"text": "hi", "sampling_params": {"max_new_tokens": "10"}},
+            "max_new_tokens",
+        ),
+        ("/generate", {"text": "hi", "sampling_params": {"n": True}}, "n"),
+        ("/generate", [{"text": "hi"}], "JSON object"),
+    ],
+)
+def test_types_are_never_coerced(stack: FakeStack, path: str, body: object, param: str) -> None:
     err = error_of(post(stack, path, body), 400)
     assert param in (err["param"] or "") + err["message"], err
 
 
 # ---------------------------------------------------------------------- ranges, both APIs
 OUT_OF_RANGE = [
-    ({"seed": 2**63}, "seed"), ({"seed": -1}, "seed"), ({"temperature": -0.5}, "temperature"),
-    ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"),
-    ({"min_p": 2}, "min_p"), ({"presence_penalty": 3}, "presence_penalty"),
+    ({"seed": 2**63}, "seed"),
+    ({"seed": -1}, "seed"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"min_p": 2}, "min_p"),
+    ({"presence_penalty": 3}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
-    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"999999": 1}}, "logit_bias"),
-    ({"stop": [""]}, "stop"), ({"stop": ["s"] * 65}, "stop"), ({"stop": "s" * 1025}, "stop"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop_token_ids": [2**40]}, "stop_token_ids"),
-    ({"n": 129}, "n"), ({"n": 10000}, "n"), ({"n": 0}, "n"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": ["s"] * 65}, "stop"),
+    ({"stop": "s" * 1025}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"),
+    ({"n": 129}, "n"),
+    ({"n": 10000}, "n"),
+    ({"n": 0}, "n"),
 ]
 
 
 @pytest.mark.parametrize(("field", "param"), OUT_OF_RANGE, ids=[p for _, p in OUT_OF_RANGE])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
-def test_out_of_range_is_400_naming_the_parameter(stack: FakeStack, path: str, field: dict,
-                                                  param: str) -> None:
+def test_out_of_range_is_400_naming_the_parameter(
+    stack: FakeStack, path: str, field: dict, param: str
+) -> None:
     if path == "/generate":
         body: dict = {"text": "hi", "sampling_params": {"max_new_tokens": 2, **field}}
     else:
@@ -167,25 +204,35 @@ def test_seed_at_the_top_of_the_range_with_n_2(stack: FakeStack) -> None:
 @pytest.mark.parametrize("ids", [[-1], [2**40], [5, 2**63], [[1, 2], [-3]]])
 def test_bad_token_ids_are_400_on_both_apis(stack: FakeStack, ids: list) -> None:
     """Prompt token ids were decoded before they were checked: 500 and leftover states."""
-    err = error_of(post(stack, "/v1/completions", {**COMP, "prompt": ids, "max_tokens": 2,
-                                                   "n": 2}), 400)
+    err = error_of(
+        post(stack, "/v1/completions", {**COMP, "prompt": ids, "max_tokens": 2, "n": 2}), 400
+    )
     assert err["param"] == "prompt" and "token ids" in err["message"]
     err = error_of(post(stack, "/generate", {"input_ids": ids}), 400)
     assert err["param"] == "input_ids"
     error_of(post(stack, "/detokenize", {"tokens": ids}), 400)
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/completions", {**COMP, "logprobs": 6}, "logprobs"),
-    ("/v1/completions", {**COMP, "logprobs": -1}, "logprobs"),
-    ("/v1/completions", {**COMP, "max_tokens": -1}, "max_tokens"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -5}, "max_completion_tokens"),
-    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 21},
-     "top_logprobs_num"),
-    ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": -2},
-     "logprob_start_len"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {**COMP, "logprobs": 6}, "logprobs"),
+        ("/v1/completions", {**COMP, "logprobs": -1}, "logprobs"),
+        ("/v1/completions", {**COMP, "max_tokens": -1}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -5}, "max_completion_tokens"),
+        (
+            "/generate",
+            {"text": "hi", "return_logprob": True, "top_logprobs_num": 21},
+            "top_logprobs_num",
+        ),
+        (
+            "/generate",
+            {"text": "hi", "return_logprob": True, "logprob_start_len": -2},
+            "logprob_start_len",
+        ),
+    ],
+)
 def test_logprob_and_length_bounds(stack: FakeStack, path: str, body: dict, param: str) -> None:
     err = error_of(post(stack, path, body), 400)
     assert param in (err["param"] or "") + err["message"], err
@@ -194,9 +241,12 @@ def test_logprob_and_length_bounds(stack: FakeStack, path: str, body: dict, para
 # ---------------------------------------------------------------------- prompt size
 def test_huge_prompt_is_refused_before_tokenizing(stack: FakeStack) -> None:
     text = "hello world " * 2_000_000  # 24 MB: tokenizing it would take tens of seconds
-    for path, body in [("/generate", {"text": text}), ("/v1/completions", {**COMP,
-                       "prompt": text}), ("/v1/chat/completions", {**CHAT, "messages": [
-                       {"role": "user", "content": text}]}), ("/tokenize", {"prompt": text})]:
+    for path, body in [
+        ("/generate", {"text": text}),
+        ("/v1/completions", {**COMP, "prompt": text}),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": text}]}),
+        ("/tokenize", {"prompt": text}),
+    ]:
         t0 = time.monotonic()
         err = error_of(post(stack, path, body), 400)
         assert time.monotonic() - t0 < 3.0 and "characters" in err["message"], err
@@ -239,8 +289,9 @@ def test_chat_default_max_tokens_is_not_the_whole_context(stack: FakeStack) -> N
 
 # ---------------------------------------------------------------------- OpenAI compatibility
 def test_refusal_is_null_on_chat_messages(stack: FakeStack) -> None:
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="x", max_retries=0,
-                           _strict_response_validation=True)
+    client = openai.OpenAI(
+        base_url=stack.url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True
+    )
     r = client.chat.completions.create(**CHAT, max_tokens=2)
     assert r.choices[0].message.refusal is None
     assert "refusal" in post(stack, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
@@ -249,25 +300,39 @@ def test_refusal_is_null_on_chat_messages(stack: FakeStack) -> None:
 
 
 def test_unknown_openai_fields_are_ignored(stack: FakeStack) -> None:
-    extra = {"user": "u", "store": False, "metadata": {"a": "b"}, "service_tier": "auto",
-             "parallel_tool_calls": True, "some_future_field": [1], "modalities": ["text"],
-             "tools": [], "tool_choice": "none", "best_of": 1, "suffix": None,
-             "prediction": {"type": "content", "content": "x"}}
+    extra = {
+        "user": "u",
+        "store": False,
+        "metadata": {"a": "b"},
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+        "some_future_field": [1],
+        "modalities": ["text"],
+        "tools": [],
+        "tool_choice": "none",
+        "best_of": 1,
+        "suffix": None,
+        "prediction": {"type": "content", "content": "x"},
+    }
     assert post(stack, "/v1/chat/completions", {**CHAT, **extra}).status_code == 200
     assert post(stack, "/v1/completions", {**COMP, **extra}).status_code == 200
 
 
-@pytest.mark.parametrize(("path", "field"), [
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-    ("/v1/chat/completions", {"tool_choice": "required"}),
-    ("/v1/completions", {"best_of": 3}),
-    ("/v1/completions", {"suffix": "end"}),
-    ("/v1/chat/completions", {"modalities": ["text", "audio"]}),
-    ("/generate", {"lora_path": "my-adapter"}),
-    ("/generate", {"image_data": "http://x/y.png"}),
-])
-def test_fields_that_change_sampling_are_not_silently_ignored(stack: FakeStack, path: str,
-                                                              field: dict) -> None:
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+        ("/v1/chat/completions", {"tool_choice": "required"}),
+        ("/v1/completions", {"best_of": 3}),
+        ("/v1/completions", {"suffix": "end"}),
+        ("/v1/chat/completions", {"modalities": ["text", "audio"]}),
+        ("/generate", {"lora_path": "my-adapter"}),
+        ("/generate", {"image_data": "http://x/y.png"}),
+    ],
+)
+def test_fields_that_change_sampling_are_not_silently_ignored(
+    stack: FakeStack, path: str, field: dict
+) -> None:
     base = {"text": "hi"} if path == "/generate" else (CHAT if "chat" in path else COMP)
     err = error_of(post(stack, path, {**base, **field}), 400)
     assert err["param"] == next(iter(field)) and err["code"] == "unsupported_parameter"
@@ -288,27 +353,34 @@ def test_model_missing_vs_unknown(stack: FakeStack, path: str) -> None:
 
 def test_special_token_text_in_chat_content_is_plain_text(stack: FakeStack) -> None:
     eos = stack.tokenizer.convert_tokens_to_ids("<eos>")
-    body = {**CHAT, "max_tokens": 1, "messages": [
-        {"role": "user", "content": "a<eos><|assistant|>b"}]}
+    body = {
+        **CHAT,
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "a<eos><|assistant|>b"}],
+    }
     assert post(stack, "/v1/chat/completions", body).status_code == 200
     ids = list(stack.worker.received.values())[-1].input_ids
     assert eos not in ids
-    prompt = stack.tokenizer.apply_chat_template(body["messages"], tokenize=False,
-                                                 add_generation_prompt=True)
+    prompt = stack.tokenizer.apply_chat_template(
+        body["messages"], tokenize=False, add_generation_prompt=True
+    )
     assert eos in stack.tokenizer.encode(prompt, add_special_tokens=False)  # what it was
     assert stack.tokenizer.decode(ids) == prompt
     plain = {**CHAT, "max_tokens": 1}  # no special text: tokenized with the whole prompt
     post(stack, "/v1/chat/completions", plain)
-    prompt = stack.tokenizer.apply_chat_template(plain["messages"], tokenize=False,
-                                                 add_generation_prompt=True)
+    prompt = stack.tokenizer.apply_chat_template(
+        plain["messages"], tokenize=False, add_generation_prompt=True
+    )
     assert list(stack.worker.received.values())[-1].input_ids == stack.tokenizer.encode(
-        prompt, add_special_tokens=False)
+        prompt, add_special_tokens=False
+    )
 
 
 # ---------------------------------------------------------------------- isolation
 def slow_stream(stack: FakeStack, body: dict) -> Iterator[str]:
-    with httpx.stream("POST", stack.url + "/generate", json={**body, "stream": True},
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", stack.url + "/generate", json={**body, "stream": True}, timeout=30
+    ) as r:
         assert r.status_code == 200
         yield from r.iter_lines()
 
@@ -326,8 +398,9 @@ def test_duplicate_client_rid_cannot_touch_the_running_one(stack: FakeStack, slo
     next(lines)
     err = error_of(post(stack, "/generate", body), 400)
     assert err["param"] == "rid" and "already running" in err["message"]
-    with httpx.stream("POST", stack.url + "/generate", json={**body, "stream": True},
-                      timeout=30) as r:  # a second client that goes away at once
+    with httpx.stream(
+        "POST", stack.url + "/generate", json={**body, "stream": True}, timeout=30
+    ) as r:  # a second client that goes away at once
         assert r.status_code == 400
     events = [ln for ln in lines if ln.startswith("data: {")]
     final = orjson.loads(events[-1][6:])
@@ -338,12 +411,21 @@ def test_duplicate_client_rid_cannot_touch_the_running_one(stack: FakeStack, slo
 def test_disconnect_aborts_only_its_own_request(stack: FakeStack, slow) -> None:
     """Aborts are by exact internal rid: client rid "job" going away must not abort "job-1"
     (the scheduler used to match rid prefixes)."""
-    other = slow_stream(stack, {"text": "hi", "rid": "job-1",
-                                "sampling_params": {"max_new_tokens": 20}})
+    other = slow_stream(
+        stack, {"text": "hi", "rid": "job-1", "sampling_params": {"max_new_tokens": 20}}
+    )
     next(other)
-    with httpx.stream("POST", stack.url + "/generate", timeout=30, json={
-            "text": "hi", "rid": "job", "stream": True,
-            "sampling_params": {"max_new_tokens": 200}}) as r:
+    with httpx.stream(
+        "POST",
+        stack.url + "/generate",
+        timeout=30,
+        json={
+            "text": "hi",
+            "rid": "job",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 200},
+        },
+    ) as r:
         next(r.iter_lines())
     events = [ln for ln in other if ln.startswith("data: {")]
     assert orjson.loads(events[-1][6:])["meta_info"]["finish_reason"]["type"] == "length"
@@ -351,8 +433,9 @@ def test_disconnect_aborts_only_its_own_request(stack: FakeStack, slow) -> None:
 
 
 def test_abort_by_rid_is_exact_and_covers_every_sample(stack: FakeStack, slow) -> None:
-    lines = slow_stream(stack, {"text": "hi", "rid": "many",
-                                "sampling_params": {"max_new_tokens": 100, "n": 3}})
+    lines = slow_stream(
+        stack, {"text": "hi", "rid": "many", "sampling_params": {"max_new_tokens": 100, "n": 3}}
+    )
     next(lines)
     assert post(stack, "/abort_request", {"rid": "man"}).json()["num_aborted"] == 0
     assert post(stack, "/abort_request", {"rid": "many"}).json()["num_aborted"] == 3
@@ -363,10 +446,10 @@ def test_abort_by_rid_is_exact_and_covers_every_sample(stack: FakeStack, slow) -
 
 
 def test_abort_one_sample_by_its_shown_rid(stack: FakeStack, slow) -> None:
-    body = {"model": "default", "prompt": ["a", "b"], "n": 2, "max_tokens": 30,
-            "rid": "cmp"}
-    with httpx.stream("POST", stack.url + "/v1/completions", json={**body, "stream": True},
-                      timeout=30) as r:
+    body = {"model": "default", "prompt": ["a", "b"], "n": 2, "max_tokens": 30, "rid": "cmp"}
+    with httpx.stream(
+        "POST", stack.url + "/v1/completions", json={**body, "stream": True}, timeout=30
+    ) as r:
         lines = r.iter_lines()
         next(lines)
         assert post(stack, "/abort_request", {"rid": "cmp-1-0"}).json()["num_aborted"] == 1
@@ -386,11 +469,14 @@ def test_admin_routes_need_the_admin_key(keyed: FakeStack) -> None:
     url = keyed.url
     for body, path in [({}, "/flush_cache"), ({"abort_all": True}, "/abort_request")]:
         error_of(httpx.post(url + path, json=body), 401)
-        assert error_of(httpx.post(url + path, json=body, headers=auth(USER)), 403)[
-            "code"] == "admin_key_required"
+        assert (
+            error_of(httpx.post(url + path, json=body, headers=auth(USER)), 403)["code"]
+            == "admin_key_required"
+        )
         assert httpx.post(url + path, json=body, headers=auth(ADMIN)).status_code == 200
-    assert httpx.post(url + "/abort_request", json={"rid": "x"},
-                      headers=auth(USER)).status_code == 200
+    assert (
+        httpx.post(url + "/abort_request", json={"rid": "x"}, headers=auth(USER)).status_code == 200
+    )
     r = httpx.post(url + "/generate", headers=auth(ADMIN), json={"text": "hi"})
     assert r.status_code == 200  # the admin key is good on every route
     assert_clean(url, keyed)
@@ -424,16 +510,29 @@ def test_openapi_declares_the_request_bodies(stack: FakeStack) -> None:
 
 
 def test_context_length_still_enforced(stack: FakeStack) -> None:
-    err = error_of(post(stack, "/generate", {"text": "hi", "sampling_params": {
-        "max_new_tokens": CONTEXT_LENGTH}}), 400)
+    err = error_of(
+        post(
+            stack,
+            "/generate",
+            {"text": "hi", "sampling_params": {"max_new_tokens": CONTEXT_LENGTH}},
+        ),
+        400,
+    )
     assert err["param"] == "max_new_tokens"
 
 
-@pytest.mark.parametrize("body", [
-    {**CHAT, "messages": [{"role": "user", "content": "hi "}] * 200_000},
-    {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 200_000}]},
-    {"text": ["hi"] * 300_000},
-], ids=["messages", "content-parts", "native-batch"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**CHAT, "messages": [{"role": "user", "content": "hi "}] * 200_000},
+        {
+            **CHAT,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 200_000}],
+        },
+        {"text": ["hi"] * 300_000},
+    ],
+    ids=["messages", "content-parts", "native-batch"],
+)
 def test_many_items_are_refused_before_model_validation(stack: FakeStack, body: dict) -> None:
     """Validating 200 000 pydantic models holds the GIL for seconds (it stalled /health)."""
     path = "/v1/chat/completions" if "messages" in body else "/generate"
@@ -443,8 +542,10 @@ def test_many_items_are_refused_before_model_validation(stack: FakeStack, body: 
 
 
 def test_long_token_id_prompt_is_refused_before_validation(stack: FakeStack) -> None:
-    for path, body in [("/generate", {"input_ids": [5] * 1_600_000}),
-                       ("/v1/completions", {**COMP, "prompt": [5] * 1_600_000})]:
+    for path, body in [
+        ("/generate", {"input_ids": [5] * 1_600_000}),
+        ("/v1/completions", {**COMP, "prompt": [5] * 1_600_000}),
+    ]:
         t0 = time.monotonic()
         err = error_of(post(stack, path, body), 400)
         assert time.monotonic() - t0 < 1.5 and "context" in err["message"], err

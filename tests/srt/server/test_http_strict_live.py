@@ -24,9 +24,21 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("live") / "server.log"
-    s = ServerProcess(["--model-path", str(tiny_llama_dir), "--max-total-tokens", str(POOL),
-                       "--admin-api-key", ADMIN, "--max-request-body-mb", "64",
-                       "--default-max-tokens", "24"], log_path=log)
+    s = ServerProcess(
+        [
+            "--model-path",
+            str(tiny_llama_dir),
+            "--max-total-tokens",
+            str(POOL),
+            "--admin-api-key",
+            ADMIN,
+            "--max-request-body-mb",
+            "64",
+            "--default-max-tokens",
+            "24",
+        ],
+        log_path=log,
+    )
     yield s
     s.stop()
 
@@ -42,7 +54,8 @@ def clean(server: ServerProcess) -> Iterator[None]:
     deadline = time.monotonic() + 10
     state = info(server)
     while (state["num_request_states"] or state["kv_pool"]["num_running"]) and (
-            time.monotonic() < deadline):
+        time.monotonic() < deadline
+    ):
         time.sleep(0.1)
         state = info(server)
     assert state["num_request_states"] == 0, state["num_request_states"]
@@ -55,8 +68,9 @@ def post(server: ServerProcess, path: str, body: object, **kw) -> httpx.Response
 
 
 def test_seed_top_of_range_with_n_2(server: ServerProcess) -> None:
-    r = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 2,
-                                         "seed": 2**64 - 1})
+    r = post(
+        server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 2, "seed": 2**64 - 1}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
 
 
@@ -68,8 +82,12 @@ def test_prompt_token_ids_out_of_range(server: ServerProcess, bad: int) -> None:
 
 def test_cross_origin_shapes_and_coercions(server: ServerProcess) -> None:
     raw = orjson.dumps({"abort_all": True})
-    r = httpx.post(server.url + "/abort_request", content=raw, timeout=10,
-                   headers={"Content-Type": "text/plain"})
+    r = httpx.post(
+        server.url + "/abort_request",
+        content=raw,
+        timeout=10,
+        headers={"Content-Type": "text/plain"},
+    )
     assert r.status_code == 415 and "text/plain" in r.json()["error"]["message"]
     r = post(server, "/abort_request", {"abort_all": True})
     assert r.status_code == 401  # the admin key is set
@@ -98,8 +116,12 @@ def test_50mb_prompt_is_refused_quickly_and_health_stays_up(server: ServerProces
     poller.start()
     try:
         t0 = time.monotonic()
-        r = httpx.post(server.url + "/generate", content=raw, timeout=120,
-                       headers={"Content-Type": "application/json"})
+        r = httpx.post(
+            server.url + "/generate",
+            content=raw,
+            timeout=120,
+            headers={"Content-Type": "application/json"},
+        )
         elapsed = time.monotonic() - t0
     finally:
         done.set()
@@ -130,7 +152,15 @@ def test_chat_defaults_and_shapes(server: ServerProcess) -> None:
 def test_scheduler_rejection_and_disconnect_leave_no_state(server: ServerProcess) -> None:
     r = post(server, "/generate", {"text": "hi", "sampling_params": {"regex": "(", "n": 2}})
     assert 400 <= r.status_code < 500, r.text
-    with httpx.stream("POST", server.url + "/generate", timeout=60, json={
-            "text": "hi", "stream": True, "rid": "gone",
-            "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 3}}) as resp:
+    with httpx.stream(
+        "POST",
+        server.url + "/generate",
+        timeout=60,
+        json={
+            "text": "hi",
+            "stream": True,
+            "rid": "gone",
+            "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 3},
+        },
+    ) as resp:
         next(resp.iter_lines())

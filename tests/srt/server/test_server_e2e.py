@@ -34,8 +34,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         _strict_response_validation=True, timeout=120)
+    return openai.OpenAI(
+        base_url=server.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        _strict_response_validation=True,
+        timeout=120,
+    )
 
 
 def generate(server: ServerProcess, body: dict) -> httpx.Response:
@@ -77,8 +82,11 @@ def test_native_generate(server: ServerProcess) -> None:
 
 def test_chat_completion_answers_paris(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model="default", max_tokens=9, temperature=0,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
+        model="default",
+        max_tokens=9,
+        temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -87,13 +95,17 @@ def test_chat_completion_answers_paris(client: openai.OpenAI) -> None:
 def test_batch_input_ids_stream_and_logprobs(server: ServerProcess) -> None:
     texts = ["Once upon a time", "The sky is"]
     ids = httpx.post(server.url + "/tokenize", json={"prompt": texts[0]}).json()["tokens"]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, **GREEDY},
-            "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 3, **GREEDY},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
     first = generate(server, body).json()
     meta = first["meta_info"]
     assert [e[1] for e in meta["output_token_logprobs"]] == first["output_ids"]
-    for chosen, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"],
-                           strict=True):
+    for chosen, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
         assert chosen[0] <= 0 and top[0][1] == chosen[1]  # greedy picks the top token
         assert top[0][0] >= top[1][0] and isinstance(chosen[2], str)
     body = {"text": texts[1], "sampling_params": {"max_new_tokens": 3, **GREEDY}, "stream": True}
@@ -107,8 +119,12 @@ def test_batch_input_ids_stream_and_logprobs(server: ServerProcess) -> None:
 
 
 def test_prefill_only_input_logprobs(server: ServerProcess) -> None:
-    body = {"text": "Hello world, this is", "sampling_params": {"max_new_tokens": 0},
-            "return_logprob": True, "logprob_start_len": 0}
+    body = {
+        "text": "Hello world, this is",
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
     out = generate(server, body).json()
     meta = out["meta_info"]
     assert out["output_ids"] == [] and meta["completion_tokens"] == 0
@@ -118,20 +134,29 @@ def test_prefill_only_input_logprobs(server: ServerProcess) -> None:
 
 
 def test_openai_completions(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="default", prompt="The capital of France is",
-                                  max_tokens=3, temperature=0, echo=True)
+    r = client.completions.create(
+        model="default", prompt="The capital of France is", max_tokens=3, temperature=0, echo=True
+    )
     assert r.choices[0].text.startswith("The capital of France is Paris")
-    r = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=6,
-                                  temperature=0, stop=[" 5"], logprobs=1)
+    r = client.completions.create(
+        model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0, stop=[" 5"], logprobs=1
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "stop" and "5" not in choice.text
     assert len(choice.logprobs.tokens) == r.usage.completion_tokens
-    kw = {"model": "default", "prompt": "My favourite colour is", "max_tokens": 3,
-          "temperature": 1.0, "n": 2, "seed": 1234}
+    kw = {
+        "model": "default",
+        "prompt": "My favourite colour is",
+        "max_tokens": 3,
+        "temperature": 1.0,
+        "n": 2,
+        "seed": 1234,
+    }
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
-    prompt_ids = httpx.post(str(client.base_url).replace("/v1/", "/tokenize"),
-                            json={"prompt": kw["prompt"]}).json()["tokens"]
+    prompt_ids = httpx.post(
+        str(client.base_url).replace("/v1/", "/tokenize"), json={"prompt": kw["prompt"]}
+    ).json()["tokens"]
     assert a.usage.prompt_tokens == len(prompt_ids)  # counted once for the n choices
     if all(c.finish_reason == "length" for c in a.choices):
         assert a.usage.completion_tokens == 6
@@ -139,17 +164,25 @@ def test_openai_completions(client: openai.OpenAI) -> None:
 
 
 def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
-        model="default", max_tokens=4, temperature=0, n=2, stream=True,
-        stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "Say hi"}]))
+    chunks = list(
+        client.chat.completions.create(
+            model="default",
+            max_tokens=4,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Say hi"}],
+        )
+    )
     finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
     assert sorted(finishes) == [0, 1]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
 
 
-def test_concurrent_mixed_requests_match_serial(server: ServerProcess,
-                                                client: openai.OpenAI) -> None:
+def test_concurrent_mixed_requests_match_serial(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
     prompts = [f"Question {i}: what is {i} plus {i}?" for i in range(4)]
     serial = [greedy(server, p, 3)["text"] for p in prompts]
 
@@ -158,8 +191,11 @@ def test_concurrent_mixed_requests_match_serial(server: ServerProcess,
         if kind == 0:
             return greedy(server, p, 3)["text"]
         if kind == 1:
-            return client.completions.create(model="default", prompt=p, max_tokens=3,
-                                             temperature=0).choices[0].text
+            return (
+                client.completions.create(model="default", prompt=p, max_tokens=3, temperature=0)
+                .choices[0]
+                .text
+            )
         body = {"text": p, "sampling_params": {"max_new_tokens": 3, **GREEDY}, "stream": True}
         return stream_events(server, "/generate", body)[-2]["text"]
 
@@ -168,19 +204,24 @@ def test_concurrent_mixed_requests_match_serial(server: ServerProcess,
     assert results == [serial[k % 4] for k in range(64)]
 
 
-@pytest.mark.parametrize(("path", "body", "status"), [
-    ("/generate", b"{oops", 400),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "ten"}}, 400),
-    ("/generate", {"text": "hi", "sampling_params": {"temperature": -0.5}}, 400),
-    ("/generate", {"text": "hi", "sampling_params": {"top_k": 0}}, 400),
-    ("/generate", {"text": "hello " * (MAX_TOTAL_TOKENS + 10)}, 400),
-    ("/v1/chat/completions", {"model": "gpt-nope", "messages": [{"role": "user",
-                                                                 "content": "x"}]}, 404),
-    ("/v1/completions", {"model": "default", "prompt": "x", "top_p": 1.5}, 400),
-    ("/v1/completions", {"model": "default", "prompt": "x", "n": "two"}, 400),
-])
-def test_bad_requests_get_4xx(server: ServerProcess, path: str, body: object,
-                              status: int) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/generate", b"{oops", 400),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "ten"}}, 400),
+        ("/generate", {"text": "hi", "sampling_params": {"temperature": -0.5}}, 400),
+        ("/generate", {"text": "hi", "sampling_params": {"top_k": 0}}, 400),
+        ("/generate", {"text": "hello " * (MAX_TOTAL_TOKENS + 10)}, 400),
+        (
+            "/v1/chat/completions",
+            {"model": "gpt-nope", "messages": [{"role": "user", "content": "x"}]},
+            404,
+        ),
+        ("/v1/completions", {"model": "default", "prompt": "x", "top_p": 1.5}, 400),
+        ("/v1/completions", {"model": "default", "prompt": "x", "n": "two"}, 400),
+    ],
+)
+def test_bad_requests_get_4xx(server: ServerProcess, path: str, body: object, status: int) -> None:
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(server.url + path, timeout=60, **kw)
     assert r.status_code == status, r.text
@@ -194,8 +235,12 @@ def test_server_healthy_after_errors(server: ServerProcess) -> None:
 
 
 def test_disconnect_mid_stream_frees_kv(server: ServerProcess) -> None:
-    body = {"text": "Tell me a long story.", "rid": "walk-away", "stream": True,
-            "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    body = {
+        "text": "Tell me a long story.",
+        "rid": "walk-away",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 300, "ignore_eos": True},
+    }
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
         lines = r.iter_lines()
         while not next(lines).startswith("data: "):
@@ -214,8 +259,11 @@ def test_disconnect_mid_stream_frees_kv(server: ServerProcess) -> None:
 
 def test_metrics_histograms(server: ServerProcess) -> None:
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    counts = {ln.split("{")[0]: float(ln.split()[-1]) for ln in text.splitlines()
-              if ln.startswith("radixlm_") and "_count{" in ln}
+    counts = {
+        ln.split("{")[0]: float(ln.split()[-1])
+        for ln in text.splitlines()
+        if ln.startswith("radixlm_") and "_count{" in ln
+    }
     assert counts["radixlm_e2e_request_latency_seconds_count"] > 0
     assert counts["radixlm_time_to_first_token_seconds_count"] > 0
     assert counts["radixlm_inter_token_latency_seconds_count"] > 0
@@ -225,8 +273,11 @@ def test_metrics_histograms(server: ServerProcess) -> None:
 def test_sigterm_drains_then_exits_without_orphans(server: ServerProcess) -> None:
     children = psutil.Process(server.pid).children(recursive=True)
     assert len(children) >= 2
-    body = {"text": "Count to twenty:", "stream": True,
-            "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, **GREEDY}}
+    body = {
+        "text": "Count to twenty:",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, **GREEDY},
+    }
     events: list = []
     started = threading.Event()
 

@@ -18,8 +18,12 @@ pytestmark = pytest.mark.slow
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "radixlm.srt.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "radixlm.srt.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bad_options_fail_with_one_line() -> None:
@@ -56,7 +60,14 @@ def test_idle_child_death_exits_for_a_restart_without_orphans(tmp_path) -> None:
 
 
 def test_cli_generate_prints_the_answer() -> None:
-    r = cli("generate", "--prompt", "The capital of France is", "--max-new-tokens", "3",
-            "--max-total-tokens", "1024")
+    r = cli(
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "3",
+        "--max-total-tokens",
+        "1024",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Paris" in r.stdout

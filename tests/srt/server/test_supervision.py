@@ -32,8 +32,10 @@ LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 
 @pytest.fixture
 def server(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    s = ServerProcess(["--model-path", str(tiny_llama_dir), "--max-total-tokens", "4096"],
-                      log_path=tmp_path / "server.log")
+    s = ServerProcess(
+        ["--model-path", str(tiny_llama_dir), "--max-total-tokens", "4096"],
+        log_path=tmp_path / "server.log",
+    )
     s.children = psutil.Process(s.pid).children(recursive=True)  # type: ignore[attr-defined]
     yield s
     s.stop(signal.SIGKILL)
@@ -49,8 +51,11 @@ def child(server: ServerProcess, prefix: str) -> psutil.Process:
 def assert_no_child_left(server: ServerProcess) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        alive = [c for c in server.children  # type: ignore[attr-defined]
-                 if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            c
+            for c in server.children  # type: ignore[attr-defined]
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return
         time.sleep(0.1)
@@ -121,8 +126,9 @@ def exit_code_within(server: ServerProcess, timeout_s: float) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["radixlm-sched", "radixlm-detok"])
-def test_killed_child_fails_requests_and_exits(server: ServerProcess, tmp_path: Path,
-                                               victim: str) -> None:
+def test_killed_child_fails_requests_and_exits(
+    server: ServerProcess, tmp_path: Path, victim: str
+) -> None:
     stream, call = Stream(server, LONG), Call(server, LONG)
     assert stream.started.wait(60), stream.error
     wait_running(server, 2)
@@ -171,8 +177,9 @@ def test_stopped_scheduler_turns_health_503_then_recovers(server: ServerProcess)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("to_children", [False, True], ids=["server", "whole-group"])
-def test_sigterm_drains_in_flight_then_exits_zero(server: ServerProcess, tmp_path: Path,
-                                                  to_children: bool) -> None:
+def test_sigterm_drains_in_flight_then_exits_zero(
+    server: ServerProcess, tmp_path: Path, to_children: bool
+) -> None:
     """SIGTERM to the server alone (Kubernetes, docker) or to every process of the server, as
     systemd's default KillMode=control-group does (the children then exit 0 while draining)."""
     short = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0}
