@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixlm.grammar.schema_checks import resolve_pointer
+
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 
 
@@ -116,8 +118,8 @@ def _all_of_nodes(schema: Any) -> list[Any]:
             else (list(node) if isinstance(node, list) else [])
         )
         if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-            target = _resolve_local_ref(schema, node["$ref"])
-            if target is not None:
+            found_target, target = resolve_pointer(schema, node["$ref"])
+            if found_target:
                 children.append(target)
         stack.extend(c for c in children if isinstance(c, (dict, list)))
     return found
@@ -132,23 +134,6 @@ def _walk(node: Any):
             stack.extend(n.values())
         elif isinstance(n, list):
             stack.extend(n)
-
-
-def _resolve_local_ref(schema: Any, ref: str) -> Any:
-    if not ref.startswith("#"):
-        return None
-    node = schema
-    for part in ref[1:].split("/"):
-        if not part:
-            continue
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 def tighten_one_of(schema_text: str) -> str:

@@ -39,6 +39,7 @@ from hostile_util import (
     start_all,
     stream,
     stream_text,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -1001,15 +1002,17 @@ def test_duplicate_rid_while_running(server: LiveServer) -> None:
     body = {
         "rid": rid,
         "text": "Go on:",
-        "sampling_params": {"max_new_tokens": 80, "ignore_eos": True, **GREEDY},
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, **GREEDY},
     }
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(server.post, "/generate", body)
-        time.sleep(0.3)
+        # the second request must arrive while the first is decoding (on a quiet machine 80
+        # tokens of the tiny model took less than the 0.3 s this test used to wait)
+        assert wait_for(lambda: server.info()["kv_pool"]["num_running"] == 1, 30, 0.005)
         second = server.post("/generate", body)
         assert_openai_error(second)
-        r = first.result(timeout=60)
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 80, r.text
+        r = first.result(timeout=120)
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 400, r.text
 
 
 def test_flush_cache_while_running_is_refused_cleanly(server: LiveServer) -> None:

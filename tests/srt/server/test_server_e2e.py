@@ -222,7 +222,8 @@ def test_concurrent_mixed_requests_match_serial(
     ],
 )
 def test_bad_requests_get_4xx(server: ServerProcess, path: str, body: object, status: int) -> None:
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    headers = {"content-type": "application/json"}
+    kw = {"content": body, "headers": headers} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(server.url + path, timeout=60, **kw)
     assert r.status_code == status, r.text
     assert r.json()["error"]["message"]

@@ -182,14 +182,16 @@ def test_sigterm_drains_in_flight_then_exits_zero(
 ) -> None:
     """SIGTERM to the server alone (Kubernetes, docker) or to every process of the server, as
     systemd's default KillMode=control-group does (the children then exit 0 while draining)."""
-    short = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0}
+    # long enough that the drain is still running when /health is asked (40 tokens of the tiny
+    # model finished within the 0.3 s wait on a quiet machine, and the server was gone)
+    short = {"max_new_tokens": 600, "ignore_eos": True, "temperature": 0}
     stream, call = Stream(server, short), Call(server, short)
     assert stream.started.wait(60), stream.error
     wait_running(server, 2)
     server.proc.send_signal(signal.SIGTERM)
     for c in server.children if to_children else []:  # type: ignore[attr-defined]
         c.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    time.sleep(0.1)
     r = httpx.get(server.url + "/health", timeout=10)
     assert r.status_code == 503 and r.headers["retry-after"]
     r = httpx.post(server.url + "/generate", json={"text": "late"}, timeout=10)
@@ -198,7 +200,7 @@ def test_sigterm_drains_in_flight_then_exits_zero(
     call.join(10)
     stream.join(10)
     assert call.response is not None and call.response.status_code == 200, call.error
-    assert call.response.json()["meta_info"]["completion_tokens"] == 40
+    assert call.response.json()["meta_info"]["completion_tokens"] == 600
     assert stream.events[-1] == "[DONE]"
     assert json.loads(stream.events[-2])["meta_info"]["finish_reason"]["type"] == "length"
     assert_no_child_left(server)
