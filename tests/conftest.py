@@ -95,3 +95,23 @@ def smol_engine(default_model_dir):
     engine = Engine(max_total_tokens=8192, log_level="warning")
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory):
+    """Starts ``radixlm serve`` with the given CLI arguments on 127.0.0.1 (a fresh port, its log
+    under the test's temporary folder) and stops every server it started when the module ends:
+    ``server = start_server("--max-total-tokens", "4096")``."""
+    from radixlm.srt.server.server_process import ServerProcess
+
+    started = []
+
+    def start(*args: str, **kwargs):
+        log = tmp_path_factory.mktemp("server") / "server.log"
+        server = ServerProcess([str(a) for a in args], log_path=log, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.stop()

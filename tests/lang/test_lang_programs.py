@@ -29,11 +29,8 @@ RawGenerate = Callable[..., dict]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("lang-server") / "server.log"
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"], log_path=log)
-    yield s
-    s.stop()
+def server(start_server) -> ServerProcess:
+    return start_server("--max-total-tokens", 8192, "--log-level", "warning")
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("http", marks=pytest.mark.slow)])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -32,11 +31,8 @@ ASK = [{"role": "user", "content": "Give me a JSON object with a name and an age
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("grammar-server") / "server.log"
-    s = ServerProcess(["--max-total-tokens", "4096"], log_path=log)
-    yield s
-    s.stop()
+def server(start_server) -> ServerProcess:
+    return start_server("--max-total-tokens", 4096)
 
 
 @pytest.fixture(scope="module")

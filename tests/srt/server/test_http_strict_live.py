@@ -22,25 +22,19 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("live") / "server.log"
-    s = ServerProcess(
-        [
-            "--model-path",
-            str(tiny_llama_dir),
-            "--max-total-tokens",
-            str(POOL),
-            "--admin-api-key",
-            ADMIN,
-            "--max-request-body-mb",
-            "64",
-            "--default-max-tokens",
-            "24",
-        ],
-        log_path=log,
+def server(tiny_llama_dir, start_server) -> ServerProcess:
+    return start_server(
+        "--model-path",
+        tiny_llama_dir,
+        "--max-total-tokens",
+        POOL,
+        "--admin-api-key",
+        ADMIN,
+        "--max-request-body-mb",
+        64,
+        "--default-max-tokens",
+        24,
     )
-    yield s
-    s.stop()
 
 
 def info(server: ServerProcess) -> dict:

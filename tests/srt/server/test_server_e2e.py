@@ -9,7 +9,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -25,11 +24,8 @@ GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    s = ServerProcess(["--max-total-tokens", str(MAX_TOTAL_TOKENS)], log_path=log)
-    yield s
-    s.stop()
+def server(start_server) -> ServerProcess:
+    return start_server("--max-total-tokens", MAX_TOTAL_TOKENS)
 
 
 @pytest.fixture(scope="module")
