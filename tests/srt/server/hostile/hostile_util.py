@@ -280,3 +280,28 @@ class Failures:
 
     def assert_none(self) -> None:
         assert not self.items, f"{len(self.items)} case(s) failed:\n" + "\n".join(self.items)
+
+
+# ---------------------------------------------------------------------- the two servers' shape
+CONTEXT = 512
+POOL = 2048
+SMALL_POOL = 256
+API_KEY = "hostile-test-key"
+GREEDY = {"temperature": 0}
+
+
+def gen(
+    server: LiveServer, text: str = "Hello there", timeout: float = HTTP_TIMEOUT_S, **sp: Any
+) -> httpx.Response:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 4, **GREEDY, **sp}}
+    return server.post("/generate", body, timeout=timeout)
+
+
+def ids_prompt(n: int, token_id: int = 1000) -> list[int]:
+    return [token_id + (i % 7) for i in range(n)]
+
+
+def openai_prompt(route: str, text: str = "Hello there") -> dict[str, Any]:
+    if route.endswith("chat/completions"):
+        return {"messages": [{"role": "user", "content": text}]}
+    return {"prompt": text}
