@@ -18,12 +18,14 @@ from radixlm.srt.scheduler.req import Req
 class ScheduledBatch:
     mode: ForwardMode
     reqs: list[Req] = field(default_factory=list)
-    starts: list[int] = field(
-        default_factory=list
-    )  # tokens already in the KV cache before this step
+    # tokens already in the KV cache before this step
+    starts: list[int] = field(default_factory=list)
     extend_lens: list[int] = field(default_factory=list)
     slots: list[torch.Tensor] = field(default_factory=list)
     completes: list[bool] = field(default_factory=list)  # fill complete after this step: samples
+    # input_ids() of the current requests: the scheduler's embedding check and the forward batch
+    # both read it in the same step, so it is built once (add and remove reset it)
+    _input_ids: list[int] | None = field(default=None, repr=False, compare=False)
 
     def add(self, req: Req, start: int, extend_len: int, slots: torch.Tensor) -> None:
         self.reqs.append(req)
@@ -31,6 +33,7 @@ class ScheduledBatch:
         self.extend_lens.append(extend_len)
         self.slots.append(slots)
         self.completes.append(start + extend_len == req.fill_len)
+        self._input_ids = None
 
     def all_complete(self) -> bool:
         return all(self.completes)
@@ -60,15 +63,18 @@ class ScheduledBatch:
         removed = [r for i, r in enumerate(self.reqs) if i in drop]
         for name in ("reqs", "starts", "extend_lens", "slots", "completes"):
             setattr(self, name, [x for i, x in enumerate(getattr(self, name)) if i not in drop])
+        self._input_ids = None
         return removed
 
     def input_ids(self) -> list[int]:
         """Every request's new token ids, request by request (``ForwardBatch.from_scheduled``
         and the scheduler's embedding check read them)."""
-        ids: list[int] = []
-        for req, start, ext in zip(self.reqs, self.starts, self.extend_lens, strict=True):
-            ids += req.fill_slice(start, start + ext)
-        return ids
+        if self._input_ids is None:
+            ids: list[int] = []
+            for req, start, ext in zip(self.reqs, self.starts, self.extend_lens, strict=True):
+                ids += req.fill_slice(start, start + ext)
+            self._input_ids = ids
+        return self._input_ids
 
     def positions(self) -> list[int]:
         """The new tokens' positions, request by request: ``starts[i] .. starts[i] + ext - 1``."""
