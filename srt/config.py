@@ -17,9 +17,12 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4")
+# tool-call formats (srt/parsers): auto picks from the chat template; qwen25/qwen3 are hermes
+TOOL_CALL_PARSERS = ("auto", "hermes", "qwen25", "qwen3", "llama3", "generic", "none")
+REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
 # fields whose "auto" names a behaviour kept at run time, not a placeholder resolve() fills:
 # load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
-AUTO_IS_A_MODE = ("load_format", "grammar_backend")
+AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser")
 SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
 
 logger = logging.getLogger(__name__)
@@ -103,6 +106,16 @@ class ServerConfig:
         False,
         "tokenize special-token text in chat message content (<|im_end|>) as control tokens (unsafe)",
     )
+    stream_interval: int = _opt(1, "decode steps between streamed updates of a request")
+    tool_call_parser: str = _opt(
+        "auto",
+        "tool-call format of the model (auto: from the chat template; generic: JSON replies "
+        "for templates without one; none: refuse tools)",
+        TOOL_CALL_PARSERS,
+    )
+    reasoning_parser: str = _opt(
+        "none", "split <think> reasoning into reasoning_content", REASONING_PARSERS
+    )
     log_level: str = _opt("info", "logging level")
 
     def replace(self, **changes: Any) -> ServerConfig:
@@ -147,6 +160,8 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
     if cfg.default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
+    if cfg.stream_interval < 1:
+        raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
         raise ValueError(
             f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"

@@ -17,7 +17,8 @@ layer unit(s)                         what it may import (besides lower layers' 
 5     srt.scheduler                   event loop, admission, KV manager, grammar manager
 6     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
 7     srt.models                      architectures and weight loaders (kernels only)
-8     srt.messages, srt.sampling      wire messages; sampling params and sampler (no srt deps)
+8     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
+      srt.parsers                     and reasoning parsers of model outputs (no srt deps)
 9     srt.config                      frozen config dataclasses every layer above reads
 10    radix, grammar, hicache         libraries: never import srt or lang
 11    kernels                         attention, bitmask, fused and int4/int8 CPU ops
@@ -53,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("srt.scheduler",),
     ("srt.executor",),
     ("srt.models",),
-    ("srt.messages", "srt.sampling"),
+    ("srt.messages", "srt.sampling", "srt.parsers"),
     ("srt.config",),
     ("radix", "grammar", "hicache"),
     ("kernels",),

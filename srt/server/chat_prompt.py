@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server.protocol import ChatMessage
+from radixlm.srt.server.openai_protocol import ChatMessage
 
 
 def message_dict(msg: ChatMessage) -> dict[str, Any]:

@@ -30,13 +30,13 @@ from radixlm.srt.server.openai_convert import (
     finish_reason,
     usage,
 )
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.protocol import (
+from radixlm.srt.server.openai_protocol import (
     UNSUPPORTED_OPENAI,
     ChatCompletionRequest,
     CompletionRequest,
     precheck_chat,
 )
+from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
 router = APIRouter(responses=ERROR_RESPONSES)

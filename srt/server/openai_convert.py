@@ -15,7 +15,7 @@ from radixlm.srt.managers.tokenizer_manager import (
 from radixlm.srt.sampling.params import MAX_N, MAX_SEED
 from radixlm.srt.server.chat_prompt import chat_input_ids
 from radixlm.srt.server.native_api import check_num_sequences
-from radixlm.srt.server.protocol import (
+from radixlm.srt.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     OpenAISamplingFields,

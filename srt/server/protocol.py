@@ -1,22 +1,21 @@
-"""Request bodies of the HTTP API as pydantic models (responses are built as plain dicts).
+"""Request bodies of the native (SGLang) API as pydantic models, and the cheap size checks run
+before any body is validated; the OpenAI routes' bodies are in openai_protocol.py.
 
-Native requests use SGLang's field names. OpenAI requests accept the OpenAI fields plus SGLang's
-sampling extras (what clients put in ``extra_body`` arrives as top-level fields); other unknown
-fields are ignored, as OpenAI-compatible servers do, except the ones in ``UNSUPPORTED_*`` below:
-ignoring those would silently change what the request means, so a value other than their
-default is a 400. Types are strict: a string is never read as a number or a boolean, and a
-boolean is not an integer.
+Native requests use SGLang's field names; unknown fields are ignored, except the ones in
+``UNSUPPORTED_NATIVE`` below: ignoring those would silently change what the request means, so a
+value other than their default is a 400. Types are strict: a string is never read as a number
+or a boolean, and a boolean is not an integer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 
-class _Body(BaseModel):
+class StrictBody(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
 
@@ -32,20 +31,10 @@ UNSUPPORTED_NATIVE = {
     "session_params": (None, {}),
     "return_hidden_states": (None, False),
 }
-UNSUPPORTED_OPENAI = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "functions": (None, []),
-    "function_call": (None, "none", "auto"),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "audio": (None,),
-    "modalities": (None, ["text"]),
-}
 
 
 # ---------------------------------------------------------------------- native API
-class GenerateReqInput(_Body):
+class GenerateReqInput(StrictBody):
     """``POST /generate``: one prompt or a batch (lists), as text or token ids."""
 
     text: str | list[str] | None = None
@@ -59,96 +48,19 @@ class GenerateReqInput(_Body):
     stream: bool = False
 
 
-class AbortRequestInput(_Body):
+class AbortRequestInput(StrictBody):
     rid: str = ""
     abort_all: bool = False  # needs the admin key when one is set
 
 
-class TokenizeInput(_Body):
+class TokenizeInput(StrictBody):
     prompt: str | list[str]
     add_special_tokens: bool = True
 
 
-class DetokenizeInput(_Body):
+class DetokenizeInput(StrictBody):
     tokens: list[int] | list[list[int]]
     skip_special_tokens: bool = True
-
-
-# ---------------------------------------------------------------------- OpenAI API
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-class SGLangSamplingExtras(_Body):
-    """SGLang sampling parameters accepted on the OpenAI routes (``extra_body``)."""
-
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    no_stop_trim: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    rid: str | None = None
-
-
-class OpenAISamplingFields(SGLangSamplingExtras):
-    model: str | None = None  # missing: the served model
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-
-
-class CompletionRequest(OpenAISamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = None  # default: 16, as OpenAI
-    logprobs: int | None = None
-    echo: bool = False
-
-
-class ContentPart(_Body):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-
-class JsonSchemaFormat(_Body):
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class ChatCompletionRequest(OpenAISamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
 
 
 # ---------------------------------------------------------------------- errors (OpenAPI only)
@@ -169,7 +81,7 @@ class ErrorResponse(BaseModel):
 Precheck = Callable[[dict[str, Any]], None]
 
 
-def _check_len(value: Any, limit: int, name: str) -> None:
+def check_list_len(value: Any, limit: int, name: str) -> None:
     if isinstance(value, list) and len(value) > limit:
         raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
 
@@ -183,7 +95,7 @@ def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) ->
             continue
         is_flat_ids = not isinstance(value[0], (list, str))
         if not is_flat_ids:  # a batch: of texts or of token-id lists
-            _check_len(value, max_items, name)
+            check_list_len(value, max_items, name)
         rows = [value] if is_flat_ids else value
         longest = max((len(r) for r in rows if isinstance(r, list)), default=0)
         if longest >= context_length:
@@ -191,16 +103,3 @@ def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) ->
                 f"{name} has a prompt of {longest} token ids; the context holds "
                 f"{context_length} tokens"
             )
-
-
-def precheck_chat(data: dict[str, Any], max_items: int) -> None:
-    """No more messages, nor content parts, than the context has tokens."""
-    messages = data.get("messages")
-    _check_len(messages, max_items, "messages")
-    parts = sum(
-        len(m["content"])
-        for m in messages or ()
-        if isinstance(m, dict) and isinstance(m.get("content"), list)
-    )
-    if parts > max_items:
-        raise ValueError(f"messages hold {parts} content parts; at most {max_items}")
