@@ -33,7 +33,7 @@ from radixlm.grammar.schema_checks import (
 
 logger = logging.getLogger(__name__)
 
-_LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object")
+_LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object", "structural_tag")
 # JSON Schema keywords outlines-core accepts but does not (always) enforce, while llguidance
 # does. outlines-core drops an ``allOf`` next to ``properties`` in the same schema.
 _OUTLINES_IGNORED_KEYWORDS = frozenset(

@@ -32,7 +32,7 @@ import torch
 
 from radixlm.grammar.bitmask import BitmaskBuffer
 
-GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag")
 _MAX_REASON_CHARS = 600
 
 
@@ -53,8 +53,10 @@ class GrammarSpec:
     """What a request constrains its output to.
 
     ``value`` is the JSON schema text (``json_schema``), the pattern (``regex``), the grammar
-    text (``ebnf``: Lark or GBNF), the tuple of allowed strings (``choices``), or ``""``
-    (``json_object``: any JSON object). Build one with the class methods.
+    text (``ebnf``: Lark or GBNF), the tuple of allowed strings (``choices``), ``""``
+    (``json_object``: any JSON object) or the structural tag as JSON text (``structural_tag``:
+    free text with tagged, constrained sections; see structural_tag.py). Build one with the
+    class methods.
     """
 
     kind: str
@@ -94,6 +96,15 @@ class GrammarSpec:
     def json_object(cls) -> GrammarSpec:
         return cls("json_object", "")
 
+    @classmethod
+    def structural_tag(cls, text: str | dict[str, Any]) -> GrammarSpec:
+        """A structural tag (JSON text or its parsed dict), stored as canonical JSON text:
+        no insignificant whitespace, key order kept. Text that does not parse is kept as
+        given (``limits.check_spec`` and the compiler report it)."""
+        if isinstance(text, dict):
+            return cls("structural_tag", _compact_json(text))
+        return cls("structural_tag", _canonical_json(text) if isinstance(text, str) else text)
+
     def canonical(self) -> str:
         """A normal form for cache keys: equal for specs that compile to the same grammar.
 
@@ -103,18 +114,27 @@ class GrammarSpec:
         """
         if self.kind == "choices":
             return json.dumps(list(self.value), ensure_ascii=False)
-        if self.kind == "json_schema":
-            try:
-                parsed = json.loads(self.value)
-            except ValueError:
-                return str(self.value)
-            return json.dumps(parsed, separators=(",", ":"), ensure_ascii=False)
+        if self.kind in ("json_schema", "structural_tag"):
+            return _canonical_json(str(self.value))
         return str(self.value)
 
     def describe(self, max_chars: int = 80) -> str:
         text = self.canonical()
         short = text if len(text) <= max_chars else text[: max_chars - 3] + "..."
         return f"{self.kind}:{short}"
+
+
+def _canonical_json(text: str) -> str:
+    """``text`` re-serialized compactly with key order kept; unparsable text as it is."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return _compact_json(parsed)
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 class GrammarMatcher(ABC):
