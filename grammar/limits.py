@@ -14,6 +14,9 @@ backend recurse past Python's stack or a DFA grow without bound because of its *
   characters (tab, line feed and carriage return are fine), written literally or as a ``\\x00``
   / ``\\u0000`` / ``\\x{0}`` escape: outputs holding NUL break C-string clients and logs.
 * JSON schemas must parse and be an object or a boolean.
+* structural tags must parse (``structural_tag.parse_structural_tag``: recursive, but only
+  below the nesting bound) and hold at most ``max_structural_nodes`` formats (tags, elements)
+  and ``max_structural_triggers`` triggers; their strings may not hold control characters.
 
 ``check_spec(kind, value)`` raises ``ValueError`` with a message naming the parameter.
 """
@@ -30,6 +33,10 @@ from radixlm.grammar.regex_text import check_regex_structure
 
 DEFAULT_MAX_SPEC_BYTES = 256 * 1024
 DEFAULT_MAX_JSON_DEPTH = 128
+# A tool-calling tag holds about 3 formats per tool; 1,024 formats compile in well under a
+# second (structural_tag_lark) and leave room for several hundred tools.
+DEFAULT_MAX_STRUCTURAL_NODES = 1024
+DEFAULT_MAX_STRUCTURAL_TRIGGERS = 128
 # C0 controls except \t \n \r.
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 # A NUL escape not itself escaped: \x00, \x{0...}, \u0000, \U00000000, \0 (odd backslashes).
@@ -41,6 +48,7 @@ _PARAMETER = {
     "ebnf": "ebnf",
     "choices": "choices",
     "json_object": "json_schema",
+    "structural_tag": "structural_tag",
 }
 
 
@@ -48,10 +56,21 @@ _PARAMETER = {
 class GrammarLimits:
     max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_structural_nodes: int = DEFAULT_MAX_STRUCTURAL_NODES
+    max_structural_triggers: int = DEFAULT_MAX_STRUCTURAL_TRIGGERS
 
     def __post_init__(self) -> None:
-        if self.max_spec_bytes < 1 or self.max_json_depth < 1:
-            raise ValueError("grammar limits max_spec_bytes and max_json_depth must be >= 1")
+        bounds = (
+            self.max_spec_bytes,
+            self.max_json_depth,
+            self.max_structural_nodes,
+            self.max_structural_triggers,
+        )
+        if min(bounds) < 1:
+            raise ValueError(
+                "grammar limits max_spec_bytes, max_json_depth, max_structural_nodes and "
+                "max_structural_triggers must be >= 1"
+            )
 
 
 def check_spec(kind: str, value: str | Sequence[str], limits: GrammarLimits | None = None) -> None:
@@ -76,8 +95,14 @@ def check_spec(kind: str, value: str | Sequence[str], limits: GrammarLimits | No
         if kind == "json_schema" or texts[0]:
             check_json_text(name, texts[0], limits.max_json_depth)
         return
+    if kind == "structural_tag":
+        # Imported here: structural_tag imports this module's helpers.
+        from radixlm.grammar.structural_tag import parse_structural_tag
+
+        parse_structural_tag(texts[0], limits)
+        return
     for text in texts:
-        _check_controls(name, text)
+        check_controls(name, text)
     if kind == "regex":
         check_regex_structure(texts[0])
 
@@ -121,7 +146,10 @@ def json_nesting_depth(text: str) -> int:
     return deepest
 
 
-def _check_controls(name: str, text: str) -> None:
+def check_controls(name: str, text: str, escapes: bool = True) -> None:
+    """``ValueError`` naming ``name`` when ``text`` holds a C0 control character other than tab,
+    line feed and carriage return, or (with ``escapes``: regex and grammar text) a NUL
+    escape."""
     found = _CONTROL_CHARS.search(text)
     if found:
         raise ValueError(
@@ -129,7 +157,7 @@ def _check_controls(name: str, text: str) -> None:
             f"offset {found.start()}; control characters other than tab, line feed "
             "and carriage return are not allowed"
         )
-    escaped = _NUL_ESCAPE.search(text)
+    escaped = _NUL_ESCAPE.search(text) if escapes else None
     if escaped:
         raise ValueError(
             f"{name} contains a NUL escape at offset {escaped.start()}; outputs may "

@@ -1,4 +1,5 @@
-"""llguidance backend: Lark / GBNF grammars, JSON schemas, regexes and choices.
+"""llguidance backend: Lark / GBNF grammars, JSON schemas, regexes, choices and structural
+tags (structural_tag.py; only this backend compiles them).
 
 llguidance parses lazily (an Earley parser over a lexer), so compiling is cheap even for schemas
 outlines-core cannot turn into a DFA in time. A compiled grammar keeps one validated template
@@ -32,8 +33,17 @@ from radixlm.grammar.lark_json import bound_json_whitespace
 from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_backend import ANY_JSON_OBJECT_SCHEMA, DEFAULT_WHITESPACE_PATTERN
 from radixlm.grammar.regex_text import ascii_digit_classes, choices_regex
-from radixlm.grammar.schema_checks import check_compilable, optional_property_counts
+from radixlm.grammar.schema_checks import (
+    check_compilable,
+    optional_property_counts,
+    unsatisfiable_reason,
+)
 from radixlm.grammar.schema_rewrite import rewrite_schema
+from radixlm.grammar.structural_tag import (
+    parse_structural_tag,
+    structural_tag_grammar,
+    structural_tag_schemas,
+)
 from radixlm.grammar.vocab import TokenizerVocab
 
 logger = logging.getLogger(__name__)
@@ -256,6 +266,20 @@ def _first_line(text: str) -> str:
     return (text.strip().splitlines() or ["unknown parser error"])[0]
 
 
+def _tag_schemas(spec: GrammarSpec, limits: GrammarLimits) -> list:
+    """The JSON schemas of a structural tag; ``GrammarCompileError`` when one admits no finite
+    document (as ``check_compilable`` does for the json_schema kind)."""
+    try:
+        schemas = structural_tag_schemas(parse_structural_tag(str(spec.value), limits))
+    except ValueError as exc:
+        raise GrammarCompileError(spec.kind, str(exc)) from None
+    for schema in schemas:
+        reason = unsatisfiable_reason(schema)
+        if reason is not None:
+            raise GrammarCompileError(spec.kind, f"a tag's JSON schema: {reason}")
+    return schemas
+
+
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
@@ -307,6 +331,9 @@ class LLGuidanceBackend(GrammarBackend):
                 return LLMatcher.grammar_from_regex(ascii_digit_classes(str(spec.value)))
             if spec.kind == "choices":
                 return LLMatcher.grammar_from_regex(choices_regex(spec.value))
+            if spec.kind == "structural_tag":
+                tag = parse_structural_tag(str(spec.value), self.limits)
+                return structural_tag_grammar(tag, self.whitespace_pattern, lenient=self.lenient)
             if spec.kind == "json_object":
                 schema = ANY_JSON_OBJECT_SCHEMA
             else:
@@ -321,8 +348,11 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarCompileError(spec.kind, str(exc)) from exc
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
-        schema = check_compilable(spec, self.limits)
-        most = max(optional_property_counts(schema), default=0) if schema is not None else 0
+        schemas = [check_compilable(spec, self.limits)]
+        if spec.kind == "structural_tag":  # the schemas inside its tags
+            schemas = _tag_schemas(spec, self.limits)
+        counts = [n for s in schemas if s is not None for n in optional_property_counts(s)]
+        most = max(counts, default=0)
         if most > MAX_OPTIONAL_PROPERTIES:  # fail in microseconds, not after a long build
             raise GrammarTooComplexError(
                 spec.kind,

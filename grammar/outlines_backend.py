@@ -55,9 +55,10 @@ def _source_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
         return str(spec.value)
     if spec.kind == "choices":
         return choices_regex(spec.value)
-    if spec.kind == "ebnf":
+    if spec.kind in ("ebnf", "structural_tag"):
         raise GrammarCompileError(
-            "ebnf", "the outlines backend handles regular grammars only; use llguidance or auto"
+            spec.kind,
+            "the outlines backend handles regular grammars only; use llguidance or auto",
         )
     schema = schema_text_for(spec)
     try:
