@@ -1,0 +1,50 @@
+"""Tool-call parsers by name, and the choice of one from a chat template.
+
+Names: ``hermes`` (aliases ``qwen25``, ``qwen3``), ``llama3``, ``generic`` (JSON replies for
+templates without a tool format) and ``none`` (tools refused). ``auto`` is resolved once from
+the chat template's text by ``resolve_tool_parser``.
+"""
+
+from __future__ import annotations
+
+from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
+
+TOOL_PARSERS: dict[str, type[ToolCallParser]] = {}  # filled as the parsers land
+PARSER_NAMES = ("hermes", "llama3", "generic")
+ALIASES = {"qwen25": "hermes", "qwen3": "hermes"}
+_SPECIAL = ("auto", "none")
+
+
+def resolve_tool_parser(name: str, chat_template: str | None) -> str:
+    """The concrete parser name for the configured ``name``: aliases map to their parser,
+    ``"none"`` stays ``"none"``, ``"auto"`` is read from the template (``<tool_call>`` ->
+    hermes; ``<|python_tag|>`` or an ``ipython`` role -> llama3; anything else, or no
+    template, -> generic). ``ValueError`` for an unknown name."""
+    if name == "none":
+        return "none"
+    if name == "auto":
+        return _detect(chat_template or "")
+    resolved = ALIASES.get(name, name)
+    if resolved not in PARSER_NAMES:
+        known = sorted({*PARSER_NAMES, *ALIASES, *_SPECIAL})
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {known}")
+    return resolved
+
+
+def _detect(template: str) -> str:
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return "generic"
+
+
+def make_tool_parser(name: str, tools: list[ToolSpec]) -> ToolCallParser:
+    """A fresh parser (one per response) of the resolved ``name`` (an alias works too)."""
+    resolved = ALIASES.get(name, name)
+    if resolved not in TOOL_PARSERS:
+        raise ValueError(
+            f"no tool-call parser {name!r} (resolve 'auto' first; 'none' has no parser); "
+            f"known: {sorted(TOOL_PARSERS)}"
+        )
+    return TOOL_PARSERS[resolved](tools)
