@@ -1,0 +1,414 @@
+"""Sessions: requests that continue from an earlier request's tokens (SGLang's ``/open_session``,
+``/close_session`` and the ``session_params`` of ``/generate``).
+
+A session is state a client creates in the HTTP process; the scheduler never sees it. A turn
+sent with ``session_params`` becomes an ordinary request whose input ids are the tokens of an
+earlier turn of the session (its input and its output) followed by the new ones, so the radix
+cache matches the whole history exactly and only the new tokens are prefilled.
+
+Each turn of a session is a node of a tree, named by the request's rid (``meta_info.id``):
+
+- ``session_params.rid`` names the turn to continue from: any earlier turn of the session that
+  finished normally (``stop`` or ``length``), so a conversation can branch. Without it the turn
+  starts a new branch with no history.
+- ``replace``: the turns below the named one (without ``rid``: every turn) are dropped first;
+  those still running are aborted.
+- ``offset``: the history is cut to its first ``offset`` tokens (negative: all but the last
+  ``-offset``) before the new ones; it must lie within the history.
+- ``drop_previous_output``: the history is the earlier turn's input only.
+
+A turn that ends otherwise (aborted, failed, client gone) leaves the session, and so does every
+turn of a closed session; turns still running when their session closes are aborted.
+
+Limits (each refusal is a 400 naming the problem): ``capacity_of_str_len`` bounds, in tokens,
+a turn's input plus its ``max_new_tokens``; a server holds at most ``max_sessions`` open
+sessions, a session at most ``max_turns`` turns and all sessions together ``max_tokens``
+stored tokens (a running turn reserves its input and ``max_new_tokens``). A session opened
+with ``timeout`` closes itself after that many idle seconds.
+
+Each turn stores only what it adds (the tokens after the kept part of its parent's sequence,
+and its output), as 32-bit arrays; a turn's input is rebuilt from the chain of its ancestors.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from radixlm.srt.managers.request_group import GenerateError
+
+MAX_OPEN_SESSIONS = 1024
+MAX_TURNS_PER_SESSION = 256
+MAX_STORED_TOKENS = 16 * 2**20  # 64 MiB of token ids over all sessions
+MAX_SESSION_ID_CHARS = 256
+SWEEP_INTERVAL_S = 1.0  # expired sessions are looked for at most this often
+NORMAL_FINISH_TYPES = frozenset({"stop", "length"})
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """``session_params`` of one request (SGLang's fields); ``id`` is the session."""
+
+    id: str
+    rid: str | None = None
+    offset: int | None = None
+    replace: bool = False
+    drop_previous_output: bool = False
+
+
+@dataclass(eq=False)
+class Turn:
+    """One request of a session. ``base_len`` tokens of the parent's sequence (its input and
+    output) are kept, then ``new_ids`` follow; ``output_ids`` is None while it runs."""
+
+    rid: str
+    parent: Turn | None
+    base_len: int
+    new_ids: array
+    reserved: int  # stored tokens it counts for: new ids + max_new_tokens while running
+    output_ids: array | None = None
+    children: list[Turn] = field(default_factory=list)
+
+    @property
+    def input_len(self) -> int:
+        return self.base_len + len(self.new_ids)
+
+    @property
+    def is_running(self) -> bool:
+        return self.output_ids is None
+
+    def input_ids(self) -> list[int]:
+        """The turn's whole input: its ancestors' kept tokens, then its own new ones."""
+        chain = []
+        node: Turn | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        seq: list[int] = []
+        for node in reversed(chain):
+            del seq[node.base_len :]
+            seq.extend(node.new_ids)
+            if node is not self:
+                assert node.output_ids is not None, "a parent turn has finished"
+                seq.extend(node.output_ids)
+        return seq
+
+    def subtree(self) -> Iterator[Turn]:
+        yield self
+        for child in self.children:
+            yield from child.subtree()
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    capacity: int  # capacity_of_str_len: a turn's input + max_new_tokens, in tokens
+    timeout_s: float | None
+    last_used_s: float
+    turns: dict[str, Turn] = field(default_factory=dict)
+    num_running: int = 0
+
+    def is_expired(self, now: float) -> bool:
+        """Idle (no turn running) for longer than its timeout."""
+        if self.timeout_s is None or self.num_running:
+            return False
+        return now - self.last_used_s > self.timeout_s
+
+    @property
+    def num_stored_tokens(self) -> int:
+        return sum(t.reserved for t in self.turns.values())
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """A turn checked against its session (``SessionManager.plan``), not yet added to it."""
+
+    params: SessionParams
+    parent: Turn | None
+    base_len: int
+    new_ids: list[int]
+    input_ids: list[int]  # what the request sends to the scheduler
+    max_new_tokens: int
+
+    @property
+    def reserved(self) -> int:
+        """Tokens the turn may store: its own new ids and its output."""
+        return len(self.new_ids) + self.max_new_tokens
+
+
+def bad(message: str, param: str = "session_params") -> GenerateError:
+    return GenerateError(message, 400, param)
+
+
+class SessionManager:
+    """The open sessions of one server. ``abort(rid)`` is called for each running turn that a
+    close, a ``replace`` or an expiry drops (the request is aborted by its client rid)."""
+
+    def __init__(
+        self,
+        abort: Callable[[str], object] = lambda rid: None,
+        max_sessions: int = MAX_OPEN_SESSIONS,
+        max_turns: int = MAX_TURNS_PER_SESSION,
+        max_tokens: int = MAX_STORED_TOKENS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.abort = abort
+        self.max_sessions = max_sessions
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self.num_stored_tokens = 0
+        self._last_sweep_s = float("-inf")
+
+    # ------------------------------------------------------------------ open and close
+    def open(
+        self, capacity: int, session_id: str | None = None, timeout_s: float | None = None
+    ) -> str:
+        """Opens a session; returns its id (a fresh one when ``session_id`` is None)."""
+        self.sweep()
+        if type(capacity) is not int or capacity < 1:
+            raise bad(
+                f"capacity_of_str_len must be a positive integer (the tokens one turn may hold: "
+                f"its input and max_new_tokens), got {capacity!r}",
+                "capacity_of_str_len",
+            )
+        if timeout_s is not None and not timeout_s > 0:
+            raise bad(f"timeout must be a positive number of seconds, got {timeout_s}", "timeout")
+        if session_id is None:
+            session_id = uuid.uuid4().hex
+        elif not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
+            raise bad(f"session_id must have 1 to {MAX_SESSION_ID_CHARS} characters", "session_id")
+        if session_id in self.sessions:
+            raise bad(
+                f"session id {session_id} already exists, cannot open it again; close it first "
+                "or open the session without a session_id",
+                "session_id",
+            )
+        if len(self.sessions) >= self.max_sessions:
+            raise bad(
+                f"{len(self.sessions)} sessions are open, the most this server keeps; close the "
+                "sessions you no longer use",
+                "session_id",
+            )
+        self.sessions[session_id] = Session(session_id, capacity, timeout_s, self.clock())
+        return session_id
+
+    def close(self, session_id: str) -> None:
+        """Closes the session: its turns are dropped, running ones aborted."""
+        self._drop_session(self._get(session_id, "session_id"))
+
+    def clear(self) -> None:
+        """Drops every session without aborting anything (the server is shutting down)."""
+        self.sessions.clear()
+        self.num_stored_tokens = 0
+
+    def sweep(self) -> None:
+        """Closes the sessions idle for longer than their timeout (at most once a second)."""
+        now = self.clock()
+        if now - self._last_sweep_s < SWEEP_INTERVAL_S:
+            return
+        self._last_sweep_s = now
+        for session in [s for s in self.sessions.values() if s.is_expired(now)]:
+            self._drop_session(session)
+
+    def _drop_session(self, session: Session) -> None:
+        del self.sessions[session.session_id]
+        self.num_stored_tokens -= session.num_stored_tokens
+        for turn in session.turns.values():
+            if turn.is_running:
+                self.abort(turn.rid)
+
+    def _get(self, session_id: str, param: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise bad(
+                f"Invalid request: session id {session_id} does not exist (it was never opened, "
+                "was closed, or timed out); open a session with /open_session first",
+                param,
+            )
+        return session
+
+    # ------------------------------------------------------------------ turns
+    def plan(self, params: SessionParams, new_ids: list[int], max_new_tokens: int) -> TurnPlan:
+        """The input of a new turn (its history, then ``new_ids``), checked against the
+        session; nothing changes until :meth:`commit`."""
+        self.sweep()
+        session = self._get(params.id, "session_params.id")
+        parent = self._parent(session, params)
+        if parent is None:
+            history: list[int] = []
+        else:
+            history = parent.input_ids()
+            if not params.drop_previous_output:
+                history.extend(parent.output_ids or ())
+        base_len = kept_len(params.offset, len(history))
+        input_ids = history[:base_len] + list(new_ids)
+        needed = len(input_ids) + max_new_tokens
+        if needed > session.capacity:
+            raise bad(
+                f"this turn needs {needed} tokens ({len(input_ids)} of input, max_new_tokens "
+                f"{max_new_tokens}), more than the session's capacity_of_str_len of "
+                f"{session.capacity}; open a session with a larger capacity, keep less history "
+                "(session_params.offset) or lower max_new_tokens"
+            )
+        return TurnPlan(params, parent, base_len, list(new_ids), input_ids, max_new_tokens)
+
+    def _parent(self, session: Session, params: SessionParams) -> Turn | None:
+        if params.rid is None:
+            return None
+        parent = session.turns.get(params.rid)
+        if parent is None:
+            raise bad(
+                f"session {session.session_id} has no request with rid {params.rid!r} to "
+                "continue from (a turn that did not finish normally, or one dropped by "
+                "replace, leaves the session)",
+                "session_params.rid",
+            )
+        if parent.is_running:
+            raise bad(
+                f"request {params.rid!r} of session {session.session_id} is still running; "
+                "continue from it once it has finished",
+                "session_params.rid",
+            )
+        return parent
+
+    def commit(self, plans: list[TurnPlan], rids: list[str]) -> list[Turn]:
+        """Adds the planned turns (one request each, named by ``rids``) to their sessions, all
+        or none: the limits and the planned parents are checked again, then the turns a
+        ``replace`` drops are removed (running ones aborted)."""
+        if len(plans) > 1 and any(p.params.replace for p in plans):
+            raise bad(
+                "session_params.replace applies to a single request; send one prompt with n = 1",
+                "session_params.replace",
+            )
+        sessions = [self._get(p.params.id, "session_params.id") for p in plans]
+        dropped = self._check_commit(plans, rids, sessions)
+        for turn in dropped:
+            self._remove_turn(sessions[0], turn)
+        now = self.clock()
+        turns = []
+        for plan, rid, session in zip(plans, rids, sessions, strict=True):
+            turn = Turn(rid, plan.parent, plan.base_len, array("i", plan.new_ids), plan.reserved)
+            if plan.parent is not None:
+                plan.parent.children.append(turn)
+            session.turns[rid] = turn
+            session.num_running += 1
+            session.last_used_s = now
+            self.num_stored_tokens += turn.reserved
+            turns.append(turn)
+        return turns
+
+    def _check_commit(
+        self, plans: list[TurnPlan], rids: list[str], sessions: list[Session]
+    ) -> list[Turn]:
+        """Raises the 400 of a group that cannot be added; returns the turns its replace drops."""
+        dropped: list[Turn] = []
+        added: dict[str, int] = {}
+        for plan, rid, session in zip(plans, rids, sessions, strict=True):
+            if plan.parent is not None and session.turns.get(plan.parent.rid) is not plan.parent:
+                raise bad(
+                    f"turn {plan.parent.rid!r} of session {session.session_id} was dropped while "
+                    "this request was being prepared; send it again"
+                )
+            if plan.params.replace:
+                dropped = replaced_turns(session, plan.parent)
+            if rid in session.turns and session.turns[rid] not in dropped:
+                raise bad(
+                    f"rid {rid!r} already names a request of session {session.session_id}; give "
+                    "each turn its own rid",
+                    "rid",
+                )
+            added[session.session_id] = added.get(session.session_id, 0) + 1
+            num_turns = len(session.turns) - len(dropped) + added[session.session_id]
+            if num_turns > self.max_turns:
+                raise bad(
+                    f"session {session.session_id} would hold {num_turns} requests, more than "
+                    f"the {self.max_turns} a session keeps; drop branches with "
+                    "session_params.replace or open a new session"
+                )
+        stored = self.num_stored_tokens - sum(t.reserved for t in dropped)
+        stored += sum(p.reserved for p in plans)
+        if stored > self.max_tokens:
+            raise bad(
+                f"the open sessions would store {stored} tokens, more than the {self.max_tokens} "
+                "this server keeps for sessions; close sessions you no longer use or lower "
+                "max_new_tokens"
+            )
+        return dropped
+
+    def finish(self, session_id: str, turn: Turn, output_ids: list[int]) -> None:
+        """A turn finished normally: its output becomes part of the history it offers."""
+        session = self.sessions.get(session_id)
+        if session is None or session.turns.get(turn.rid) is not turn or not turn.is_running:
+            return  # its session closed or a replace dropped it meanwhile
+        turn.output_ids = array("i", output_ids)
+        stored = len(turn.new_ids) + len(turn.output_ids)
+        self.num_stored_tokens += stored - turn.reserved
+        turn.reserved = stored
+        session.num_running -= 1
+        session.last_used_s = self.clock()
+
+    def discard(self, session_id: str, turn: Turn) -> None:
+        """A turn that did not finish normally leaves its session (if it is still there)."""
+        session = self.sessions.get(session_id)
+        if session is not None and session.turns.get(turn.rid) is turn and turn.is_running:
+            self._remove_turn(session, turn)
+
+    def _remove_turn(self, session: Session, turn: Turn) -> None:
+        del session.turns[turn.rid]
+        if turn.parent is not None and turn.parent.rid in session.turns:
+            turn.parent.children.remove(turn)
+        self.num_stored_tokens -= turn.reserved
+        if turn.is_running:
+            session.num_running -= 1
+            self.abort(turn.rid)
+
+    # ------------------------------------------------------------------ state
+    def info(self) -> dict[str, int]:
+        return {
+            "num_open_sessions": len(self.sessions),
+            "num_session_turns": sum(len(s.turns) for s in self.sessions.values()),
+            "num_session_tokens": self.num_stored_tokens,
+            "max_open_sessions": self.max_sessions,
+            "max_turns_per_session": self.max_turns,
+            "max_session_tokens": self.max_tokens,
+        }
+
+    def check_integrity(self) -> None:
+        """Token counts add up and every turn's tree links stay inside its session."""
+        total = 0
+        for session in self.sessions.values():
+            turns = session.turns
+            assert session.num_running == sum(t.is_running for t in turns.values())
+            for rid, turn in turns.items():
+                assert turn.rid == rid
+                assert turn.parent is None or turns.get(turn.parent.rid) is turn.parent
+                assert all(turns.get(c.rid) is c for c in turn.children)
+                assert not (turn.is_running and turn.children), "a running turn has no children"
+            total += session.num_stored_tokens
+        assert total == self.num_stored_tokens, (total, self.num_stored_tokens)
+
+
+def kept_len(offset: int | None, history_len: int) -> int:
+    """How much of a ``history_len``-token history a turn keeps (``offset`` as SGLang's slice
+    ``history[:offset]``; None or 0 keeps it all)."""
+    if not offset:
+        return history_len
+    if not -history_len <= offset <= history_len:
+        raise bad(
+            f"session_params.offset {offset} is outside the {history_len}-token history it cuts "
+            f"(use 1..{history_len}, or a negative offset to drop tokens from the end)",
+            "session_params.offset",
+        )
+    return offset if offset > 0 else history_len + offset
+
+
+def replaced_turns(session: Session, parent: Turn | None) -> list[Turn]:
+    """The turns a ``replace`` drops: the parent's descendants, or every turn without one."""
+    if parent is None:
+        return list(session.turns.values())
+    return [t for child in parent.children for t in child.subtree()]
