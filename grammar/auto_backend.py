@@ -4,14 +4,15 @@ It compiles regexes, choices and JSON schemas with outlines-core, falling back t
 llguidance when outlines-core rejects the spec, when the spec's regex is too long for a DFA
 (``outlines_max_regex_chars``) or when it does not finish within ``outlines_budget_s`` (it runs
 in a child process, killed when over budget; see ``outlines_worker``). llguidance compiles in tens
-of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars and ``json_object``
-go straight to llguidance (the generic-JSON DFA is slow to build). JSON schemas with numeric
-bounds or ``allOf`` (which outlines-core accepts but may ignore) try llguidance first. A JSON
-schema neither backend accepts gets a last try on llguidance in lenient mode, which ignores the
-keywords it does not implement. When every other backend rejects a spec whose outlines-core
-build went over budget, ``auto`` waits for that build after all (at most
-``outlines_last_resort_s`` more): a schema only outlines-core accepts, just over the budget on a
-loaded CPU, still compiles.
+of milliseconds, so the whole attempt stays within about 5 s. EBNF grammars, ``json_object``
+and structural tags go straight to llguidance (the generic-JSON DFA is slow to build;
+outlines-core has no context-free grammars). JSON schemas with numeric bounds or ``allOf``
+(which outlines-core accepts but may ignore) try llguidance first. A JSON schema neither
+backend accepts gets a last try on llguidance in lenient mode, which ignores the keywords it
+does not implement (so does a structural tag llguidance rejects, for its tags' schemas). When
+every other backend rejects a spec whose outlines-core build went over budget, ``auto`` waits
+for that build after all (at most ``outlines_last_resort_s`` more): a schema only outlines-core
+accepts, just over the budget on a loaded CPU, still compiles.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class AutoGrammarBackend(GrammarBackend):
         limit = self.outlines.max_regex_chars
         if schema is not None and limit and outlines_regex_lower_bound(schema) > limit:
             order.remove(self.outlines)  # its regex would be rejected as too long anyway
-        if spec.kind == "json_schema" and self.lenient_llguidance is not None:
+        if spec.kind in ("json_schema", "structural_tag") and self.lenient_llguidance is not None:
             order.append(self.lenient_llguidance)
         return order
 

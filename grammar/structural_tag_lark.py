@@ -123,8 +123,10 @@ class _LarkWriter:
         return name
 
     def choice(self, alternatives: list[str]) -> str:
-        """A rule for the alternatives (the one expression itself when there is one)."""
-        return alternatives[0] if len(alternatives) == 1 else self.rule(" | ".join(alternatives))
+        """A rule for the alternatives (the one alternative itself when it is a name)."""
+        if len(alternatives) == 1 and alternatives[0].isidentifier():
+            return alternatives[0]
+        return self.rule(" | ".join(alternatives))
 
     def node(self, fmt: Format, ctx: _Context) -> str:
         """A Lark expression matching ``fmt`` followed by ``ctx.end``."""
