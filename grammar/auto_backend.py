@@ -126,6 +126,9 @@ class AutoGrammarBackend(GrammarBackend):
         raise GrammarCompileError(spec.kind, reason) from last
 
     def _order(self, spec: GrammarSpec, schema: Any = None) -> list[GrammarBackend]:
+        lenient = [] if self.lenient_llguidance is None else [self.lenient_llguidance]
+        if spec.kind == "structural_tag":  # its tags' JSON schemas get the lenient last try
+            return [self.llguidance, *lenient]
         if spec.kind in _LLGUIDANCE_ONLY_KINDS:
             return [self.llguidance]
         # outlines-core unrolls recursion to a fixed depth (a dead end deep in a document).
@@ -138,8 +141,8 @@ class AutoGrammarBackend(GrammarBackend):
         limit = self.outlines.max_regex_chars
         if schema is not None and limit and outlines_regex_lower_bound(schema) > limit:
             order.remove(self.outlines)  # its regex would be rejected as too long anyway
-        if spec.kind in ("json_schema", "structural_tag") and self.lenient_llguidance is not None:
-            order.append(self.lenient_llguidance)
+        if spec.kind == "json_schema":
+            order.extend(lenient)
         return order
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> CompiledGrammar:

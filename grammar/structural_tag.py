@@ -17,7 +17,7 @@ ignored. The size, the JSON nesting and the number of format nodes and triggers 
 
 Where free text may go: ``any_text`` and the free text of ``triggered_tags`` need a delimiter,
 so they may stand only at the end of the output or at the end of a tag's content (where the
-tag's end string closes them); elsewhere parsing succeeds and compiling raises ``ValueError``.
+tag's end string closes them); elsewhere parsing raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from radixlm.grammar.structural_tag_nodes import (
     TagFormat,
     TagsWithSeparatorFormat,
     TriggeredTagsFormat,
+    check_free_text_closed,
     iter_formats,
 )
 
@@ -93,7 +94,9 @@ def parse_structural_tag(value: str | dict, limits: GrammarLimits | None = None)
         top = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"structural_tag is not valid JSON ({exc})") from None
-    return _Parser(limits).top(top)
+    tag = _Parser(limits).top(top)
+    check_free_text_closed(tag.format)
+    return tag
 
 
 def structural_tag_grammar(
@@ -281,7 +284,8 @@ class _Parser:
         if schema is False:
             raise ValueError(f"structural_tag {path} is false: no JSON document is valid")
         raise ValueError(
-            f"structural_tag {path} must be a JSON schema object (or true), got {_json_type(schema)}"
+            f"structural_tag {path} must be a JSON schema object (or true), "
+            f"got {_json_type(schema)}"
         )
 
     def string(self, value: Any, path: str, non_empty: bool = False, escapes: bool = False) -> str:

@@ -11,7 +11,8 @@ How the free text is built, with ``ANY_TEXT: /(?s:.*)/``:
 
 Each node is compiled for a context: what follows it (nothing: the end of the output; the
 enclosing tag's end string, which the node's rule then also matches; or more formats). Free
-text followed by more formats has no delimiter and is refused with ``ValueError``.
+text followed by more formats has no delimiter: ``parse_structural_tag`` refuses it, and so
+does the compiler (``ValueError``).
 
 Rules of identical (node, context) pairs are shared, so a tag offered both as a first tag and
 after a trigger compiles its JSON schema once.
@@ -29,6 +30,7 @@ from radixlm.grammar.lark_json import bound_json_whitespace
 from radixlm.grammar.regex_text import ascii_digit_classes
 from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.structural_tag_nodes import (
+    UNCLOSED_TEXT_MESSAGE,
     AnyTextFormat,
     ConstStringFormat,
     Format,
@@ -44,10 +46,6 @@ from radixlm.grammar.structural_tag_nodes import (
 )
 
 ANY_TEXT = "ANY_TEXT"
-_FREE_TEXT_WITHOUT_END = (
-    "structural_tag: {what} must come last (at the end of the output or of a tag's content, "
-    "where the tag's end string closes it); here more formats follow it"
-)
 
 
 @dataclass(frozen=True)
@@ -165,7 +163,7 @@ class _LarkWriter:
             return self.rule(f"{ANY_TEXT} {lark_literal(ctx.end)}", lazy=True)
         if ctx.is_last:
             return ANY_TEXT
-        raise ValueError(_FREE_TEXT_WITHOUT_END.format(what=what))
+        raise ValueError(UNCLOSED_TEXT_MESSAGE.format(what=what))
 
     def tag_rest(self, tag: TagFormat, ctx: _Context) -> str:
         """What follows the tag's begin: the content, the tag's end, then ``ctx.end``."""

@@ -11,6 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+UNCLOSED_TEXT_MESSAGE = (
+    "structural_tag: {what} must come last, at the end of the output or of a tag's content "
+    "(where the tag's end string closes it); here more formats follow it and nothing marks "
+    "where the text ends"
+)
+
 
 @dataclass(frozen=True)
 class ConstStringFormat:
@@ -135,3 +141,29 @@ def iter_formats(root: Format) -> list[Format]:
         elif isinstance(node, (TriggeredTagsFormat, TagsWithSeparatorFormat)):
             stack.extend(node.tags)
     return found
+
+
+def check_free_text_closed(root: Format) -> None:
+    """``ValueError`` for free text (``any_text``, the text of ``triggered_tags``) that nothing
+    closes: neither the end of the output nor a tag's end string follows it."""
+    stack: list[tuple[Format, str]] = [(root, "last")]  # context: last, closed or followed
+    while stack:
+        node, ctx = stack.pop()
+        if isinstance(node, SequenceFormat):
+            stack.append((node.elements[-1], ctx))
+            stack.extend((e, "followed") for e in node.elements[:-1])
+        elif isinstance(node, OrFormat):
+            stack.extend((e, ctx) for e in node.elements)
+        elif isinstance(node, TagFormat):
+            stack.append((node.content, "closed" if node.end else ctx))
+        elif isinstance(node, TagsWithSeparatorFormat):
+            stack.extend((t, "followed") for t in node.tags)
+        elif isinstance(node, TriggeredTagsFormat):
+            only_one_tag = node.at_least_one and node.stop_after_first
+            if ctx == "followed" and not only_one_tag:
+                raise ValueError(
+                    UNCLOSED_TEXT_MESSAGE.format(what="triggered_tags (its free text)")
+                )
+            stack.extend((t, ctx if only_one_tag else "followed") for t in node.tags)
+        elif isinstance(node, AnyTextFormat) and ctx == "followed":
+            raise ValueError(UNCLOSED_TEXT_MESSAGE.format(what="any_text"))

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import jsonschema
 import pytest
 
-from radixlm.grammar.base import GrammarSpec
+from radixlm.grammar.base import GrammarCompileError, GrammarSpec
 from radixlm.grammar.bitmask import allocate_token_bitmask, allowed_token_ids
+from radixlm.grammar.limits import GrammarLimits, check_spec
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
-from radixlm.grammar.structural_tag import parse_structural_tag
+from radixlm.grammar.outlines_backend import OutlinesBackend
+from radixlm.grammar.registry import GrammarConfig, create_grammar_backend
+from radixlm.grammar.structural_tag import parse_structural_tag, structural_tag_grammar
 from radixlm.grammar.structural_tag_nodes import TriggeredTagsFormat
 from radixlm.grammar.testing import train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
@@ -397,3 +401,244 @@ def test_random_walks_of_separated_tags(backend, vocab):
             assert text[previous[3] : call[2]] == "\n;", text  # only separators between tags
         for name, arguments, _, _ in calls:
             jsonschema.validate(arguments, TOOLS[name])
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+def fmt_tag(fmt: dict) -> dict:
+    return {"type": "structural_tag", "format": fmt}
+
+
+ANY_TAG = {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
+INVALID = [
+    ("{not json", "not valid JSON"),
+    ([1, 2], "must be a JSON object"),
+    ({"type": "json_schema", "format": {"type": "any_text"}}, '"type" must be "structural_tag"'),
+    ({"type": "structural_tag"}, 'needs "format"'),
+    ({"format": {"type": "any_text"}, "extra": 1}, "unknown field(s) 'extra'"),
+    (fmt_tag({"type": "free_text"}), "unknown type 'free_text'"),
+    (fmt_tag({"value": "x"}), "unknown type None"),
+    (fmt_tag("any_text"), "format must be an object, got a string"),
+    (fmt_tag({"type": "const_string"}), "is missing 'value'"),
+    (fmt_tag({"type": "const_string", "value": 3}), "format.value must be a string, got a number"),
+    (fmt_tag({"type": "any_text", "excludes": []}), "unknown field(s) 'excludes'"),
+    (fmt_tag({"type": "tag", "begin": "", "content": ANY_TAG, "end": "x"}), "begin must not be"),
+    (fmt_tag({"type": "tag", "begin": "<a>", "content": ANY_TAG}), "is missing 'end'"),
+    (fmt_tag({"type": "tag", "begin": "<a>", "content": ANY_TAG, "end": None}), "end must be a"),
+    (fmt_tag({"type": "sequence", "elements": []}), "elements must not be empty"),
+    (fmt_tag({"type": "or", "elements": {"type": "any_text"}}), "elements must be a list"),
+    (fmt_tag({"type": "json_schema", "json_schema": "{}"}), "must be a JSON schema object"),
+    (fmt_tag({"type": "json_schema", "json_schema": False}), "no JSON document is valid"),
+    (fmt_tag({"type": "regex", "pattern": "(ab"}), "unclosed '(' group"),
+    (fmt_tag({"type": "regex", "pattern": "a\\x00"}), "NUL escape"),
+    (fmt_tag({"type": "grammar", "grammar": ""}), "grammar must not be empty"),
+    (fmt_tag({"type": "const_string", "value": "a\x00b"}), "control character U+0000"),
+    (fmt_tag(triggered(triggers=[])), "triggers must not be empty"),
+    (fmt_tag(triggered(triggers=[""])), "triggers[0] must not be empty"),
+    (fmt_tag(triggered(triggers="<tool_call>")), "triggers must be a list"),
+    (fmt_tag(triggered(triggers=["<tool_call>\x1b"])), "control character U+001B"),
+    (fmt_tag(triggered(triggers=["<tool_call>", "<x>"])), "trigger '<x>' begins no tag"),
+    (fmt_tag(triggered(triggers=["<call"])), "starts with none of the triggers"),
+    (fmt_tag(triggered(tags=[])), "tags must not be empty"),
+    (fmt_tag(triggered(tags=[{"type": "const_string", "value": "x"}])), 'must be a "tag"'),
+    (fmt_tag(triggered(at_least_one=1)), "at_least_one must be true or false"),
+    (fmt_tag(triggered(stop_after_first="yes")), "stop_after_first must be true or false"),
+    (
+        fmt_tag(
+            {
+                "type": "triggered_tags",
+                "triggers": ["<f", "x<f"],
+                "tags": [{"begin": "<f>", "content": {"type": "any_text"}, "end": "</f>"}]
+                + [{"begin": "x<f>", "content": {"type": "any_text"}, "end": "</f>"}],
+            }
+        ),
+        "contains the trigger '<f'",
+    ),
+    (fmt_tag({"type": "tags_with_separator", "tags": TOOL_TAGS}), "is missing 'separator'"),
+    (
+        {"structures": [{"begin": "<f=a>", "schema": TIME, "end": "</f>"}], "triggers": ["<g"]},
+        "structures[0].begin '<f=a>' starts with none of the triggers",
+    ),
+    ({"structures": [{"begin": "<f=a>", "schema": TIME}], "triggers": ["<f"]}, "missing 'end'"),
+    ({"structures": [], "triggers": ["<f"]}, "structures must not be empty"),
+    (
+        {"structures": [{"begin": "<f=a>", "schema": [], "end": ""}], "triggers": ["<f"]},
+        "schema must be a JSON schema object (or true), got a list",
+    ),
+    # free text that nothing closes
+    (
+        fmt_tag({"type": "sequence", "elements": [{"type": "any_text"}, ANY_TAG]}),
+        "any_text must come last",
+    ),
+    (
+        fmt_tag({"type": "sequence", "elements": [triggered(), ANY_TAG]}),
+        "triggered_tags (its free text) must come last",
+    ),
+    (
+        fmt_tag(
+            {"type": "tags_with_separator", "separator": ",", "tags": [{**ANY_TAG, "end": ""}]}
+        ),
+        "any_text must come last",
+    ),
+]
+
+
+@pytest.mark.parametrize(("value", "message"), INVALID)
+def test_invalid_structural_tags_are_refused_with_the_reason(backend, value, message):
+    text = value if isinstance(value, str) else json.dumps(value)
+    with pytest.raises(ValueError) as refused:
+        check_spec("structural_tag", text)
+    assert str(refused.value).startswith("structural_tag"), str(refused.value)
+    assert message in str(refused.value), str(refused.value)
+    with pytest.raises(GrammarCompileError, match="Failed to compile structural_tag grammar"):
+        backend.compile(GrammarSpec.structural_tag(text))
+
+
+def test_accepted_shapes_parse(backend, vocab):
+    """Closed free text is fine: in a tag, last in a sequence, and an at-least-one,
+    stop-after-first triggered_tags (one tag, no free text) anywhere."""
+    one = triggered(at_least_one=True, stop_after_first=True)
+    fmt = {"type": "sequence", "elements": [one, {"type": "const_string", "value": "!"}]}
+    grammar = compile_format(backend, fmt)
+    check_strings(grammar, vocab, [TIME_CALL + "!"], [TIME_CALL, "x" + TIME_CALL + "!"])
+    empty_end = {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": ""}
+    grammar = compile_format(backend, empty_end)  # nothing follows: text to the end
+    check_strings(grammar, vocab, ["<a>", "<a> anything"], ["<b>"])
+
+
+def test_spec_is_canonical_json(vocab):
+    value = {"type": "structural_tag", "format": {"type": "const_string", "value": "é"}}
+    from_dict = GrammarSpec.structural_tag(value)
+    from_text = GrammarSpec.structural_tag(json.dumps(value, indent=2))
+    assert from_dict == from_text and from_dict.value == json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False
+    )
+    assert from_dict.canonical() == from_dict.value
+    assert GrammarSpec.structural_tag("{broken").value == "{broken"
+
+
+# --- hostile inputs: refused by the cheap check, fast -------------------------------------
+
+
+def _nested_sequences(depth: int) -> str:
+    return '{"format":' + '{"type":"sequence","elements":[' * depth + "{}" + "]}" * depth + "}"
+
+
+def _many_tags(count: int) -> dict:
+    tags = [
+        {"begin": f"<t{i}>", "content": {"type": "any_text"}, "end": "</t>"} for i in range(count)
+    ]
+    return fmt_tag({"type": "triggered_tags", "triggers": ["<t"], "tags": tags})
+
+
+HOSTILE = [
+    ("huge", json.dumps(fmt_tag({"type": "const_string", "value": "x" * 300_000})), "bytes long"),
+    ("deep", _nested_sequences(5_000), "nests 10002 levels deep"),
+    ("many tags", json.dumps(_many_tags(3_000)), "more than 1,024 formats"),
+    (
+        "many triggers",
+        json.dumps(
+            fmt_tag(
+                {
+                    "type": "triggered_tags",
+                    "triggers": [f"<{i}>" for i in range(500)],
+                    "tags": [ANY_TAG],
+                }
+            )
+        ),
+        "more than 128 triggers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_structural_tags_are_refused_quickly(name, text, message):
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match="^structural_tag") as refused:
+        check_spec("structural_tag", text)
+    elapsed = time.perf_counter() - began
+    assert message in str(refused.value), str(refused.value)
+    assert elapsed < 0.25, f"{name} took {elapsed:.3f} s"
+
+
+def test_limits_are_configurable():
+    tight = GrammarLimits(max_structural_nodes=3)
+    with pytest.raises(ValueError, match="more than 3 formats"):
+        parse_structural_tag(fmt_tag(triggered()), tight)
+    parse_structural_tag(fmt_tag(triggered()))
+    with pytest.raises(ValueError, match="max_structural_nodes"):
+        GrammarLimits(max_structural_nodes=0)
+
+
+# --- backends ----------------------------------------------------------------------------
+
+
+def test_64_tools_compile_well_under_a_second(backend, vocab):
+    schemas = {
+        f"tool_{i}": {
+            "type": "object",
+            "properties": {"q": {"type": "string"}, f"n{i}": {"type": "integer"}},
+            "required": ["q"],
+        }
+        for i in range(64)
+    }
+    tags = [tool_tag(name, schema) for name, schema in schemas.items()]
+    spec = GrammarSpec.structural_tag(
+        fmt_tag({"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags})
+    )
+    began = time.perf_counter()
+    grammar = backend.compile(spec)
+    elapsed = time.perf_counter() - began
+    assert elapsed < 1.0, f"64 tools compiled in {elapsed:.2f} s"
+    call = tool_call("tool_63", '{"q": "x", "n63": 5}')
+    check_strings(grammar, vocab, [f"ok {call}"], [tool_call("tool_63", '{"q": "x", "n62": 5}')])
+
+
+def test_auto_routes_to_llguidance_and_outlines_refuses(vocab):
+    spec = GrammarSpec.structural_tag(fmt_tag(triggered()))
+    auto = create_grammar_backend(GrammarConfig(), vocab)
+    try:
+        grammar = auto.compile(spec)
+        assert grammar.backend_name == "llguidance"
+        assert accepts(grammar, vocab, f"hi {TIME_CALL}")
+        reloaded = auto.deserialize(spec, grammar.backend_name, grammar.serialize())
+        assert accepts(reloaded, vocab, f"hi {TIME_CALL}")
+    finally:
+        auto.shutdown()
+    with pytest.raises(GrammarCompileError, match="regular grammars only"):
+        OutlinesBackend(vocab).compile(spec)
+
+
+def test_lenient_json_options_reach_the_tags(backend, vocab):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    fmt = {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema": schema}}
+    spec = GrammarSpec.structural_tag(fmt_tag({**fmt, "end": "</a>"}))
+    with pytest.raises(GrammarCompileError, match="uniqueItems"):
+        backend.compile(spec)
+    grammar = backend.lenient_twin().compile(spec)
+    check_strings(grammar, vocab, ["<a>[1, 2]</a>"], ["<a>[1, 2.5]</a>"])
+    auto = create_grammar_backend(GrammarConfig(), vocab)
+    try:
+        assert accepts(auto.compile(spec), vocab, "<a>[3]</a>")
+    finally:
+        auto.shutdown()
+
+
+def test_unsatisfiable_tag_schemas_are_refused(backend):
+    loop = {
+        "type": "tag",
+        "begin": "<a>",
+        "content": {"type": "json_schema", "json_schema": {"$ref": "#"}},
+        "end": "",
+    }
+    with pytest.raises(GrammarCompileError, match="a tag's JSON schema"):
+        backend.compile(GrammarSpec.structural_tag(fmt_tag(loop)))
+
+
+def test_grammar_text_without_json_options(vocab):
+    tag = parse_structural_tag(fmt_tag({"type": "json_schema", "json_schema": TIME}))
+    text = structural_tag_grammar(tag, None)
+    assert '"whitespace_pattern"' not in text and '"coerce_one_of": true' in text
+    text = structural_tag_grammar(tag, "", lenient=True)
+    assert '"whitespace_pattern": ""' in text and '"lenient": true' in text
