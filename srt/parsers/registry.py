@@ -7,10 +7,15 @@ the chat template's text by ``resolve_tool_parser``.
 
 from __future__ import annotations
 
+from radixlm.srt.parsers.generic import GenericParser
+from radixlm.srt.parsers.hermes import HermesParser
+from radixlm.srt.parsers.llama3 import Llama3Parser
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
 
-TOOL_PARSERS: dict[str, type[ToolCallParser]] = {}  # filled as the parsers land
-PARSER_NAMES = ("hermes", "llama3", "generic")
+TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
+    cls.name: cls for cls in (HermesParser, Llama3Parser, GenericParser)
+}
+PARSER_NAMES = tuple(TOOL_PARSERS)
 ALIASES = {"qwen25": "hermes", "qwen3": "hermes"}
 _SPECIAL = ("auto", "none")
 

@@ -1,0 +1,106 @@
+"""Builders of the sampling-params fragments that enforce a tool choice (structural tags).
+
+A *call tag* is ``{"type": "tag", "begin": ..., "content": {"type": "json_schema", ...},
+"end": ...}``: the text a model writes before a call's arguments object, the arguments' JSON
+schema, and the text after it. The parsers pick the begin and end of their format; the choice
+decides how the tags combine:
+
+* ``"required"`` / named: calls only (``tags_with_separator``, at least one; one at most
+  unless ``parallel``), arguments valid against each tool's schema;
+* ``"auto"``: free text, and once the trigger appears a call (``triggered_tags``), built only
+  when a tool is ``strict`` (non-strict tools then get any JSON object as arguments);
+* a ``response_schema`` with ``"auto"``: an answer valid against it, or calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from radixlm.srt.parsers.tool_base import (
+    ToolChoice,
+    ToolSpec,
+    check_choice,
+    chosen_tools,
+    forces_calls,
+)
+
+ANY_OBJECT: dict = {"type": "object"}
+
+BeginOf = Callable[[ToolSpec], str]
+
+
+def arguments_schema(tool: ToolSpec, choice: ToolChoice) -> dict:
+    """The schema a call's arguments must match: the tool's own when the choice forces calls
+    or the tool is strict, else any object."""
+    return tool.parameters if (tool.strict or forces_calls(choice)) else ANY_OBJECT
+
+
+def quoted(name: str) -> str:
+    """A tool name as the JSON string a model writes."""
+    return json.dumps(name, ensure_ascii=False)
+
+
+def call_tag(begin: str, schema: dict, end: str) -> dict:
+    return {
+        "type": "tag",
+        "begin": begin,
+        "content": {"type": "json_schema", "json_schema": schema},
+        "end": end,
+    }
+
+
+def structural_tag(fmt: dict) -> dict:
+    """A sampling-params fragment holding the structural tag of ``fmt``."""
+    return {"structural_tag": {"type": "structural_tag", "format": fmt}}
+
+
+def choice_format(
+    tools: list[ToolSpec],
+    choice: ToolChoice,
+    parallel: bool,
+    response_schema: dict | None,
+    *,
+    begin_of: BeginOf,
+    end: str,
+    separator: str,
+    trigger: str | None = None,
+    text_pattern: str | None = None,
+) -> dict | None:
+    """The structural-tag format enforcing ``choice`` for calls written as
+    ``begin_of(tool) + arguments + end`` (several joined by ``separator``).
+
+    ``"auto"`` with a strict tool: with a ``trigger`` (the text that starts a call anywhere in
+    free text), free text with triggered calls; else (formats whose calls stand only at the
+    start of the output) calls, or text matching ``text_pattern`` (text that starts no call).
+    None when nothing needs enforcing. ``ValueError`` for an invalid choice."""
+    check_choice(tools, choice)
+    if choice == "none" or not tools:
+        return None
+    tags = [
+        call_tag(begin_of(t), arguments_schema(t, choice), end) for t in chosen_tools(tools, choice)
+    ]
+    calls_only = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": separator,
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
+    if forces_calls(choice):
+        return calls_only
+    if response_schema is not None:
+        answer = {"type": "json_schema", "json_schema": response_schema}
+        return {"type": "or", "elements": [answer, calls_only]}
+    if not any(t.strict for t in tools):
+        return None
+    if trigger is not None:
+        return {
+            "type": "triggered_tags",
+            "triggers": [trigger],
+            "tags": tags,
+            "at_least_one": False,
+            "stop_after_first": not parallel,
+        }
+    assert text_pattern is not None, "a format without a trigger needs a text pattern"
+    return {"type": "or", "elements": [calls_only, {"type": "regex", "pattern": text_pattern}]}

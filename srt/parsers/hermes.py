@@ -1,0 +1,179 @@
+"""Hermes-style tool calls (Qwen2.5, Qwen3, Hermes): JSON objects between tags.
+
+::
+
+    Let me check.
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+    <tool_call>
+    {"name": "get_time", "arguments": {"zone": "CET"}}
+    </tool_call>
+
+Text outside the blocks is content; whitespace right before ``<tool_call>`` (and after the last
+block, at the end) is markup. A block may hold several call objects, and a new ``<tool_call>``
+also closes an unclosed block. A block that is not a call object (not JSON, no name, an
+unknown key before the arguments) is content, the whole block text. A call naming a tool that
+was not offered is still a call (clients check names). Any JSON whitespace is accepted.
+"""
+
+from __future__ import annotations
+
+from radixlm.srt.parsers.call_stream import CallReader, Emitter
+from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
+from radixlm.srt.parsers.constraints import choice_format, quoted, structural_tag
+from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
+from radixlm.srt.parsers.markers import MarkerSplitter
+from radixlm.srt.parsers.tool_base import (
+    ToolCallDelta,
+    ToolCallParser,
+    ToolChoice,
+    ToolSpec,
+)
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+_CONTENT, _OPEN, _READER, _AFTER_OBJECT = range(4)
+
+
+class HermesParser(ToolCallParser):
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks."""
+
+    name = "hermes"
+
+    def __init__(self, tools: list[ToolSpec]) -> None:
+        super().__init__(tools)
+        self._em = Emitter()
+        self._splitter = MarkerSplitter(OPEN_TAG)
+        self._state = _CONTENT
+        self._reader = CallReader(self._em)
+        self._tail = ""  # text after a call object: a prefix of a closing or opening tag
+        self._after_block = False  # no content since the last block closed
+
+    # -- streaming --
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        pos = 0
+        while pos < len(delta):
+            pos = _STEPS[self._state](self, delta, pos)
+        return self._em.take()
+
+    def flush(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._state == _CONTENT:
+            held = self._splitter.flush()
+            if not (self._after_block and held.strip(WHITESPACE) == ""):
+                self._em.content(held)
+        elif self._state == _OPEN:
+            self._em.release()
+        elif self._state == _READER:
+            self._decide(self._reader.finish())
+        else:  # after a call object: the block is over
+            self._em.claim()
+        self._state = _CONTENT
+        return self._em.take()
+
+    def _decide(self, is_call: bool) -> None:
+        if is_call:
+            self._em.claim()
+        else:
+            self._em.release()
+
+    def _content(self, text: str, pos: int) -> int:
+        before, marker, after = self._splitter.scan(text, pos)
+        if before:
+            self._after_block = False
+        self._em.content(before)
+        if after is None:
+            return len(text)
+        self._em.hold(marker)
+        self._state = _OPEN
+        return after
+
+    def _open(self, text: str, pos: int) -> int:
+        if text[pos] in WHITESPACE:
+            stop = skip_whitespace(text, pos, len(text))
+            self._em.hold(text[pos:stop])
+            return stop
+        if text[pos] != "{":
+            return self._resume_content(pos)
+        self._reader = CallReader(self._em)
+        self._state = _READER
+        return pos
+
+    def _read(self, text: str, pos: int) -> int:
+        stop = self._reader.feed(text, pos, len(text))
+        if self._reader.status == DONE:
+            self._em.claim()
+            self._state, self._tail = _AFTER_OBJECT, ""
+        elif self._reader.status == FAILED:
+            return self._resume_content(stop)
+        return stop
+
+    def _after_object(self, text: str, pos: int) -> int:
+        c = text[pos]
+        if not self._tail and c in WHITESPACE:
+            stop = skip_whitespace(text, pos, len(text))
+            self._em.hold(text[pos:stop])
+            return stop
+        if not self._tail and c == "{":  # another call object in the same block
+            self._reader = CallReader(self._em)
+            self._state = _READER
+            return pos
+        tail = self._tail + c
+        if tail == CLOSE_TAG:
+            self._em.claim()
+            self._state, self._after_block = _CONTENT, True
+        elif tail == OPEN_TAG:  # an unclosed block ends where the next one opens
+            self._em.claim()
+            self._em.hold(tail)
+            self._state = _OPEN
+        elif CLOSE_TAG.startswith(tail) or OPEN_TAG.startswith(tail):
+            self._em.hold(c)
+            self._tail = tail
+            return pos + 1
+        else:
+            return self._resume_content(pos)
+        return pos + 1
+
+    def _resume_content(self, pos: int) -> int:
+        """The markup held so far is content; the character at ``pos`` is read again."""
+        self._em.release()
+        self._state, self._after_block = _CONTENT, False
+        return pos
+
+    # -- prompt and constraint --
+
+    def render(
+        self, messages: list[dict], tools: list[ToolSpec], choice: ToolChoice
+    ) -> tuple[list[dict], dict]:
+        """History calls get dict arguments (Qwen templates apply ``tojson``); tools go to the
+        template as OpenAI entries (``tools=[{"type": "function", "function": ...}]``)."""
+        return with_template_calls(messages), tools_kwargs(tools, choice)
+
+    def constraint(
+        self,
+        tools: list[ToolSpec],
+        choice: ToolChoice,
+        parallel: bool,
+        response_schema: dict | None,
+    ) -> dict | None:
+        fmt = choice_format(
+            tools,
+            choice,
+            parallel,
+            response_schema,
+            begin_of=lambda t: f'{OPEN_TAG}\n{{"name": {quoted(t.name)}, "arguments": ',
+            end="}\n" + CLOSE_TAG,
+            separator="\n",
+            trigger=OPEN_TAG,
+        )
+        return None if fmt is None else structural_tag(fmt)
+
+
+_STEPS = {
+    _CONTENT: HermesParser._content,
+    _OPEN: HermesParser._open,
+    _READER: HermesParser._read,
+    _AFTER_OBJECT: HermesParser._after_object,
+}

@@ -1,0 +1,178 @@
+"""Llama 3.1 / 3.2 JSON tool calls: the reply is the call object itself.
+
+::
+
+    {"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", ...}
+
+A call stands at the start of the output (after whitespace) or after ``<|python_tag|>`` (the
+text before the tag is content; the tag is a special token, so it is often absent from the
+decoded text). Several calls are separated by ``;`` (or only by whitespace). ``"arguments"``
+is read like ``"parameters"``. An output that starts with ``{`` but is not a call object is
+content, and so is anything after the calls that is not another call. Calls naming a tool
+that was not offered stay calls (clients check names).
+"""
+
+from __future__ import annotations
+
+from radixlm.srt.parsers.call_stream import CallReader, Emitter
+from radixlm.srt.parsers.chat_history import text_of, tools_kwargs, with_template_calls
+from radixlm.srt.parsers.constraints import choice_format, quoted, structural_tag
+from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
+from radixlm.srt.parsers.markers import WS_HOLD, MarkerSplitter
+from radixlm.srt.parsers.tool_base import (
+    ToolCallDelta,
+    ToolCallParser,
+    ToolChoice,
+    ToolSpec,
+)
+
+PYTHON_TAG = "<|python_tag|>"
+SEPARATOR = ";"
+# auto with a strict tool: an answer must not start like a call (after whitespace)
+TEXT_PATTERN = r"(?:\s*[^\s{][\s\S]*)?"
+
+_START, _CONTENT, _AFTER_TAG, _READER, _AFTER_CALL, _SEPARATED = range(6)
+
+
+class Llama3Parser(ToolCallParser):
+    """``{"name": ..., "parameters": {...}}`` replies, several joined by ``;``."""
+
+    name = "llama3"
+
+    def __init__(self, tools: list[ToolSpec]) -> None:
+        super().__init__(tools)
+        self._em = Emitter()
+        self._splitter = MarkerSplitter(PYTHON_TAG)
+        self._state = _START
+        self._lead = ""  # whitespace at the start of the output
+        self._reader = CallReader(self._em)
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        pos = 0
+        while pos < len(delta):
+            pos = _STEPS[self._state](self, delta, pos)
+        return self._em.take()
+
+    def flush(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._state == _START:
+            self._em.content(self._lead)
+        elif self._state == _CONTENT:
+            self._em.content(self._splitter.flush())
+        elif self._state == _AFTER_TAG:
+            self._em.release()
+        elif self._state == _READER:
+            if self._reader.finish():
+                self._em.claim()
+            else:
+                self._em.release()
+        else:
+            self._em.claim()
+        self._state = _CONTENT
+        return self._em.take()
+
+    def _start(self, text: str, pos: int) -> int:
+        c = text[pos]
+        if c in WHITESPACE and len(self._lead) < WS_HOLD:
+            self._lead += c
+            return pos + 1
+        if c == "{":
+            self._em.hold(self._lead)
+            return self._start_call(pos)
+        self._state = _CONTENT
+        before, _, _ = self._splitter.scan(self._lead)
+        self._em.content(before)
+        return pos
+
+    def _content(self, text: str, pos: int) -> int:
+        before, marker, after = self._splitter.scan(text, pos)
+        self._em.content(before)
+        if after is None:
+            return len(text)
+        self._em.hold(marker)
+        self._state = _AFTER_TAG
+        return after
+
+    def _start_call(self, pos: int) -> int:
+        self._reader = CallReader(self._em)
+        self._state = _READER
+        return pos
+
+    def _skip_held_whitespace(self, text: str, pos: int) -> int:
+        stop = skip_whitespace(text, pos, len(text))
+        self._em.hold(text[pos:stop])
+        return stop
+
+    def _after_tag(self, text: str, pos: int) -> int:
+        if text[pos] in WHITESPACE:
+            return self._skip_held_whitespace(text, pos)
+        return self._start_call(pos) if text[pos] == "{" else self._resume_content(pos)
+
+    def _read(self, text: str, pos: int) -> int:
+        stop = self._reader.feed(text, pos, len(text))
+        if self._reader.status == DONE:
+            self._em.claim()
+            self._state = _AFTER_CALL
+        elif self._reader.status == FAILED:
+            return self._resume_content(stop)
+        return stop
+
+    def _after_call(self, text: str, pos: int) -> int:
+        c = text[pos]
+        if c in WHITESPACE:
+            return self._skip_held_whitespace(text, pos)
+        if c == SEPARATOR and self._state == _AFTER_CALL:
+            self._em.hold(c)
+            self._state = _SEPARATED
+            return pos + 1
+        return self._start_call(pos) if c == "{" else self._resume_content(pos)
+
+    def _resume_content(self, pos: int) -> int:
+        self._em.release()
+        self._state = _CONTENT
+        return pos
+
+    def render(
+        self, messages: list[dict], tools: list[ToolSpec], choice: ToolChoice
+    ) -> tuple[list[dict], dict]:
+        """Tools go to the template (which lists them in the first user message); an assistant
+        message with several calls becomes one message per call (the template refuses more
+        than one), after a message with its text if it had any."""
+        out: list[dict] = []
+        for message in with_template_calls(messages):
+            calls = message.get("tool_calls")
+            if message.get("role") != "assistant" or not calls:
+                out.append(message)
+                continue
+            if text_of(message.get("content")):
+                out.append({"role": "assistant", "content": message["content"]})
+            out += [{**message, "content": "", "tool_calls": [call]} for call in calls]
+        return out, tools_kwargs(tools, choice)
+
+    def constraint(
+        self,
+        tools: list[ToolSpec],
+        choice: ToolChoice,
+        parallel: bool,
+        response_schema: dict | None,
+    ) -> dict | None:
+        fmt = choice_format(
+            tools,
+            choice,
+            parallel,
+            response_schema,
+            begin_of=lambda t: f'{{"name": {quoted(t.name)}, "parameters": ',
+            end="}",
+            separator=SEPARATOR + " ",
+            text_pattern=TEXT_PATTERN,
+        )
+        return None if fmt is None else structural_tag(fmt)
+
+
+_STEPS = {
+    _START: Llama3Parser._start,
+    _CONTENT: Llama3Parser._content,
+    _AFTER_TAG: Llama3Parser._after_tag,
+    _READER: Llama3Parser._read,
+    _AFTER_CALL: Llama3Parser._after_call,
+    _SEPARATED: Llama3Parser._after_call,
+}
