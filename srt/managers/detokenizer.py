@@ -9,7 +9,10 @@ multi-byte character split across tokens is emitted whole, one step later.
 While a request with stop strings is still running, text that might be the start of a stop string
 is held back; when the scheduler reports a matched stop string it is trimmed from the final text
 (unless ``no_stop_trim``), so a stop string never reaches the client, not even in part. A matched
-stop token id is dropped before decoding for the same reason.
+stop token id is dropped before decoding for the same reason. A stop-regex match is trimmed where
+the scheduler found it: its finish reason says how many characters of the output start at the
+match (``MATCH_FROM_END_KEY``, removed here before the reason goes on to the client); the
+scheduler holds back streamed tokens that may grow into a match (srt/scheduler/output.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from radixlm.srt.messages import BatchStrOut, BatchTokenOut
+from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY
 
 INCOMPLETE_CHAR = "\ufffd"
 
@@ -52,6 +56,30 @@ def trim_stop_str(text: str, start: int, matched: str) -> str:
     return text if pos < 0 else text[:pos]
 
 
+def trim_regex_match(text: str, start: int, matched: str, from_end: int) -> str:
+    """Cuts ``text`` where a stop-regex match begins: ``from_end`` characters before its end
+    when ``matched`` is there, else at the occurrence of ``matched`` (at or after ``start``)
+    nearest to that point; ``text`` unchanged when there is none."""
+    cut = len(text) - from_end
+    if cut >= 0 and text.startswith(matched, cut):
+        return text[:cut]
+    best = -1
+    pos = text.find(matched, start)
+    while pos >= 0:
+        if best < 0 or abs(pos - cut) < abs(best - cut):
+            best = pos
+        pos = text.find(matched, pos + 1)
+    return text if best < 0 else text[:best]
+
+
+def public_finish_reason(finish: dict | None) -> tuple[dict | None, int | None]:
+    """The finish reason without the scheduler's private match offset, and that offset."""
+    if finish is None or MATCH_FROM_END_KEY not in finish:
+        return finish, None
+    public = {k: v for k, v in finish.items() if k != MATCH_FROM_END_KEY}
+    return public, int(finish[MATCH_FROM_END_KEY])
+
+
 class Detokenizer:
     """Turns ``BatchTokenOut`` into ``BatchStrOut``, keeping per-rid state until a request ends."""
 
@@ -73,7 +101,8 @@ class Detokenizer:
     def _step(self, out: BatchTokenOut, i: int) -> str:
         rid = out.rids[i]
         state = self._states.setdefault(rid, _DecodeState())
-        finish = out.finish_reason[i]
+        finish, from_end = public_finish_reason(out.finish_reason[i])
+        out.finish_reason[i] = finish
         matched = finish.get("matched") if finish else None
         state.output_ids.extend(out.new_token_ids[i])
         trims = finish is not None and not out.no_stop_trim[i]
@@ -87,7 +116,9 @@ class Detokenizer:
             return self._emit(state, limit)
         del self._states[rid]
         final = state.text
-        if trims and isinstance(matched, str) and matched:
+        if trims and isinstance(matched, str) and matched and from_end is not None:
+            final = trim_regex_match(final, state.num_sent_chars, matched, from_end)
+        elif trims and isinstance(matched, str) and matched:
             final = trim_stop_str(final, state.num_sent_chars, matched)
         return final[state.num_sent_chars :]
 

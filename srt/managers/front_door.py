@@ -61,7 +61,7 @@ def grammar_kind(params: SamplingParams) -> str | None:
         except ValueError:  # validate() parsed it; a caller that skipped it gets json_schema
             is_any_object = False
         return "json_object" if is_any_object else "json_schema"
-    for kind in ("regex", "ebnf", "choices"):
+    for kind in ("regex", "ebnf", "choices", "structural_tag"):
         if getattr(params, kind) is not None:
             return kind
     return None

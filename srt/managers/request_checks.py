@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.sampling.params import MAX_SEED, SamplingParams
+from radixlm.srt.sampling.params import MAX_SEED, SEED_ALIAS, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -52,7 +52,7 @@ _PARAM_IN_MESSAGE = re.compile(
     r"^(?:sampling parameter |unknown sampling parameter\(s\): )?"
     r"([a-z_]+)"
 )
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | {SEED_ALIAS}
 
 
 def sampling_param_named(message: str) -> str | None:

@@ -1,10 +1,10 @@
 """The grammar compile queue: constrained requests wait here while their grammar compiles.
 
-A request with ``json_schema``, ``regex``, ``ebnf`` or ``choices`` enters this queue (not
-``Scheduler.waiting``) while its grammar compiles on the compile cache's worker threads;
-``poll`` hands it to the waiting queue with a matcher attached once the compilation is done, or
-finishes it with a 400 abort ("Failed to compile <kind> grammar: <reason>"). Other requests keep
-flowing meanwhile. The grammar vocabulary and the compile cache are built on first use, off the
+A request with ``json_schema``, ``regex``, ``ebnf``, ``choices`` or ``structural_tag`` enters
+this queue (not ``Scheduler.waiting``) while its grammar compiles on the compile cache's worker
+threads; ``poll`` hands it to the waiting queue with a matcher attached once the compilation is
+done, or finishes it with a 400 abort ("Failed to compile <kind> grammar: <reason>"). Other
+requests keep flowing meanwhile. The grammar vocabulary and the compile cache are built on first use, off the
 scheduler loop, so servers that never see a grammar pay nothing.
 """
 
@@ -48,6 +48,8 @@ def grammar_spec(params: SamplingParams, kind: str | None = None) -> GrammarSpec
         return GrammarSpec.ebnf(params.ebnf)
     if params.choices is not None:
         return GrammarSpec.choices(params.choices)
+    if params.structural_tag is not None:
+        return GrammarSpec.structural_tag(params.structural_tag)
     return None
 
 

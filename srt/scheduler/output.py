@@ -1,4 +1,11 @@
-"""Turns what requests did in a step into a BatchTokenOut; records input logprobs."""
+"""Turns what requests did in a step into a BatchTokenOut; records input logprobs.
+
+Which requests get an entry in a step: every request that finished, and a streaming request
+with unsent tokens when its first token is unsent or at least ``stream_interval`` tokens are
+(the request's ``stream_interval``, else the server's ``--stream-interval``), unless its output
+ends in text that may still grow into a stop-regex match (``StopChecker.holds_stream``): those
+tokens wait, so that a matched stop is trimmed before any of it is streamed.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from radixlm.srt.messages import BatchTokenOut
 from radixlm.srt.sampling.logprobs import top_logprobs
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
+from radixlm.srt.scheduler.stop import StopChecker
 
 
 def record_input_logprobs(
@@ -38,10 +46,27 @@ def record_input_logprobs(
             req.input_top_logprobs = ([[]] if head else []) + req.partial_input_top
 
 
-def build_batch_output(reqs: list[Req]) -> BatchTokenOut | None:
-    """One entry per request that has something to report: streamed tokens or its finish."""
+def is_stream_due(req: Req, stream_interval: int = 1) -> bool:
+    """Whether a running streaming request has tokens to send this step: its first one, or at
+    least ``req.params.stream_interval`` (else ``stream_interval``) unsent ones."""
+    unsent = len(req.output_ids) - req.num_sent_tokens
+    if not req.stream or unsent <= 0:
+        return False
+    interval = req.params.stream_interval or stream_interval
+    return req.num_sent_tokens == 0 or unsent >= interval
+
+
+def build_batch_output(
+    reqs: list[Req], stream_interval: int = 1, stop: StopChecker | None = None
+) -> BatchTokenOut | None:
+    """One entry per request that has something to report: its finish, or streamed tokens
+    (:func:`is_stream_due`, ``stream_interval`` being the server's default) that ``stop``
+    does not hold back."""
     chosen = [
-        r for r in reqs if r.is_finished or (r.stream and len(r.output_ids) > r.num_sent_tokens)
+        r
+        for r in reqs
+        if r.is_finished
+        or (is_stream_due(r, stream_interval) and (stop is None or not stop.holds_stream(r)))
     ]
     if not chosen:
         return None
