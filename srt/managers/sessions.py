@@ -37,6 +37,7 @@ import uuid
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixlm.srt.managers.request_group import GenerateError
 
@@ -339,6 +340,14 @@ class SessionManager:
                 "max_new_tokens"
             )
         return dropped
+
+    def end(self, session_id: str, turn: Turn, finish_reason: dict | None, result: Any) -> None:
+        """A turn's request ended: with a normal finish its output (``result.output_ids``)
+        joins the history it offers (:meth:`finish`), else it leaves the session."""
+        if finish_reason is not None and finish_reason.get("type") in NORMAL_FINISH_TYPES:
+            self.finish(session_id, turn, result.output_ids)
+        else:
+            self.discard(session_id, turn)
 
     def finish(self, session_id: str, turn: Turn, output_ids: list[int]) -> None:
         """A turn finished normally: its output becomes part of the history it offers."""

@@ -11,6 +11,10 @@ client's rid is kept for display (``meta_info.id``) and for ``abort_request``. T
 one HTTP call form a :class:`RequestGroup`, the one owner of their states (see
 request_group.py): ``open`` registers and sends them, closing the group removes every state and
 aborts what has not finished, on every path.
+
+Sessions (sessions.py) live here too: ``prepare`` puts a turn's history before its new tokens,
+``open`` adds the turn to its session, and the turn's end (its final output, or the group's
+close) records its output or takes it out of the session.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq, RequestObserver
 from radixlm.srt.managers.request_checks import sample_seed
 from radixlm.srt.managers.request_group import (
     ClientDisconnected,
@@ -39,16 +43,15 @@ from radixlm.srt.managers.request_group import (
 )
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.scheduler_process import IpcEndpoints
+from radixlm.srt.managers.sessions import SessionManager
 from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
     ControlReply,
     ControlReq,
-    TokenizedGenerateReq,
     decode,
     encode,
 )
-from radixlm.srt.sampling.params import SamplingParams
 
 __all__ = [
     "ClientDisconnected",
@@ -64,44 +67,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 4
+LOAD_QUERY_TIMEOUT_S = 5.0
 T = TypeVar("T")
-
-
-class RequestObserver(Protocol):
-    """Receives per-request timings (the server's Prometheus metrics implement it)."""
-
-    def on_first_token(self, ttft_s: float) -> None: ...
-    def on_tokens(self, per_token_s: float) -> None: ...
-    def on_finish(self, e2e_s: float, prompt: int, completion: int, cached: int) -> None: ...
-
-
-@dataclass
-class GenerateInput:
-    """One (non-batched) generate request in SGLang's native field names."""
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] | None = None
-    rid: str | None = None  # the client's rid (display and abort_request), not the wire rid
-    abort_keys: tuple[str, ...] = ()  # more client rids that abort this one (a batch's rid)
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-
-
-@dataclass
-class PreparedReq:
-    inp: GenerateInput
-    params: SamplingParams
-    msg: TokenizedGenerateReq
-    client_rid: str  # the client's rid, or the internal one when the client gave none
-
-    @property
-    def rid(self) -> str:
-        """The internal rid (unique, what the scheduler knows the request by)."""
-        return self.msg.rid
 
 
 class TokenizerManager:
@@ -120,6 +87,8 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}  # internal rid -> state
         self.client_rids: dict[str, list[str]] = {}  # client rid -> internal rids
         self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
+        self.sessions = SessionManager(abort=self.abort)
+        self._load_query: asyncio.Task[ControlReply] | None = None
         self.dead_reason: str | None = None
         self._token_text: dict[int, str] = {}
         self._door: FrontDoor | None = None
@@ -148,6 +117,7 @@ class TokenizerManager:
             self._actx.destroy(linger=0)
         self._ctx.destroy(linger=0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.sessions.clear()
 
     @property
     def is_alive(self) -> bool:
@@ -243,7 +213,12 @@ class TokenizerManager:
         if inp.input_ids is not None:
             input_ids = door.check_input_ids(inp.input_ids)
         else:
-            input_ids = await self.tokenize_async(inp.text or "", param="text")
+            special = not inp.continues_session
+            input_ids = await self.tokenize_async(inp.text or "", special, param="text")
+        plan = None
+        if inp.session_params is not None:
+            plan = self.sessions.plan(inp.session_params, input_ids, params.max_new_tokens)
+            input_ids = plan.input_ids
         rid = uuid.uuid4().hex
         msg = door.admit(
             rid,
@@ -254,18 +229,19 @@ class TokenizerManager:
             top_logprobs_num=inp.top_logprobs_num,
             stream=inp.stream,
         )
-        return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid)
+        return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid, plan)
 
     async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
         """:meth:`prepare` for each input; a text shared by several inputs (``n`` samples) is
         tokenized once."""
-        ids_of: dict[str, list[int]] = {}
+        ids_of: dict[tuple[str, bool], list[int]] = {}
         prepared = []
         for inp in inputs:
             if inp.text is not None and inp.input_ids is None:
-                if inp.text not in ids_of:
-                    ids_of[inp.text] = await self.tokenize_async(inp.text, param="text")
-                inp = GenerateInput(**{**inp.__dict__, "text": None, "input_ids": ids_of[inp.text]})
+                key = (inp.text, not inp.continues_session)
+                if key not in ids_of:
+                    ids_of[key] = await self.tokenize_async(*key, param="text")
+                inp = GenerateInput(**{**inp.__dict__, "text": None, "input_ids": ids_of[key]})
             prepared.append(await self.prepare(inp))
         return prepared
 
@@ -288,6 +264,7 @@ class TokenizerManager:
                 400,
                 "rid",
             )
+        self._add_turns(prepared)
         group = RequestGroup(self, [], keys, probe)
         for key in keys:
             self.client_rids[key] = []
@@ -297,8 +274,27 @@ class TokenizerManager:
                 self._send(p.msg)
         except BaseException:
             group.close()
+            for p in prepared:  # turns whose request was never registered
+                if p.session_turn is not None and p.inp.session_params is not None:
+                    self.sessions.discard(p.inp.session_params.id, p.session_turn)
             raise
         return group
+
+    def _add_turns(self, prepared: list[PreparedReq]) -> None:
+        """Adds the session turns among ``prepared`` to their sessions (all or none)."""
+        with_plan = [p for p in prepared if p.session_plan is not None]
+        if with_plan:
+            plans = [p.session_plan for p in with_plan]
+            turns = self.sessions.commit(plans, [p.client_rid for p in with_plan])  # type: ignore[misc]
+            for p, turn in zip(with_plan, turns, strict=True):
+                p.session_turn = turn
+
+    def _end_turn(self, state: ReqState) -> None:
+        p = state.req
+        if p.session_turn is not None and p.inp.session_params is not None:
+            self.sessions.end(
+                p.inp.session_params.id, p.session_turn, state.finish_reason, state.result
+            )
 
     def _register(self, group: RequestGroup, p: PreparedReq, keys: tuple[str, ...]) -> None:
         inp = p.inp
@@ -315,6 +311,8 @@ class TokenizerManager:
             self.states.pop(state.req.rid, None)
             if state.finish_reason is None and self.dead_reason is None:
                 self._send_abort(state.req.rid)
+            if state.finish_reason is None:
+                self._end_turn(state)  # a turn that never finished leaves its session
         for key in group.client_keys:
             self.client_rids.pop(key, None)
 
@@ -326,6 +324,7 @@ class TokenizerManager:
         """Every registered client rid points at live states (internal invariant)."""
         for key, rids in self.client_rids.items():
             assert all(r in self.states for r in rids), f"client rid {key!r} outlived its states"
+        self.sessions.check_integrity()
 
     def assert_no_requests(self) -> None:
         """For tests: no request state and no client rid is left."""
@@ -365,6 +364,18 @@ class TokenizerManager:
         finally:
             self.pending_control.pop(req_id, None)
 
+    async def load(self) -> dict[str, Any]:
+        """The scheduler's load figures (``Scheduler.load_info``), answered between two steps
+        without waiting for the step in flight; concurrent callers share one query, so load
+        polling costs the scheduler at most one answer at a time."""
+        if self._load_query is None or self._load_query.done():
+            query = self.control("load", timeout_s=LOAD_QUERY_TIMEOUT_S)
+            self._load_query = asyncio.ensure_future(query)
+        reply = await asyncio.shield(self._load_query)
+        if not reply.ok:
+            raise GenerateError(f"no load figures: {reply.data.get('message')}", 503)
+        return reply.data
+
     def _send(self, msg: Any) -> None:
         self._send_sock.send(encode(msg))
 
@@ -393,12 +404,14 @@ class TokenizerManager:
             if state is None:  # finished or aborted on this side already
                 continue
             state.result.update(out, i)
+            if state.finish_reason is not None:
+                self._end_turn(state)
             self._observe(state, len(t.new_token_ids[i]), now)
             state.has_update = True
             state.event.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
-        if self.observer is None:
+        if self.observer is None or not state.req.inp.log_metrics:
             return
         if num_new and state.req.inp.stream:
             if state.last_token_s is None:
@@ -420,4 +433,6 @@ class TokenizerManager:
         meta = out["meta_info"]
         meta["prompt_tokens"] = meta["prompt_tokens"] or len(state.req.msg.input_ids)
         meta["e2e_latency"] = time.perf_counter() - state.created_s
+        if state.req.inp.return_prompt_token_ids:
+            out["prompt_token_ids"] = list(state.req.msg.input_ids)
         return out

@@ -45,6 +45,7 @@ from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy, shares_uncached_prefix
+from radixlm.srt.scheduler.reports import LoadStats, load_info, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.stop import StopChecker
@@ -80,12 +81,14 @@ class Scheduler:
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
+        self.stats = LoadStats()
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
-        if isinstance(msg, ControlReq) and self.inflight is not None:
+        settles = isinstance(msg, ControlReq) and msg.kind != "load"  # load never waits
+        if settles and self.inflight is not None:
             self.finished_outside_step += self._resolve_inflight()  # report the settled state
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
@@ -168,6 +171,8 @@ class Scheduler:
         self.finished_outside_step.append(req)
 
     def control(self, msg: ControlReq) -> ControlReply:
+        if msg.kind == "load":
+            return ControlReply(msg.req_id, True, load_info(self))
         if msg.kind == "server_info":
             return ControlReply(msg.req_id, True, self.server_info())
         if msg.kind == "flush_cache":
@@ -189,28 +194,10 @@ class Scheduler:
         )
 
     def ready_info(self) -> dict[str, Any]:
-        r = self.runner
-        return {
-            "model_path": str(r.model_dir),
-            "architecture": r.model_config.architecture,
-            "max_total_tokens": self.kv.max_total_tokens,
-            "context_length": r.context_length,
-            "vocab_size": r.vocab_size,
-            "device": str(r.device),
-            "dtype": str(r.dtype).replace("torch.", ""),
-            "attention_backend": r.attn_backend.name,
-            "eos_token_ids": sorted(self.stop_checker.eos_token_ids),
-        }
+        return ready_info(self)
 
     def server_info(self) -> dict[str, Any]:
-        info = self.kv.usage()
-        info.update(
-            num_running=len(self.running) + (self.chunked is not None),
-            num_waiting=len(self.waiting),
-            num_forward_steps=self.num_forward_steps,
-            grammar=self.grammars.info(),
-        )
-        return info
+        return server_info(self)
 
     def check_idle(self) -> bool:
         """The leak invariant, and no request state left; only meaningful when nothing runs."""
@@ -240,6 +227,7 @@ class Scheduler:
         elif not self.finished_outside_step and not touched:
             self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
+        self.stats.end_step()
         out = build_batch_output(touched)
         self.finished_outside_step = []  # after the output: a failed step still reports them
         self.live.difference_update(r for r in touched if r.is_finished)
@@ -293,6 +281,8 @@ class Scheduler:
                 self.kv.release(req)
                 break
             self.waiting.remove(req)
+            if not req.output_ids:  # admitted for the first time (not a retracted one)
+                self.stats.on_admit(req.cached_tokens, len(req.prompt_ids))
             budget -= used
         return batch if batch.reqs else None
 
@@ -377,6 +367,7 @@ class Scheduler:
                 continue
             assert req.output_ids[-1] == PENDING_TOKEN
             req.output_ids[-1] = tok
+            self.stats.count_token()
             self.stop_checker.check(req)
             touched.append(req)
         return self._retire(touched)
@@ -423,6 +414,7 @@ class Scheduler:
         """Appends a sampled token and runs the request's finish checks and grammar."""
         try:
             req.output_ids.append(tok)
+            self.stats.count_token()
             if req.grammar is not None:
                 self.grammars.accept_sampled(req)  # may end it with an error
             if not req.is_finished:

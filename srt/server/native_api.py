@@ -1,10 +1,10 @@
-"""SGLang's native HTTP API: /generate, model and server info, cache and abort control,
-tokenize/detokenize, generation health check."""
+"""SGLang's native HTTP API: /generate, sessions (/open_session, /close_session), cache and
+abort control, tokenize/detokenize, generation health check. Model, server and load info for
+routers are in info_api.py."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,11 +24,15 @@ from radixlm.srt.server.errors import parse_body, sse_error
 from radixlm.srt.server.middleware import require_admin
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.protocol import (
+    GENERATE_FIELDS,
     UNSUPPORTED_NATIVE,
     AbortRequestInput,
+    CloseSessionInput,
     DetokenizeInput,
     GenerateReqInput,
+    OpenSessionInput,
     TokenizeInput,
+    check_known_fields,
     precheck_batch,
 )
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
@@ -38,7 +42,6 @@ router = APIRouter(responses=ERROR_RESPONSES)
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
 # The most sequences (prompts x n) one request may ask for.
 MAX_SEQUENCES_PER_REQUEST = 1024
-SECRET_CONFIG_FIELDS = ("api_key", "admin_api_key")
 
 
 def json_response(obj: Any, status_code: int = 200) -> Response:
@@ -53,6 +56,17 @@ def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
     return lambda data: precheck_batch(data, MAX_SEQUENCES_PER_REQUEST, tm.context_length)
 
 
+def generate_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
+    """Unknown fields first (a 400 naming the field), then the batch sizes."""
+    batch = batch_precheck(tm)
+
+    def check(data: dict[str, Any]) -> None:
+        check_known_fields(data, GENERATE_FIELDS, "/generate")
+        batch(data)
+
+    return check
+
+
 def check_num_sequences(num: int) -> None:
     if num > MAX_SEQUENCES_PER_REQUEST:
         raise GenerateError(
@@ -64,13 +78,13 @@ def check_num_sequences(num: int) -> None:
 
 
 # ---------------------------------------------------------------------- /generate
-def _pick(value: Any, i: int, n: int, name: str) -> Any:
-    """The i-th entry of a per-prompt list field, or the shared scalar."""
-    if not isinstance(value, list):
-        return value
-    if len(value) != n:
-        raise GenerateError(f"{name} has {len(value)} entries for {n} prompts", 400, name)
-    return value[i]
+def _pick(value: Any, i: int, n: int, name: str, default: Any = None) -> Any:
+    """The i-th entry of a per-prompt list field, or the shared scalar; null is ``default``."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise GenerateError(f"{name} has {len(value)} entries for {n} prompts", 400, name)
+        value = value[i]
+    return default if value is None else value
 
 
 def _prompts(body: GenerateReqInput) -> tuple[list[Any], bool]:
@@ -109,6 +123,7 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     rid) aborts all of them."""
     prompts, is_batch = _prompts(body)
     n = len(prompts)
+    session = body.session_params.to_params() if body.session_params is not None else None
     inputs: list[GenerateInput] = []
     for i, prompt in enumerate(prompts):
         sp = dict(_pick(body.sampling_params, i, n, "sampling_params") or {})
@@ -126,11 +141,14 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
                     sampling_params=sp,
                     rid=sample_rid,
                     abort_keys=tuple(p for p in parents if p != sample_rid),
-                    return_logprob=_pick(body.return_logprob, i, n, "return_logprob"),
-                    logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len"),
-                    top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num"),
+                    return_logprob=_pick(body.return_logprob, i, n, "return_logprob", False),
+                    logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len", -1),
+                    top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num", 0),
                     return_text_in_logprobs=body.return_text_in_logprobs,
                     stream=body.stream,
+                    session_params=session,
+                    log_metrics=body.log_metrics,
+                    return_prompt_token_ids=body.return_prompt_token_ids,
                 )
             )
     rids = [inp.rid for inp in inputs if inp.rid is not None]
@@ -157,8 +175,9 @@ async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[by
 @router.post("/generate", openapi_extra=json_body(GenerateReqInput), responses=STREAM_RESPONSE)
 async def generate(request: Request) -> Response:
     body = await parse_body(
-        request, GenerateReqInput, UNSUPPORTED_NATIVE, batch_precheck(get_tm(request))
+        request, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))
     )
+    body.check()
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)
@@ -170,45 +189,33 @@ async def generate(request: Request) -> Response:
     return json_response(outs if is_batch else outs[0])
 
 
-# ---------------------------------------------------------------------- info and control
-def model_info(tm: TokenizerManager, served_model_name: str) -> dict[str, Any]:
-    info = tm.info
-    return {
-        "model_path": info.get("model_path"),
-        "tokenizer_path": tm.cfg.tokenizer_path or info.get("model_path"),
-        "served_model_name": served_model_name,
-        "is_generation": True,
-        "architecture": info.get("architecture"),
-        "context_length": info.get("context_length"),
-        "vocab_size": info.get("vocab_size"),
-    }
-
-
-@router.get("/get_model_info")
-@router.get("/model_info")
-async def get_model_info(request: Request) -> Response:
-    return json_response(model_info(get_tm(request), request.app.state.served_model_name))
-
-
-@router.get("/get_server_info")
-@router.get("/server_info")
-async def get_server_info(request: Request) -> Response:
+# ---------------------------------------------------------------------- sessions
+@router.post("/open_session", openapi_extra=json_body(OpenSessionInput))
+async def open_session(request: Request) -> Response:
+    """Opens a session (managers/sessions.py); the answer is its id as a JSON string."""
+    body = await parse_body(request, OpenSessionInput)
+    if body.streaming:
+        raise GenerateError(
+            "streaming sessions are not supported by this server; open the session without "
+            "streaming",
+            400,
+            "streaming",
+            "unsupported_parameter",
+        )
     tm = get_tm(request)
-    reply = await tm.control("server_info")
-    config = {k: v for k, v in dataclasses.asdict(tm.cfg).items() if k not in SECRET_CONFIG_FIELDS}
-    return json_response(
-        {
-            **config,
-            **tm.info,
-            "served_model_name": request.app.state.served_model_name,
-            "kv_pool": reply.data,
-            "num_inflight_requests": tm.num_request_states,
-            "num_request_states": tm.num_request_states,
-            "version": request.app.version,
-        }
-    )
+    return json_response(tm.sessions.open(body.capacity_of_str_len, body.session_id, body.timeout))
 
 
+@router.post("/close_session", openapi_extra=json_body(CloseSessionInput))
+async def close_session(request: Request) -> Response:
+    """Closes a session: its turns are dropped and its running requests aborted. The answer
+    is an empty 200, as SGLang's."""
+    body = await parse_body(request, CloseSessionInput)
+    get_tm(request).sessions.close(body.session_id)
+    return Response(status_code=200)
+
+
+# ---------------------------------------------------------------------- control
 @router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     """Admin route (POST only: a GET can be triggered by any link or image tag)."""

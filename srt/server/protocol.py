@@ -1,10 +1,28 @@
-"""Request bodies of the native (SGLang) API as pydantic models, and the cheap size checks run
+"""Request bodies of the native (SGLang) API as pydantic models, and the cheap checks run
 before any body is validated; the OpenAI routes' bodies are in openai_protocol.py.
 
-Native requests use SGLang's field names; unknown fields are ignored, except the ones in
-``UNSUPPORTED_NATIVE`` below: ignoring those would silently change what the request means, so a
-value other than their default is a 400. Types are strict: a string is never read as a number
-or a boolean, and a boolean is not an integer.
+Types are strict: a string is never read as a number or a boolean, and a boolean is not an
+integer. ``POST /generate`` takes every field of SGLang's ``GenerateReqInput``, each in one of
+three ways, and refuses any other field with a 400 naming it (a typo never passes silently):
+
+- implemented with SGLang's meaning: ``text``, ``input_ids``, ``sampling_params``, ``rid``,
+  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``,
+  ``stream``, ``session_params`` (see managers/sessions.py), ``log_metrics`` (false: the
+  request is left out of the latency metrics), ``return_prompt_token_ids`` (the response gets
+  ``prompt_token_ids``: the ids the request ran on, a session's history included), and
+  ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel rank 0: 0 or null
+  only);
+- accepted, with no effect on what is generated: ``session_id`` (a label; not together with
+  ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
+  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``external_trace_header``,
+  ``received_time`` (routing, tracing and metric labels this server has no use for);
+- not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
+  processors, hidden states, routed experts, disaggregation, cache salts and extra keys,
+  ``token_ids_logprob``, sampling masks, flat top logprobs, entropy, reasoning controls and the
+  other fields below. Ignoring one would change what the request means, so a value other than
+  its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
+  ``priority`` is refused unless null: this server has no priority scheduling (SGLang refuses
+  it the same way when priority scheduling is off).
 """
 
 from __future__ import annotations
@@ -14,26 +32,86 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from radixlm.srt.managers.request_group import GenerateError
+from radixlm.srt.managers.sessions import SessionParams
+
 
 class StrictBody(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
 
-# Fields whose meaning radixlm does not implement: accepted only when absent or at the value
-# that means "off" (listed), so a request never gets silently different sampling.
-UNSUPPORTED_NATIVE = {
-    "image_data": (None, [], ""),
-    "audio_data": (None, [], ""),
-    "video_data": (None, [], ""),
-    "input_embeds": (None, []),
-    "lora_path": (None, ""),
-    "custom_logit_processor": (None, ""),
-    "session_params": (None, {}),
-    "return_hidden_states": (None, False),
-}
+class OffValues:
+    """The values that mean "off" for an unsupported field; a list (one entry per prompt of a
+    batch) of off values is off too."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = (None, *values)
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, list) and value:
+            return all(self._is_off(v) for v in value)
+        return self._is_off(value)
+
+    def _is_off(self, value: Any) -> bool:
+        return any(type(value) is type(v) and value == v for v in self.values)
+
+
+NOTHING = OffValues([], "", {})
+FALSE = OffValues(False)
+UNSUPPORTED_NATIVE: dict[str, OffValues] = {
+    **dict.fromkeys(
+        (
+            "image_data", "video_data", "audio_data", "input_embeds", "mm_hashes",
+            "mm_content_hashes", "video_config", "modalities", "token_ids_logprob", "lora_path",
+            "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
+            "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+            "disagg_prefill_dp_rank", "http_worker_ipc", "max_thinking_tokens", "extra_key",
+            "cache_salt", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
+            "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
+            "images_config", "multi_item_delimiter_indices",
+        ),
+        NOTHING,
+    ),
+    **dict.fromkeys(
+        (
+            "use_audio_in_video", "return_sampling_mask", "return_flat_raw_top_logprobs",
+            "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
+            "return_indexer_topk", "background", "require_reasoning", "return_bytes",
+            "return_entropy", "need_wait_for_mm_inputs",
+        ),
+        FALSE,
+    ),
+    "routed_experts_start_len": OffValues(0),
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- native API
+class SessionParamsInput(StrictBody):
+    """``session_params`` of /generate (SGLang's SessionParams; see managers/sessions.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = None
+    rid: str | None = None
+    offset: int | None = None
+    replace: bool | None = None
+    drop_previous_output: bool | None = None
+
+    def to_params(self) -> SessionParams | None:
+        """None without a session id (SGLang runs such a request as a plain one)."""
+        if self.id is None:
+            named = [k for k, v in self.model_dump().items() if v not in (None, False)]
+            if named:
+                raise GenerateError(
+                    f"session_params.{named[0]} needs session_params.id (the session to use)",
+                    400,
+                    "session_params.id",
+                )
+            return None
+        return SessionParams(
+            self.id, self.rid, self.offset, bool(self.replace), bool(self.drop_previous_output)
+        )
+
+
 class GenerateReqInput(StrictBody):
     """``POST /generate``: one prompt or a batch (lists), as text or token ids."""
 
@@ -41,11 +119,78 @@ class GenerateReqInput(StrictBody):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] = -1
-    top_logprobs_num: int | list[int] = 0
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    session_params: SessionParamsInput | None = None
+    log_metrics: bool = True
+    return_prompt_token_ids: bool = False
+    data_parallel_rank: int | None = None
+    routed_dp_rank: int | None = None
+    priority: int | None = None
+    # accepted, no effect here (see the module docstring)
+    session_id: str | None = None
+    no_logs: bool = False
+    custom_labels: dict[str, str] | None = None
+    routing_key: str | None = None
+    conversation_id: str | None = None
+    kv_router_hint: dict[str, Any] | None = None
+    external_trace_header: dict[str, Any] | None = None
+    received_time: float | None = None
+
+    def check(self) -> None:
+        """The checks across fields (after the types); raises GenerateError 400."""
+        for name in ("data_parallel_rank", "routed_dp_rank"):
+            rank = getattr(self, name)
+            if rank not in (None, 0):
+                raise GenerateError(
+                    f"{name} must be 0 or null: this server is a single data-parallel rank "
+                    f"(dp_size 1), got {rank}",
+                    400,
+                    name,
+                )
+        if self.priority is not None:
+            raise GenerateError(
+                "priority is not supported: this server has no priority scheduling; send the "
+                "request without a priority",
+                400,
+                "priority",
+                "unsupported_parameter",
+            )
+        if self.session_id is not None and self.session_params is not None:
+            raise GenerateError(
+                "session_id and session_params cannot both be set", 400, "session_id"
+            )
+
+
+GENERATE_FIELDS = frozenset(GenerateReqInput.model_fields) | frozenset(UNSUPPORTED_NATIVE)
+
+
+def check_known_fields(data: dict[str, Any], known: frozenset[str], route: str) -> None:
+    """A ValueError (its first word the field) for a field the route does not take."""
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]} is not a field of {route} (unknown fields: {unknown[:5]}); check "
+            "the spelling"
+        )
+
+
+class OpenSessionInput(StrictBody):
+    """``POST /open_session`` (SGLang's OpenSessionReqInput)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    capacity_of_str_len: int
+    session_id: str | None = None
+    streaming: bool | None = None
+    timeout: float | None = None
+
+
+class CloseSessionInput(StrictBody):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    session_id: str
 
 
 class AbortRequestInput(StrictBody):
