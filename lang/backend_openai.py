@@ -94,9 +94,11 @@ class OpenAI(BaseBackend):
             }
         extra = {
             k: getattr(params, k)
-            for k in ("regex", "top_k", "min_p", "ignore_eos")
+            for k in ("regex", "top_k", "min_p", "ignore_eos", "stop_regex")
             if getattr(params, k) is not None
         }
+        if isinstance(extra.get("stop_regex"), tuple):
+            extra["stop_regex"] = list(extra["stop_regex"])
         if extra:
             kw["extra_body"] = extra
         return {k: v for k, v in kw.items() if v is not None}

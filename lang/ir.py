@@ -24,6 +24,7 @@ class GenParams:
     max_new_tokens: int | None = None
     stop: str | tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    stop_regex: str | tuple[str, ...] | None = None  # Python re patterns (the server bounds them)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -35,6 +35,22 @@ def _check_regex(where: str, regex: str) -> str:
     return regex
 
 
+def _check_stop_regex(where: str, stop_regex: Any) -> str | tuple[str, ...] | None:
+    if stop_regex is None:
+        return None
+    patterns = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex)
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{where}: stop_regex must hold non-empty strings, got {pattern!r}")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(
+                f"{where}: stop_regex {pattern!r} is not a valid regular expression: {e}"
+            ) from None
+    return _as_tuple(stop_regex)
+
+
 def _schema_string(where: str, schema: Any) -> str:
     """A JSON schema given as a dict, a JSON string or a pydantic model class, as a string."""
     if hasattr(schema, "model_json_schema"):
@@ -87,10 +103,12 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | str = token_length_normalized,
     dtype: type | None = None,
+    stop_regex: str | Sequence[str] | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. ``choices`` makes it a :func:`select`; ``dtype``
     int or float constrains the text to a number and stores the converted value; ``regex`` and
-    ``json_schema`` constrain decoding (passed to the server)."""
+    ``json_schema`` constrain decoding (passed to the server); generation stops where a
+    ``stop_regex`` pattern matches (the match is not kept, like a ``stop`` string)."""
     where = _where("gen", name)
     if choices is not None:
         return select(name, choices, choices_method=choices_method)
@@ -105,6 +123,7 @@ def gen(
         max_new_tokens=max_tokens,
         stop=_as_tuple(stop),
         stop_token_ids=_as_tuple(stop_token_ids),
+        stop_regex=_check_stop_regex(where, stop_regex),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

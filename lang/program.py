@@ -65,12 +65,16 @@ def sampling_defaults(
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
     seed: int | None = None,
+    stop_regex: Any = None,
 ) -> GenParams:
     """The program-wide sampling parameters every ``gen`` inherits (None: the server's)."""
     return GenParams(
         max_new_tokens=max_new_tokens,
         stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
         stop_token_ids=None if stop_token_ids is None else tuple(stop_token_ids),
+        stop_regex=(
+            stop_regex if stop_regex is None or isinstance(stop_regex, str) else tuple(stop_regex)
+        ),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

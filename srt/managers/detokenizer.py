@@ -56,15 +56,15 @@ def trim_stop_str(text: str, start: int, matched: str) -> str:
     return text if pos < 0 else text[:pos]
 
 
-def trim_regex_match(text: str, start: int, matched: str, from_end: int) -> str:
+def trim_regex_match(text: str, matched: str, from_end: int) -> str:
     """Cuts ``text`` where a stop-regex match begins: ``from_end`` characters before its end
-    when ``matched`` is there, else at the occurrence of ``matched`` (at or after ``start``)
-    nearest to that point; ``text`` unchanged when there is none."""
+    when ``matched`` is there, else at the occurrence of ``matched`` nearest to that point
+    (the scheduler decoded the text a little differently); unchanged when there is none."""
     cut = len(text) - from_end
     if cut >= 0 and text.startswith(matched, cut):
         return text[:cut]
     best = -1
-    pos = text.find(matched, start)
+    pos = text.find(matched)
     while pos >= 0:
         if best < 0 or abs(pos - cut) < abs(best - cut):
             best = pos
@@ -117,7 +117,7 @@ class Detokenizer:
         del self._states[rid]
         final = state.text
         if trims and isinstance(matched, str) and matched and from_end is not None:
-            final = trim_regex_match(final, state.num_sent_chars, matched, from_end)
+            final = trim_regex_match(final, matched, from_end)
         elif trims and isinstance(matched, str) and matched:
             final = trim_stop_str(final, state.num_sent_chars, matched)
         return final[state.num_sent_chars :]

@@ -14,6 +14,7 @@ Bounds, all checked before anything compiles a pattern:
   (lookarounds included) and at most that many for unbounded patterns (``\\d+``, ``.*``), so a
   longer match could never be seen. A match of an unbounded pattern is found as its last
   :data:`STOP_REGEX_WINDOW_CHARS` characters or so;
+- it nests at most :data:`MAX_STOP_REGEX_DEPTH` groups deep;
 - its size with fixed repeats unrolled (``(?:a?){1000}`` counts 1000) is at most
   :data:`MAX_STOP_REGEX_UNROLLED`: the ``regex`` package unrolls them when it compiles, and a
   few nested counts would take seconds.
@@ -40,6 +41,7 @@ MAX_STOP_REGEX_CHARS = 1024
 # tokens when the scheduler picks its window: almost every token spells at least one char).
 STOP_REGEX_WINDOW_CHARS = 256
 MAX_STOP_REGEX_UNROLLED = 4096
+MAX_STOP_REGEX_DEPTH = 32  # nested groups, repeats and lookarounds
 # A stop-regex finish reason carries, under this key, how many characters of the decoded output
 # start at the match (srt/scheduler/stop.py sets it; the detokenizer trims there and removes it).
 MATCH_FROM_END_KEY = "_match_chars_from_end"
@@ -75,35 +77,38 @@ def pattern_shape(pattern: str) -> PatternShape:
         raise ValueError(f"is not a valid regular expression: {e}") from None
 
 
-def _shape(items: Any) -> PatternShape:
+def _shape(items: Any, depth: int = 0) -> PatternShape:
+    if depth > MAX_STOP_REGEX_DEPTH:
+        raise ValueError(f"nests more than {MAX_STOP_REGEX_DEPTH} groups deep")
     lo, hi, size = 0, 0, 0
     for op, av in items:
-        item = _item_shape(op, av)
+        item = _item_shape(op, av, depth + 1)
         lo += item.min_chars
         hi = None if hi is None or item.max_span is None else hi + item.max_span
         size += item.unrolled
     return PatternShape(lo, hi, size)
 
 
-def _item_shape(op: Any, av: Any) -> PatternShape:
+def _item_shape(op: Any, av: Any, depth: int) -> PatternShape:
     if op in _ONE_CHAR:
         return PatternShape(1, 1, 1)
     if op is _sre.AT:
         return PatternShape(0, 0, 1)
     if op in (_sre.ASSERT, _sre.ASSERT_NOT):  # zero width, but the window must hold it
-        inner = _shape(av[1])
+        inner = _shape(av[1], depth)
         return PatternShape(0, inner.max_span, inner.unrolled)
     if op is _sre.SUBPATTERN:
-        return _shape(av[-1])
+        return _shape(av[-1], depth)
     if _ATOMIC is not None and op is _ATOMIC:
-        return _shape(av)
+        return _shape(av, depth)
     if op is _sre.BRANCH:
-        return _either([_shape(branch) for branch in av[1]])
+        return _either([_shape(branch, depth) for branch in av[1]])
     if op is _sre.GROUPREF_EXISTS:
         _, yes, no = av
-        return _either([_shape(yes), _shape(no) if no is not None else PatternShape(0, 0, 0)])
+        no_shape = _shape(no, depth) if no is not None else PatternShape(0, 0, 0)
+        return _either([_shape(yes, depth), no_shape])
     if op in _REPEATS:
-        return _repeat(*av)
+        return _repeat(*av, depth)
     return PatternShape(0, None, 1)  # a back-reference (or anything else): no upper bound
 
 
@@ -116,8 +121,8 @@ def _either(options: list[PatternShape]) -> PatternShape:
     )
 
 
-def _repeat(min_count: int, max_count: int, items: Any) -> PatternShape:
-    inner = _shape(items)
+def _repeat(min_count: int, max_count: int, items: Any, depth: int) -> PatternShape:
+    inner = _shape(items, depth)
     unbounded = max_count == _sre.MAXREPEAT or inner.max_span is None
     return PatternShape(
         min_count * inner.min_chars,
@@ -163,7 +168,9 @@ def _check_one(name: str, pattern: str) -> None:
         )
     try:
         compile_stop_regex(pattern)
-    except (regex.error, RecursionError, OverflowError) as e:
+    except RecursionError:
+        raise ValueError(f"{name} nests too deeply") from None
+    except (regex.error, OverflowError) as e:
         raise ValueError(f"{name} is not a valid regular expression: {e}") from None
 
 
