@@ -36,6 +36,19 @@ def arguments_schema(tool: ToolSpec, choice: ToolChoice) -> dict:
     return tool.parameters if (tool.strict or forces_calls(choice)) else ANY_OBJECT
 
 
+def call_object_schema(tool: ToolSpec, choice: ToolChoice, arguments_key: str) -> dict:
+    """The JSON schema of one call object ``{"name": <the tool>, <arguments_key>: {...}}``."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool.name},
+            arguments_key: arguments_schema(tool, choice),
+        },
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+    }
+
+
 def quoted(name: str) -> str:
     """A tool name as the JSON string a model writes."""
     return json.dumps(name, ensure_ascii=False)

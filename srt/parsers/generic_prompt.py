@@ -16,7 +16,7 @@ from radixlm.srt.parsers.chat_history import (
     tool_names_by_id,
     with_template_calls,
 )
-from radixlm.srt.parsers.constraints import arguments_schema
+from radixlm.srt.parsers.constraints import call_object_schema
 from radixlm.srt.parsers.tool_base import (
     ToolChoice,
     ToolSpec,
@@ -124,15 +124,7 @@ def reply_schema(
     check_choice(tools, choice)
     if choice == "none" or not tools:
         return None
-    items = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": arguments_schema(t, choice)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in chosen_tools(tools, choice)
-    ]
+    items = [call_object_schema(t, choice, "arguments") for t in chosen_tools(tools, choice)]
     calls: dict = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from radixlm.srt.parsers.call_stream import CallReader, Emitter
 from radixlm.srt.parsers.chat_history import text_of, tools_kwargs, with_template_calls
-from radixlm.srt.parsers.constraints import choice_format, quoted, structural_tag
+from radixlm.srt.parsers.constraints import (
+    call_object_schema,
+    choice_format,
+    quoted,
+    structural_tag,
+)
 from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
 from radixlm.srt.parsers.markers import WS_HOLD, MarkerSplitter
 from radixlm.srt.parsers.tool_base import (
@@ -155,6 +160,12 @@ class Llama3Parser(ToolCallParser):
         parallel: bool,
         response_schema: dict | None,
     ) -> dict | None:
+        """Structural tags, except for ``"auto"`` with a ``response_schema``: an answer and a
+        call both start with ``{``, which a structural tag's ``or`` cannot tell apart early
+        enough, so that case is one JSON schema (the answer, or exactly one call)."""
+        if response_schema is not None and choice == "auto" and tools:
+            calls = [call_object_schema(t, choice, "parameters") for t in tools]
+            return {"json_schema": {"anyOf": [response_schema, *calls]}}
         fmt = choice_format(
             tools,
             choice,

@@ -1,0 +1,283 @@
+"""Constraint fragments: every structural tag passes the grammar's own validation and compiles;
+the grammar accepts exactly the outputs the choice allows, and what it accepts parses back
+into the calls it spells (generic replies are also checked with jsonschema)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from grammar_check import Checker
+
+from radixlm.grammar.structural_tag import parse_structural_tag
+from radixlm.srt.parsers.reasoning import ReasoningParser
+from radixlm.srt.parsers.registry import make_tool_parser
+from radixlm.srt.parsers.tool_base import ToolCall, ToolSpec
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "Current weather of a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city"],
+    },
+    strict=True,
+)
+CLOCK = ToolSpec(
+    "get_time",
+    None,
+    {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+)
+TOOLS = [WEATHER, CLOCK]
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+}
+
+GOOD_WEATHER = '{"city": "Paris"}'
+BAD_WEATHER = '{"town": "Paris"}'
+GOOD_CLOCK = '{"zone": "CET"}'
+
+
+def call_text(parser: str, name: str, args: str) -> str:
+    if parser == "hermes":
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+    return f'{{"name": "{name}", "parameters": {args}}}'
+
+
+def calls_text(parser: str, *calls: tuple[str, str]) -> str:
+    sep = "\n" if parser == "hermes" else "; "
+    return sep.join(call_text(parser, name, args) for name, args in calls)
+
+
+def fragment(parser: str, choice: str, parallel: bool, response_schema=None, tools=TOOLS):
+    return make_tool_parser(parser, tools).constraint(tools, choice, parallel, response_schema)
+
+
+def check_tag(frag: dict) -> None:
+    assert set(frag) == {"structural_tag"}
+    parse_structural_tag(frag["structural_tag"])
+
+
+def assert_accepts(checker: Checker, parser: str, text: str, calls: list[ToolCall]) -> None:
+    assert checker.accepts(text), text
+    result = make_tool_parser(parser, TOOLS).parse(text)
+    assert result.calls == calls, text
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_nothing_to_enforce_gives_none(parser: str) -> None:
+    assert fragment(parser, "none", True) is None
+    assert fragment(parser, "auto", True, tools=[CLOCK]) is None  # no strict tool
+    assert fragment(parser, "auto", True, tools=[]) is None
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_required_forces_one_schema_valid_call(parser: str) -> None:
+    frag = fragment(parser, "required", parallel=False)
+    check_tag(frag)
+    checker = Checker(frag)
+    one = calls_text(parser, ("get_weather", GOOD_WEATHER))
+    assert_accepts(checker, parser, one, [ToolCall("get_weather", GOOD_WEATHER)])
+    assert_accepts(
+        checker,
+        parser,
+        call_text(parser, "get_time", GOOD_CLOCK),
+        [ToolCall("get_time", GOOD_CLOCK)],
+    )  # non-strict tools match their schema too
+    assert not checker.accepts(calls_text(parser, ("get_weather", BAD_WEATHER)))
+    assert not checker.accepts(calls_text(parser, ("get_time", '{"zone": 1}')))
+    assert not checker.accepts(
+        calls_text(parser, ("get_weather", GOOD_WEATHER), ("get_time", GOOD_CLOCK))
+    )
+    assert not checker.accepts("It is sunny.")
+    assert not checker.accepts("")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_required_parallel_allows_several_calls(parser: str) -> None:
+    frag = fragment(parser, "required", parallel=True)
+    check_tag(frag)
+    text = calls_text(parser, ("get_weather", GOOD_WEATHER), ("get_time", GOOD_CLOCK))
+    assert_accepts(
+        Checker(frag),
+        parser,
+        text,
+        [ToolCall("get_weather", GOOD_WEATHER), ToolCall("get_time", GOOD_CLOCK)],
+    )
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_named_choice_allows_only_that_tool(parser: str) -> None:
+    frag = fragment(parser, "function:get_time", parallel=False)
+    check_tag(frag)
+    checker = Checker(frag)
+    assert_accepts(
+        checker,
+        parser,
+        calls_text(parser, ("get_time", GOOD_CLOCK)),
+        [ToolCall("get_time", GOOD_CLOCK)],
+    )
+    assert not checker.accepts(calls_text(parser, ("get_weather", GOOD_WEATHER)))
+    with pytest.raises(ValueError, match="not offered"):
+        fragment(parser, "function:missing", parallel=False)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_auto_with_a_strict_tool_keeps_its_arguments_valid(parser: str) -> None:
+    frag = fragment(parser, "auto", parallel=False)
+    check_tag(frag)
+    checker = Checker(frag)
+    assert checker.accepts("It is sunny in Paris.")
+    call = calls_text(parser, ("get_weather", GOOD_WEATHER))
+    prefix = "Let me look.\n" if parser == "hermes" else ""  # llama3 calls stand at the start
+    assert_accepts(checker, parser, prefix + call, [ToolCall("get_weather", GOOD_WEATHER)])
+    assert not checker.accepts(prefix + calls_text(parser, ("get_weather", BAD_WEATHER)))
+    # the non-strict tool: any object
+    loose = calls_text(parser, ("get_time", '{"anything": [1]}'))
+    assert_accepts(checker, parser, prefix + loose, [ToolCall("get_time", '{"anything": [1]}')])
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_response_schema_composes_with_calls(parser: str) -> None:
+    frag = fragment(parser, "auto", parallel=True, response_schema=ANSWER_SCHEMA)
+    if parser == "hermes":
+        check_tag(frag)
+    else:  # one JSON schema: the answer or one call
+        assert set(frag) == {"json_schema"}
+    checker = Checker(frag)
+    assert checker.accepts('{"answer": 42}')
+    assert not checker.accepts('{"answer": "many"}')
+    assert not checker.accepts("free text")
+    text = calls_text(parser, ("get_weather", GOOD_WEATHER))
+    assert_accepts(checker, parser, text, [ToolCall("get_weather", GOOD_WEATHER)])
+    assert make_tool_parser(parser, TOOLS).parse('{"answer": 42}').content == '{"answer": 42}'
+    # required ignores the answer schema: calls only
+    assert not Checker(fragment(parser, "required", True, ANSWER_SCHEMA)).accepts('{"answer": 1}')
+
+
+def test_invalid_choices_are_refused() -> None:
+    for parser in ("hermes", "llama3", "generic"):
+        with pytest.raises(ValueError, match="tool_choice"):
+            fragment(parser, "sometimes", True)
+        with pytest.raises(ValueError, match="at least one tool"):
+            fragment(parser, "required", True, tools=[])
+
+
+# -- generic: JSON schema of the reply --
+
+
+def _reply_calls(*calls: tuple[str, dict]) -> dict:
+    return {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
+
+
+def test_generic_schema_accepts_replies_of_the_choice_and_refuses_others() -> None:
+    auto = fragment("generic", "auto", parallel=False)["json_schema"]
+    good = [_reply_calls(("get_weather", {"city": "Paris"})), {"content": "Sunny."}]
+    bad = [
+        _reply_calls(("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})),  # parallel
+        _reply_calls(("get_weather", {"town": "Paris"})),  # strict tool, wrong arguments
+        _reply_calls(("unknown", {})),
+        {"tool_calls": []},
+        {"content": 5},
+        {"content": "x", "tool_calls": []},
+        {"answer": "x"},
+    ]
+    for reply in good:
+        jsonschema.validate(reply, auto)
+    for reply in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(reply, auto)
+    # auto, non-strict tool: any object as arguments
+    jsonschema.validate(_reply_calls(("get_time", {"whatever": 1})), auto)
+
+    required = fragment("generic", "required", parallel=True)["json_schema"]
+    jsonschema.validate(
+        _reply_calls(("get_weather", {"city": "A"}), ("get_time", {"zone": "B"})), required
+    )
+    for reply in ({"content": "Sunny."}, _reply_calls(("get_time", {"whatever": 1}))):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(reply, required)
+
+    named = fragment("generic", "function:get_time", parallel=False)["json_schema"]
+    jsonschema.validate(_reply_calls(("get_time", {"zone": "CET"})), named)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_reply_calls(("get_weather", {"city": "Paris"})), named)
+
+    answer = fragment("generic", "auto", True, ANSWER_SCHEMA)["json_schema"]
+    jsonschema.validate({"content": {"answer": 3}}, answer)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"content": "three"}, answer)
+    assert fragment("generic", "none", True) is None
+
+
+def test_generic_grammar_output_parses_back() -> None:
+    frag = fragment("generic", "auto", parallel=True)
+    checker = Checker(frag)
+    text = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    assert checker.accepts(text)
+    assert make_tool_parser("generic", TOOLS).parse(text).calls == [
+        ToolCall("get_weather", GOOD_WEATHER)
+    ]
+    assert checker.accepts('{"content": "Sunny."}')
+    assert make_tool_parser("generic", TOOLS).parse('{"content": "Sunny."}').content == "Sunny."
+    assert not checker.accepts('{"tool_calls": [{"name": "get_weather", "arguments": {}}]}')
+
+
+# -- reasoning: the constraint applies after </think> --
+
+
+@pytest.mark.parametrize("starts_in_reasoning", [False, True])
+def test_wrapped_constraints_leave_the_reasoning_free(starts_in_reasoning: bool) -> None:
+    reasoning = ReasoningParser("qwen3", starts_in_reasoning)
+    opened = "" if starts_in_reasoning else "<think>\n"
+    think = opened + "Paris? Maybe <think> or </thin k>.\n</think>\n\n"
+    frag = fragment("hermes", "required", parallel=False)
+    wrapped = reasoning.wrap_constraint(frag)
+    check_tag(wrapped)
+    checker = Checker(wrapped)
+    call = calls_text("hermes", ("get_weather", GOOD_WEATHER))
+    assert checker.accepts(think + call)
+    assert not checker.accepts(think + calls_text("hermes", ("get_weather", BAD_WEATHER)))
+    assert not checker.accepts(think + "free text")
+    assert not checker.accepts(think.replace("</think>", "</think>x") + call)
+    assert checker.accepts(call) is (not starts_in_reasoning)  # without a block
+    _, content = reasoning.split(think + call)
+    assert make_tool_parser("hermes", TOOLS).parse(content).calls == [
+        ToolCall("get_weather", GOOD_WEATHER)
+    ]
+
+    schema = reasoning.wrap_constraint({"json_schema": json.dumps(ANSWER_SCHEMA)})
+    check_tag(schema)
+    checker = Checker(schema)
+    assert checker.accepts(think + '{"answer": 1}')
+    assert not checker.accepts(think + '{"answer": "one"}')
+    assert reasoning.wrap_constraint(None) is None
+
+
+def test_wrapping_the_legacy_and_other_forms() -> None:
+    reasoning = ReasoningParser("deepseek-r1", False)  # R1 output starts in reasoning
+    legacy = {
+        "structural_tag": {
+            "type": "structural_tag",
+            "structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}],
+            "triggers": ["<f>"],
+        }
+    }
+    for frag in (
+        legacy,
+        {"regex": "[0-9]+"},
+        fragment("generic", "auto", True),
+        fragment("hermes", "auto", False),
+    ):
+        wrapped = reasoning.wrap_constraint(frag)
+        check_tag(wrapped)
+        Checker(wrapped)  # compiles
+    checker = Checker(reasoning.wrap_constraint(legacy))
+    assert checker.accepts('hmm</think>\n\ntext <f>{"a": 1}</f> more')
+    assert Checker(reasoning.wrap_constraint({"regex": "[0-9]+"})).accepts("x</think>42")
+    with pytest.raises(ValueError):
+        reasoning.wrap_constraint({"json_schema": {}, "regex": "a"})
