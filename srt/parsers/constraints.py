@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from radixlm.srt.parsers.tool_base import (
     ToolChoice,
@@ -26,8 +27,6 @@ from radixlm.srt.parsers.tool_base import (
 )
 
 ANY_OBJECT: dict = {"type": "object"}
-
-BeginOf = Callable[[ToolSpec], str]
 
 
 def arguments_schema(tool: ToolSpec, choice: ToolChoice) -> dict:
@@ -68,35 +67,40 @@ def structural_tag(fmt: dict) -> dict:
     return {"structural_tag": {"type": "structural_tag", "format": fmt}}
 
 
+@dataclass(frozen=True)
+class CallFormat:
+    """How a format writes calls: ``begin_of(tool) + arguments + end``, several joined by
+    ``separator``. For ``"auto"`` with a strict tool: a ``trigger`` starts a call anywhere in
+    free text; formats whose calls stand only at the start of the output give instead a
+    ``text_pattern`` (a regex of the answers that start no call)."""
+
+    begin_of: Callable[[ToolSpec], str]
+    end: str
+    separator: str
+    trigger: str | None = None
+    text_pattern: str | None = None
+
+
 def choice_format(
+    form: CallFormat,
     tools: list[ToolSpec],
     choice: ToolChoice,
     parallel: bool,
     response_schema: dict | None,
-    *,
-    begin_of: BeginOf,
-    end: str,
-    separator: str,
-    trigger: str | None = None,
-    text_pattern: str | None = None,
 ) -> dict | None:
-    """The structural-tag format enforcing ``choice`` for calls written as
-    ``begin_of(tool) + arguments + end`` (several joined by ``separator``).
-
-    ``"auto"`` with a strict tool: with a ``trigger`` (the text that starts a call anywhere in
-    free text), free text with triggered calls; else (formats whose calls stand only at the
-    start of the output) calls, or text matching ``text_pattern`` (text that starts no call).
-    None when nothing needs enforcing. ``ValueError`` for an invalid choice."""
+    """The structural-tag format enforcing ``choice`` for calls written in ``form``; None
+    when nothing needs enforcing. ``ValueError`` for an invalid choice."""
     check_choice(tools, choice)
     if choice == "none" or not tools:
         return None
     tags = [
-        call_tag(begin_of(t), arguments_schema(t, choice), end) for t in chosen_tools(tools, choice)
+        call_tag(form.begin_of(t), arguments_schema(t, choice), form.end)
+        for t in chosen_tools(tools, choice)
     ]
     calls_only = {
         "type": "tags_with_separator",
         "tags": tags,
-        "separator": separator,
+        "separator": form.separator,
         "at_least_one": True,
         "stop_after_first": not parallel,
     }
@@ -107,13 +111,17 @@ def choice_format(
         return {"type": "or", "elements": [answer, calls_only]}
     if not any(t.strict for t in tools):
         return None
-    if trigger is not None:
+    return _auto_format(form, tags, calls_only, parallel)
+
+
+def _auto_format(form: CallFormat, tags: list[dict], calls_only: dict, parallel: bool) -> dict:
+    if form.trigger is not None:
         return {
             "type": "triggered_tags",
-            "triggers": [trigger],
+            "triggers": [form.trigger],
             "tags": tags,
             "at_least_one": False,
             "stop_after_first": not parallel,
         }
-    assert text_pattern is not None, "a format without a trigger needs a text pattern"
-    return {"type": "or", "elements": [calls_only, {"type": "regex", "pattern": text_pattern}]}
+    assert form.text_pattern is not None, "a format without a trigger needs a text pattern"
+    return {"type": "or", "elements": [calls_only, {"type": "regex", "pattern": form.text_pattern}]}

@@ -13,15 +13,18 @@
 Text outside the blocks is content; whitespace right before ``<tool_call>`` (and after the last
 block, at the end) is markup. A block may hold several call objects, and a new ``<tool_call>``
 also closes an unclosed block. A block that is not a call object (not JSON, no name, an
-unknown key before the arguments) is content, the whole block text. A call naming a tool that
-was not offered is still a call (clients check names). Any JSON whitespace is accepted.
+unknown key before the arguments) is content, the whole block text. Once the arguments object
+has begun, the call stands (its deltas are out): arguments that break off or stop being JSON
+are closed into valid JSON where they last were, and the text after that point is content. A
+call naming a tool that was not offered is still a call (clients check names). Any JSON
+whitespace is accepted.
 """
 
 from __future__ import annotations
 
 from radixlm.srt.parsers.call_stream import CallReader, Emitter
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
-from radixlm.srt.parsers.constraints import choice_format, quoted, structural_tag
+from radixlm.srt.parsers.constraints import CallFormat, choice_format, quoted, structural_tag
 from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
 from radixlm.srt.parsers.markers import MarkerSplitter
 from radixlm.srt.parsers.tool_base import (
@@ -33,6 +36,13 @@ from radixlm.srt.parsers.tool_base import (
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+
+CALL_FORMAT = CallFormat(
+    begin_of=lambda tool: f'{OPEN_TAG}\n{{"name": {quoted(tool.name)}, "arguments": ',
+    end="}\n" + CLOSE_TAG,
+    separator="\n",
+    trigger=OPEN_TAG,
+)
 
 _CONTENT, _OPEN, _READER, _AFTER_OBJECT = range(4)
 
@@ -158,16 +168,7 @@ class HermesParser(ToolCallParser):
         parallel: bool,
         response_schema: dict | None,
     ) -> dict | None:
-        fmt = choice_format(
-            tools,
-            choice,
-            parallel,
-            response_schema,
-            begin_of=lambda t: f'{OPEN_TAG}\n{{"name": {quoted(t.name)}, "arguments": ',
-            end="}\n" + CLOSE_TAG,
-            separator="\n",
-            trigger=OPEN_TAG,
-        )
+        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema)
         return None if fmt is None else structural_tag(fmt)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from radixlm.srt.parsers.call_stream import CallReader, Emitter
 from radixlm.srt.parsers.chat_history import text_of, tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import (
+    CallFormat,
     call_object_schema,
     choice_format,
     quoted,
@@ -35,6 +36,13 @@ PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = ";"
 # auto with a strict tool: an answer must not start like a call (after whitespace)
 TEXT_PATTERN = r"(?:\s*[^\s{][\s\S]*)?"
+
+CALL_FORMAT = CallFormat(
+    begin_of=lambda tool: f'{{"name": {quoted(tool.name)}, "parameters": ',
+    end="}",
+    separator=SEPARATOR + " ",
+    text_pattern=TEXT_PATTERN,
+)
 
 _START, _CONTENT, _AFTER_TAG, _READER, _AFTER_CALL, _SEPARATED = range(6)
 
@@ -166,16 +174,7 @@ class Llama3Parser(ToolCallParser):
         if response_schema is not None and choice == "auto" and tools:
             calls = [call_object_schema(t, choice, "parameters") for t in tools]
             return {"json_schema": {"anyOf": [response_schema, *calls]}}
-        fmt = choice_format(
-            tools,
-            choice,
-            parallel,
-            response_schema,
-            begin_of=lambda t: f'{{"name": {quoted(t.name)}, "parameters": ',
-            end="}",
-            separator=SEPARATOR + " ",
-            text_pattern=TEXT_PATTERN,
-        )
+        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema)
         return None if fmt is None else structural_tag(fmt)
 
 

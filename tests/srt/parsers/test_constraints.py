@@ -174,7 +174,7 @@ def _reply_calls(*calls: tuple[str, dict]) -> dict:
     return {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
 
 
-def test_generic_schema_accepts_replies_of_the_choice_and_refuses_others() -> None:
+def test_generic_schema_under_auto() -> None:
     auto = fragment("generic", "auto", parallel=False)["json_schema"]
     good = [_reply_calls(("get_weather", {"city": "Paris"})), {"content": "Sunny."}]
     bad = [
@@ -194,6 +194,8 @@ def test_generic_schema_accepts_replies_of_the_choice_and_refuses_others() -> No
     # auto, non-strict tool: any object as arguments
     jsonschema.validate(_reply_calls(("get_time", {"whatever": 1})), auto)
 
+
+def test_generic_schema_for_forced_calls_and_answer_formats() -> None:
     required = fragment("generic", "required", parallel=True)["json_schema"]
     jsonschema.validate(
         _reply_calls(("get_weather", {"city": "A"}), ("get_time", {"zone": "B"})), required
