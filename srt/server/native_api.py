@@ -157,6 +157,20 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     return inputs, is_batch
 
 
+def check_model_name(request: Request, model: str | None) -> None:
+    """``model`` (routers add it) is null or names the served model; else the OpenAI routes'
+    404, naming only the served name."""
+    state = request.app.state
+    if model is not None and model not in state.accepted_model_names:
+        raise GenerateError(
+            f"the model {model!r} does not exist; this server serves "
+            f"{state.served_model_name!r} (see /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
+
+
 async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[bytes]:
     try:
         async for i, out in group.updates():
@@ -178,6 +192,7 @@ async def generate(request: Request) -> Response:
         request, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))
     )
     body.check()
+    check_model_name(request, body.model)
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)

@@ -11,7 +11,7 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   request is left out of the latency metrics), ``return_prompt_token_ids`` (the response gets
   ``prompt_token_ids``: the ids the request ran on, a session's history included), and
   ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel rank 0: 0 or null
-  only);
+  only), and ``model`` (which routers add; null, or a name of the served model, else a 404);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
   ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``external_trace_header``,
@@ -130,6 +130,7 @@ class GenerateReqInput(StrictBody):
     data_parallel_rank: int | None = None
     routed_dp_rank: int | None = None
     priority: int | None = None
+    model: str | None = None
     # accepted, no effect here (see the module docstring)
     session_id: str | None = None
     no_logs: bool = False

@@ -263,3 +263,28 @@ def test_log_metrics_false_keeps_a_request_out_of_the_metrics(stack: FakeStack) 
     assert finished() == before
     assert post(stack, "/generate", body).status_code == 200
     assert finished() == before + 1
+
+
+def test_the_body_a_router_forwards_is_accepted(stack: FakeStack) -> None:
+    """What sglang-router 0.3.2 sends for ``/generate`` (its typed request re-serialized: a
+    null ``model`` and the defaults of the fields it knows), and ``model`` naming a model."""
+    forwarded = {
+        "text": "hi",
+        "model": None,
+        "sampling_params": {"max_new_tokens": 2},
+        "return_text_in_logprobs": False,
+        "stream": False,
+        "log_metrics": True,
+        "return_hidden_states": False,
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+        "rid": "routed",
+        "data_parallel_rank": 0,  # what its dp-aware mode adds
+    }
+    assert post(stack, "/generate", forwarded).status_code == 200
+    for name in ("fake-model", "default", "/models/fake-model"):
+        assert post(stack, "/generate", {**forwarded, "model": name}).status_code == 200
+    err = error_of(post(stack, "/generate", {**forwarded, "model": "gpt-x"}), 404)
+    assert err["code"] == "model_not_found" and "/models/" not in err["message"]
