@@ -141,16 +141,14 @@ class ReasoningParser:
             return None
         after = constraint_format(fragment)
         block = re.escape(THINK_CLOSE) + r"\n{0,2}"
+        reasoning = {"type": "regex", "pattern": text_without(THINK_CLOSE) + block}
         if self.starts_in_reasoning:
-            fmt = _then(text_without(THINK_CLOSE) + block, after)
-        else:
-            opened = _then(re.escape(THINK_OPEN) + text_without(THINK_CLOSE) + block, after)
+            fmt = {"type": "sequence", "elements": [reasoning, after]}
+        else:  # the opening marker as a literal, so that it competes only with literals
+            opening = {"type": "const_string", "value": THINK_OPEN}
+            opened = {"type": "sequence", "elements": [opening, reasoning, after]}
             fmt = {"type": "or", "elements": [opened, after]}
         return {"structural_tag": {"type": "structural_tag", "format": fmt}}
-
-
-def _then(pattern: str, fmt: dict) -> dict:
-    return {"type": "sequence", "elements": [{"type": "regex", "pattern": pattern}, fmt]}
 
 
 def constraint_format(fragment: dict) -> dict:
