@@ -378,6 +378,48 @@ def test_any_text_streams_like_parse_and_calls_hold_json_objects(name, parts, rn
         assert result.content == text  # nothing is lost when no call is found
 
 
+def _mutated(text: str, rng: random.Random) -> str:
+    """text with a few random edits: cut off, characters dropped, markup pieces inserted."""
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randint(0, len(text))
+        edit = rng.random()
+        if edit < 0.25:
+            text = text[:at]
+        elif edit < 0.6:
+            text = text[:at] + text[at + rng.randint(1, 3) :]
+        else:
+            text = (
+                text[:at]
+                + rng.choice(["{", "}", '"', ",", ":", "<tool_call>", "x", "\\"])
+                + text[at:]
+            )
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(PARSERS),
+    st.lists(st.one_of(_words, _calls), min_size=1, max_size=4),
+    st.randoms(use_true_random=False),
+)
+def test_damaged_outputs_stream_like_parse(name, segments, rng) -> None:
+    calls_in = [call for segment in segments if isinstance(segment, list) for call in segment]
+    calls_in = calls_in or [("f", {"a": 1})]
+    case = {
+        "hermes": lambda: hermes_case(segments, rng),
+        "llama3": lambda: llama3_case(None, calls_in, "", rng),
+        "generic": lambda: generic_case("calls", calls_in, None, rng),
+    }[name]()
+    text = _mutated(case.text, rng)
+    result = _parse(name, text)
+    for _ in range(3):
+        streamed, deltas = stream(name, random_pieces(text, rng, most=10))
+        assert streamed == result, text
+        check_deltas(deltas)
+    for call in result.calls:
+        assert isinstance(json.loads(call.arguments), dict), text
+
+
 # -- bounded hold-back, linear time --
 
 
