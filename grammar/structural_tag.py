@@ -46,6 +46,7 @@ from radixlm.grammar.structural_tag_nodes import (
     TagsWithSeparatorFormat,
     TriggeredTagsFormat,
     check_free_text_closed,
+    check_json_beside_literals,
     iter_formats,
 )
 
@@ -96,6 +97,7 @@ def parse_structural_tag(value: str | dict, limits: GrammarLimits | None = None)
         raise ValueError(f"structural_tag is not valid JSON ({exc})") from None
     tag = _Parser(limits).top(top)
     check_free_text_closed(tag.format)
+    check_json_beside_literals(tag.format)
     return tag
 
 

@@ -167,3 +167,59 @@ def check_free_text_closed(root: Format) -> None:
             stack.extend((t, ctx if only_one_tag else "followed") for t in node.tags)
         elif isinstance(node, AnyTextFormat) and ctx == "followed":
             raise ValueError(UNCLOSED_TEXT_MESSAGE.format(what="any_text"))
+
+
+# What may follow a JSON document's opening bracket (llguidance lexes "{" and "[" alone).
+_AFTER_OPENING = frozenset('"}] \t\n\r{[-0123456789tfn')
+
+
+def check_json_beside_literals(root: Format) -> None:
+    """``ValueError`` for an ``or`` where a JSON schema that may be an object (or array) meets
+    an alternative starting with that bracket and a character JSON allows next, e.g. a tag
+    beginning ``{"name": ``. llguidance's lexer is greedy: it reads such text as the longer
+    literal and drops the JSON's one-character ``{`` lexeme, so the JSON alternative could
+    never be generated."""
+    for node in iter_formats(root):
+        if not isinstance(node, OrFormat):
+            continue
+        brackets = set().union(*(_json_openings(e) for e in node.elements))
+        for element in node.elements:
+            for text in _leading_texts(element):
+                if len(text) > 1 and text[0] in brackets and text[1] in _AFTER_OPENING:
+                    raise ValueError(
+                        f'structural_tag: an "or" offers a json_schema and an element '
+                        f"starting with {text[:12]!r}; llguidance cannot keep both open (the "
+                        "longer literal wins), so describe both with one json_schema (anyOf) "
+                        "or start the element with another character"
+                    )
+
+
+def _json_openings(fmt: Format) -> set[str]:
+    """The brackets a JSON document ``fmt`` starts with may open."""
+    if isinstance(fmt, SequenceFormat):
+        return _json_openings(fmt.elements[0])
+    if isinstance(fmt, OrFormat):
+        return set().union(*(_json_openings(e) for e in fmt.elements))
+    if not isinstance(fmt, JsonSchemaFormat):
+        return set()
+    schema = fmt.schema
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    kinds = set(kind) if isinstance(kind, list) else {kind}
+    if kind is None or not kinds <= {"string", "number", "integer", "boolean", "null"}:
+        return {b for b, k in (("{", "object"), ("[", "array")) if kind is None or k in kinds}
+    return set()
+
+
+def _leading_texts(fmt: Format) -> list[str]:
+    """The fixed texts ``fmt`` may start with (none where it starts with something else)."""
+    if isinstance(fmt, ConstStringFormat):
+        return [fmt.value]
+    if isinstance(fmt, TagFormat):
+        return [fmt.begin]
+    if isinstance(fmt, SequenceFormat):
+        return _leading_texts(fmt.elements[0])
+    if isinstance(fmt, OrFormat):
+        return [text for e in fmt.elements for text in _leading_texts(e)]
+    if isinstance(fmt, (TriggeredTagsFormat, TagsWithSeparatorFormat)):
+        return [t.begin for t in fmt.tags] if fmt.at_least_one else []
+    return []

@@ -199,6 +199,23 @@ def test_nested_tags_and_end_strings(backend, vocab):
     check_strings(grammar, vocab, ["<a><b>x</b></a>", "<a><b></b></a>"], ["<a><b>x</a>"])
 
 
+def test_json_beside_literals_sharing_a_first_character(backend, vocab):
+    """A JSON alternative and a literal one may share a first character as long as the
+    lexer can tell them apart (a string schema beside a quoted word, an object beside "n")."""
+    string_or_word = {
+        "type": "or",
+        "elements": [
+            {"type": "json_schema", "json_schema": {"type": "string", "maxLength": 3}},
+            {"type": "const_string", "value": '"x!'},
+        ],
+    }
+    grammar = compile_format(backend, string_or_word)
+    check_strings(grammar, vocab, ['"ab"', '"x!'], ['"x!"x', '"abcd"'])
+    fmt = {"type": "or", "elements": [{"type": "json_schema", "json_schema": TIME}, *TOOL_TAGS]}
+    grammar = compile_format(backend, fmt)  # "<" and "{" differ
+    check_strings(grammar, vocab, ['{"zone": "utc"}', TIME_CALL], ['{"zone": 1}'])
+
+
 # --- triggered_tags ----------------------------------------------------------------------
 
 WEATHER_CALL = tool_call("get_weather", '{"city": "Oslo", "unit": "c"}')
@@ -465,6 +482,23 @@ INVALID = [
     (
         {"structures": [{"begin": "<f=a>", "schema": [], "end": ""}], "triggers": ["<f"]},
         "schema must be a JSON schema object (or true), got a list",
+    ),
+    (
+        fmt_tag(
+            {
+                "type": "or",
+                "elements": [
+                    {"type": "json_schema", "json_schema": {"type": "object"}},
+                    {
+                        "type": "tag",
+                        "begin": '{"name": "f", "parameters": ',
+                        "content": {"type": "json_schema", "json_schema": TIME},
+                        "end": "}",
+                    },
+                ],
+            }
+        ),
+        'starting with \'{"name": "f"\'; llguidance cannot keep both open',
     ),
     # free text that nothing closes
     (
