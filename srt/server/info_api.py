@@ -29,10 +29,36 @@ LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues",
 LOAD_FORMATS = ("json", "prometheus")
 PROMETHEUS_PREFIX = "radixlm_"
 DP_RANK = 0
+LOAD_FIGURES = frozenset(
+    {
+        "timestamp",
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "num_grammar_queue_reqs",
+        "num_retracted_reqs",
+        "num_used_tokens",
+        "num_pending_tokens",
+        "max_total_num_tokens",
+        "max_running_requests",
+        "token_usage",
+        "gen_throughput",
+        "cache_hit_rate",
+        "utilization",
+    }
+)  # what Scheduler.load_info answers
 
 
 def get_tm(request: Request) -> TokenizerManager:
     return request.app.state.tm
+
+
+async def scheduler_load(request: Request) -> dict[str, Any]:
+    """The scheduler's load figures; a 503 when its answer lacks some."""
+    load = await get_tm(request).load()
+    missing = sorted(LOAD_FIGURES - load.keys())
+    if missing:
+        raise GenerateError(f"the scheduler's load answer lacks {missing}", 503)
+    return load
 
 
 # ---------------------------------------------------------------------- model and server
@@ -161,7 +187,7 @@ async def get_loads(
     sections = parse_include(include)
     if format not in LOAD_FORMATS:
         raise GenerateError(f"format must be one of {list(LOAD_FORMATS)}, got {format!r}", 400)
-    load = await get_tm(request).load()
+    load = await scheduler_load(request)
     loads = [rank_load(load, sections)] if dp_rank in (None, DP_RANK) else []
     if format == "prometheus":
         return PlainTextResponse(prometheus_text(loads), media_type="text/plain; version=0.0.4")
@@ -180,7 +206,7 @@ async def get_loads(
 async def get_load(request: Request) -> Response:
     """The older per-rank shape: requests (running + waiting), waiting requests, tokens (in
     the KV pool plus the waiting prompts) and the waiting prompts' tokens."""
-    load = await get_tm(request).load()
+    load = await scheduler_load(request)
     used, pending = load["num_used_tokens"], load["num_pending_tokens"]
     entry = {
         "dp_rank": DP_RANK,

@@ -115,6 +115,12 @@ class SessionParamsInput(StrictBody):
 class GenerateReqInput(StrictBody):
     """``POST /generate``: one prompt or a batch (lists), as text or token ids."""
 
+    # fields outside the model are refused (check_known_fields) or, when unsupported, accepted
+    # only at their off value; the schema says so
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra={"additionalProperties": False}
+    )
+
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
