@@ -31,11 +31,13 @@ from radixlm.srt.server.openai_convert import (
     usage,
 )
 from radixlm.srt.server.openai_protocol import (
-    UNSUPPORTED_OPENAI,
+    UNSUPPORTED_CHAT,
+    UNSUPPORTED_COMPLETION,
     ChatCompletionRequest,
     CompletionRequest,
     precheck_chat,
 )
+from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
@@ -76,6 +78,7 @@ class ChoiceCursor:
     num_logprobs: int = 0
     text_offset: int = 0
     started: bool = False
+    parsers: ChoiceStream | None = None  # chat: this choice's tool-call / reasoning parsers
 
 
 def _matched_stop(out: dict[str, Any]) -> Any:
@@ -110,41 +113,83 @@ def model_card(request: Request) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- chat
+def _chat_finish(out: dict[str, Any], has_calls: bool) -> str | None:
+    """``tool_calls`` when the reply made calls and was not cut off by the length limit."""
+    reason = finish_reason(out)
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
 def chat_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
     meta = out["meta_info"]
     logprobs = None
     if call.logprobs:
         logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
-    message = {"role": "assistant", "content": out["text"], "refusal": None}
+    message, has_calls = chat_message(call.plan.parsing, out["text"])
     return {
         "index": i,
         "message": message,
         "logprobs": logprobs,
-        "finish_reason": finish_reason(out),
+        "finish_reason": _chat_finish(out, has_calls),
         "matched_stop": _matched_stop(out),
     }
 
 
-def chat_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
+def _chat_piece(call: Call, i: int, delta: dict, logprobs: Any, reason: str | None) -> dict:
+    choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
+
+
+def chat_chunks(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> list[dict]:
+    """The chunks one update of choice ``i`` makes: deltas, and the finish chunk at its end."""
     meta = out["meta_info"]
     reason = finish_reason(out)
     text = out["text"][cur.num_chars :]
     entries = meta.get("output_token_logprobs", [])[cur.num_logprobs :] if call.logprobs else []
-    if cur.started and not text and not entries and reason is None:
-        return None
+    logprobs = None
+    if call.logprobs:
+        logprobs = chat_logprobs(entries, meta["output_top_logprobs"][cur.num_logprobs :])
+    cur.num_chars = len(out["text"])
+    cur.num_logprobs += len(entries)
+    if cur.parsers is None:
+        cur.parsers = ChoiceStream(call.plan.parsing)
+    if cur.parsers.is_plain:
+        return _plain_chat_chunks(call, i, out, cur, text, logprobs, reason)
+    deltas = [cur.parsers.feed(text)] + ([cur.parsers.flush()] if reason is not None else [])
+    chunks = []
+    for delta in deltas:
+        if not cur.started:
+            delta = {"role": "assistant", **delta, "refusal": None}
+        if delta or logprobs is not None and logprobs["content"]:
+            chunks.append(_chat_piece(call, i, delta, logprobs, None))
+            cur.started, logprobs = True, None
+    if reason is not None:
+        finish = _chat_piece(call, i, {}, None, _chat_finish(out, cur.parsers.has_calls))
+        finish["choices"][0]["matched_stop"] = _matched_stop(out)
+        chunks.append(finish)
+    return chunks
+
+
+def _plain_chat_chunks(
+    call: Call,
+    i: int,
+    out: dict[str, Any],
+    cur: ChoiceCursor,
+    text: str,
+    logprobs: Any,
+    reason: str | None,
+) -> list[dict]:
+    """No parser: each update is one chunk, the last one carrying the finish reason."""
+    if cur.started and not text and not (logprobs and logprobs["content"]) and reason is None:
+        return []
     delta: dict[str, Any] = {"content": text}
     if not cur.started:
         delta["role"] = "assistant"
         delta["refusal"] = None
-    logprobs = None
-    if call.logprobs:
-        logprobs = chat_logprobs(entries, meta["output_top_logprobs"][cur.num_logprobs :])
-    cur.started, cur.num_chars = True, len(out["text"])
-    cur.num_logprobs += len(entries)
-    choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    cur.started = True
+    chunk = _chat_piece(call, i, delta, logprobs, reason)
     if reason is not None:
-        choice["matched_stop"] = _matched_stop(out)
-    return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
+        chunk["choices"][0]["matched_stop"] = _matched_stop(out)
+    return [chunk]
 
 
 def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, str]:
@@ -162,7 +207,7 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(
         request,
         ChatCompletionRequest,
-        UNSUPPORTED_OPENAI,
+        UNSUPPORTED_CHAT,
         lambda data: precheck_chat(data, get_tm(request).context_length),
     )
     tm, model = _open_call(request, body.model)
@@ -181,7 +226,7 @@ async def chat_completions(request: Request) -> Response:
     group = tm.open(prepared, request)
     if body.stream:
         call.object = "chat.completion.chunk"
-        return ClosingStreamingResponse(stream_choices(call, group, chat_chunk), group.close)
+        return ClosingStreamingResponse(stream_choices(call, group, chat_chunks), group.close)
     with group:
         outs = await group.collect()
     choices = [chat_choice(call, i, out) for i, out in enumerate(outs)]
@@ -205,14 +250,14 @@ def completion_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> dict | None:
+def completion_chunks(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> list[dict]:
     reason = finish_reason(out)
     prompt = call.plan.prompt_texts[call.plan.prompt_of(i)]
     text = out["text"][cur.num_chars :]
     entries, tops = completion_entries(out, call.echo) if call.logprobs else ([], [])
     entries, tops = entries[cur.num_logprobs :], tops[cur.num_logprobs :]
     if cur.started and not text and not entries and reason is None:
-        return None
+        return []
     if not cur.started:
         cur.text_offset = 0 if call.echo else len(prompt)
         text = (prompt if call.echo else "") + text
@@ -225,7 +270,7 @@ def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor)
     choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
     if reason is not None:
         choice["matched_stop"] = _matched_stop(out)
-    return call.envelope([choice], **({"usage": None} if call.include_usage else {}))
+    return [call.envelope([choice], **({"usage": None} if call.include_usage else {}))]
 
 
 @router.post(
@@ -233,7 +278,7 @@ def completion_chunk(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor)
 )
 async def completions(request: Request) -> Response:
     body = await parse_body(
-        request, CompletionRequest, UNSUPPORTED_OPENAI, batch_precheck(get_tm(request))
+        request, CompletionRequest, UNSUPPORTED_COMPLETION, batch_precheck(get_tm(request))
     )
     tm, model = _open_call(request, body.model)
     plan = await completion_plan(body, tm)
@@ -252,7 +297,7 @@ async def completions(request: Request) -> Response:
     )
     group = tm.open(prepared, request)
     if body.stream:
-        return ClosingStreamingResponse(stream_choices(call, group, completion_chunk), group.close)
+        return ClosingStreamingResponse(stream_choices(call, group, completion_chunks), group.close)
     with group:
         outs = await group.collect()
     choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
@@ -260,7 +305,7 @@ async def completions(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- streaming
-ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "dict | None"]
+ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "list[dict]"]
 
 
 async def stream_choices(
@@ -272,8 +317,7 @@ async def stream_choices(
     finals: list[dict[str, Any]] = [{} for _ in group.states]
     try:
         async for i, out in group.updates():
-            chunk = make_chunk(call, i, out, cursors[i])
-            if chunk is not None:
+            for chunk in make_chunk(call, i, out, cursors[i]):
                 yield sse(chunk)
             finals[i] = out
         if call.include_usage:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +20,19 @@ from radixlm.srt.server.openai_protocol import (
     OpenAISamplingFields,
     ResponseFormat,
 )
+from radixlm.srt.server.openai_tools import (
+    ChatParsing,
+    chat_parsing,
+    output_constraint,
+    prompt_layout,
+    template_kwargs,
+    with_prompt,
+)
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 # OpenAI / SGLang-extra field -> native sampling parameter
 _PASSTHROUGH = {
@@ -47,6 +54,9 @@ _PASSTHROUGH = {
     "no_stop_trim": "no_stop_trim",
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "stop_regex": "stop_regex",
+    "custom_params": "custom_params",
+    "stream_interval": "stream_interval",
 }
 
 
@@ -58,6 +68,7 @@ class OpenAIPlan:
     prompt_texts: list[str] = field(default_factory=list)  # one per prompt
     n: int = 1
     num_prompts: int = 1
+    parsing: ChatParsing = field(default_factory=ChatParsing)  # chat: tools, reasoning
 
     def prompt_of(self, choice: int) -> int:
         return choice // self.n
@@ -134,16 +145,49 @@ def _expand(
 
 
 # ---------------------------------------------------------------------- chat
-def response_format_schema(fmt: ResponseFormat | None) -> str | None:
+def response_format_parts(
+    fmt: ResponseFormat | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(JSON schema, structural tag) that ``response_format`` asks for; at most one is set."""
     if fmt is None or fmt.type == "text":
-        return None
+        return None, None
     if fmt.type == "json_object":
-        return JSON_OBJECT_SCHEMA
+        return dict(JSON_OBJECT), None
+    if fmt.type == "structural_tag":
+        return None, fmt.model_dump(by_alias=True, exclude_none=True, exclude={"json_schema"})
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise GenerateError(
             "response_format json_schema needs json_schema.schema", 400, "response_format"
         )
-    return json.dumps(fmt.json_schema.schema_)
+    return fmt.json_schema.schema_, None
+
+
+def format_params(fmt: ResponseFormat | None, req: OpenAISamplingFields) -> dict[str, Any]:
+    """The native grammar params of ``response_format`` alone (no tools, no reasoning)."""
+    return output_constraint(ChatParsing(), *_format_parts_alone(fmt, req))
+
+
+def _format_parts_alone(
+    fmt: ResponseFormat | None, req: OpenAISamplingFields
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    schema, tag = response_format_parts(fmt)
+    if (schema is not None or tag is not None) and req.json_schema is not None:
+        raise GenerateError("give response_format or json_schema, not both", 400, "json_schema")
+    return schema, tag
+
+
+def _check_grammar_conflicts(req: OpenAISamplingFields, constraint: dict[str, Any]) -> None:
+    """Tools and response_format constrain the output; a raw grammar next to them is a 400."""
+    if not constraint:
+        return
+    for name in ("regex", "ebnf", "json_schema"):
+        if getattr(req, name) is not None:
+            raise GenerateError(
+                f"{name} cannot be combined with tools or response_format, which constrain "
+                "the output themselves",
+                400,
+                name,
+            )
 
 
 def _chat_max_tokens(req: ChatCompletionRequest, tm: TokenizerManager, num_ids: int) -> int:
@@ -158,8 +202,7 @@ def _chat_max_tokens(req: ChatCompletionRequest, tm: TokenizerManager, num_ids: 
     return max(0, min(tm.cfg.default_max_tokens, tm.context_length - num_ids))
 
 
-async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
-    _check_counts(req.n, 1)
+def _check_top_logprobs(req: ChatCompletionRequest) -> int:
     top = req.top_logprobs or 0
     if not 0 <= top <= MAX_CHAT_TOP_LOGPROBS:
         raise GenerateError(
@@ -167,14 +210,23 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
         )
     if top and not req.logprobs:
         raise GenerateError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-    schema = response_format_schema(req.response_format)
-    if schema is not None and req.json_schema is not None:
-        raise GenerateError("give response_format or json_schema, not both", 400, "json_schema")
-    prompt, ids = await chat_input_ids(tm, req.messages)
+    return top
+
+
+async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
+    _check_counts(req.n, 1)
+    top = _check_top_logprobs(req)
+    schema, tag = _format_parts_alone(req.response_format, req)
+    parsing = chat_parsing(req, tm)
+    prompt, ids = await chat_input_ids(
+        tm, req.messages, prompt_layout(parsing, req.messages), template_kwargs(req)
+    )
+    parsing = with_prompt(parsing, prompt)
+    constraint = output_constraint(parsing, schema, tag)
+    _check_grammar_conflicts(req, constraint)
     sp = sampling_params(req, _chat_max_tokens(req, tm, len(ids)))
-    if schema is not None:
-        sp["json_schema"] = schema
-    plan = OpenAIPlan(prompt_texts=[prompt], n=req.n)
+    sp.update(constraint)
+    plan = OpenAIPlan(prompt_texts=[prompt], n=req.n, parsing=parsing)
     _expand(plan, req, ids, sp, (req.logprobs, -1, top))
     return plan
 
@@ -215,6 +267,9 @@ async def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenA
     logprob = (return_logprob, 0 if req.echo and return_logprob else -1, req.logprobs or 0)
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     sp = sampling_params(req, max_tokens)
+    constraint = format_params(req.response_format, req)
+    _check_grammar_conflicts(req, constraint)
+    sp.update(constraint)
     for prompt in prompts:
         text, ids = await _completion_prompt(tm, prompt)
         plan.prompt_texts.append(text)

@@ -14,15 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.srt.server.protocol import StrictBody, check_list_len
 
-UNSUPPORTED_OPENAI = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "functions": (None, []),
-    "function_call": (None, "none", "auto"),
+_UNSUPPORTED_BOTH = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
+}
+# chat takes tools (openai_tools.py); the deprecated functions / function_call are refused
+# with their own message by precheck_chat
+UNSUPPORTED_CHAT = dict(_UNSUPPORTED_BOTH)
+UNSUPPORTED_COMPLETION = {
+    **_UNSUPPORTED_BOTH,
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
 }
 
 
@@ -46,6 +52,9 @@ class SGLangSamplingExtras(StrictBody):
     no_stop_trim: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
+    stop_regex: str | list[str] | None = None
+    custom_params: dict[str, Any] | None = None
+    stream_interval: int | None = None
     rid: str | None = None
 
 
@@ -63,16 +72,48 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     stream_options: StreamOptions | None = None
 
 
+class JsonSchemaFormat(StrictBody):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object``, ``json_schema`` (OpenAI) or ``structural_tag`` (SGLang: its
+    other fields, such as ``structures`` and ``triggers`` or ``format``, are the tag itself and
+    are kept whole)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class CompletionRequest(OpenAISamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = None  # default: 16, as OpenAI
     logprobs: int | None = None
     echo: bool = False
+    response_format: ResponseFormat | None = None
 
 
 class ContentPart(StrictBody):
     type: str
     text: str | None = None
+
+
+class FunctionCallParam(StrictBody):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallParam(StrictBody):
+    """A call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
 
 
 class ChatMessage(BaseModel):
@@ -81,17 +122,21 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer
+    reasoning_content: str | None = None  # assistant messages of a reasoning model
 
 
-class JsonSchemaFormat(StrictBody):
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+class FunctionDef(StrictBody):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments object
     strict: bool | None = None
 
 
-class ResponseFormat(StrictBody):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+class ToolDef(StrictBody):
+    type: str = "function"  # openai_tools.py refuses other kinds with its own message
+    function: FunctionDef
 
 
 class ChatCompletionRequest(OpenAISamplingFields):
@@ -101,12 +146,32 @@ class ChatCompletionRequest(OpenAISamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = None
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # missing: true
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True  # false: reasoning stays in content
+
+
+_LEGACY_FUNCTIONS = {
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+}
 
 
 def precheck_chat(data: dict[str, Any], max_items: int) -> None:
-    """No more messages, nor content parts, than the context has tokens."""
+    """No more messages, nor content parts, than the context has tokens; the deprecated
+    ``functions`` / ``function_call`` are refused by name (send ``tools`` / ``tool_choice``)."""
+    for name, off_values in _LEGACY_FUNCTIONS.items():
+        if name in data and data[name] not in off_values:
+            raise ValueError(
+                f"{name} is the deprecated form of tools / tool_choice and is not supported; "
+                "send tools (and tool_choice)"
+            )
     messages = data.get("messages")
     check_list_len(messages, max_items, "messages")
+    check_list_len(data.get("tools"), max_items, "tools")
     parts = sum(
         len(m["content"])
         for m in messages or ()

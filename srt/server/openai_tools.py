@@ -1,0 +1,309 @@
+"""Tools and reasoning on the chat route, request side.
+
+``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and the tool messages of the history are
+checked (every refusal is a 400 naming the field) and normalised into :class:`ChatParsing`,
+which also names the model's tool-call parser and reasoning parser (srt/parsers). From it come
+the prompt layout (the parser's ``render``) and the grammar fragment merged into the native
+sampling params. openai_tool_stream.py reads the outputs back with the same parsers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+
+from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
+from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
+from radixlm.srt.server.chat_prompt import PromptLayout, check_no_special_text, plain_layout
+from radixlm.srt.server.openai_protocol import ChatCompletionRequest, ChatMessage, ToolDef
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+TOOL_CHOICES = ("none", "auto", "required")
+# apply_chat_template's own arguments: chat_template_kwargs may not set them
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _bad(message: str, param: str) -> GenerateError:
+    return GenerateError(message, 400, param)
+
+
+# ---------------------------------------------------------------------- request
+def _check_parameters(schema: dict[str, Any], param: str) -> None:
+    """The arguments' schema is a valid JSON schema of an object."""
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        raise _bad(f"{param} is not a valid JSON schema: {e.message}", param) from None
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise _bad(
+            f"{param} must describe the arguments object (type 'object'), got type {kind!r}",
+            param,
+        )
+
+
+def tool_specs(tools: list[ToolDef] | None) -> list[ToolSpec]:
+    """The request's function tools, checked: kind, name, uniqueness, parameters schema."""
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(tools or ()):
+        param = f"tools[{i}]"
+        if tool.type != "function":
+            raise _bad(
+                f"{param}.type {tool.type!r} is not supported; only 'function' tools are",
+                f"{param}.type",
+            )
+        fn = tool.function
+        if not TOOL_NAME.match(fn.name):
+            raise _bad(
+                f"{param}.function.name {fn.name!r} must be 1 to 64 letters, digits, "
+                "underscores or dashes",
+                f"{param}.function.name",
+            )
+        if any(s.name == fn.name for s in specs):
+            raise _bad(f"two tools are named {fn.name!r}; tool names must be unique", "tools")
+        parameters = fn.parameters or EMPTY_PARAMETERS
+        _check_parameters(parameters, f"{param}.function.parameters")
+        specs.append(ToolSpec(fn.name, fn.description, parameters, bool(fn.strict)))
+    return specs
+
+
+def _named_choice(raw: dict[str, Any]) -> str:
+    fn = raw.get("function")
+    if raw.get("type") != "function" or not isinstance(fn, dict):
+        raise _bad(
+            "tool_choice must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    name = fn.get("name")
+    if not isinstance(name, str):
+        raise _bad("tool_choice.function.name must be a string", "tool_choice")
+    return name
+
+
+def tool_choice(raw: str | dict[str, Any] | None, specs: list[ToolSpec]) -> str:
+    """``none`` | ``auto`` | ``required`` | ``function:<name>``; missing: auto with tools, none
+    without. ``required`` or a named tool with no tools, or an unknown name, is a 400."""
+    if raw is None:
+        return "auto" if specs else "none"
+    if isinstance(raw, str):
+        if raw not in TOOL_CHOICES:
+            raise _bad(
+                f"tool_choice {raw!r} is not one of 'none', 'auto', 'required' (or a named "
+                "function)",
+                "tool_choice",
+            )
+        if raw == "required" and not specs:
+            raise _bad("tool_choice 'required' needs tools; the request has none", "tool_choice")
+        return raw
+    name = _named_choice(raw)
+    if not specs:
+        raise _bad(
+            f"tool_choice names the tool {name!r} but the request has no tools", "tool_choice"
+        )
+    if all(s.name != name for s in specs):
+        known = ", ".join(s.name for s in specs)
+        raise _bad(
+            f"tool_choice names {name!r}, which is not one of the tools ({known})", "tool_choice"
+        )
+    return f"function:{name}"
+
+
+@dataclass(frozen=True)
+class ChatParsing:
+    """How one chat request's outputs are read: its tools and choice, the resolved tool-call
+    parser name (``none``: the model takes no tools) and the reasoning parser."""
+
+    specs: list[ToolSpec] = field(default_factory=list)
+    choice: str = "none"
+    parallel: bool = True
+    tool_parser: str = "none"
+    reasoning_parser: str = "none"
+    starts_in_reasoning: bool = False
+    separate_reasoning: bool = True  # false: the reasoning stays in content
+
+    @property
+    def parses_calls(self) -> bool:
+        return bool(self.specs) and self.choice != "none" and self.tool_parser != "none"
+
+    def new_tool_parser(self) -> ToolCallParser | None:
+        if not self.parses_calls:
+            return None
+        return make_tool_parser(self.tool_parser, self.specs)
+
+    def renderer(self) -> ToolCallParser | None:
+        """The parser whose ``render`` lays tools and tool messages out for the template."""
+        if self.tool_parser == "none":
+            return None
+        return make_tool_parser(self.tool_parser, self.specs)
+
+    def new_reasoning_parser(self) -> ReasoningParser | None:
+        if self.reasoning_parser == "none":
+            return None
+        return ReasoningParser(self.reasoning_parser, self.starts_in_reasoning)
+
+    def output_reasoning_parser(self) -> ReasoningParser | None:
+        """The parser that splits reasoning out of the reply (none when it stays in content)."""
+        return self.new_reasoning_parser() if self.separate_reasoning else None
+
+
+def check_tools_supported(parsing: ChatParsing) -> None:
+    if parsing.specs and parsing.choice != "none" and parsing.tool_parser == "none":
+        raise _bad(
+            "this server takes no tools (started with --tool-call-parser none); leave tools "
+            "out or send tool_choice 'none'",
+            "tools",
+        )
+
+
+def _as_native(fragment: dict[str, Any]) -> dict[str, Any]:
+    """A parser's fragment as native sampling params (a JSON schema travels as text)."""
+    out = dict(fragment)
+    if isinstance(out.get("json_schema"), dict):
+        out["json_schema"] = json.dumps(out["json_schema"])
+    return out
+
+
+def output_constraint(
+    parsing: ChatParsing,
+    response_schema: dict[str, Any] | None,
+    response_tag: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The grammar fragment of the native sampling params: the tool parser's constraint
+    (composed with the response_format schema), else the response_format's own; inside a
+    reasoning parser's wrapping, so the grammar starts after the reasoning."""
+    fragment: dict[str, Any] | None = None
+    if parsing.parses_calls:
+        if response_tag is not None:
+            raise _bad(
+                "response_format structural_tag cannot be combined with tools; send "
+                "tool_choice 'none' or leave one out",
+                "response_format",
+            )
+        parser = make_tool_parser(parsing.tool_parser, parsing.specs)
+        fragment = parser.constraint(
+            parsing.specs, parsing.choice, parsing.parallel, response_schema
+        )
+    if fragment is None and response_schema is not None:
+        fragment = {"json_schema": response_schema}
+    if fragment is None and response_tag is not None:
+        fragment = {"structural_tag": response_tag}
+    if fragment is None:
+        return {}
+    reasoning = parsing.new_reasoning_parser()
+    if reasoning is not None:
+        fragment = reasoning.wrap_constraint(fragment)
+    return _as_native(fragment)
+
+
+# ---------------------------------------------------------------------- history and prompt
+def check_tool_messages(messages: list[ChatMessage]) -> None:
+    """Only assistant messages make calls; each tool message answers an earlier call by id."""
+    call_ids: set[str] = set()
+    for i, m in enumerate(messages):
+        if m.tool_calls and m.role != "assistant":
+            raise _bad(
+                f"messages[{i}] has tool_calls but role {m.role!r}; only assistant messages "
+                "make tool calls",
+                f"messages[{i}].tool_calls",
+            )
+        call_ids.update(c.id for c in m.tool_calls or ())
+        if m.role != "tool":
+            continue
+        param = f"messages[{i}].tool_call_id"
+        if m.tool_call_id is None:
+            raise _bad(f"{param} is required: a tool message answers one tool call", param)
+        if m.tool_call_id not in call_ids:
+            raise _bad(
+                f"{param} {m.tool_call_id!r} answers no tool call of an earlier assistant message",
+                param,
+            )
+
+
+def _has_tool_history(messages: list[ChatMessage]) -> bool:
+    return any(m.tool_calls or m.role == "tool" for m in messages)
+
+
+def tool_texts(specs: list[ToolSpec]) -> list[tuple[str, str]]:
+    """The tools' client text the template lays out, by field."""
+    out = []
+    for i, spec in enumerate(specs):
+        if spec.description:
+            out.append((f"tools[{i}].function.description", spec.description))
+        out.append((f"tools[{i}].function.parameters", json.dumps(spec.parameters)))
+    return out
+
+
+def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsing:
+    """The request's tools, choice and history checked; the server's parsers resolved."""
+    specs = tool_specs(req.tools)
+    choice = tool_choice(req.tool_choice, specs)
+    check_tool_messages(req.messages)
+    check_no_special_text(tm, tool_texts(specs))
+    template = getattr(tm.tokenizer, "chat_template", None)
+    parsing = ChatParsing(
+        specs=specs,
+        choice=choice,
+        parallel=req.parallel_tool_calls is not False,
+        tool_parser=resolve_tool_parser(tm.cfg.tool_call_parser, template),
+        reasoning_parser=tm.cfg.reasoning_parser,
+        separate_reasoning=req.separate_reasoning,
+    )
+    check_tools_supported(parsing)
+    return parsing
+
+
+def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLayout:
+    """The tool parser's ``render`` when there are tools or tool messages; else the messages
+    go to the template as they are."""
+    renderer = parsing.renderer()
+    if renderer is None or not (parsing.specs or _has_tool_history(messages)):
+        return plain_layout
+    return lambda dicts: renderer.render(dicts, parsing.specs, parsing.choice)
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """``chat_template_kwargs`` (such as ``enable_thinking``), minus the template's own
+    arguments, which the server sets."""
+    kwargs = req.chat_template_kwargs or {}
+    taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if taken:
+        raise _bad(
+            f"chat_template_kwargs may not set {', '.join(taken)}; the server sets them",
+            "chat_template_kwargs",
+        )
+    return dict(kwargs)
+
+
+def with_prompt(parsing: ChatParsing, prompt: str) -> ChatParsing:
+    """``parsing`` knowing whether the rendered prompt leaves the model inside its reasoning
+    (templates that open ``<think>`` themselves)."""
+    if parsing.reasoning_parser == "none":
+        return parsing
+    return replace(parsing, starts_in_reasoning=starts_in_reasoning_for(prompt))
