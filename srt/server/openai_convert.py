@@ -25,6 +25,7 @@ from radixlm.srt.server.openai_tools import (
     chat_parsing,
     output_constraint,
     prompt_layout,
+    reasoning_wrapped,
     template_kwargs,
     with_prompt,
 )
@@ -176,18 +177,22 @@ def _format_parts_alone(
     return schema, tag
 
 
-def _check_grammar_conflicts(req: OpenAISamplingFields, constraint: dict[str, Any]) -> None:
+def raw_grammar(req: OpenAISamplingFields) -> dict[str, Any]:
+    """The grammar params sent as such (SGLang extras), by name."""
+    names = ("regex", "ebnf", "json_schema")
+    return {n: getattr(req, n) for n in names if getattr(req, n) is not None}
+
+
+def _check_grammar_conflicts(raw: dict[str, Any], constraint: dict[str, Any]) -> None:
     """Tools and response_format constrain the output; a raw grammar next to them is a 400."""
-    if not constraint:
-        return
-    for name in ("regex", "ebnf", "json_schema"):
-        if getattr(req, name) is not None:
-            raise GenerateError(
-                f"{name} cannot be combined with tools or response_format, which constrain "
-                "the output themselves",
-                400,
-                name,
-            )
+    if constraint and raw:
+        name = next(iter(raw))
+        raise GenerateError(
+            f"{name} cannot be combined with tools or response_format, which constrain "
+            "the output themselves",
+            400,
+            name,
+        )
 
 
 def _chat_max_tokens(req: ChatCompletionRequest, tm: TokenizerManager, num_ids: int) -> int:
@@ -222,9 +227,14 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
         tm, req.messages, prompt_layout(parsing, req.messages), template_kwargs(req)
     )
     parsing = with_prompt(parsing, prompt)
+    raw = raw_grammar(req)
     constraint = output_constraint(parsing, schema, tag)
-    _check_grammar_conflicts(req, constraint)
+    _check_grammar_conflicts(raw, constraint)
+    constraint = constraint or reasoning_wrapped(parsing, raw)
     sp = sampling_params(req, _chat_max_tokens(req, tm, len(ids)))
+    if constraint:
+        for name in raw:
+            del sp[_PASSTHROUGH[name]]
     sp.update(constraint)
     plan = OpenAIPlan(prompt_texts=[prompt], n=req.n, parsing=parsing)
     _expand(plan, req, ids, sp, (req.logprobs, -1, top))
@@ -268,7 +278,7 @@ async def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenA
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     sp = sampling_params(req, max_tokens)
     constraint = format_params(req.response_format, req)
-    _check_grammar_conflicts(req, constraint)
+    _check_grammar_conflicts(raw_grammar(req), constraint)
     sp.update(constraint)
     for prompt in prompts:
         text, ids = await _completion_prompt(tm, prompt)

@@ -222,6 +222,20 @@ def output_constraint(
     return _as_native(fragment)
 
 
+def reasoning_wrapped(parsing: ChatParsing, raw: dict[str, Any]) -> dict[str, Any]:
+    """A raw grammar param (``regex``, ``ebnf`` or ``json_schema`` sent as such) applied after
+    the reasoning block when a reasoning parser is on; ``{}`` (the param stays as sent) when
+    none is, or when several are set (the sampling params refuse that themselves)."""
+    reasoning = parsing.new_reasoning_parser()
+    if reasoning is None or len(raw) != 1:
+        return {}
+    try:
+        return _as_native(reasoning.wrap_constraint(dict(raw)))
+    except ValueError as e:  # json_schema text that is not JSON
+        name = next(iter(raw))
+        raise _bad(f"{name} cannot be read: {e}", name) from None
+
+
 # ---------------------------------------------------------------------- history and prompt
 def check_tool_messages(messages: list[ChatMessage]) -> None:
     """Only assistant messages make calls; each tool message answers an earlier call by id."""
