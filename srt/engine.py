@@ -29,6 +29,7 @@ from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
+from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -61,6 +62,10 @@ class Engine:
         self._ids = itertools.count()
         self.door = FrontDoor(self.tokenizer, ModelLimits.from_info(self.scheduler.ready_info()))
         self._driving = threading.Lock()  # held by the caller that runs scheduler steps
+        # sessions (managers/sessions.py): a dropped running turn is aborted through the inbox
+        self.sessions = SessionManager(abort=lambda r: self._inbox.put(AbortReq(rid=r)))
+        self._sessions_lock = threading.Lock()
+        self._turns: dict[str, tuple[str, Turn]] = {}  # rid -> (session id, its turn)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -74,20 +79,27 @@ class Engine:
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool = False,
         rid: str | None = None,
+        session_params: dict | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
-        or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far."""
+        or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far.
+        ``session_params`` makes each prompt a turn of a session (:meth:`open_session`)."""
         options = dict(
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num or 0,
             logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
             stream=stream,
         )
-        msgs, is_batch = self._admit(prompt, input_ids, sampling_params, options)
+        session = self._call(SessionParams.from_dict, session_params or {})
+        msgs, plans, is_batch = self._admit_all(
+            prompt, input_ids, sampling_params, options, session
+        )
         if stream and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")
         if not is_batch and rid is not None:
             msgs[0].rid = rid
+        if session is not None:
+            self._add_turns(session.id, msgs, plans)
         rids = [self._submit(m, return_text_in_logprobs) for m in msgs]
         if stream:
             return self._stream(rids[0])
@@ -125,6 +137,18 @@ class Engine:
             finally:
                 self._driving.release()
 
+    def open_session(
+        self, capacity_of_str_len: int, session_id: str | None = None, timeout: float | None = None
+    ) -> str:
+        """Opens a session (SGLang's ``/open_session``); returns its id."""
+        with self._sessions_lock:
+            return self._call(self.sessions.open, capacity_of_str_len, session_id, timeout)
+
+    def close_session(self, session_id: str) -> None:
+        """Closes a session; its running turns are aborted."""
+        with self._sessions_lock:
+            self._call(self.sessions.close, session_id)
+
     def flush_cache(self) -> bool:
         return self._control("flush_cache").ok
 
@@ -137,6 +161,8 @@ class Engine:
             self.abort(abort_all=True)
         if self.scheduler is not None:
             self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
+        with self._sessions_lock:
+            self.sessions.clear()
 
     def __enter__(self) -> Engine:
         return self
@@ -148,9 +174,17 @@ class Engine:
     def _admit(
         self, prompt, input_ids, sampling_params, options: dict[str, Any]
     ) -> tuple[list[TokenizedGenerateReq], bool]:
+        """:meth:`_admit_all` without a session: the messages and whether the answer is a
+        list."""
+        msgs, _, is_batch = self._admit_all(prompt, input_ids, sampling_params, options, None)
+        return msgs, is_batch
+
+    def _admit_all(
+        self, prompt, input_ids, sampling_params, options: dict[str, Any], session=None
+    ) -> tuple[list[TokenizedGenerateReq], list[TurnPlan | None], bool]:
         """One checked message per prompt and sample (front_door.py), before any is queued,
-        and whether the answer is a list; the front door's refusals become ValueErrors with
-        the same message."""
+        their session plans, and whether the answer is a list; the front door's refusals
+        become ValueErrors with the same message."""
         prompts, is_batch = self._prompts(prompt, input_ids)
         params = (
             sampling_params
@@ -159,18 +193,60 @@ class Engine:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        msgs = []
+        msgs: list[TokenizedGenerateReq] = []
+        plans: list[TurnPlan | None] = []
         try:
             for (text, ids), p in zip(prompts, params, strict=True):
-                sp, msg = self.door.prepare(
-                    self._new_rid(), text=text, input_ids=ids, sampling_params=p, **options
-                )
+                sp, msg, plan = self._prepare(text, ids, p, options, session)
                 msgs += [msg] + [
                     dataclasses.replace(msg, rid=self._new_rid()) for _ in range(sp.n - 1)
                 ]
+                plans += [plan] * sp.n
         except GenerateError as e:
             raise ValueError(e.message) from None
-        return msgs, is_batch or len(msgs) > 1
+        return msgs, plans, is_batch or len(msgs) > 1
+
+    def _prepare(self, text, ids, sampling_params, options, session: SessionParams | None):
+        """The front door's checks of one prompt; a session turn gets its history first."""
+        if session is None:
+            sp, msg = self.door.prepare(
+                self._new_rid(),
+                text=text,
+                input_ids=ids,
+                sampling_params=sampling_params,
+                **options,
+            )
+            return sp, msg, None
+        sp = self.door.parse_params(sampling_params)
+        if ids is not None:
+            ids = self.door.check_input_ids(ids)
+        else:
+            ids = self.door.tokenize(text, session.rid is None, param="text")
+        with self._sessions_lock:
+            plan = self.sessions.plan(session, ids, sp.max_new_tokens)
+        return sp, self.door.admit(self._new_rid(), plan.input_ids, sp, **options), plan
+
+    def _add_turns(self, session_id: str, msgs: list, plans: list[TurnPlan | None]) -> None:
+        with self._sessions_lock:
+            turns = self._call(self.sessions.commit, plans, [m.rid for m in msgs])
+            for msg, turn in zip(msgs, turns, strict=True):
+                self._turns[msg.rid] = (session_id, turn)
+
+    def _end_turn(self, rid: str, result: RequestResult | None) -> None:
+        """A turn's request ended: it offers its tokens to later turns, or leaves."""
+        entry = self._turns.pop(rid, None)
+        if entry is not None:
+            with self._sessions_lock:
+                reason = result.finish_reason if result is not None else None
+                self.sessions.end(entry[0], entry[1], reason, result)
+
+    @staticmethod
+    def _call(fn, *args):
+        """``fn(*args)`` with a GenerateError turned into the Engine's ValueError."""
+        try:
+            return fn(*args)
+        except GenerateError as e:
+            raise ValueError(e.message) from None
 
     @staticmethod
     def _prompts(prompt, input_ids) -> tuple[list[tuple[str | None, list | None]], bool]:
@@ -238,6 +314,7 @@ class Engine:
             if rid in self._results:  # the consumer stopped early
                 self.abort(rid)
                 self._results.pop(rid, None)
+                self._end_turn(rid, None)
 
     def _finish(self, rid: str) -> dict:
         result, _ = self._results.pop(rid)
@@ -282,4 +359,6 @@ class Engine:
                 continue
             result, q = entry
             result.update(out, i)
+            if result.is_finished:
+                self._end_turn(rid, result)
             q.put(_FINISHED if result.is_finished else result.to_dict())

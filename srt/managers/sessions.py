@@ -17,6 +17,9 @@ Each turn of a session is a node of a tree, named by the request's rid (``meta_i
   ``-offset``) before the new ones; it must lie within the history.
 - ``drop_previous_output``: the history is the earlier turn's input only.
 
+A continuing turn's text is tokenized without special tokens (no BOS inside a conversation);
+token ids are used as sent.
+
 A turn that ends otherwise (aborted, failed, client gone) leaves the session, and so does every
 turn of a closed session; turns still running when their session closes are aborted.
 
@@ -35,7 +38,7 @@ from __future__ import annotations
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +61,36 @@ class SessionParams:
     offset: int | None = None
     replace: bool = False
     drop_previous_output: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SessionParams | None:
+        """Strictly checked ``session_params``; None without a session ``id`` (SGLang runs
+        such a request as a plain one). Raises GenerateError 400 naming the field."""
+        types = {"id": str, "rid": str, "offset": int, "replace": bool}
+        types["drop_previous_output"] = bool
+        for key, value in d.items():
+            if key not in types:
+                raise bad(f"session_params.{key} is not a session field", f"session_params.{key}")
+            if value is not None and type(value) is not types[key]:
+                raise bad(
+                    f"session_params.{key} must be {types[key].__name__} or null, got {value!r}",
+                    f"session_params.{key}",
+                )
+        if d.get("id") is None:
+            named = [k for k, v in d.items() if v not in (None, False, 0)]
+            if named:
+                raise bad(
+                    f"session_params.{named[0]} needs session_params.id (the session to use)",
+                    "session_params.id",
+                )
+            return None
+        return cls(
+            d["id"],
+            d.get("rid"),
+            d.get("offset"),
+            bool(d.get("replace")),
+            bool(d.get("drop_previous_output")),
+        )
 
 
 @dataclass(eq=False)

@@ -98,18 +98,7 @@ class SessionParamsInput(StrictBody):
 
     def to_params(self) -> SessionParams | None:
         """None without a session id (SGLang runs such a request as a plain one)."""
-        if self.id is None:
-            named = [k for k, v in self.model_dump().items() if v not in (None, False)]
-            if named:
-                raise GenerateError(
-                    f"session_params.{named[0]} needs session_params.id (the session to use)",
-                    400,
-                    "session_params.id",
-                )
-            return None
-        return SessionParams(
-            self.id, self.rid, self.offset, bool(self.replace), bool(self.drop_previous_output)
-        )
+        return SessionParams.from_dict(self.model_dump())
 
 
 class GenerateReqInput(StrictBody):
