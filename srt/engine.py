@@ -103,21 +103,27 @@ class Engine:
         rids = [self._submit(m, return_text_in_logprobs) for m in msgs]
         if stream:
             return self._stream(rids[0])
-        if is_batch and rid is not None:
-            self._groups[rid] = rids  # abort(rid) aborts every sample
+        results = self._wait_all(rids, rid if is_batch else None)
+        return results if is_batch else results[0]
+
+    def _wait_all(self, rids: list[str], group_rid: str | None) -> list[dict]:
+        """Every request's result, waiting for all even after one failed (so none is left
+        behind); ``group_rid`` aborts them all meanwhile."""
+        if group_rid is not None:
+            self._groups[group_rid] = rids
         results, error = [], None
         try:
-            for r in rids:  # wait for every request, even after one failed, so none is left behind
+            for r in rids:
                 try:
                     results.append(self._wait(r))
                 except ValueError as e:
                     error = error or e
         finally:
-            if is_batch and rid is not None:
-                self._groups.pop(rid, None)
+            if group_rid is not None:
+                self._groups.pop(group_rid, None)
         if error is not None:
             raise error
-        return results if is_batch else results[0]
+        return results
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
