@@ -433,6 +433,7 @@ class TokenizerManager:
         meta = out["meta_info"]
         meta["prompt_tokens"] = meta["prompt_tokens"] or len(state.req.msg.input_ids)
         meta["e2e_latency"] = time.perf_counter() - state.created_s
-        if state.req.inp.return_prompt_token_ids:
-            out["prompt_token_ids"] = list(state.req.msg.input_ids)
+        inp = state.req.inp
+        if inp.return_prompt_token_ids and (not inp.stream or state.finish_reason is not None):
+            out["prompt_token_ids"] = list(state.req.msg.input_ids)  # streamed: the last event
         return out

@@ -8,10 +8,11 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
 - implemented with SGLang's meaning: ``text``, ``input_ids``, ``sampling_params``, ``rid``,
   ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``,
   ``stream``, ``session_params`` (see managers/sessions.py), ``log_metrics`` (false: the
-  request is left out of the latency metrics), ``return_prompt_token_ids`` (the response gets
-  ``prompt_token_ids``: the ids the request ran on, a session's history included), and
-  ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel rank 0: 0 or null
-  only), and ``model`` (which routers add; null, or a name of the served model, else a 404);
+  request is left out of the latency metrics), ``return_prompt_token_ids`` (the response, or
+  a stream's last event, gets ``prompt_token_ids``: the ids the request ran on, a session's
+  history included), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
+  rank 0: 0 or null only) and ``model`` (routers add it: null or a name of the served model,
+  else a 404);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
   ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``external_trace_header``,
