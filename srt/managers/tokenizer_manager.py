@@ -369,8 +369,9 @@ class TokenizerManager:
         without waiting for the step in flight; concurrent callers share one query, so load
         polling costs the scheduler at most one answer at a time."""
         if self._load_query is None or self._load_query.done():
-            query = self.control("load", timeout_s=LOAD_QUERY_TIMEOUT_S)
-            self._load_query = asyncio.ensure_future(query)
+            query = asyncio.ensure_future(self.control("load", timeout_s=LOAD_QUERY_TIMEOUT_S))
+            query.add_done_callback(lambda q: q.cancelled() or q.exception())  # seen if unread
+            self._load_query = query
         reply = await asyncio.shield(self._load_query)
         if not reply.ok:
             raise GenerateError(f"no load figures: {reply.data.get('message')}", 503)

@@ -113,7 +113,8 @@ def load_info(s: Scheduler) -> dict[str, Any]:
     KV tokens held by requests (the pool less its free and evictable slots), the tokens of the
     waiting prompts, and the recent rates."""
     max_total = s.kv.max_total_tokens
-    used = max_total - s.kv.allocator.available_size() - s.cache.evictable_size()
+    available, evictable = s.kv.allocator.available_size(), s.cache.evictable_size()
+    used = max_total - available - evictable
     compiling = [item.req for item in s.grammars.queue.pending]
     waiting = [*s.waiting, *compiling]
     num_running = len(s.running) + (s.chunked is not None)
@@ -125,6 +126,8 @@ def load_info(s: Scheduler) -> dict[str, Any]:
         "num_grammar_queue_reqs": len(compiling),
         "num_retracted_reqs": sum(1 for r in s.waiting if r.output_ids),
         "num_used_tokens": used,
+        "num_available_tokens": available,
+        "num_evictable_tokens": evictable,  # held only by the prefix cache
         "num_pending_tokens": sum(r.fill_len for r in waiting),
         "max_total_num_tokens": max_total,
         "max_running_requests": s.cfg.max_running_requests,

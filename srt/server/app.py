@@ -125,10 +125,22 @@ async def metrics_route(request: Request) -> Response:
     if metrics is None:
         return error_response("metrics are not enabled", 404)
     tm: TokenizerManager = request.app.state.tm
-    if tm.is_alive:
+    if tm.is_alive:  # the load figures: answered without waiting for the step in flight
         try:
-            reply = await tm.control("server_info", timeout_s=METRICS_SCHEDULER_TIMEOUT_S)
-            metrics.update_scheduler(reply.data)
+            load = await asyncio.wait_for(info_api.scheduler_load(tm), METRICS_SCHEDULER_TIMEOUT_S)
+            metrics.update_scheduler(
+                {
+                    "max_total_tokens": load["max_total_num_tokens"],
+                    "available": load["num_available_tokens"],
+                    "evictable": load["num_evictable_tokens"],
+                    "num_running": load["num_running_reqs"],
+                    "num_waiting": load["num_waiting_reqs"],
+                }
+            )
         except GenerateError as e:
             logger.warning("metrics: no scheduler figures (%s)", e.message)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "metrics: the scheduler did not answer within %s s", METRICS_SCHEDULER_TIMEOUT_S
+            )
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -37,6 +37,8 @@ LOAD_FIGURES = frozenset(
         "num_grammar_queue_reqs",
         "num_retracted_reqs",
         "num_used_tokens",
+        "num_available_tokens",
+        "num_evictable_tokens",
         "num_pending_tokens",
         "max_total_num_tokens",
         "max_running_requests",
@@ -52,9 +54,9 @@ def get_tm(request: Request) -> TokenizerManager:
     return request.app.state.tm
 
 
-async def scheduler_load(request: Request) -> dict[str, Any]:
+async def scheduler_load(tm: TokenizerManager) -> dict[str, Any]:
     """The scheduler's load figures; a 503 when its answer lacks some."""
-    load = await get_tm(request).load()
+    load = await tm.load()
     missing = sorted(LOAD_FIGURES - load.keys())
     if missing:
         raise GenerateError(f"the scheduler's load answer lacks {missing}", 503)
@@ -187,7 +189,7 @@ async def get_loads(
     sections = parse_include(include)
     if format not in LOAD_FORMATS:
         raise GenerateError(f"format must be one of {list(LOAD_FORMATS)}, got {format!r}", 400)
-    load = await scheduler_load(request)
+    load = await scheduler_load(get_tm(request))
     loads = [rank_load(load, sections)] if dp_rank in (None, DP_RANK) else []
     if format == "prometheus":
         return PlainTextResponse(prometheus_text(loads), media_type="text/plain; version=0.0.4")
@@ -206,7 +208,7 @@ async def get_loads(
 async def get_load(request: Request) -> Response:
     """The older per-rank shape: requests (running + waiting), waiting requests, tokens (in
     the KV pool plus the waiting prompts) and the waiting prompts' tokens."""
-    load = await scheduler_load(request)
+    load = await scheduler_load(get_tm(request))
     used, pending = load["num_used_tokens"], load["num_pending_tokens"]
     entry = {
         "dp_rank": DP_RANK,
