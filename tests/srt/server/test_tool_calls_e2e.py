@@ -1,0 +1,257 @@
+"""End to end: tool calling on `radixlm serve` with the default model (SmolLM2-135M-Instruct,
+whose template has no tool format: the generic JSON parser, constrained whenever tools are
+offered), driven by the strict openai client. Every call's arguments are checked against its
+tool's schema with jsonschema."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from radixlm.srt.server.server_process import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 20}},
+    "required": ["timezone"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The current time in a timezone.",
+            "parameters": TIME,
+        },
+    },
+]
+# under "auto" only strict tools promise schema-valid arguments (as OpenAI's strict mode)
+STRICT_TOOLS = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = {"temperature": 0, "max_tokens": 64}
+
+
+@pytest.fixture(scope="module")
+def server(start_server) -> ServerProcess:
+    return start_server("--max-total-tokens", 8192)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        _strict_response_validation=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _healthy(server: ServerProcess):
+    yield
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+
+
+def check_calls(calls, names: set[str] | None = None) -> list[dict]:
+    """Each call is well formed, names an offered tool and its arguments match its schema."""
+    assert calls, "no tool calls"
+    out = []
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in (names or SCHEMAS)
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, SCHEMAS[call.function.name])
+        out.append(args)
+    assert len({c.id for c in calls}) == len(calls)
+    return out
+
+
+def test_required_makes_valid_calls(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="default", messages=ASK, tools=TOOLS, tool_choice="required", **GREEDY
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    check_calls(choice.message.tool_calls)
+
+
+def test_named_choice_calls_that_tool(client: openai.OpenAI) -> None:
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    r = client.chat.completions.create(
+        model="default", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY
+    )
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_calls(r.choices[0].message.tool_calls, {"get_time"})
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_streamed_calls_match_the_schema(client: openai.OpenAI, choice) -> None:
+    with client.chat.completions.stream(
+        model="default", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY
+    ) as stream:
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    firsts = {}
+    for tc in deltas:
+        assert tc.index is not None
+        if tc.index not in firsts:
+            firsts[tc.index] = tc
+            assert tc.id and tc.type == "function" and tc.function.name
+        else:
+            assert tc.id is None and tc.function.name is None
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "tool_calls"
+    args = check_calls(final.choices[0].message.tool_calls)
+    assert len(firsts) == len(args)
+    # the streamed calls are the ones a non-streamed request makes
+    once = client.chat.completions.create(
+        model="default", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY
+    )
+    assert check_calls(once.choices[0].message.tool_calls) == args
+
+
+def test_parallel_tool_calls_false_makes_exactly_one(client: openai.OpenAI) -> None:
+    ask = [{"role": "user", "content": "Weather in Paris, and in Rome, and the time in Tokyo?"}]
+    for parallel in (False, True):
+        r = client.chat.completions.create(
+            model="default",
+            messages=ask,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=parallel,
+            **{**GREEDY, "max_tokens": 160},
+        )
+        calls = r.choices[0].message.tool_calls
+        check_calls(calls)
+        if not parallel:
+            assert len(calls) == 1
+
+
+def get_weather(city: str, unit: str) -> str:
+    return json.dumps({"city": city, "temperature": 21 if unit == "celsius" else 70, "unit": unit})
+
+
+@pytest.mark.parametrize("second_choice", ["none", "auto"])
+def test_tool_loop_call_run_answer(client: openai.OpenAI, second_choice: str) -> None:
+    messages: list = [
+        {"role": "system", "content": "You answer weather questions with the tools."},
+        *ASK,
+    ]
+    first = client.chat.completions.create(
+        model="default",
+        messages=messages,
+        tools=TOOLS[:1],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        **GREEDY,
+    )
+    (call,) = first.choices[0].message.tool_calls
+    result = get_weather(**json.loads(call.function.arguments))
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    second = client.chat.completions.create(
+        model="default",
+        messages=messages,
+        tools=STRICT_TOOLS[:1],
+        tool_choice=second_choice,
+        **GREEDY,
+    )
+    choice = second.choices[0]
+    if second_choice == "auto" and choice.message.tool_calls:  # another call may follow
+        check_calls(choice.message.tool_calls)
+        assert choice.finish_reason == "tool_calls"
+        return
+    assert choice.message.tool_calls is None
+    assert choice.finish_reason in ("stop", "length")
+    answer = choice.message.content
+    assert answer and "tool_calls" not in answer, answer  # an answer, not a call written out
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 60}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", "required"])
+def test_tools_with_response_format(client: openai.OpenAI, choice: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    r = client.chat.completions.create(
+        model="default",
+        messages=ASK,
+        tools=STRICT_TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,  # one call: the reply fits max_tokens
+        response_format=fmt,
+        **GREEDY,
+    )
+    message = r.choices[0].message
+    if message.tool_calls:
+        assert choice != "none"
+        check_calls(message.tool_calls)
+        assert message.content is None and r.choices[0].finish_reason == "tool_calls"
+    else:
+        assert choice != "required"
+        jsonschema.validate(json.loads(message.content), ANSWER)
+        assert r.choices[0].finish_reason == "stop"
+
+
+def test_without_tool_calls_content_is_text(client: openai.OpenAI) -> None:
+    for extra in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+        r = client.chat.completions.create(model="default", messages=ASK, **GREEDY, **extra)
+        choice = r.choices[0]
+        assert choice.message.tool_calls is None
+        assert isinstance(choice.message.content, str) and choice.message.content
+        assert choice.finish_reason in ("stop", "length")
+
+
+class Weather(BaseModel):
+    """The current weather in a city."""
+
+    city: str = Field(max_length=20)
+    unit: str = Field(pattern="^(celsius|fahrenheit)$")
+
+
+def test_parse_with_a_pydantic_tool(client: openai.OpenAI) -> None:
+    r = client.chat.completions.parse(
+        model="default",
+        messages=ASK,
+        tools=[openai.pydantic_function_tool(Weather)],
+        tool_choice="required",
+        **GREEDY,
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "Weather"
+    assert isinstance(call.function.parsed_arguments, Weather)
+    assert r.choices[0].finish_reason == "tool_calls"
