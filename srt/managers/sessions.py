@@ -26,8 +26,9 @@ turn of a closed session; turns still running when their session closes are abor
 Limits (each refusal is a 400 naming the problem): ``capacity_of_str_len`` bounds, in tokens,
 a turn's input plus its ``max_new_tokens``; a server holds at most ``max_sessions`` open
 sessions, a session at most ``max_turns`` turns and all sessions together ``max_tokens``
-stored tokens (a running turn reserves its input and ``max_new_tokens``). A session opened
-with ``timeout`` closes itself after that many idle seconds.
+stored tokens (a running turn reserves its new tokens and ``max_new_tokens``). A session opened
+with ``timeout`` is closed once it has been idle (no turn running) that many
+seconds (looked for at most once a second, at the next session operation).
 
 Each turn stores only what it adds (the tokens after the kept part of its parent's sequence,
 and its output), as 32-bit arrays; a turn's input is rebuilt from the chain of its ancestors.
