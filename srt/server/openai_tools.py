@@ -281,6 +281,7 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
     check_tool_messages(req.messages)
     check_no_special_text(tm, tool_texts(specs))
     template = getattr(tm.tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else None  # named templates: no guess
     parsing = ChatParsing(
         specs=specs,
         choice=choice,
