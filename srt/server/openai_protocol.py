@@ -2,8 +2,9 @@
 
 OpenAI requests accept the OpenAI fields plus SGLang's sampling extras (what clients put in
 ``extra_body`` arrives as top-level fields); other unknown fields are ignored, as
-OpenAI-compatible servers do, except the ones in ``UNSUPPORTED_OPENAI``: ignoring those would
-silently change what the request means, so a value other than their default is a 400.
+OpenAI-compatible servers do, except the ones in ``UNSUPPORTED_CHAT`` and
+``UNSUPPORTED_COMPLETION``: ignoring those would silently change what the request means, so a
+value other than their default is a 400.
 """
 
 from __future__ import annotations
