@@ -218,10 +218,11 @@ class GenericParser(ToolCallParser):
         self, messages: list[dict], tools: list[ToolSpec], choice: ToolChoice
     ) -> tuple[list[dict], dict]:
         """The tools and the reply format in the system message; calls and results of the
-        history in that format. Under ``"none"`` only the history is reshaped."""
+        history in that format. Under ``"none"`` (or without tools) the reply format is not
+        shown at all: the history's calls and results are told in prose."""
         if choice == "none" or not tools:
-            return history(messages, answers_as_json=False), {}
-        converted = history(messages, answers_as_json=True)
+            return history(messages, as_prose=True), {}
+        converted = history(messages, as_prose=False)
         return with_system_prompt(converted, system_prompt(tools, choice)), {}
 
     def constraint(

@@ -4,6 +4,10 @@ reply format, the history in that format, and the JSON schema of a valid reply.
 A reply is one JSON object: ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` to
 call tools, or ``{"content": ...}`` to answer (a string, or an object matching the response
 format's schema when there is one).
+
+Under ``"none"`` (or without tools) nothing of that format is shown: the history is told in
+prose (``I called get_weather with {...}.``, ``The tool get_weather returned: ...``), so the
+model answers in words instead of writing a call again.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ def system_prompt(tools: list[ToolSpec], choice: ToolChoice) -> str:
     else:
         lines.append(f"To call one or more tools: {CALL_FORM}")
         lines.append(f"To answer without calling a tool: {ANSWER_FORM}")
+        lines.append(
+            f"Once the tool results answer the question, answer in this form: {ANSWER_FORM}"
+        )
     lines.append(
         "The arguments of a call must match its tool's schema. Tool results come back "
         "in user messages that name the tool and the call id."
@@ -73,6 +80,17 @@ def reply_of_calls(calls: list[dict]) -> str:
     return _dumps({"tool_calls": items})
 
 
+def prose_of_calls(calls: list[dict]) -> str:
+    """An assistant message's tool calls told in words, one sentence per call."""
+    sentences = []
+    for call in calls:
+        function = function_of(call)
+        arguments = function.get("arguments")
+        shown = arguments if isinstance(arguments, str) else _dumps(arguments)
+        sentences.append(f"I called {function.get('name', '')} with {shown}.")
+    return "\n".join(sentences)
+
+
 def tool_result_text(message: dict, names: dict[str, str]) -> str:
     call_id = str(message.get("tool_call_id", ""))
     name = message.get("name") or names.get(call_id, "")
@@ -81,31 +99,44 @@ def tool_result_text(message: dict, names: dict[str, str]) -> str:
     )
 
 
-def history(messages: list[dict], answers_as_json: bool) -> list[dict]:
+def tool_result_prose(message: dict, names: dict[str, str]) -> str:
+    name = message.get("name") or names.get(str(message.get("tool_call_id", "")), "")
+    subject = f"The tool {name}" if name else "A tool"
+    return f"{subject} returned: {text_of(message.get('content'))}"
+
+
+def history(messages: list[dict], as_prose: bool) -> list[dict]:
     """Messages every template accepts: assistant calls become their JSON reply text (after the
-    message's own text, if any), tool results become one user message per run of results;
-    with ``answers_as_json`` earlier plain answers are shown in the reply format too."""
+    message's own text, if any), tool results become one user message per run of results, and
+    earlier plain answers are shown in the reply format too; with ``as_prose`` calls and results
+    are told in words and answers stay as they are."""
     names = tool_names_by_id(messages)
+    result_text = tool_result_prose if as_prose else tool_result_text
+    calls_text = prose_of_calls if as_prose else reply_of_calls
     out: list[dict] = []
     for message in with_template_calls(messages):
         role = message.get("role")
         if role == "tool":
-            text = tool_result_text(message, names)
-            if out and out[-1].get("role") == "user" and out[-1].get("_tool_results"):
-                out[-1]["content"] += "\n\n" + text
-            else:
-                out.append({"role": "user", "content": text, "_tool_results": True})
+            _add_tool_result(out, result_text(message, names))
         elif role == "assistant" and message.get("tool_calls"):
             text = text_of(message.get("content"))
-            reply = reply_of_calls(message.pop("tool_calls"))
+            reply = calls_text(message.pop("tool_calls"))
             out.append({**message, "content": f"{text}\n\n{reply}" if text else reply})
-        elif role == "assistant" and answers_as_json:
+        elif role == "assistant" and not as_prose:
             out.append({**message, "content": _dumps({"content": text_of(message.get("content"))})})
         else:
             out.append(message)
     for message in out:
         message.pop("_tool_results", None)
     return out
+
+
+def _add_tool_result(out: list[dict], text: str) -> None:
+    """A result joins the user message of the results right before it, or starts one."""
+    if out and out[-1].get("role") == "user" and out[-1].get("_tool_results"):
+        out[-1]["content"] += "\n\n" + text
+    else:
+        out.append({"role": "user", "content": text, "_tool_results": True})
 
 
 def with_system_prompt(messages: list[dict], prompt: str) -> list[dict]:

@@ -238,6 +238,63 @@ def test_generic_render_without_a_system_message_and_by_choice() -> None:
     assert "<|im_start|>assistant\nHello!<|im_end|>" in plain
 
 
+ANSWER_LINE = 'Once the tool results answer the question, answer in this form: {"content": "'
+
+
+def test_generic_render_under_auto_asks_for_an_answer_after_the_results() -> None:
+    system = _turns(
+        render("generic", CHATML_TEMPLATE, HISTORY), "<|im_start|>system\n", "<|im_end|>"
+    )
+    assert ANSWER_LINE + '<your answer>"}' in system[0]
+    for forced in ("required", "function:get_weather"):
+        assert ANSWER_LINE not in render("generic", CHATML_TEMPLATE, HISTORY, choice=forced)
+
+
+def _prose_turns(prompt: str) -> tuple[list[str], list[str]]:
+    assert "tool_calls" not in prompt and '{"content"' not in prompt  # no reply format
+    assert "Reply with" not in prompt and "call id" not in prompt
+    assistant = _turns(prompt, "<|im_start|>assistant\n", "<|im_end|>")
+    return assistant, _turns(prompt, "<|im_start|>user\n", "<|im_end|>")
+
+
+def test_generic_render_under_none_tells_calls_and_results_in_prose() -> None:
+    assistant, users = _prose_turns(render("generic", CHATML_TEMPLATE, HISTORY, choice="none"))
+    assert (
+        assistant[0] == 'I called get_weather with {"city": "Paris"}.\nI called get_time with {}.'
+    )
+    assert (
+        users[1]
+        == "The tool get_weather returned: 18°C, sunny\n\nThe tool get_time returned: 14:05"
+    )
+    assert users[2] == "Thanks! And Lyon?"
+
+
+def test_generic_render_without_tools_tells_the_history_in_prose() -> None:
+    messages = copy.deepcopy(HISTORY[1:4])
+    messages[1]["content"] = "Checking."
+    messages[1]["tool_calls"] = messages[1]["tool_calls"][:1]
+    messages += [
+        {"role": "tool", "tool_call_id": "call_9", "content": [{"type": "text", "text": "?"}]},
+        {"role": "assistant", "content": "Sunny, 18°C."},
+    ]
+    rendered, kwargs = make_tool_parser("generic", []).render(messages, [], "auto")
+    assert kwargs == {} and [m["role"] for m in rendered] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    prompt = train_byte_level_tokenizer().apply_chat_template(
+        rendered, chat_template=CHATML_TEMPLATE, tokenize=False, add_generation_prompt=True
+    )
+    assistant, users = _prose_turns(prompt)
+    assert assistant[:2] == [
+        'Checking.\n\nI called get_weather with {"city": "Paris"}.',
+        "Sunny, 18°C.",
+    ]
+    assert users[1] == "The tool get_weather returned: 18°C, sunny\n\nA tool returned: ?"
+
+
 @pytest.mark.parametrize(
     ("configured", "template", "expected"),
     [
