@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import llguidance
 import numpy as np
@@ -101,10 +102,19 @@ class _VocabTokenizerView:
         return self._vocab.encode(text)
 
 
+def has_text_added_tokens(tokenizer: Any) -> bool:
+    """Whether the tokenizer adds tokens that are ordinary text (``special=False``, such as
+    Qwen's ``<tool_call>``): llguidance's HF-JSON reader treats every added token as special,
+    so a grammar could never produce them."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return any(not getattr(token, "special", True) for token in added.values())
+
+
 def build_lltokenizer(vocab: TokenizerVocab, use_hf_json: bool = True) -> LLTokenizer:
-    """llguidance's tokenizer: from the HF tokenizer JSON, else from the decoded vocabulary."""
+    """llguidance's tokenizer: from the HF tokenizer JSON, else (or when added tokens are
+    ordinary text) from the decoded vocabulary."""
     eos = list(vocab.eos_token_ids)
-    if use_hf_json and vocab.tokenizer is not None:
+    if use_hf_json and vocab.tokenizer is not None and not has_text_added_tokens(vocab.tokenizer):
         try:
             from llguidance.hf import from_tokenizer  # imports transformers; only needed here
 

@@ -228,7 +228,7 @@ class Scheduler:
             self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         self.stats.end_step()
-        out = build_batch_output(touched)
+        out = build_batch_output(touched, self.cfg.stream_interval, self.stop_checker)
         self.finished_outside_step = []  # after the output: a failed step still reports them
         self.live.difference_update(r for r in touched if r.is_finished)
         if self.inflight is not None:  # launched this step: their next token is on the device

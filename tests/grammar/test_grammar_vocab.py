@@ -89,3 +89,24 @@ def test_metaspace_tokenizer_maps_word_boundaries_to_spaces():
     ids = tokenizer.encode("hello world", add_special_tokens=False)
     assert vocab.decode_bytes(ids) == b" hello world"  # the dummy prefix space is kept
     assert vocab.token_bytes[tokenizer.convert_tokens_to_ids("</s>")] is None
+
+
+def test_text_added_tokens_can_be_generated_by_a_grammar():
+    """A non-special added token (Qwen's ``<tool_call>``) is text a grammar may produce; read as
+    special, a grammar forcing it would accept nothing."""
+    from radixlm.grammar.base import GrammarSpec
+    from radixlm.grammar.llguidance_backend import LLGuidanceBackend, has_text_added_tokens
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_byte_level_tokenizer()._tokenizer, eos_token=EOS_TOKEN
+    )
+    assert not has_text_added_tokens(tok)
+    tok.add_tokens(["<tool_call>"])  # special=False
+    assert has_text_added_tokens(tok)
+    tool_call_id = tok.convert_tokens_to_ids("<tool_call>")
+    vocab = build_vocab(tok)
+    assert vocab.token_bytes[tool_call_id] == b"<tool_call>"
+    matcher = LLGuidanceBackend(vocab).compile(GrammarSpec.regex("<tool_call>x")).new_matcher()
+    assert matcher.accept_token(tool_call_id)
+    assert matcher.accept_tokens(tok.encode("x", add_special_tokens=False))
+    assert matcher.is_terminated() or not matcher.error()

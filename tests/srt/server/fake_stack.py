@@ -124,9 +124,32 @@ class FakeWorker(threading.Thread):
             "num_running": len(self.active),
             "num_waiting": 0,
         }
+        if msg.kind == "load":
+            return ControlReply(msg.req_id, True, self.load_info())
         if msg.kind == "flush_cache" and self.active:
             return ControlReply(msg.req_id, False, {"message": "requests are running"})
         return ControlReply(msg.req_id, True, info)
+
+    def load_info(self) -> dict:
+        """The scheduler's ``"load"`` control reply, from the fake's own requests."""
+        used = sum(len(r.msg.input_ids) + len(r.output_ids) for r in list(self.active.values()))
+        return {
+            "timestamp": time.time(),
+            "num_running_reqs": len(self.active),
+            "num_waiting_reqs": 0,
+            "num_grammar_queue_reqs": 0,
+            "num_retracted_reqs": 0,
+            "num_used_tokens": used,
+            "num_available_tokens": MAX_TOTAL_TOKENS - used,
+            "num_evictable_tokens": 0,
+            "num_pending_tokens": 0,
+            "max_total_num_tokens": MAX_TOTAL_TOKENS,
+            "max_running_requests": 256,
+            "token_usage": used / MAX_TOTAL_TOKENS,
+            "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": used / MAX_TOTAL_TOKENS,
+        }
 
     def _advance(self, req: FakeReq) -> None:
         p = req.params

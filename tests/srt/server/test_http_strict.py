@@ -321,8 +321,7 @@ def test_unknown_openai_fields_are_ignored(stack: FakeStack) -> None:
 @pytest.mark.parametrize(
     ("path", "field"),
     [
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-        ("/v1/chat/completions", {"tool_choice": "required"}),
+        ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
         ("/v1/completions", {"best_of": 3}),
         ("/v1/completions", {"suffix": "end"}),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}),

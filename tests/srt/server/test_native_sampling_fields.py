@@ -139,9 +139,6 @@ def test_stop_regex_stops_where_re_matches(server, tok, reference, no_stop_trim)
     assert out["text"] == (decoded if no_stop_trim else decoded[: m.start()])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs Scheduler.step to pass its StopChecker to build_batch_output"
-)
 def test_streamed_stop_regex_never_shows_the_match(server, tok, reference) -> None:
     n, m, decoded = first_match(tok, reference["output_ids"], reference["two_words"])
     sp = {"max_new_tokens": 40, **GREEDY, "stop_regex": reference["two_words"]}
