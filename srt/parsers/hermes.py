@@ -22,17 +22,12 @@ whitespace is accepted.
 
 from __future__ import annotations
 
-from radixlm.srt.parsers.call_stream import CallReader, Emitter
+from radixlm.srt.parsers.call_parser import CallStreamParser
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import CallFormat, choice_format, quoted, structural_tag
-from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
+from radixlm.srt.parsers.json_stream import WHITESPACE
 from radixlm.srt.parsers.markers import MarkerSplitter
-from radixlm.srt.parsers.tool_base import (
-    ToolCallDelta,
-    ToolCallParser,
-    ToolChoice,
-    ToolSpec,
-)
+from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolChoice, ToolSpec
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -47,27 +42,19 @@ CALL_FORMAT = CallFormat(
 _CONTENT, _OPEN, _READER, _AFTER_OBJECT = range(4)
 
 
-class HermesParser(ToolCallParser):
+class HermesParser(CallStreamParser):
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks."""
 
     name = "hermes"
+    READER = _READER
 
     def __init__(self, tools: list[ToolSpec]) -> None:
-        super().__init__(tools)
-        self._em = Emitter()
+        super().__init__(tools, _CONTENT)
         self._splitter = MarkerSplitter(OPEN_TAG)
-        self._state = _CONTENT
-        self._reader = CallReader(self._em)
         self._tail = ""  # text after a call object: a prefix of a closing or opening tag
         self._after_block = False  # no content since the last block closed
 
     # -- streaming --
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        pos = 0
-        while pos < len(delta):
-            pos = _STEPS[self._state](self, delta, pos)
-        return self._em.take()
 
     def flush(self) -> tuple[str, list[ToolCallDelta]]:
         if self._state == _CONTENT:
@@ -77,59 +64,27 @@ class HermesParser(ToolCallParser):
         elif self._state == _OPEN:
             self._em.release()
         elif self._state == _READER:
-            self._decide(self._reader.finish())
+            self._finish_call()
         else:  # after a call object: the block is over
             self._em.claim()
         self._state = _CONTENT
         return self._em.take()
 
-    def _decide(self, is_call: bool) -> None:
-        if is_call:
-            self._em.claim()
-        else:
-            self._em.release()
-
     def _content(self, text: str, pos: int) -> int:
-        before, marker, after = self._splitter.scan(text, pos)
-        if before:
+        stop, shown = self._content_until(self._splitter, text, pos, _OPEN)
+        if shown:
             self._after_block = False
-        self._em.content(before)
-        if after is None:
-            return len(text)
-        self._em.hold(marker)
-        self._state = _OPEN
-        return after
-
-    def _open(self, text: str, pos: int) -> int:
-        if text[pos] in WHITESPACE:
-            stop = skip_whitespace(text, pos, len(text))
-            self._em.hold(text[pos:stop])
-            return stop
-        if text[pos] != "{":
-            return self._resume_content(pos)
-        self._reader = CallReader(self._em)
-        self._state = _READER
-        return pos
-
-    def _read(self, text: str, pos: int) -> int:
-        stop = self._reader.feed(text, pos, len(text))
-        if self._reader.status == DONE:
-            self._em.claim()
-            self._state, self._tail = _AFTER_OBJECT, ""
-        elif self._reader.status == FAILED:
-            return self._resume_content(stop)
         return stop
+
+    def _call_finished(self) -> None:
+        self._state, self._tail = _AFTER_OBJECT, ""
 
     def _after_object(self, text: str, pos: int) -> int:
         c = text[pos]
         if not self._tail and c in WHITESPACE:
-            stop = skip_whitespace(text, pos, len(text))
-            self._em.hold(text[pos:stop])
-            return stop
+            return self._hold_whitespace(text, pos)
         if not self._tail and c == "{":  # another call object in the same block
-            self._reader = CallReader(self._em)
-            self._state = _READER
-            return pos
+            return self._start_call(pos)
         tail = self._tail + c
         if tail == CLOSE_TAG:
             self._em.claim()
@@ -147,7 +102,6 @@ class HermesParser(ToolCallParser):
         return pos + 1
 
     def _resume_content(self, pos: int) -> int:
-        """The markup held so far is content; the character at ``pos`` is read again."""
         self._em.release()
         self._state, self._after_block = _CONTENT, False
         return pos
@@ -172,9 +126,9 @@ class HermesParser(ToolCallParser):
         return None if fmt is None else structural_tag(fmt)
 
 
-_STEPS = {
+HermesParser.STEPS = {
     _CONTENT: HermesParser._content,
-    _OPEN: HermesParser._open,
-    _READER: HermesParser._read,
+    _OPEN: HermesParser._await_call,
+    _READER: HermesParser._read_call,
     _AFTER_OBJECT: HermesParser._after_object,
 }

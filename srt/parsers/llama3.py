@@ -14,7 +14,7 @@ that was not offered stay calls (clients check names).
 
 from __future__ import annotations
 
-from radixlm.srt.parsers.call_stream import CallReader, Emitter
+from radixlm.srt.parsers.call_parser import CallStreamParser
 from radixlm.srt.parsers.chat_history import text_of, tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import (
     CallFormat,
@@ -23,14 +23,9 @@ from radixlm.srt.parsers.constraints import (
     quoted,
     structural_tag,
 )
-from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, skip_whitespace
+from radixlm.srt.parsers.json_stream import WHITESPACE
 from radixlm.srt.parsers.markers import WS_HOLD, MarkerSplitter
-from radixlm.srt.parsers.tool_base import (
-    ToolCallDelta,
-    ToolCallParser,
-    ToolChoice,
-    ToolSpec,
-)
+from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolChoice, ToolSpec
 
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = ";"
@@ -47,24 +42,16 @@ CALL_FORMAT = CallFormat(
 _START, _CONTENT, _AFTER_TAG, _READER, _AFTER_CALL, _SEPARATED = range(6)
 
 
-class Llama3Parser(ToolCallParser):
+class Llama3Parser(CallStreamParser):
     """``{"name": ..., "parameters": {...}}`` replies, several joined by ``;``."""
 
     name = "llama3"
+    READER = _READER
 
     def __init__(self, tools: list[ToolSpec]) -> None:
-        super().__init__(tools)
-        self._em = Emitter()
+        super().__init__(tools, _START)
         self._splitter = MarkerSplitter(PYTHON_TAG)
-        self._state = _START
         self._lead = ""  # whitespace at the start of the output
-        self._reader = CallReader(self._em)
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        pos = 0
-        while pos < len(delta):
-            pos = _STEPS[self._state](self, delta, pos)
-        return self._em.take()
 
     def flush(self) -> tuple[str, list[ToolCallDelta]]:
         if self._state == _START:
@@ -74,10 +61,7 @@ class Llama3Parser(ToolCallParser):
         elif self._state == _AFTER_TAG:
             self._em.release()
         elif self._state == _READER:
-            if self._reader.finish():
-                self._em.claim()
-            else:
-                self._em.release()
+            self._finish_call()
         else:
             self._em.claim()
         self._state = _CONTENT
@@ -97,47 +81,17 @@ class Llama3Parser(ToolCallParser):
         return pos
 
     def _content(self, text: str, pos: int) -> int:
-        before, marker, after = self._splitter.scan(text, pos)
-        self._em.content(before)
-        if after is None:
-            return len(text)
-        self._em.hold(marker)
-        self._state = _AFTER_TAG
-        return after
+        return self._content_until(self._splitter, text, pos, _AFTER_TAG)[0]
 
-    def _start_call(self, pos: int) -> int:
-        self._reader = CallReader(self._em)
-        self._state = _READER
-        return pos
-
-    def _skip_held_whitespace(self, text: str, pos: int) -> int:
-        stop = skip_whitespace(text, pos, len(text))
-        self._em.hold(text[pos:stop])
-        return stop
-
-    def _after_tag(self, text: str, pos: int) -> int:
-        if text[pos] in WHITESPACE:
-            return self._skip_held_whitespace(text, pos)
-        return self._start_call(pos) if text[pos] == "{" else self._resume_content(pos)
-
-    def _read(self, text: str, pos: int) -> int:
-        stop = self._reader.feed(text, pos, len(text))
-        if self._reader.status == DONE:
-            self._em.claim()
-            self._state = _AFTER_CALL
-        elif self._reader.status == FAILED:
-            return self._resume_content(stop)
-        return stop
+    def _call_finished(self) -> None:
+        self._state = _AFTER_CALL
 
     def _after_call(self, text: str, pos: int) -> int:
-        c = text[pos]
-        if c in WHITESPACE:
-            return self._skip_held_whitespace(text, pos)
-        if c == SEPARATOR and self._state == _AFTER_CALL:
-            self._em.hold(c)
+        if text[pos] == SEPARATOR and self._state == _AFTER_CALL:
+            self._em.hold(SEPARATOR)
             self._state = _SEPARATED
             return pos + 1
-        return self._start_call(pos) if c == "{" else self._resume_content(pos)
+        return self._await_call(text, pos)
 
     def _resume_content(self, pos: int) -> int:
         self._em.release()
@@ -178,11 +132,11 @@ class Llama3Parser(ToolCallParser):
         return None if fmt is None else structural_tag(fmt)
 
 
-_STEPS = {
+Llama3Parser.STEPS = {
     _START: Llama3Parser._start,
     _CONTENT: Llama3Parser._content,
-    _AFTER_TAG: Llama3Parser._after_tag,
-    _READER: Llama3Parser._read,
+    _AFTER_TAG: Llama3Parser._await_call,
+    _READER: Llama3Parser._read_call,
     _AFTER_CALL: Llama3Parser._after_call,
     _SEPARATED: Llama3Parser._after_call,
 }
