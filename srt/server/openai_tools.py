@@ -17,6 +17,7 @@ from typing import Any
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
+from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
@@ -55,11 +56,17 @@ def _bad(message: str, param: str) -> GenerateError:
 
 # ---------------------------------------------------------------------- request
 def _check_parameters(schema: dict[str, Any], param: str) -> None:
-    """The arguments' schema is a valid JSON schema of an object."""
+    """The arguments' schema is a valid JSON schema of an object, within the grammar limits
+    (size, nesting) checked first: the schema checker recurses once per level."""
     try:
+        check_spec("json_schema", json.dumps(schema))
         validator_for(schema).check_schema(schema)
     except SchemaError as e:
         raise _bad(f"{param} is not a valid JSON schema: {e.message}", param) from None
+    except ValueError as e:
+        raise _bad(f"{param}: {e}", param) from None
+    except RecursionError:
+        raise _bad(f"{param} nests too deeply", param) from None
     kind = schema.get("type", "object")
     if kind != "object":
         raise _bad(
@@ -247,6 +254,8 @@ def check_tool_messages(messages: list[ChatMessage]) -> None:
                 "make tool calls",
                 f"messages[{i}].tool_calls",
             )
+        for j, call in enumerate(m.tool_calls or ()):
+            _check_history_arguments(call.function.arguments, f"messages[{i}].tool_calls[{j}]")
         call_ids.update(c.id for c in m.tool_calls or ())
         if m.role != "tool":
             continue
@@ -258,6 +267,18 @@ def check_tool_messages(messages: list[ChatMessage]) -> None:
                 f"{param} {m.tool_call_id!r} answers no tool call of an earlier assistant message",
                 param,
             )
+
+
+def _check_history_arguments(arguments: str, param: str) -> None:
+    """An earlier call's arguments are laid out for the template as an object, so they are
+    bounded like a schema: at most the grammar's JSON nesting depth."""
+    depth = json_nesting_depth(arguments)
+    if depth > DEFAULT_MAX_JSON_DEPTH:
+        raise _bad(
+            f"{param}.function.arguments nests {depth} levels deep; at most "
+            f"{DEFAULT_MAX_JSON_DEPTH} are allowed",
+            f"{param}.function.arguments",
+        )
 
 
 def _has_tool_history(messages: list[ChatMessage]) -> bool:
