@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -46,12 +47,16 @@ def default_model_dir():
     return resolve_model_path(None)
 
 
-def write_tiny_llama(path, tokenizer, **shape):
-    """Saves a randomly initialised 2-layer Llama (seed 0) over ``tokenizer`` into ``path``;
-    ``shape`` overrides LlamaConfig fields."""
+def write_tiny_model(path, tokenizer, architecture="llama", **shape):
+    """Saves a randomly initialised 2-layer model (seed 0) of ``architecture`` (``"llama"`` or
+    ``"qwen2"``) over ``tokenizer`` into ``path``; ``shape`` overrides its config's fields."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[architecture]
     fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -65,17 +70,15 @@ def write_tiny_llama(path, tokenizer, **shape):
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**{**fields, **shape})).save_pretrained(
-        path, safe_serialization=True
-    )
+    model_class(config_class(**{**fields, **shape})).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    return path
+    return Path(path)
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_writer():
-    """``write_tiny_llama`` for tests that bring their own tokenizer or shape."""
-    return write_tiny_llama
+def tiny_model_writer():
+    """``write_tiny_model`` for tests that bring their own tokenizer, architecture or shape."""
+    return write_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +87,7 @@ def tiny_llama_dir(tmp_path_factory, default_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tok)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"), tok)
 
 
 @pytest.fixture(scope="session")

@@ -28,12 +28,12 @@ CHOICES = ["alpha", "beta", "gamma"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tiny_llama_writer):
+def model_dir(tmp_path_factory, tiny_model_writer):
     """A random 2-layer Llama over a small byte-level BPE tokenizer."""
     from radixlm.grammar.testing import train_byte_level_tokenizer
 
     tok = train_byte_level_tokenizer()
-    return tiny_llama_writer(
+    return tiny_model_writer(
         tmp_path_factory.mktemp("gpu-grammar-llama"),
         tok,
         hidden_size=128,

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from tool_models import hermes_tokenizer, write_tiny_qwen2
+from tool_models import hermes_tokenizer
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -47,9 +47,12 @@ MODEL = "tiny-qwen"
 
 
 @pytest.fixture(scope="module")
-def server(start_server, tmp_path_factory, default_model_dir) -> ServerProcess:
-    path = write_tiny_qwen2(
-        tmp_path_factory.mktemp("tiny-qwen2"), hermes_tokenizer(default_model_dir)
+def server(start_server, tmp_path_factory, default_model_dir, tiny_model_writer) -> ServerProcess:
+    path = tiny_model_writer(
+        tmp_path_factory.mktemp("tiny-qwen2"),
+        hermes_tokenizer(default_model_dir),
+        architecture="qwen2",
+        max_position_embeddings=4096,
     )
     return start_server(
         "--model-path", path, "--served-model-name", MODEL, "--max-total-tokens", 4096

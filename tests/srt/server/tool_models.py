@@ -1,7 +1,8 @@
-"""Tiny models for tool-calling tests: a randomly initialised 2-layer Qwen2 whose tokenizer is
-SmolLM2's with ``<tool_call>`` / ``</tool_call>`` added and a Qwen2.5-style chat template (tools
-listed in the system turn, calls written as ``<tool_call>`` JSON blocks, results returned in
-``<tool_response>`` blocks). Built locally: nothing is downloaded."""
+"""The tokenizer of the tool-calling tests' tiny Qwen2 (written by conftest's
+``write_tiny_model``): SmolLM2's with ``<tool_call>`` / ``</tool_call>`` added and a
+Qwen2.5-style chat template (tools listed in the system turn, calls written as ``<tool_call>``
+JSON blocks, results returned in ``<tool_response>`` blocks). Built locally: nothing is
+downloaded."""
 
 from __future__ import annotations
 
@@ -64,29 +65,3 @@ def hermes_tokenizer(default_model_dir: str | Path) -> Any:
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     tok.chat_template = HERMES_TEMPLATE
     return tok
-
-
-def write_tiny_qwen2(path: str | Path, tokenizer: Any, **shape: Any) -> Path:
-    """Saves a randomly initialised 2-layer Qwen2 (seed 0) over ``tokenizer`` into ``path``;
-    ``shape`` overrides Qwen2Config fields."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    fields = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**{**fields, **shape})).save_pretrained(
-        path, safe_serialization=True
-    )
-    tokenizer.save_pretrained(path)
-    return Path(path)
