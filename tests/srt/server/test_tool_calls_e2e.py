@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+from tool_util import assert_healthy, strict_client
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -63,19 +63,13 @@ def server(start_server) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.url + "/v1",
-        api_key="unused",
-        max_retries=0,
-        _strict_response_validation=True,
-        timeout=120,
-    )
+    return strict_client(server.url, timeout=120)
 
 
 @pytest.fixture(autouse=True)
 def _healthy(server: ServerProcess):
     yield
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert_healthy(server.url, timeout=30)
 
 
 def check_calls(calls, names: set[str] | None = None) -> list[dict]:

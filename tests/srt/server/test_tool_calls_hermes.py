@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
 from tool_models import hermes_tokenizer
+from tool_util import assert_healthy, strict_client
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -61,19 +61,13 @@ def server(start_server, tmp_path_factory, default_model_dir, tiny_model_writer)
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.url + "/v1",
-        api_key="x",
-        max_retries=0,
-        _strict_response_validation=True,
-        timeout=120,
-    )
+    return strict_client(server.url, timeout=120)
 
 
 @pytest.fixture(autouse=True)
 def _healthy(server: ServerProcess):
     yield
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert_healthy(server.url, timeout=30)
 
 
 def valid_args(call) -> dict:
@@ -86,17 +80,22 @@ def raw_text(choice) -> str:
     return "".join(t.token for t in choice.logprobs.content)
 
 
-def test_required_forces_a_tool_call_block(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
+def one_call(client: openai.OpenAI, tool_choice: str | dict = "required", **options):
+    """A greedy request for exactly one call to ASK (``options``: more request fields)."""
+    return client.chat.completions.create(
         model=MODEL,
         messages=ASK,
         tools=TOOLS,
-        tool_choice="required",
+        tool_choice=tool_choice,
         parallel_tool_calls=False,
         temperature=0,
         max_tokens=60,
-        logprobs=True,
+        **options,
     )
+
+
+def test_required_forces_a_tool_call_block(client: openai.OpenAI) -> None:
+    r = one_call(client, logprobs=True)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -107,17 +106,7 @@ def test_required_forces_a_tool_call_block(client: openai.OpenAI) -> None:
 
 def test_streamed_hermes_calls(client: openai.OpenAI) -> None:
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice=choice,
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=60,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    stream = one_call(client, choice, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].choices == []
     finish = chunks[-2].choices[0]
@@ -134,15 +123,7 @@ def test_streamed_hermes_calls(client: openai.OpenAI) -> None:
             args[tc.index] += tc.function.arguments or ""
     assert list(names.values()) == ["get_weather"]
     jsonschema.validate(json.loads(args[0]), WEATHER)
-    same = client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice=choice,
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=60,
-    )
+    same = one_call(client, choice)
     assert json.loads(same.choices[0].message.tool_calls[0].function.arguments) == json.loads(
         args[0]
     )
@@ -178,15 +159,7 @@ def test_parallel_tool_calls(client: openai.OpenAI) -> None:
 
 
 def test_tool_loop_on_the_hermes_template(client: openai.OpenAI) -> None:
-    first = client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=60,
-    )
+    first = one_call(client)
     (call,) = first.choices[0].message.tool_calls
     args = valid_args(call)
     messages = [

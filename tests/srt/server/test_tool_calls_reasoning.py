@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from fake_stack import FakeStack
+from tool_util import assert_idle, last_params, reply_with, strict_client
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [
@@ -37,26 +38,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeStack]:
 
 @pytest.fixture(scope="module")
 def client(stack: FakeStack) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=stack.url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True
-    )
+    return strict_client(stack.url)
 
 
 @pytest.fixture(autouse=True)
 def _healthy(stack: FakeStack) -> Iterator[None]:
     yield
-    assert httpx.get(stack.url + "/health", timeout=5).status_code == 200
-    stack.tm.assert_no_requests()
-
-
-def reply_with(stack: FakeStack, text: str) -> dict:
-    eos = stack.tokenizer.convert_tokens_to_ids("<eos>")
-    stack.worker.cont_ids = stack.tokenizer.encode(text, add_special_tokens=False) + [eos]
-    return {"stop_token_ids": [eos]}
-
-
-def last_params(stack: FakeStack) -> dict:
-    return list(stack.worker.received.values())[-1].sampling_params
+    assert_idle(stack)
 
 
 def chat(client: openai.OpenAI, extra: dict, **kw):
