@@ -10,7 +10,8 @@ whitespace, or a call list that breaks off, continues as plain content from ther
 
 from __future__ import annotations
 
-from radixlm.srt.parsers.call_stream import HEADER_LIMIT, CallReader, Emitter
+from radixlm.srt.parsers.call_parser import CallStreamParser
+from radixlm.srt.parsers.call_stream import HEADER_LIMIT
 from radixlm.srt.parsers.generic_prompt import (
     history,
     reply_schema,
@@ -25,7 +26,7 @@ from radixlm.srt.parsers.json_stream import (
     StringDecoder,
     skip_whitespace,
 )
-from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolCallParser, ToolChoice, ToolSpec
+from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolChoice, ToolSpec
 
 _KEYS = ("tool_calls", "content")
 _VALUE_STARTS = '{["-0123456789tfn'
@@ -35,35 +36,24 @@ _START, _KEY, _KEY_STRING, _COLON, _CALLS, _FIRST_ITEM, _ITEM, _READER, _AFTER_I
 _ANSWER, _ANSWER_STRING, _ANSWER_VALUE, _REPLY_END, _END, _PLAIN = range(9, 15)
 
 
-class GenericParser(ToolCallParser):
+class GenericParser(CallStreamParser):
     """The JSON reply format of generic_prompt.py."""
 
     name = "generic"
+    READER = _READER
 
     def __init__(self, tools: list[ToolSpec]) -> None:
-        super().__init__(tools)
-        self._em = Emitter()
-        self._state = _START
+        super().__init__(tools, _START)
         self._budget = HEADER_LIMIT  # characters of markup that may still be held
         self._key = ""
         self._decoder = StringDecoder()
         self._decoded: list[str] = []
         self._scanner = JsonScanner()
-        self._reader = CallReader(self._em)
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        pos = 0
-        while pos < len(delta):
-            pos = _STEPS[self._state](self, delta, pos)
-        return self._em.take()
 
     def flush(self) -> tuple[str, list[ToolCallDelta]]:
         state = self._state
         if state == _READER:
-            if self._reader.finish():
-                self._em.claim()
-            else:
-                self._em.release()
+            self._finish_call()
         elif state == _ANSWER_STRING:
             self._em.content(self._decoder.finish())
         elif state in (_REPLY_END, _END, _AFTER_ITEM):
@@ -104,6 +94,8 @@ class GenericParser(ToolCallParser):
         self._em.release()
         self._state = _PLAIN
         return pos
+
+    _resume_content = _fail  # a call object that fails: the reply format is given up
 
     # -- steps --
 
@@ -146,18 +138,11 @@ class GenericParser(ToolCallParser):
             return self._hold(text, pos, pos + 1)
         if c != "{":
             return self._fail(pos)
-        self._reader = CallReader(self._em)
-        self._state = _READER
-        return pos
+        return self._start_call(pos)
 
-    def _read(self, text: str, pos: int) -> int:
-        stop = self._reader.feed(text, pos, len(text))
-        if self._reader.status == DONE:
-            self._claim()
-            self._state = _AFTER_ITEM
-        elif self._reader.status == FAILED:
-            return self._fail(stop)
-        return stop
+    def _call_finished(self) -> None:
+        self._budget = HEADER_LIMIT
+        self._state = _AFTER_ITEM
 
     def _after_item(self, text: str, pos: int) -> int:
         c = text[pos]
@@ -238,7 +223,7 @@ class GenericParser(ToolCallParser):
         return None if schema is None else {"json_schema": schema}
 
 
-_STEPS = {
+GenericParser.STEPS = {
     _START: GenericParser._start,
     _KEY: GenericParser._key_start,
     _KEY_STRING: GenericParser._key_string,
@@ -246,7 +231,7 @@ _STEPS = {
     _CALLS: GenericParser._calls,
     _FIRST_ITEM: GenericParser._item,
     _ITEM: GenericParser._item,
-    _READER: GenericParser._read,
+    _READER: GenericParser._read_call,
     _AFTER_ITEM: GenericParser._after_item,
     _ANSWER: GenericParser._answer,
     _ANSWER_STRING: GenericParser._answer_string,
