@@ -144,7 +144,7 @@ def arguments_as_object(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
         return value if isinstance(value, dict) else arguments
     return arguments
