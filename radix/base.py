@@ -38,7 +38,16 @@ Invariants (checked by ``check_integrity``)
 * A locked node's ancestors are locked at least as many times as it is.
 * No slot is held twice.
 
-Thread model: a cache is owned by one thread (the scheduler loop); it does no locking.
+Tiers. A cache may keep prefixes in slower tiers (host memory, disk) besides the device slots
+(``HiRadixCache``). ``match_prefix`` only ever answers with device-resident slots and moves
+nothing; ``match_and_load`` is the match a request is admitted with: a tiered cache also brings
+the longest continuation it holds in slower tiers back into device slots (all or nothing) and
+reports the tokens per tier. ``prefetch`` is a hint that a request will be admitted soon;
+``observe_prefill`` tells the cache how fast the model recomputes tokens, so it can skip a load
+that would be slower. A cache of one tier inherits the defaults: plain match, no-op hints.
+
+Thread model: a cache is owned by one thread (the scheduler loop); it does no locking. A tiered
+cache may run copies and disk I/O on its own streams and threads, never touching the tree there.
 """
 
 from __future__ import annotations
@@ -60,6 +69,9 @@ class MatchResult:
     kv_slots: torch.Tensor  # [matched_len] int64 on the cache's device: slots of the prefix
     matched_len: int  # number of matched tokens, a multiple of page_size
     last_node: Any  # handle of the node that ends the match; pass it to inc/dec_lock_ref
+    # of matched_len, the tokens brought back from host memory / from disk by match_and_load
+    num_host_hit: int = 0
+    num_disk_hit: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +92,32 @@ class PrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
         """The longest cached page-aligned prefix of ``token_ids``; refreshes its LRU time."""
+
+    def match_and_load(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        """The match a request is admitted with: ``match_prefix``, and in a tiered cache the
+        continuation held in host memory or on disk loaded into device slots first (all or
+        nothing; skipped when loading would be slower than recomputing)."""
+        return self.match_prefix(token_ids, namespace)
+
+    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> None:
+        """Hint: a request with these tokens waits for admission (a disk tier starts reading)."""
+        return None
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """A prefill step computed ``num_tokens`` tokens in ``seconds`` (the recompute cost)."""
+        return None
+
+    def tier_stats(self) -> dict[str, Any]:
+        """Per-tier figures for server_info and metrics (empty for a cache of one tier)."""
+        return {}
+
+    def check_tiers_idle(self) -> bool:
+        """The slower tiers' slot accounting when nothing runs (always true for one tier)."""
+        return True
+
+    def close(self) -> None:
+        """Stops background threads and flushes pending writes (no-op for one tier)."""
+        return None
 
     @abstractmethod
     def insert(

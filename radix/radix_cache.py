@@ -53,10 +53,18 @@ class RadixCache(PrefixCache):
         return self._protected_tokens
 
     def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        path, pos = self._walk(token_ids, namespace)
+        node = path[-1] if path else self._root(namespace)
+        pieces = [n.kv_slots for n in path]
+        return MatchResult(kv_slots=self._concat(pieces), matched_len=pos, last_node=node)
+
+    def _walk(self, token_ids: Sequence[int], namespace: str | None) -> tuple[list[TreeNode], int]:
+        """The nodes matching the page-aligned part of ``token_ids`` from the root, the last
+        one split where the match ends inside it, stamped with the clock; and the match length."""
         tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
         self._clock += 1
         node = self._root(namespace)
-        pieces: list[torch.Tensor] = []
+        path: list[TreeNode] = []
         pos = 0
         while pos < len(tokens):
             child = node.children.get(child_key(tokens, pos, self.page_size))
@@ -66,10 +74,10 @@ class RadixCache(PrefixCache):
             if num_common < len(child.key):
                 child = self._split(child, num_common)
             child.last_access_time = self._clock
-            pieces.append(child.kv_slots)
+            path.append(child)
             pos += num_common
             node = child
-        return MatchResult(kv_slots=self._concat(pieces), matched_len=pos, last_node=node)
+        return path, pos
 
     # ----------------------------------------------------------------------------- updates
 

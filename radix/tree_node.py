@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,12 @@ class TreeNode:
     lock_ref: int = 0  # number of requests holding this node (or a descendant)
     last_access_time: int = 0  # logical clock of the last match/insert that passed here
     node_id: int = field(default_factory=lambda: next(_node_ids))  # tie-break for the LRU heap
+    # HiCache residency (unused by the plain RadixCache). A node is on the device when
+    # ``kv_slots`` is not None, in host memory when ``host_slots`` is not None, or both.
+    host_slots: torch.Tensor | None = None  # [len(key)] int64 CPU: slots of the host KV pool
+    page_keys: list[bytes] | None = None  # disk keys of the node's pages (chained hashes)
+    hit_count: int = 0  # admissions that matched through this node
+    write_op: Any = None  # an unfinished device -> host copy of this node (CopyOp), or None
 
     def __repr__(self) -> str:
         return (

@@ -17,6 +17,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4")
+HICACHE_WRITE_POLICIES = ("write_through_selective", "write_through", "write_back")
+HICACHE_PAGE_SIZE = 16  # page size --enable-hierarchical-cache raises page_size 1 to
 # tool-call formats (srt/parsers): auto picks from the chat template; qwen25/qwen3 are hermes
 TOOL_CALL_PARSERS = ("auto", "hermes", "qwen25", "qwen3", "llama3", "generic", "none")
 REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
@@ -63,7 +65,29 @@ class ServerConfig:
         None, "memory for the KV pool in GiB (CPU default: 2 GiB capped by free RAM)"
     )
     mem_fraction_static: float = _opt(0.85, "GPU: fraction of total memory for weights + KV pool")
-    page_size: int = _opt(1, "tokens per KV page")
+    page_size: int = _opt(
+        1, f"tokens per KV page (--enable-hierarchical-cache raises 1 to {HICACHE_PAGE_SIZE})"
+    )
+    # hierarchical cache (HiCache): host-memory and disk tiers under the prefix cache
+    enable_hierarchical_cache: bool = _opt(
+        False, "keep KV evicted from the device in host memory (and on disk) and load it back"
+    )
+    hicache_ratio: float = _opt(2.0, "host KV pool size as a multiple of the device pool's")
+    hicache_size: float = _opt(
+        0.0, "host KV pool size in GiB (0: from --hicache-ratio); overrides the ratio"
+    )
+    hicache_write_policy: str = _opt(
+        "write_through_selective",
+        "when a node is copied to host memory: at its second hit (write_through_selective), "
+        "when inserted (write_through) or when evicted from the device (write_back)",
+        HICACHE_WRITE_POLICIES,
+    )
+    hicache_storage_dir: str | None = _opt(
+        None, "folder of the disk KV tier (default: no disk tier); survives restarts"
+    )
+    hicache_storage_max_bytes: int = _opt(
+        16 * 2**30, "size cap of the disk KV tier in bytes (least recently used pages go first)"
+    )
     # scheduling
     max_running_requests: int = _opt(256, "most requests decoding at once")
     max_prefill_tokens: int = _opt(8192, "token budget of one prefill step")
@@ -162,10 +186,30 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
+    _validate_hicache(cfg)
     if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
         raise ValueError(
             f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"
         )
+
+
+def _validate_hicache(cfg: ServerConfig) -> None:
+    if not cfg.hicache_ratio > 0:
+        raise ValueError(f"hicache_ratio must be > 0, got {cfg.hicache_ratio}")
+    if cfg.hicache_size < 0:
+        raise ValueError(
+            f"hicache_size must be >= 0 (GiB; 0: use the ratio), got {cfg.hicache_size}"
+        )
+    if cfg.hicache_storage_max_bytes < 1:
+        raise ValueError(
+            f"hicache_storage_max_bytes must be >= 1, got {cfg.hicache_storage_max_bytes}"
+        )
+    if cfg.enable_hierarchical_cache and cfg.disable_radix_cache:
+        raise ValueError(
+            "enable_hierarchical_cache needs the prefix cache: drop disable_radix_cache"
+        )
+    if cfg.hicache_storage_dir is not None and not cfg.enable_hierarchical_cache:
+        raise ValueError("hicache_storage_dir needs enable_hierarchical_cache")
 
 
 def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
@@ -190,7 +234,12 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
     backend = resolve_attention_backend(
         cfg.attention_backend, torch_device, head_dim, getattr(torch, dtype)
     )
-    resolved = cfg.replace(device=device, dtype=dtype, attention_backend=backend)
+    page_size = cfg.page_size
+    if cfg.enable_hierarchical_cache and page_size == 1:
+        page_size = HICACHE_PAGE_SIZE  # a disk file or a host copy per token costs too much
+    resolved = cfg.replace(
+        device=device, dtype=dtype, attention_backend=backend, page_size=page_size
+    )
     logger.info("config: %s", describe(resolved))
     return resolved
 

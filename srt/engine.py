@@ -167,6 +167,7 @@ class Engine:
             self.abort(abort_all=True)
         if self.scheduler is not None:
             self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
+            self.scheduler.close()  # a disk KV tier flushes its writes
         with self._sessions_lock:
             self.sessions.clear()
 

@@ -20,8 +20,10 @@ layer unit(s)                         what it may import (besides lower layers' 
 8     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
       srt.parsers                     and reasoning parsers of model outputs (no srt deps)
 9     srt.config                      frozen config dataclasses every layer above reads
-10    radix, grammar, hicache         libraries: never import srt or lang
-11    kernels                         attention, bitmask, fused and int4/int8 CPU ops
+10    radix, grammar                  libraries: never import srt or lang; the radix tree's
+                                      HiCache-aware variant builds on the tiers below it
+11    hicache                         host and disk KV tiers (pools, copies, page store)
+12    kernels                         attention, bitmask, fused and int4/int8 CPU ops
 ====  ==============================  =========================================================
 
 Imports under ``if TYPE_CHECKING:`` are ignored (annotations only, never run); imports inside
@@ -56,7 +58,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("srt.models",),
     ("srt.messages", "srt.sampling", "srt.parsers"),
     ("srt.config",),
-    ("radix", "grammar", "hicache"),
+    ("radix", "grammar"),
+    ("hicache",),
     ("kernels",),
 )
 LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}

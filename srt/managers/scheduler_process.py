@@ -139,6 +139,7 @@ class SchedulerLoop:
             if self.scheduler.has_work():
                 self.run_step()
         logger.info("scheduler loop exits")
+        self.scheduler.close()  # a disk KV tier flushes its writes
         self.ctx.destroy(linger=1000)
 
     def run_step(self) -> None:

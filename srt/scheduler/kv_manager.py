@@ -46,13 +46,20 @@ class KVManager:
         KV slots."""
         fill = req.fill_ids
         limit = req.max_prefix_match()
-        match = self.cache.match_prefix(fill[:limit])
+        match = self.cache.match_and_load(fill[:limit])
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
         req.num_cached_prefix = num
         req.num_kv_tokens = num
         return match.kv_slots
+
+    def alloc_for_cache(self, num_tokens: int) -> torch.Tensor | None:
+        """Fresh device slots (whole pages) for KV a tiered prefix cache loads back; evicts
+        unlocked cached prefixes to make room. The cache owns them from here on."""
+        if not self.ensure_available(num_tokens):
+            return None
+        return self.allocator.alloc(num_tokens)
 
     def bind_req_slot(self, req: Req, prefix_slots: torch.Tensor) -> bool:
         slot = self.req_to_token_pool.alloc()
@@ -171,6 +178,7 @@ class KVManager:
         total = u["available"] + u["evictable"] + u["protected"]
         free_rows = self.req_to_token_pool.available_size()
         ok = total == u["max_total_tokens"] and free_rows == self.req_to_token_pool.num_req_slots
+        ok = self.cache.check_tiers_idle() and ok
         if not ok:
             logger.error(
                 "KV leak detected when idle: %s (sum %d), free request rows %d/%d",

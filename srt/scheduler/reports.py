@@ -105,6 +105,9 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         num_forward_steps=s.num_forward_steps,
         grammar=s.grammars.info(),
     )
+    tiers = s.cache.tier_stats()
+    if tiers:
+        info["hicache"] = tiers
     return info
 
 
@@ -136,4 +139,5 @@ def load_info(s: Scheduler) -> dict[str, Any]:
         "cache_hit_rate": round(s.stats.cache_hit_rate(), 4),
         # how close the server is to its first limit: the KV pool or the running-request cap
         "utilization": round(max(token_usage, num_running / s.cfg.max_running_requests), 4),
+        **({"hicache": tiers} if (tiers := s.cache.tier_stats()) else {}),
     }

@@ -20,12 +20,12 @@ resolve the step in flight and run synchronously.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any
 
 import torch
 
-from radixlm.radix import make_prefix_cache
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
@@ -38,10 +38,10 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.cache_factory import make_kv_manager
 from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
-from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy, shares_uncached_prefix
@@ -60,17 +60,15 @@ class Scheduler:
         self.cfg = cfg
         self.runner = runner or ModelRunner(cfg)
         r = self.runner
-        self.cache = make_prefix_cache(
-            cfg.disable_radix_cache, cfg.page_size, r.allocator.free, r.device
-        )
-        self.kv = KVManager(r.allocator, r.req_to_token_pool, self.cache)
+        self.kv = make_kv_manager(r.cfg, r)  # the runner's config is resolved (page size)
+        self.cache = self.kv.cache
         eos = set(r.model_config.eos_token_ids)
         if r.tokenizer.eos_token_id is not None:
             eos.add(r.tokenizer.eos_token_id)
         self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
         self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
         self.policy = make_policy(cfg.schedule_policy)
-        self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, cfg.page_size)
+        self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, r.cfg.page_size)
         # mask rows filled on a worker thread during the forward pass pay off when the forward
         # runs on a GPU; on a CPU the forward uses every core and the worker slowed it down
         # (constrained decode 5-6 points slower with it on 2 cores)
@@ -140,6 +138,7 @@ class Scheduler:
             self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
+        self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading the prompt's pages
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).
@@ -198,6 +197,12 @@ class Scheduler:
 
     def server_info(self) -> dict[str, Any]:
         return server_info(self)
+
+    def close(self) -> None:
+        """Stops the prefix cache's background work (a disk tier's writers flush first)."""
+        if self.inflight is not None:
+            self.finished_outside_step += self._resolve_inflight()
+        self.cache.close()
 
     def check_idle(self) -> bool:
         """The leak invariant, and no request state left; only meaningful when nothing runs."""
@@ -382,6 +387,7 @@ class Scheduler:
         if rejected and not batch.reqs:
             return rejected
         rows, per_req = batch.logit_rows()
+        started = time.perf_counter()
         try:
             logits = self.runner.forward(batch, rows)
         except Exception as e:  # one bad batch must not take the scheduler down
@@ -398,6 +404,8 @@ class Scheduler:
         sample_rows = [per_req[i][-1] for i in samplers]
         masks = self.grammars.fill_masks(sample_reqs)
         next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
+        if is_prefill:  # what recomputing costs, for a tiered cache's load-or-recompute choice
+            self.cache.observe_prefill(sum(batch.extend_lens), time.perf_counter() - started)
         for req, tok in zip(sample_reqs, next_ids, strict=True):
             if not req.is_finished:  # else its mask row or its sampling failed
                 self._take_token(req, tok)

@@ -135,6 +135,7 @@ async def metrics_route(request: Request) -> Response:
                     "evictable": load["num_evictable_tokens"],
                     "num_running": load["num_running_reqs"],
                     "num_waiting": load["num_waiting_reqs"],
+                    "hicache": load.get("hicache"),
                 }
             )
         except GenerateError as e:

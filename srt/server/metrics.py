@@ -20,6 +20,19 @@ PREFIX = "radixlm_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+# hierarchical-cache figures of the scheduler's load report, exported as gauges
+HICACHE_GAUGES = {
+    "device_hit_tokens": "Prompt tokens admissions found on the device (cumulative)",
+    "host_hit_tokens": "Prompt tokens loaded back from host memory (cumulative)",
+    "disk_hit_tokens": "Prompt tokens loaded back from the disk tier (cumulative)",
+    "host_used_tokens": "Tokens held in the host KV pool",
+    "host_total_tokens": "Size of the host KV pool in tokens",
+    "disk_used_bytes": "Bytes held by the disk KV tier",
+    "copy_load_bytes_per_s": "Measured host -> device copy rate",
+    "copy_write_bytes_per_s": "Measured device -> host copy rate",
+    "disk_bytes_per_s": "Measured disk read rate",
+    "loads_skipped_slower": "Loads skipped as slower than recomputing (cumulative)",
+}
 
 
 class ServerMetrics:
@@ -57,6 +70,7 @@ class ServerMetrics:
         self.kv_used = gauge("num_used_tokens", "KV slots held by running requests")
         self.kv_cached = gauge("num_cached_tokens", "KV slots held only by the prefix cache")
         self.cache_hit_rate = gauge("cache_hit_rate", "Cached prompt tokens / prompt tokens")
+        self.hicache = {key: gauge(f"hicache_{key}", doc) for key, doc in HICACHE_GAUGES.items()}
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -89,6 +103,11 @@ class ServerMetrics:
         self.kv_used.set(used)
         self.kv_cached.set(evictable)
         self.kv_usage.set(used / total if total else 0.0)
+        tiers = info.get("hicache") or {}
+        for key, g in self.hicache.items():
+            value = tiers.get(key)
+            if isinstance(value, (int, float)):
+                g.set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

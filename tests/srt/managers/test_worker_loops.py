@@ -51,6 +51,9 @@ class FakeScheduler:
     def has_work(self) -> bool:
         return bool(self.pending)
 
+    def close(self) -> None:
+        self.closed = True
+
     def step(self) -> BatchTokenOut | None:
         self.steps += 1
         req = self.pending.pop(0)

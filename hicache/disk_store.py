@@ -1,0 +1,435 @@
+"""DiskPageStore: one file per page under a folder per model fingerprint, verified on read.
+
+Layout
+------
+::
+
+    <root_dir>/<fingerprint>/fingerprint.json         the hashed fields, for humans
+    <root_dir>/<fingerprint>/<kk>/<key hex>.page      one page (kk: the key's first byte, hex)
+    <root_dir>/<fingerprint>/<kk>/<key hex>.<r>.tmp   a page being written (r: random hex)
+
+``<fingerprint>`` is ``model_fingerprint(fingerprint)[0]``: another model, dtype, page size or
+layout version reads and writes another folder, so its pages never match.
+
+Page file format (little-endian)
+--------------------------------
+======  ==============  ==========================================================
+offset  size            field
+======  ==============  ==========================================================
+0       4               magic ``b"RLKV"``
+4       2               format version (``FORMAT_VERSION``)
+6       2               reserved, 0
+8       4               num_tokens
+12      8               payload_len, bytes
+20      8               checksum: xxh3_64 over the token-id bytes then the payload
+28      16              the page key (the file name says the same)
+44      8 * num_tokens  token ids, int64
+...     payload_len     payload
+======  ==============  ==========================================================
+
+A file is valid only if its size is exactly ``44 + 8 * num_tokens + payload_len``.
+
+Durability: a page is written to a temp file in its final folder and renamed into place
+(``os.replace``), so a reader sees a whole file or none. Nothing is fsynced: after a power
+loss a file may hold garbage, which the checks below catch (a cache loses pages, never
+serves wrong ones). Start-up checks each file's header and size, deletes invalid files and
+leftover temp files, and orders the index by mtime (a hit touches its file's mtime, so a
+restarted store keeps least-recently-*used* order). ``get`` checks everything: header, key,
+lengths, token ids and the checksum. One store instance (one process) per folder at a time.
+
+Locking: one lock guards the index and counters; renames into place and deletions run under
+it too (so the index and the folder change together); writing a page's bytes and reading a
+page run outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import struct
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+from tqdm import tqdm
+
+from radixlm.hicache.page_hash import encode_token_ids, model_fingerprint
+from radixlm.hicache.storage_base import PageStore, Payload, check_key
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"RLKV"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sHHIQQ16s")
+HEADER_SIZE = HEADER.size  # 44
+TOKEN_BYTES = 8  # one token id, int64
+PAGE_SUFFIX = ".page"
+TEMP_SUFFIX = ".tmp"
+PROGRESS_MIN_FILES = 10_000  # show a progress bar when indexing more files than this
+COUNTERS = (
+    "hits",
+    "misses",
+    "bytes_read",
+    "bytes_written",
+    "pages_written",
+    "write_errors",
+    "read_errors",
+    "corrupt_deleted",
+    "evicted_pages",
+    "refused_pages",  # larger than max_bytes
+    "invalid_files_removed",  # at start-up: bad headers, wrong sizes, leftover temp files
+)
+
+
+@dataclass(frozen=True)
+class PageHeader:
+    num_tokens: int
+    payload_len: int
+    checksum: int
+    key: bytes
+
+    @property
+    def file_bytes(self) -> int:
+        return HEADER_SIZE + TOKEN_BYTES * self.num_tokens + self.payload_len
+
+
+def pack_header(key: bytes, token_bytes: bytes, payload: memoryview) -> bytes:
+    checksum = xxhash.xxh3_64(token_bytes)
+    checksum.update(payload)
+    num_tokens = len(token_bytes) // TOKEN_BYTES
+    return HEADER.pack(
+        MAGIC, FORMAT_VERSION, 0, num_tokens, payload.nbytes, checksum.intdigest(), key
+    )
+
+
+def parse_header(data: bytes) -> PageHeader | None:
+    """The header at the start of ``data``; None if it is short or not a valid header."""
+    if len(data) < HEADER_SIZE:
+        return None
+    magic, version, reserved, num_tokens, payload_len, checksum, key = HEADER.unpack_from(data)
+    if magic != MAGIC or version != FORMAT_VERSION or reserved != 0 or num_tokens == 0:
+        return None
+    return PageHeader(num_tokens, payload_len, checksum, key)
+
+
+def _write_all(path: Path, chunks: Iterable[Payload]) -> None:
+    with open(path, "xb") as file:
+        for chunk in chunks:
+            file.write(chunk)
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        logger.debug("hicache: could not remove %s: %s", path, error)
+
+
+def _key_of(name: str) -> bytes | None:
+    stem, suffix = name[: -len(PAGE_SUFFIX)], name[-len(PAGE_SUFFIX) :]
+    if suffix != PAGE_SUFFIX or len(stem) != 32:
+        return None
+    try:
+        return bytes.fromhex(stem)
+    except ValueError:
+        return None
+
+
+class DiskPageStore(PageStore):
+    """Pages as verified files in ``root_dir/<fingerprint digest>/``, at most ``max_bytes``
+    of files (header and token ids included), evicted least-recently-used first."""
+
+    def __init__(self, root_dir: str | Path, fingerprint: Mapping[str, object], max_bytes: int):
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.fingerprint, fields = model_fingerprint(fingerprint)
+        self.folder = Path(root_dir) / self.fingerprint
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        # key -> (file bytes, generation), least recently used first
+        self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self._writing: set[bytes] = set()  # keys whose files are being written
+        self._used_bytes = 0
+        self._generation = 0  # distinguishes a re-written entry from the one a reader saw
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._warned: set[str] = set()
+        self._is_closed = False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._write_fingerprint(fields)
+        self._rebuild()
+
+    # --- the PageStore interface ---------------------------------------------------------
+
+    def exists(self, key: bytes) -> bool:
+        check_key(key)
+        with self._lock:
+            return not self._is_closed and key in self._index
+
+    def get(self, key: bytes, token_ids: Sequence[int]) -> bytes | None:
+        check_key(key)
+        expected = encode_token_ids(token_ids)
+        with self._lock:
+            entry = None if self._is_closed else self._index.get(key)
+            if entry is None:
+                self._counters["misses"] += 1
+                return None
+        size, generation = entry
+        path = self.page_path(key)
+        try:
+            payload = self._read_verified(path, key, expected)
+        except OSError as error:
+            self._drop_bad(key, generation, "read_errors", f"{path}: {error}")
+            return None
+        if payload is None:
+            self._drop_bad(key, generation, "corrupt_deleted", str(path))
+            return None
+        with self._lock:
+            self._counters["hits"] += 1
+            self._counters["bytes_read"] += size
+            if self._index.get(key, (0, -1))[1] == generation:
+                self._index.move_to_end(key)
+        try:
+            os.utime(path)  # the mtime orders the LRU after a restart
+        except OSError:
+            pass
+        return payload
+
+    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+        check_key(key)
+        token_bytes = encode_token_ids(token_ids)
+        if not token_bytes:
+            raise ValueError("a page holds at least one token")
+        view = memoryview(payload).cast("B")
+        size = HEADER_SIZE + len(token_bytes) + view.nbytes
+        with self._lock:
+            if self._is_closed:
+                return False
+            if key in self._index:
+                self._index.move_to_end(key)
+                return True
+            if key in self._writing:
+                return True
+            if size > self.max_bytes:
+                self._counters["refused_pages"] += 1
+                return False
+            self._writing.add(key)
+        try:
+            return self._write_page(key, token_bytes, view, size)
+        finally:
+            with self._lock:
+                self._writing.discard(key)
+
+    def delete(self, key: bytes) -> None:
+        check_key(key)
+        with self._lock:
+            entry = self._index.pop(key, None)
+            if entry is not None:
+                self._used_bytes -= entry[0]
+                _remove(self.page_path(key))
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in self._index:
+                _remove(self.page_path(key))
+            self._index.clear()
+            self._used_bytes = 0
+
+    def num_pages(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used_bytes
+
+    def stats(self) -> dict[str, int | float]:
+        with self._lock:
+            return {
+                "pages": len(self._index),
+                "used_bytes": self._used_bytes,
+                "max_bytes": self.max_bytes,
+                **self._counters,
+            }
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            sizes = sum(size for size, _ in self._index.values())
+            assert sizes == self._used_bytes, f"index sizes {sizes} != used {self._used_bytes}"
+            assert self._used_bytes <= self.max_bytes, f"{self._used_bytes=} > {self.max_bytes}"
+            for key, (size, _) in self._index.items():
+                path = self.page_path(key)
+                assert path.is_file(), f"indexed page {path} has no file"
+                assert path.stat().st_size == size, f"{path}: size differs from the index"
+            on_disk = {_key_of(entry.name) for entry in self._scan_files()} - {None}
+            unindexed = on_disk - set(self._index)
+            assert not unindexed, f"{len(unindexed)} page files are not in the index"
+
+    def close(self) -> None:
+        with self._lock:
+            self._is_closed = True
+
+    # --- files -----------------------------------------------------------------------------
+
+    def page_path(self, key: bytes) -> Path:
+        """Where the page ``key`` lives (whether or not it is stored)."""
+        return self.folder / key[:1].hex() / (key.hex() + PAGE_SUFFIX)
+
+    def _write_page(self, key: bytes, token_bytes: bytes, view: memoryview, size: int) -> bool:
+        path = self.page_path(key)
+        temp = path.with_name(f"{key.hex()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            _write_all(temp, (pack_header(key, token_bytes, view), token_bytes, view))
+            with self._lock:
+                os.replace(temp, path)  # under the lock: the index and the folder change together
+                self._insert(key, size)
+            return True
+        except OSError as error:
+            _remove(temp)
+            with self._lock:
+                self._counters["write_errors"] += 1
+            self._warn_once("write_errors", f"writing {path} failed: {error}")
+            return False
+
+    @staticmethod
+    def _read_verified(path: Path, key: bytes, expected_tokens: bytes) -> bytes | None:
+        """The payload of the file at ``path`` if every check passes, else None."""
+        with open(path, "rb") as file:
+            header = parse_header(file.read(HEADER_SIZE))
+            if header is None or header.key != key:
+                return None
+            if TOKEN_BYTES * header.num_tokens != len(expected_tokens):
+                return None
+            if os.fstat(file.fileno()).st_size != header.file_bytes:
+                return None
+            token_bytes = file.read(len(expected_tokens))
+            if token_bytes != expected_tokens:
+                return None
+            payload = file.read(header.payload_len)
+        if len(payload) != header.payload_len:
+            return None
+        checksum = xxhash.xxh3_64(token_bytes)
+        checksum.update(payload)
+        return payload if checksum.intdigest() == header.checksum else None
+
+    def _drop_bad(self, key: bytes, generation: int, counter: str, what: str) -> None:
+        """Count a failed read as a miss and delete the entry read, unless it changed since."""
+        with self._lock:
+            self._counters["misses"] += 1
+            entry = self._index.get(key)
+            if entry is None or entry[1] != generation:
+                return  # evicted or replaced meanwhile: an ordinary miss
+            del self._index[key]
+            self._used_bytes -= entry[0]
+            _remove(self.page_path(key))
+            self._counters[counter] += 1
+        self._warn_once(counter, f"dropped page ({counter}): {what}")
+
+    def _insert(self, key: bytes, size: int) -> None:
+        """Index a page just renamed into place and evict down to max_bytes (lock held)."""
+        self._generation += 1
+        self._index[key] = (size, self._generation)
+        self._used_bytes += size
+        self._counters["pages_written"] += 1
+        self._counters["bytes_written"] += size
+        self._evict_to(self.max_bytes)
+
+    def _evict_to(self, max_bytes: int) -> None:
+        while self._used_bytes > max_bytes and self._index:
+            key, (size, _) = self._index.popitem(last=False)
+            self._used_bytes -= size
+            _remove(self.page_path(key))
+            self._counters["evicted_pages"] += 1
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        level = logging.DEBUG if kind in self._warned else logging.WARNING
+        self._warned.add(kind)
+        logger.log(level, "hicache disk store: %s", message)
+
+    # --- start-up --------------------------------------------------------------------------
+
+    def _write_fingerprint(self, fields: dict) -> None:
+        path = self.folder / "fingerprint.json"
+        if path.exists():
+            return
+        temp = path.with_name(f"fingerprint.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            temp.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
+            os.replace(temp, path)
+        except OSError as error:
+            _remove(temp)
+            logger.warning("hicache disk store: could not write %s: %s", path, error)
+
+    def _scan_files(self) -> Iterator[os.DirEntry]:
+        """Every file in the shard folders (page files, temp files, strangers)."""
+        with os.scandir(self.folder) as shards:
+            shard_dirs = sorted(s.path for s in shards if len(s.name) == 2 and s.is_dir())
+        for shard in shard_dirs:
+            with os.scandir(shard) as entries:
+                yield from (entry for entry in entries if entry.is_file())
+
+    def _rebuild(self) -> None:
+        """Index the pages already in the folder (a restarted server starts warm)."""
+        start = time.perf_counter()
+        files = list(self._scan_files())
+        found: list[tuple[int, bytes, int]] = []  # (mtime_ns, key, size)
+        bar = tqdm(
+            files,
+            desc="hicache: indexing disk pages",
+            unit="file",
+            file=sys.stderr,
+            disable=len(files) <= PROGRESS_MIN_FILES,
+        )
+        for entry in bar:
+            if entry.name.endswith(TEMP_SUFFIX):
+                self._remove_invalid(entry)
+                continue
+            key = _key_of(entry.name)
+            if key is None:
+                continue  # not a page file: left alone
+            in_place = Path(entry.path).parent.name == key[:1].hex()
+            stat = self._valid_file_stat(entry, key) if in_place else None
+            if stat is None:
+                self._remove_invalid(entry)
+            else:
+                found.append((stat.st_mtime_ns, key, stat.st_size))
+        for _, key, size in sorted(found):
+            self._generation += 1
+            self._index[key] = (size, self._generation)
+            self._used_bytes += size
+        with self._lock:
+            self._evict_to(self.max_bytes)
+        logger.info(
+            "hicache disk store %s: found %d pages, %d bytes in %.2f s (%d invalid files removed)",
+            self.folder,
+            len(self._index),
+            self._used_bytes,
+            time.perf_counter() - start,
+            self._counters["invalid_files_removed"],
+        )
+
+    @staticmethod
+    def _valid_file_stat(entry: os.DirEntry, key: bytes) -> os.stat_result | None:
+        """The file's stat if its header is valid, names ``key`` and matches its size."""
+        try:
+            stat = entry.stat()
+            with open(entry.path, "rb") as file:
+                header = parse_header(file.read(HEADER_SIZE))
+        except OSError:
+            return None
+        if header is None or header.key != key or header.file_bytes != stat.st_size:
+            return None
+        return stat
+
+    def _remove_invalid(self, entry: os.DirEntry) -> None:
+        _remove(Path(entry.path))
+        self._counters["invalid_files_removed"] += 1

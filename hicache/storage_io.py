@@ -1,0 +1,287 @@
+"""StorageIO: a page store's I/O on background threads, with bounded memory.
+
+The scheduler thread must never wait for a disk. StorageIO takes its writes and reads and runs
+them on one writer thread and ``num_read_threads`` reader threads.
+
+* Writes are best effort (the store is a cache). ``submit_write`` queues the payload (it keeps
+  a reference; pass bytes nobody mutates) unless the queued bytes would exceed
+  ``max_pending_write_bytes``: then the write is dropped and counted (``writes_skipped``), so a
+  slow or stalled disk costs pages, never memory. Keys already stored or already queued are
+  not queued twice.
+* Reads return a ``concurrent.futures.Future`` resolving to the verified payload or None.
+  A read of a page still waiting in the write queue is answered from memory at once. Beyond
+  ``max_pending_reads`` queued reads, a read resolves to None at once (``reads_skipped``).
+* A failing store is a miss: exceptions from the store are caught and counted
+  (``writes_failed``, ``reads_failed``); none reaches the caller or kills a thread.
+* ``close`` stops taking work, lets the writer drain the queue until its timeout, drops what
+  is left, resolves queued reads to None and joins the threads, all within ``timeout_s``
+  (threads stuck in a stalled store are daemons and are left behind). The store is not closed:
+  it belongs to the caller.
+
+All methods may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from radixlm.hicache.storage_base import PageStore, Payload, check_key
+
+logger = logging.getLogger(__name__)
+
+IO_COUNTERS = (
+    "writes_queued",
+    "writes_skipped",  # refused at submit: over the pending-bytes bound, or closed
+    "writes_done",
+    "writes_failed",  # the store returned False or raised
+    "writes_dropped",  # still queued when close timed out
+    "reads_queued",
+    "reads_skipped",  # refused at submit: too many pending reads, or closed
+    "reads_from_pending",  # answered from the write queue
+    "reads_done",
+    "reads_failed",  # the store raised
+)
+
+
+@dataclass(frozen=True)
+class _Write:
+    key: bytes
+    token_ids: tuple[int, ...]
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class _Read:
+    key: bytes
+    token_ids: tuple[int, ...]
+    future: Future
+
+
+def _as_tuple(token_ids: Sequence[int]) -> tuple[int, ...]:
+    to_list = getattr(token_ids, "tolist", None)  # numpy arrays and torch tensors
+    return tuple(to_list() if to_list is not None else token_ids)
+
+
+def _resolved(payload: bytes | None) -> Future:
+    future: Future = Future()
+    future.set_result(payload)
+    return future
+
+
+class StorageIO:
+    """Background reads and writes of a ``PageStore``; see the module docstring."""
+
+    def __init__(
+        self,
+        store: PageStore,
+        max_pending_write_bytes: int = 256 << 20,
+        num_read_threads: int = 2,
+        max_pending_reads: int = 1024,
+    ) -> None:
+        if max_pending_write_bytes < 0 or num_read_threads < 1 or max_pending_reads < 0:
+            raise ValueError(
+                "StorageIO needs max_pending_write_bytes >= 0, num_read_threads >= 1 and "
+                f"max_pending_reads >= 0, got {max_pending_write_bytes}, {num_read_threads}, "
+                f"{max_pending_reads}"
+            )
+        self.store = store
+        self.max_pending_write_bytes = max_pending_write_bytes
+        self.max_pending_reads = max_pending_reads
+        self._lock = threading.Lock()
+        self._writes_changed = threading.Condition(self._lock)
+        self._write_queue: OrderedDict[bytes, _Write] = OrderedDict()  # oldest first
+        self._writing: dict[bytes, _Write] = {}  # taken by the writer, not finished
+        self._pending_write_bytes = 0  # payload bytes queued or being written
+        self._read_queue: queue.SimpleQueue[_Read | None] = queue.SimpleQueue()
+        self._pending_reads = 0  # queued or being read
+        self._counters = dict.fromkeys(IO_COUNTERS, 0)
+        self._is_closing = False
+        self._writer = threading.Thread(target=self._write_loop, name="hicache-writer", daemon=True)
+        self._readers = [
+            threading.Thread(target=self._read_loop, name=f"hicache-reader-{i}", daemon=True)
+            for i in range(num_read_threads)
+        ]
+        for thread in (self._writer, *self._readers):
+            thread.start()
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def submit_write(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+        """Queue a write; False if it was dropped (over the bound, or closed). True also when
+        the page is already stored or queued (nothing is queued then)."""
+        check_key(key)
+        if self._store_has(key):
+            return True
+        if self._pending_write_bytes + memoryview(payload).nbytes > self.max_pending_write_bytes:
+            with self._lock:  # the early answer that saves a copy; re-checked below
+                self._counters["writes_skipped"] += 1
+            return False
+        data = payload if isinstance(payload, bytes) else bytes(payload)
+        with self._lock:
+            if key in self._write_queue or key in self._writing:
+                return True
+            over = self._pending_write_bytes + len(data) > self.max_pending_write_bytes
+            if self._is_closing or over:
+                self._counters["writes_skipped"] += 1
+                return False
+            self._write_queue[key] = _Write(key, _as_tuple(token_ids), data)
+            self._pending_write_bytes += len(data)
+            self._counters["writes_queued"] += 1
+            self._writes_changed.notify_all()
+        return True
+
+    def pending_write_bytes(self) -> int:
+        """Payload bytes queued or being written."""
+        with self._lock:
+            return self._pending_write_bytes
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued write is finished; False if ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._writes_changed:
+            while self._write_queue or self._writing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._writes_changed.wait(remaining)
+        return True
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._writes_changed:
+                while not self._write_queue and not self._is_closing:
+                    self._writes_changed.wait()
+                if not self._write_queue:
+                    return  # closing, and everything is written
+                key, item = self._write_queue.popitem(last=False)
+                self._writing[key] = item
+            is_stored = False
+            try:
+                is_stored = bool(self.store.set(item.key, item.token_ids, item.payload))
+            except Exception as error:  # a failing store loses the page, nothing else
+                logger.debug("hicache: page write failed: %r", error)
+            with self._writes_changed:
+                del self._writing[key]
+                self._pending_write_bytes -= len(item.payload)
+                self._counters["writes_done" if is_stored else "writes_failed"] += 1
+                self._writes_changed.notify_all()
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def submit_read(self, key: bytes, token_ids: Sequence[int]) -> Future:
+        """A future resolving to the verified payload of ``key`` or None (a miss, an error, too
+        many pending reads, or closed)."""
+        check_key(key)
+        tokens = _as_tuple(token_ids)
+        with self._lock:
+            pending = self._write_queue.get(key) or self._writing.get(key)
+            if pending is not None and pending.token_ids == tokens:
+                self._counters["reads_from_pending"] += 1
+                return _resolved(pending.payload)
+            if self._is_closing or self._pending_reads >= self.max_pending_reads:
+                self._counters["reads_skipped"] += 1
+                return _resolved(None)
+            self._pending_reads += 1
+            self._counters["reads_queued"] += 1
+            future: Future = Future()
+            # under the lock: close() drains the queue only after every accepted read is in it
+            self._read_queue.put(_Read(key, tokens, future))
+        return future
+
+    def exists(self, key: bytes) -> bool:
+        """Whether ``key`` is stored or waiting in the write queue (False if the store fails)."""
+        check_key(key)
+        with self._lock:
+            if key in self._write_queue or key in self._writing:
+                return True
+        return self._store_has(key)
+
+    def _read_loop(self) -> None:
+        while True:
+            item = self._read_queue.get()
+            if item is None:
+                return
+            self._serve(item)
+
+    def _serve(self, item: _Read) -> None:
+        payload = None
+        is_failed = False
+        if item.future.set_running_or_notify_cancel() and not self._is_closing:
+            try:
+                payload = self.store.get(item.key, item.token_ids)
+            except Exception as error:  # a failing store is a miss
+                logger.debug("hicache: page read failed: %r", error)
+                is_failed = True
+        with self._lock:
+            self._pending_reads -= 1
+            self._counters["reads_failed" if is_failed else "reads_done"] += 1
+        if not item.future.cancelled():
+            item.future.set_result(payload)
+
+    # --- lifecycle and figures ----------------------------------------------------------------
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the threads (see the module docstring); idempotent, returns within about
+        ``timeout_s`` even when the store stalls."""
+        with self._writes_changed:
+            if self._is_closing:
+                return
+            self._is_closing = True
+            self._writes_changed.notify_all()
+        deadline = time.monotonic() + timeout_s
+        self._cancel_queued_reads()
+        for _ in self._readers:
+            self._read_queue.put(None)
+        self._writer.join(max(0.0, deadline - time.monotonic()))
+        self._drop_queued_writes()
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in (self._writer, *self._readers) if t.is_alive()]
+        if alive:
+            logger.warning("hicache: storage threads still busy after close: %s", alive)
+
+    def _cancel_queued_reads(self) -> None:
+        while True:
+            try:
+                item = self._read_queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._serve(item)  # closing: resolves to None without touching the store
+
+    def _drop_queued_writes(self) -> None:
+        with self._writes_changed:
+            for item in self._write_queue.values():
+                self._pending_write_bytes -= len(item.payload)
+            self._counters["writes_dropped"] += len(self._write_queue)
+            self._write_queue.clear()
+            self._writes_changed.notify_all()
+
+    def stats(self) -> dict[str, int | float]:
+        """The store's counters, then this object's (queues and ``IO_COUNTERS``)."""
+        try:
+            store_stats = dict(self.store.stats())
+        except Exception:
+            store_stats = {}
+        with self._lock:
+            return {
+                **store_stats,
+                **self._counters,
+                "pending_writes": len(self._write_queue) + len(self._writing),
+                "pending_write_bytes": self._pending_write_bytes,
+                "max_pending_write_bytes": self.max_pending_write_bytes,
+                "pending_reads": self._pending_reads,
+            }
+
+    def _store_has(self, key: bytes) -> bool:
+        try:
+            return bool(self.store.exists(key))
+        except Exception:
+            return False

@@ -1,0 +1,619 @@
+"""HiRadixCache: the radix tree with host-memory and disk tiers under it (HiCache).
+
+Not a second tree: every node of the RadixCache gains a residency. A node's KV is on the
+device (``kv_slots``), in the host pool (``host_slots``), or both; its pages may also be on disk,
+keyed by a hash chained over the page's ancestors (``page_keys``), and a disk page is found by
+key, not by a node, so a restarted server with an empty tree still hits its disk tier.
+
+Residency rules (checked by ``check_integrity``):
+
+* device nodes form a prefix from each root: a node on the device has its parent on the device,
+  so a match's device part is one run from the root and ends at a device node;
+* backed-up nodes (with a finished host copy) form a prefix from each root too: a node is backed
+  up only after its parent; a host-only node therefore has only host-only descendants;
+* every device slot and every host slot is held by one node at most; the device counters
+  (evictable / protected) count device-resident tokens only, so the scheduler's invariant
+  ``available + evictable + protected == max_total_tokens`` is unchanged, and the host pool's
+  ``available + held == total`` holds beside it.
+
+Eviction. ``evict(n)`` (device memory) takes unlocked device leaves (nodes with no child on the
+device) in LRU order: a backed-up node only drops its device slots and stays in the tree as
+host-only; under ``write_back`` a node is backed up first; any other node is removed (it has
+no children then). The host pool evicts on its own when it needs room: host-only leaves with no
+locks are removed, and nodes also on the device drop their host copy when no child has one.
+
+Write policies: ``write_through`` backs a node up when it is inserted; ``write_through_selective``
+when an admission matches through it for the second time; ``write_back`` only when it is
+evicted from the device. A finished host copy is also queued for the disk tier, if there is one.
+
+Load-back. ``match_and_load`` walks the tree, then follows the chain of page keys on disk past
+the tree's end; host and disk pages are brought back into fresh device slots all at once, or not
+at all (no device memory, or a load estimated slower than recomputing the same tokens from the
+measured copy and prefill rates). Disk pages are read by the storage threads (started early by
+``prefetch``), verified, put in the host pool as host-only nodes, then loaded like those.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from radixlm.hicache.page_hash import page_key
+from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
+from radixlm.radix.hicache_stats import TierStats
+from radixlm.radix.radix_cache import RadixCache
+from radixlm.radix.tree_node import TreeNode, child_key, iter_subtree
+
+logger = logging.getLogger(__name__)
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
+MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
+DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
+AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
+
+
+class HiRadixCache(RadixCache):
+    """A RadixCache whose nodes spill to a host KV pool and a disk page store.
+
+    ``alloc_slots(n)`` gives ``n`` fresh device slots (whole pages), evicting from this cache
+    if needed (it may call ``evict``), or None; ``controller`` copies between the device KV
+    buffers and ``controller.host_pool``; ``storage`` is a ``StorageIO`` over a page store (or
+    None: no disk tier).
+    """
+
+    def __init__(
+        self,
+        page_size: int,
+        free_slots: FreeSlotsFn,
+        alloc_slots: AllocSlotsFn,
+        controller: Any,
+        storage: Any = None,
+        write_policy: str = "write_through_selective",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache write policy must be one of {WRITE_POLICIES}")
+        self.controller = controller
+        self.host_pool = controller.host_pool
+        if self.host_pool.page_size != page_size:
+            raise ValueError("the host pool's page size must be the cache's page size")
+        self.storage = storage
+        self.write_policy = write_policy
+        self._alloc_slots = alloc_slots
+        self.stats = TierStats()
+        self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
+        self._pending_writes: list[TreeNode] = []
+        super().__init__(page_size=page_size, free_slots=free_slots, device=device)
+
+    # ----------------------------------------------------------------------------- matching
+
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        path, _ = self._walk(token_ids, namespace)
+        return self._device_result(path, self._root(namespace))
+
+    def match_and_load(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        self._progress()
+        tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
+        path, pos = self._walk(tokens, namespace)
+        for node in path:
+            node.hit_count += 1
+        on_device = [n for n in path if n.kv_slots is not None]
+        num_device = sum(len(n.key) for n in on_device)
+        host_nodes = path[len(on_device) :]
+        last = path[-1] if path else self._root(namespace)
+        disk_nodes = self._read_disk(last, tokens, pos, namespace)
+        num_host = sum(len(n.key) for n in host_nodes)
+        num_disk = sum(len(n.key) for n in disk_nodes)
+        loaded = False
+        if num_host + num_disk:
+            loaded = self._load_back(host_nodes + disk_nodes, num_disk)
+        if self.write_policy == "write_through_selective":
+            for node in path:
+                if node.hit_count >= SELECTIVE_HITS and node.kv_slots is not None:
+                    self._backup(node)
+        self.stats.on_match(len(tokens), num_device, num_host, num_disk, loaded)
+        path = path + disk_nodes if loaded else on_device
+        result = self._device_result(path, self._root(namespace))
+        if not loaded:
+            return result
+        return MatchResult(
+            kv_slots=result.kv_slots,
+            matched_len=result.matched_len,
+            last_node=result.last_node,
+            num_host_hit=num_host,
+            num_disk_hit=num_disk,
+        )
+
+    def _device_result(self, path: list[TreeNode], root: TreeNode) -> MatchResult:
+        """The match's device part: the run of device nodes from the root."""
+        on_device = []
+        for node in path:
+            if node.kv_slots is None:
+                break
+            on_device.append(node)
+        if not on_device:
+            return MatchResult(kv_slots=self._concat([]), matched_len=0, last_node=root)
+        last = on_device[-1]
+        slots = self._concat([n.kv_slots for n in on_device])
+        return MatchResult(kv_slots=slots, matched_len=len(slots), last_node=last)
+
+    # ----------------------------------------------------------------------------- inserting
+
+    def insert(
+        self, token_ids: Sequence[int], kv_slots: torch.Tensor, namespace: str | None = None
+    ) -> InsertResult:
+        """As RadixCache.insert; positions the tree holds only in host memory take the
+        caller's device slots (they were computed again), so ``num_present`` counts the
+        leading device-resident tokens only."""
+        if kv_slots.dim() != 1 or kv_slots.numel() != len(token_ids):
+            raise ValueError(
+                f"insert needs one kv slot per token id: got {len(token_ids)} token ids and "
+                f"kv_slots of shape {tuple(kv_slots.shape)}"
+            )
+        self._progress()
+        num_cacheable = self.cacheable_len(len(token_ids))
+        path, pos = self._walk(token_ids[:num_cacheable], namespace)
+        num_present = 0
+        start = 0
+        for node in path:
+            end = start + len(node.key)
+            if node.kv_slots is None:
+                self._adopt(node, kv_slots[start:end])
+            elif num_present == start:
+                num_present = end
+            start = end
+        node = path[-1] if path else self._root(namespace)
+        if pos < num_cacheable:
+            leaf = self._add_leaf(node, tuple(token_ids[pos:num_cacheable]), kv_slots[pos:])
+            self._set_page_keys(leaf, namespace)
+            path.append(leaf)
+            if self.write_policy == "write_through":
+                self._backup(leaf)
+        slots = self._concat([n.kv_slots for n in path])
+        return InsertResult(num_present, slots, path[-1] if path else node)
+
+    def _adopt(self, node: TreeNode, kv_slots: torch.Tensor) -> None:
+        """A host-only node takes freshly computed device slots: it is on both tiers now."""
+        node.kv_slots = kv_slots.to(device=self.device, dtype=torch.int64).clone()
+        self._count_device(node, +1)
+
+    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], kv_slots: torch.Tensor) -> TreeNode:
+        return super()._add_leaf(parent, key, kv_slots[: len(key)])
+
+    def _split(self, node: TreeNode, split_len: int) -> TreeNode:
+        """Cuts ``node`` after ``split_len`` tokens (on every tier it is on); returns the upper
+        half, which keeps the lock count, hits, clock and any unfinished copy."""
+        parent = node.parent
+        assert parent is not None and 0 < split_len < len(node.key)
+        upper = TreeNode(
+            key=node.key[:split_len],
+            kv_slots=None if node.kv_slots is None else node.kv_slots[:split_len],
+            parent=parent,
+            lock_ref=node.lock_ref,
+            last_access_time=node.last_access_time,
+        )
+        upper.hit_count = node.hit_count
+        parent.children[child_key(node.key, 0, self.page_size)] = upper
+        node.key = node.key[split_len:]
+        if node.kv_slots is not None:
+            node.kv_slots = node.kv_slots[split_len:]
+        if node.host_slots is not None:
+            upper.host_slots = node.host_slots[:split_len]
+            node.host_slots = node.host_slots[split_len:]
+        if node.page_keys is not None:
+            num_pages = split_len // self.page_size
+            upper.page_keys = node.page_keys[:num_pages]
+            node.page_keys = node.page_keys[num_pages:]
+        if node.write_op is not None:
+            upper.write_op = node.write_op
+            self._pending_writes.append(upper)
+        node.parent = upper
+        upper.children[child_key(node.key, 0, self.page_size)] = node
+        return upper
+
+    # ----------------------------------------------------------------------------- locks, counts
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        while not node.is_root:
+            if node.lock_ref == 0 and node.kv_slots is not None:
+                self._evictable_tokens -= len(node.key)
+                self._protected_tokens += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        while not node.is_root:
+            assert node.lock_ref > 0, f"dec_lock_ref on unlocked node {node.node_id}"
+            if node.lock_ref == 1 and node.kv_slots is not None:
+                self._protected_tokens -= len(node.key)
+                self._evictable_tokens += len(node.key)
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def _count_device(self, node: TreeNode, sign: int) -> None:
+        if node.lock_ref:
+            self._protected_tokens += sign * len(node.key)
+        else:
+            self._evictable_tokens += sign * len(node.key)
+
+    # ----------------------------------------------------------------------------- eviction
+
+    def evict(self, num_tokens: int) -> int:
+        self._progress()
+        heap = [(n.last_access_time, n.node_id, n) for n in self._all_nodes() if self._dev_leaf(n)]
+        heapq.heapify(heap)
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._dev_leaf(node):
+                continue
+            parent = node.parent
+            if self.write_policy == "write_back" and node.host_slots is None:
+                self._backup(node)
+            if node.write_op is not None:
+                self._finish_write(node, wait=True)
+            num_freed += len(node.key)
+            if node.host_slots is not None:
+                self._drop_device(node)
+            else:
+                self._remove_leaf(node)
+            if parent is not None and self._dev_leaf(parent):
+                heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
+        self._drop_empty_namespaces()
+        return num_freed
+
+    def _dev_leaf(self, node: TreeNode) -> bool:
+        """An unlocked device node without children on the device: the next to leave it."""
+        if node.is_root or node.kv_slots is None or node.lock_ref:
+            return False
+        return all(c.kv_slots is None for c in node.children.values())
+
+    def _drop_device(self, node: TreeNode) -> None:
+        self._count_device(node, -1)
+        self._free_slots(node.kv_slots)
+        node.kv_slots = None
+        self.stats.device_evicted_to_host += len(node.key)
+
+    def _remove_leaf(self, node: TreeNode) -> int:
+        parent = node.parent
+        assert parent is not None and not node.children and node.lock_ref == 0
+        del parent.children[child_key(node.key, 0, self.page_size)]
+        if node.kv_slots is not None:
+            self._count_device(node, -1)
+            self._free_slots(node.kv_slots)
+        if node.host_slots is not None:
+            self.host_pool.free(node.host_slots)
+        return len(node.key)
+
+    def _evict_host(self, num_tokens: int, keep: set[int]) -> int:
+        """Frees host slots: host-only leaves are removed, device nodes drop their host copy
+        (never one whose child has a host copy, never a node in ``keep``), LRU first."""
+        heap = [(n.last_access_time, n.node_id, n) for n in self._all_nodes() if self._host_leaf(n)]
+        heapq.heapify(heap)
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if id(node) in keep or not self._host_leaf(node):
+                continue
+            parent = node.parent
+            num_freed += len(node.key)
+            if node.kv_slots is None:
+                self._remove_leaf(node)
+            else:
+                self.host_pool.free(node.host_slots)
+                node.host_slots = None
+            if parent is not None and self._host_leaf(parent):
+                heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
+        self._drop_empty_namespaces()
+        return num_freed
+
+    def _host_leaf(self, node: TreeNode) -> bool:
+        if node.is_root or node.host_slots is None or node.write_op is not None:
+            return False
+        if node.kv_slots is None and node.lock_ref:
+            return False
+        return all(c.host_slots is None for c in node.children.values())
+
+    def _alloc_host(self, num_tokens: int, keep: set[int]) -> torch.Tensor | None:
+        slots = self.host_pool.alloc(num_tokens)
+        if slots is None:
+            self._evict_host(num_tokens - self.host_pool.available_size(), keep)
+            slots = self.host_pool.alloc(num_tokens)
+        return slots
+
+    # ----------------------------------------------------------------------------- write-back
+
+    def _backup(self, node: TreeNode) -> bool:
+        """Gives ``node`` (and first any ancestor without one) a host copy; False when the
+        host pool has no room."""
+        chain = []
+        cur = node
+        while not cur.is_root and cur.host_slots is None:
+            chain.append(cur)
+            cur = cur.parent  # type: ignore[assignment]
+        keep = {id(n) for n in chain} | {id(p) for p in self._ancestors(node)}
+        for cur in reversed(chain):
+            host = self._alloc_host(len(cur.key), keep)
+            if host is None:
+                self.stats.backups_skipped += 1
+                return False
+            cur.host_slots = host
+            cur.write_op = self.controller.write_back(cur.kv_slots, host)
+            self.stats.write_back_tokens += len(cur.key)
+            self._pending_writes.append(cur)
+        self._progress()
+        return True
+
+    def _ancestors(self, node: TreeNode):
+        while not node.is_root:
+            yield node
+            node = node.parent  # type: ignore[assignment]
+
+    def _progress(self) -> None:
+        """Folds finished device -> host copies in: those nodes' pages go to the disk tier."""
+        if not self._pending_writes:
+            return
+        still = []
+        for node in self._pending_writes:
+            if node.write_op is not None and not self._finish_write(node, wait=False):
+                still.append(node)
+        self._pending_writes = still
+
+    def _finish_write(self, node: TreeNode, wait: bool) -> bool:
+        op = node.write_op
+        if not wait and not op.done():
+            return False
+        op.wait()
+        node.write_op = None
+        self._store_pages(node)
+        return True
+
+    def _store_pages(self, node: TreeNode) -> None:
+        if self.storage is None or node.page_keys is None or node.host_slots is None:
+            return
+        pages = self.host_pool.page_ids(node.host_slots)
+        for i, key in enumerate(node.page_keys):
+            if self.storage.exists(key):
+                continue
+            tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
+            payload = self.host_pool.page_bytes(int(pages[i]))
+            if not self.storage.submit_write(key, tokens, payload):
+                self.stats.disk_writes_skipped += 1
+
+    # ----------------------------------------------------------------------------- disk tier
+
+    def _set_page_keys(self, node: TreeNode, namespace: str | None) -> None:
+        if self.storage is None:
+            return
+        parent = node.parent
+        prev = parent.page_keys[-1] if parent is not None and parent.page_keys else None
+        keys = []
+        for i in range(0, len(node.key), self.page_size):
+            prev = page_key(prev, namespace, node.key[i : i + self.page_size])
+            keys.append(prev)
+        node.page_keys = keys
+
+    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> None:
+        if self.storage is None:
+            return
+        tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
+        node, pos = self._peek(tokens, namespace)
+        prev = node.page_keys[-1] if node.page_keys else None
+        for start in range(pos, len(tokens), self.page_size):
+            page = tokens[start : start + self.page_size]
+            prev = page_key(prev, namespace, page)
+            if prev in self._prefetched:
+                continue
+            if not self.storage.exists(prev):
+                break
+            self._prefetched[prev] = self.storage.submit_read(prev, page)
+        while len(self._prefetched) > MAX_PREFETCH_PAGES:
+            self._prefetched.popitem(last=False)
+
+    def _peek(self, tokens: tuple[int, ...], namespace: str | None) -> tuple[TreeNode, int]:
+        """The deepest node whose whole key matches ``tokens`` (no split, no clock)."""
+        node = self._roots.get(namespace) or self._new_root()
+        pos = 0
+        while pos < len(tokens):
+            child = node.children.get(child_key(tokens, pos, self.page_size))
+            if child is None or self._common_len(child.key, tokens, pos) < len(child.key):
+                break
+            pos += len(child.key)
+            node = child
+        return node, pos
+
+    def _read_disk(
+        self, last: TreeNode, tokens: tuple[int, ...], pos: int, namespace: str | None
+    ) -> list[TreeNode]:
+        """Pages past the tree's end found on disk, as new host-only nodes under ``last``."""
+        if self.storage is None or pos >= len(tokens):
+            return []
+        if not last.is_root and (last.page_keys is None or not self._backup(last)):
+            return []  # a host-only child needs a parent with a host copy
+        prev = last.page_keys[-1] if last.page_keys else None
+        keys, pages = [], []
+        for start in range(pos, len(tokens), self.page_size):
+            page = tokens[start : start + self.page_size]
+            prev = page_key(prev, namespace, page)
+            if prev not in self._prefetched and not self.storage.exists(prev):
+                break
+            keys.append(prev)
+            pages.append(page)
+        if not keys:
+            return []
+        num_tokens = len(keys) * self.page_size
+        if not self.stats.disk_pays_off(
+            num_tokens, self.controller.bytes_per_token, self.controller.estimate_load_seconds
+        ):
+            self.stats.loads_skipped_slower += 1
+            return []
+        futures = [
+            self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
+            for k, p in zip(keys, pages, strict=True)
+        ]
+        payloads = self._collect(futures, num_tokens)
+        if not payloads:
+            return []
+        return self._disk_to_host(last, keys, pages, payloads)
+
+    def _collect(self, futures: list[Future], num_tokens: int) -> list[bytes]:
+        """The leading payloads that arrive in time: waits at most as long as recomputing
+        the tokens would take; a miss, an error or a timeout ends the run."""
+        deadline = time.perf_counter() + max(DISK_WAIT_MIN_S, self.stats.recompute_s(num_tokens))
+        out = []
+        start = time.perf_counter()
+        for fut in futures:
+            try:
+                payload = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
+            except Exception:  # a timeout or a failing store: a miss from here on
+                payload = None
+            if payload is None:
+                break
+            out.append(payload)
+        for fut in futures[len(out) :]:
+            fut.cancel()
+        if out:
+            self.stats.on_disk_read(sum(len(p) for p in out), time.perf_counter() - start)
+        return out
+
+    def _disk_to_host(
+        self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]], payloads: list
+    ) -> list[TreeNode]:
+        num_tokens = len(payloads) * self.page_size
+        keep = {id(n) for n in self._ancestors(last)}
+        host = self._alloc_host(num_tokens, keep)
+        if host is None:
+            return []
+        page_ids = self.host_pool.page_ids(host)
+        for page_id, payload in zip(page_ids.tolist(), payloads, strict=False):
+            self.host_pool.write_page_bytes(page_id, payload)
+        key = tuple(t for page in pages[: len(payloads)] for t in page)
+        node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
+        node.host_slots = host
+        node.page_keys = keys[: len(payloads)]
+        last.children[child_key(key, 0, self.page_size)] = node
+        return [node]
+
+    # ----------------------------------------------------------------------------- load-back
+
+    def _load_back(self, nodes: list[TreeNode], num_disk: int) -> bool:
+        """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing."""
+        num_tokens = sum(len(n.key) for n in nodes)
+        if not self.stats.load_pays_off(num_tokens, self.controller.estimate_load_seconds):
+            self.stats.loads_skipped_slower += 1
+            return False
+        self.inc_lock_ref(nodes[-1])  # host nodes and the device path: nothing evicts them
+        try:
+            device_slots = self._alloc_slots(num_tokens)
+        finally:
+            self.dec_lock_ref(nodes[-1])
+        if device_slots is None:
+            self.stats.loads_skipped_no_memory += 1
+            return False
+        host_slots = torch.cat([n.host_slots for n in nodes])
+        op = self.controller.load_back(host_slots, device_slots)
+        op.make_stream_wait()
+        start = 0
+        for node in nodes:
+            node.kv_slots = device_slots[start : start + len(node.key)].to(torch.int64)
+            start += len(node.key)
+            self._count_device(node, +1)
+        self.stats.load_back_tokens += num_tokens
+        return True
+
+    # ----------------------------------------------------------------------------- prefill rate
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        self.stats.on_prefill(num_tokens, seconds)
+
+    # ----------------------------------------------------------------------------- whole cache
+
+    def reset(self) -> None:
+        """Frees both tiers (the disk tier is kept: it is what a restart starts warm from)."""
+        if self._protected_tokens:
+            raise RuntimeError(
+                f"reset() while {self._protected_tokens} tokens are locked by running requests"
+            )
+        for node in list(self._all_nodes()):
+            if node.write_op is not None:
+                node.write_op.wait()
+            if node.kv_slots is not None:
+                self._free_slots(node.kv_slots)
+            if node.host_slots is not None:
+                self.host_pool.free(node.host_slots)
+        self._pending_writes = []
+        self._prefetched.clear()
+        self._roots = {None: self._new_root()}
+        self._evictable_tokens = 0
+
+    def close(self) -> None:
+        self._progress()
+        for node in self._pending_writes:
+            self._finish_write(node, wait=True)
+        self._pending_writes = []
+        if self.storage is not None:
+            self.storage.close()
+
+    def tier_stats(self) -> dict[str, Any]:
+        self._progress()
+        info = self.stats.as_dict()
+        info.update(
+            write_policy=self.write_policy,
+            host_total_tokens=self.host_pool.total_size(),
+            host_used_tokens=self.host_pool.used_size(),
+            host_available_tokens=self.host_pool.available_size(),
+            **{f"copy_{k}": v for k, v in self.controller.stats().items()},
+        )
+        if self.storage is not None:
+            info.update({f"disk_{k}": v for k, v in self.storage.stats().items()})
+        return info
+
+    def host_held_tokens(self) -> int:
+        return sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+
+    def check_tiers_idle(self) -> bool:
+        held = self.host_held_tokens()
+        ok = held + self.host_pool.available_size() == self.host_pool.total_size()
+        if not ok:
+            logger.error(
+                "host KV leak: held %d + available %d != total %d",
+                held,
+                self.host_pool.available_size(),
+                self.host_pool.total_size(),
+            )
+        return ok
+
+    # ----------------------------------------------------------------------------- checks
+
+    def check_integrity(self) -> None:
+        from radixlm.radix.hiradix_checks import check_hiradix
+
+        check_hiradix(self)
+
+    def format_tree(self) -> str:
+        lines = [
+            f"HiRadixCache(page_size={self.page_size}, evictable={self._evictable_tokens}, "
+            f"protected={self._protected_tokens}, host_used={self.host_pool.used_size()})"
+        ]
+        for namespace, root in self._roots.items():
+            lines.append(f"namespace={namespace!r}")
+            for node in iter_subtree(root):
+                where = ("D" if node.kv_slots is not None else "-") + (
+                    "H" if node.host_slots is not None else "-"
+                )
+                lines.append(
+                    f"  node {node.node_id} parent {node.parent.node_id} len={len(node.key)} "
+                    f"{where} lock={node.lock_ref} hits={node.hit_count}"
+                )
+        return "\n".join(lines)
+
+    def snapshot(self):  # the plain tree's snapshot reads device slots of every node
+        raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")

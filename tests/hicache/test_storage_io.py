@@ -1,0 +1,237 @@
+"""StorageIO: background writes with bounded memory, reads as futures, failing stores."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from faulty_store import FaultyStore
+
+from radixlm.hicache.disk_store import DiskPageStore
+from radixlm.hicache.page_hash import page_keys
+from radixlm.hicache.storage_io import StorageIO
+
+PAGE_SIZE = 4
+PAYLOAD_BYTES = 1024
+FINGERPRINT = {"model": "tiny", "page_size": PAGE_SIZE}
+
+Page = tuple[bytes, list[int], bytes]
+
+
+def make_pages(n: int, seed: int = 0) -> list[Page]:
+    rng = random.Random(seed)
+    tokens = [rng.randrange(32_000) for _ in range(n * PAGE_SIZE)]
+    return [
+        (key, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE], rng.randbytes(PAYLOAD_BYTES))
+        for i, key in enumerate(page_keys(tokens, PAGE_SIZE))
+    ]
+
+
+@pytest.fixture
+def faulty(tmp_path: Path) -> Iterator[FaultyStore]:
+    store = FaultyStore(DiskPageStore(tmp_path, FINGERPRINT, max_bytes=1 << 24))
+    yield store
+    store.close()  # wakes calls still stalled
+
+
+def make_io(store: FaultyStore, **kwargs: int) -> StorageIO:
+    return StorageIO(store, **kwargs)
+
+
+def test_writes_then_reads(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+    pages = make_pages(8)
+    for page in pages:
+        assert io.submit_write(*page)
+    assert io.flush(timeout_s=5)
+    assert io.pending_write_bytes() == 0
+    assert all(faulty.exists(key) and io.exists(key) for key, _, _ in pages)
+    futures = [io.submit_read(key, tokens) for key, tokens, _ in pages]
+    assert [f.result(timeout=5) for f in futures] == [p for _, _, p in pages]
+    stats = io.stats()
+    assert stats["writes_done"] == 8 and stats["reads_done"] == 8
+    assert stats["hits"] == 8 and stats["pages"] == 8  # the store's counters, merged
+    faulty.check_integrity()
+    io.close()
+
+
+def test_a_miss_resolves_to_none(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+    key, tokens, _ = make_pages(1)[0]
+    assert io.submit_read(key, tokens).result(timeout=5) is None
+    io.close()
+
+
+def test_token_ids_may_be_arrays_or_tensors(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+    key, tokens, payload = make_pages(1)[0]
+    assert io.submit_write(key, torch.tensor(tokens), memoryview(payload))
+    assert io.flush(timeout_s=5)
+    assert io.submit_read(key, np.array(tokens)).result(timeout=5) == payload
+    io.close()
+
+
+def test_stored_or_queued_keys_are_not_queued_again(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+    (key, tokens, payload), (key2, tokens2, payload2) = make_pages(2)
+    io.submit_write(key, tokens, payload)
+    assert io.flush(timeout_s=5)
+    assert io.submit_write(key, tokens, payload)  # already stored
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    assert io.submit_write(key2, tokens2, payload2)
+    assert io.submit_write(key2, tokens2, payload2)  # already queued
+    assert io.stats()["writes_queued"] == 2
+    faulty.release()
+    assert io.flush(timeout_s=5)
+    assert faulty.calls["set"] == 2
+    io.close()
+
+
+def test_a_stalled_store_bounds_pending_bytes(faulty: FaultyStore) -> None:
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    io = make_io(faulty, max_pending_write_bytes=4 * PAYLOAD_BYTES)
+    pages = make_pages(50)
+    accepted = 0
+    for page in pages:
+        accepted += io.submit_write(*page)
+        assert io.pending_write_bytes() <= 4 * PAYLOAD_BYTES
+    assert accepted == 4
+    assert io.stats()["writes_skipped"] == 46
+    assert not io.flush(timeout_s=0.05)
+    faulty.release()
+    assert io.flush(timeout_s=5)
+    assert faulty.num_pages() == 4 and io.pending_write_bytes() == 0
+    assert io.submit_write(*pages[-1])  # room again
+    io.close()
+
+
+def test_a_read_of_a_queued_write_is_answered_from_memory(faulty: FaultyStore) -> None:
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    io = make_io(faulty)
+    key, tokens, payload = make_pages(1)[0]
+    io.submit_write(key, tokens, payload)
+    assert io.exists(key) and not faulty.inner.exists(key)
+    future = io.submit_read(key, tokens)
+    assert future.done() and future.result() == payload
+    other = io.submit_read(key, [t + 1 for t in tokens])  # other tokens: not served from memory
+    faulty.release()
+    assert other.result(timeout=5) is None
+    io.close()
+
+
+def test_too_many_pending_reads_resolve_to_none_at_once(faulty: FaultyStore) -> None:
+    pages = make_pages(3)
+    for page in pages:
+        faulty.set(*page)
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    io = make_io(faulty, num_read_threads=1, max_pending_reads=2)
+    first, second = (io.submit_read(k, t) for k, t, _ in pages[:2])
+    third = io.submit_read(pages[2][0], pages[2][1])
+    assert third.done() and third.result() is None
+    assert io.stats()["reads_skipped"] == 1
+    faulty.release()
+    assert first.result(timeout=5) == pages[0][2] and second.result(timeout=5) == pages[1][2]
+    io.close()
+
+
+@pytest.mark.parametrize("mode", ["fail", "truncate", "flip", "wrong_tokens"])
+def test_a_failing_or_corrupt_store_gives_misses(faulty: FaultyStore, mode: str) -> None:
+    io = make_io(faulty)
+    (key, tokens, payload), (key2, tokens2, payload2) = make_pages(2)
+    io.submit_write(key, tokens, payload)
+    assert io.flush(timeout_s=5)
+    faulty.mode = mode
+    assert io.submit_read(key, tokens).result(timeout=5) is None
+    assert io.submit_write(key2, tokens2, payload2)  # queued: a failing exists() is a "no"
+    assert io.flush(timeout_s=5)
+    stats = io.stats()
+    if mode == "fail":
+        assert not io.exists(key)
+        assert stats["reads_failed"] == 1 and stats["writes_failed"] == 1
+    else:
+        assert stats["corrupt_deleted"] == 1 and not faulty.exists(key)
+    faulty.mode = "ok"
+    assert io.submit_read(key2, tokens2).result(timeout=5) == (None if mode == "fail" else payload2)
+    faulty.check_integrity()
+    io.close()
+
+
+def test_a_full_disk_counts_failed_writes(faulty: FaultyStore) -> None:
+    faulty.mode = "disk_full"
+    io = make_io(faulty)
+    for page in make_pages(3):
+        assert io.submit_write(*page)
+    assert io.flush(timeout_s=5)
+    assert io.stats()["writes_failed"] == 3 and faulty.num_pages() == 0
+    io.close()
+
+
+def test_a_store_that_fails_stats_still_gives_io_stats(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+
+    def broken() -> dict[str, int | float]:
+        raise OSError("gone")
+
+    faulty.stats = broken  # type: ignore[method-assign]
+    assert io.stats()["pending_writes"] == 0
+    io.close()
+
+
+def test_close_with_a_stalled_store_returns_in_bounded_time(faulty: FaultyStore) -> None:
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    io = make_io(faulty, num_read_threads=1)
+    pages = make_pages(6)
+    for page in pages[:3]:
+        io.submit_write(*page)
+    reads = [io.submit_read(k, t) for k, t, _ in pages[3:]]
+    start = time.monotonic()
+    io.close(timeout_s=0.3)
+    assert time.monotonic() - start < 2.0
+    io.close(timeout_s=0.3)  # idempotent
+    assert all(f.done() and f.result() is None for f in reads[1:])  # queued ones: resolved
+    stats = io.stats()
+    assert stats["writes_dropped"] == 2 and io.pending_write_bytes() == PAYLOAD_BYTES
+    assert not io.submit_write(*make_pages(1, seed=9)[0])
+    assert io.submit_read(pages[1][0], pages[1][1]).result(timeout=0) is None  # dropped
+    faulty.release()
+    assert reads[0].result(timeout=5) is None  # the stalled read ends as a miss
+
+
+def test_close_writes_what_is_queued(faulty: FaultyStore) -> None:
+    io = make_io(faulty)
+    pages = make_pages(5)
+    for page in pages:
+        io.submit_write(*page)
+    io.close()
+    assert faulty.num_pages() == 5 and io.stats()["writes_dropped"] == 0
+
+
+def test_concurrent_submitters(faulty: FaultyStore) -> None:
+    io = make_io(faulty, max_pending_write_bytes=8 * PAYLOAD_BYTES)
+    pages = make_pages(30)
+    wrong: list[bytes] = []
+
+    def submit(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(100):
+            key, tokens, payload = rng.choice(pages)
+            if rng.random() < 0.5:
+                io.submit_write(key, tokens, payload)
+            elif io.submit_read(key, tokens).result(timeout=5) not in (None, payload):
+                wrong.append(key)
+            assert io.pending_write_bytes() <= 8 * PAYLOAD_BYTES
+
+    threads = [threading.Thread(target=submit, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert io.flush(timeout_s=5) and wrong == []
+    faulty.check_integrity()
+    io.close()

@@ -1,0 +1,103 @@
+"""HiCache on the default model: greedy outputs token-identical with the cache off, on the
+device only, with the host tier, with the disk tier, and after a restart with a warm disk tier;
+hits reported per tier; no slot of any tier leaked."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixlm.srt import Engine
+
+pytestmark = pytest.mark.slow  # loads the default model
+
+WORDS = (
+    "river mountain lantern copper violet orchard harbor meadow signal quiet ember "
+    "granite willow thunder pepper marble canyon silver feather island winter garden"
+).split()
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+POOL = 256  # device KV tokens: the conversations below hold about twice that
+NUM_CONVERSATIONS, NUM_ROUNDS = 3, 3
+
+
+def _conversation_turns(seed: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    return [
+        [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(NUM_ROUNDS)]
+        for _ in range(NUM_CONVERSATIONS)
+    ]
+
+
+def _run_workload(engine: Engine, turns: list[list[str]]) -> list[list[int]]:
+    """Round-robin multi-turn chats: each round's prompt is the whole history so far."""
+    tok = engine.tokenizer
+    histories: list[list[int]] = [[] for _ in turns]
+    outputs: list[list[int]] = []
+    for r in range(NUM_ROUNDS):
+        for c, conv in enumerate(turns):
+            histories[c] += tok.encode(f"\nUser: {conv[r]}\nAssistant:")
+            out = engine.generate(input_ids=histories[c], sampling_params=GREEDY)
+            outputs.append(out["output_ids"])
+            histories[c] += out["output_ids"]
+    return outputs
+
+
+def _check_idle(engine: Engine) -> dict:
+    assert engine.scheduler.check_idle()
+    engine.scheduler.cache.check_integrity()
+    return engine.get_server_info()
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    """Outputs with the prefix cache off."""
+    turns = _conversation_turns(0)
+    with Engine(
+        str(default_model_dir), disable_radix_cache=True, max_total_tokens=POOL, log_level="warning"
+    ) as engine:
+        return turns, _run_workload(engine, turns)
+
+
+@pytest.mark.parametrize("policy", ["write_through_selective", "write_through", "write_back"])
+def test_host_tier_matches_no_cache(default_model_dir, reference, policy):
+    turns, expected = reference
+    with Engine(
+        str(default_model_dir),
+        enable_hierarchical_cache=True,
+        hicache_write_policy=policy,
+        hicache_ratio=4.0,
+        max_total_tokens=POOL,
+        log_level="warning",
+    ) as engine:
+        assert _run_workload(engine, turns) == expected
+        tiers = _check_idle(engine)["hicache"]
+    if policy != "write_through_selective":  # selective backs up only twice-hit nodes
+        assert tiers["host_hit_tokens"] > 0, tiers
+
+
+def test_device_only_matches_no_cache(default_model_dir, reference):
+    turns, expected = reference
+    with Engine(str(default_model_dir), max_total_tokens=POOL, log_level="warning") as engine:
+        assert _run_workload(engine, turns) == expected
+        _check_idle(engine)
+
+
+def test_disk_tier_and_warm_restart_match_no_cache(default_model_dir, reference, tmp_path):
+    turns, expected = reference
+    options = dict(
+        enable_hierarchical_cache=True,
+        hicache_write_policy="write_through",
+        hicache_ratio=1.0,  # a small host tier: later rounds come back from disk
+        hicache_storage_dir=str(tmp_path),
+        max_total_tokens=POOL,
+        log_level="warning",
+    )
+    with Engine(str(default_model_dir), **options) as engine:
+        assert _run_workload(engine, turns) == expected
+        tiers = _check_idle(engine)["hicache"]
+        assert tiers["disk_pages"] > 0, tiers
+    with Engine(str(default_model_dir), **options) as engine:  # a restart: device, host empty
+        assert _run_workload(engine, turns) == expected
+        tiers = _check_idle(engine)["hicache"]
+        assert tiers["disk_hit_tokens"] > 0, tiers
