@@ -5,10 +5,15 @@ hits reported per tier; no slot of any tier leaked."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from radixlm.srt import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hicache"))
+from faulty_store import flip_payload_byte, shift_token_ids, truncate_file  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads the default model
 
@@ -101,3 +106,28 @@ def test_disk_tier_and_warm_restart_match_no_cache(default_model_dir, reference,
         assert _run_workload(engine, turns) == expected
         tiers = _check_idle(engine)["hicache"]
         assert tiers["disk_hit_tokens"] > 0, tiers
+
+
+def test_damaged_disk_pages_are_misses_not_wrong_hits(default_model_dir, reference, tmp_path):
+    """Every stored page damaged between two runs (truncated, a payload byte flipped, token ids
+    of another page): the restarted server recomputes instead, with the same outputs."""
+    turns, expected = reference
+    options = dict(
+        enable_hierarchical_cache=True,
+        hicache_write_policy="write_through",
+        hicache_storage_dir=str(tmp_path),
+        max_total_tokens=POOL,
+        log_level="warning",
+    )
+    with Engine(str(default_model_dir), **options) as engine:
+        assert _run_workload(engine, turns) == expected
+    pages = sorted(tmp_path.rglob("*.page"))
+    assert pages
+    damage = (truncate_file, flip_payload_byte, shift_token_ids)
+    for i, path in enumerate(pages):
+        damage[i % 3](path)
+    with Engine(str(default_model_dir), **options) as engine:
+        assert _run_workload(engine, turns) == expected
+        tiers = _check_idle(engine)["hicache"]
+    assert tiers["disk_hit_tokens"] == 0, tiers
+    assert tiers["disk_corrupt_deleted"] + tiers["disk_invalid_files_removed"] > 0, tiers
