@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 EMA_WEIGHT = 0.2  # weight of the newest measurement in the moving averages
+EXPLORE_EVERY = 16  # a load judged slower is still tried once in this many, to re-measure it
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -35,6 +38,26 @@ class TierStats:
     disk_writes_skipped: int = 0  # the disk writer's queue was full
     prefill_s_per_token: float | None = None
     disk_bytes_per_s: float | None = None
+    # what a disk hit really cost, end to end (wait for the reads, into the host pool, the
+    # copy to the device), per token: the disk-or-recompute decision uses it once measured
+    disk_s_per_token: float | None = None
+    # seconds the scheduler thread spent in each phase (disk_wait, disk_to_host, load_back,
+    # backup, store_pages): where a slow tier loses its time
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    _num_judged_slower: int = 0
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + elapsed
+
+    def on_disk_load(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens > 0 and seconds > 0:
+            self.disk_s_per_token = _ema(self.disk_s_per_token, seconds / num_tokens)
 
     def on_match(
         self, num_query: int, num_device: int, num_host: int, num_disk: int, loaded: bool
@@ -62,7 +85,15 @@ class TierStats:
         """Whether copying ``num_tokens`` host tokens to the device beats recomputing them."""
         if self.prefill_s_per_token is None:
             return True
-        return load_seconds(num_tokens) < self.recompute_s(num_tokens)
+        return self._explore(load_seconds(num_tokens) < self.recompute_s(num_tokens))
+
+    def _explore(self, pays_off: bool) -> bool:
+        """``pays_off``, except that one load in EXPLORE_EVERY judged slower runs anyway: the
+        rates it was judged by are measured only by loads that run."""
+        if pays_off:
+            return True
+        self._num_judged_slower += 1
+        return self._num_judged_slower % EXPLORE_EVERY == 0
 
     def disk_pays_off(
         self, num_tokens: int, bytes_per_token: int, load_seconds: Callable[[int], float]
@@ -70,13 +101,19 @@ class TierStats:
         """Whether reading ``num_tokens`` from disk and loading them beats recomputing them."""
         if self.prefill_s_per_token is None:
             return True
-        read_s = 0.0
-        if self.disk_bytes_per_s:
-            read_s = num_tokens * bytes_per_token / self.disk_bytes_per_s
-        return read_s + load_seconds(num_tokens) < self.recompute_s(num_tokens)
+        if self.disk_s_per_token is not None:
+            cost = num_tokens * self.disk_s_per_token
+        else:
+            read_s = 0.0
+            if self.disk_bytes_per_s:
+                read_s = num_tokens * bytes_per_token / self.disk_bytes_per_s
+            cost = read_s + load_seconds(num_tokens)
+        return self._explore(cost < self.recompute_s(num_tokens))
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> dict[str, object]:
         out = asdict(self)
+        del out["_num_judged_slower"]
+        out["phase_seconds"] = {k: round(v, 4) for k, v in self.phase_seconds.items()}
         hits = self.device_hit_tokens + self.host_hit_tokens + self.disk_hit_tokens
         q = self.queried_tokens
         out.update(

@@ -57,6 +57,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
 DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
+DISK_WAIT_SHARE = 0.5  # longest wait for disk reads, as a share of recomputing the tokens
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
 
@@ -109,12 +110,20 @@ class HiRadixCache(RadixCache):
         num_device = sum(len(n.key) for n in on_device)
         host_nodes = path[len(on_device) :]
         last = path[-1] if path else self._root(namespace)
+        started = time.perf_counter()
         disk_nodes = self._read_disk(last, tokens, pos, namespace)
+        disk_s = time.perf_counter() - started
         num_host = sum(len(n.key) for n in host_nodes)
         num_disk = sum(len(n.key) for n in disk_nodes)
         loaded = False
         if num_host + num_disk:
-            loaded = self._load_back(host_nodes + disk_nodes, num_disk)
+            started = time.perf_counter()
+            with self.stats.timed("load_back"):
+                loaded = self._load_back(host_nodes + disk_nodes)
+            if loaded and num_disk:  # the disk pages' share of the copy, plus their reads
+                share = num_disk / (num_host + num_disk)
+                disk_s += (time.perf_counter() - started) * share
+                self.stats.on_disk_load(num_disk, disk_s)
         if self.write_policy == "write_through_selective":
             for node in path:
                 if node.hit_count >= SELECTIVE_HITS and node.kv_slots is not None:
@@ -312,7 +321,6 @@ class HiRadixCache(RadixCache):
                 node.host_slots = None
             if parent is not None and self._host_leaf(parent):
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
-        self._drop_empty_namespaces()
         return num_freed
 
     def _host_leaf(self, node: TreeNode) -> bool:
@@ -334,6 +342,12 @@ class HiRadixCache(RadixCache):
     def _backup(self, node: TreeNode) -> bool:
         """Gives ``node`` (and first any ancestor without one) a host copy; False when the
         host pool has no room."""
+        if node.host_slots is not None:
+            return True
+        with self.stats.timed("backup"):
+            return self._backup_chain(node)
+
+    def _backup_chain(self, node: TreeNode) -> bool:
         chain = []
         cur = node
         while not cur.is_root and cur.host_slots is None:
@@ -379,6 +393,10 @@ class HiRadixCache(RadixCache):
     def _store_pages(self, node: TreeNode) -> None:
         if self.storage is None or node.page_keys is None or node.host_slots is None:
             return
+        with self.stats.timed("store_pages"):
+            self._queue_disk_writes(node)
+
+    def _queue_disk_writes(self, node: TreeNode) -> None:
         pages = self.host_pool.page_ids(node.host_slots)
         for i, key in enumerate(node.page_keys):
             if self.storage.exists(key):
@@ -459,15 +477,19 @@ class HiRadixCache(RadixCache):
             self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
             for k, p in zip(keys, pages, strict=True)
         ]
-        payloads = self._collect(futures, num_tokens)
+        with self.stats.timed("disk_wait"):
+            payloads = self._collect(futures, num_tokens)
         if not payloads:
             return []
-        return self._disk_to_host(last, keys, pages, payloads)
+        with self.stats.timed("disk_to_host"):
+            return self._disk_to_host(last, keys, pages, payloads)
 
     def _collect(self, futures: list[Future], num_tokens: int) -> list[bytes]:
-        """The leading payloads that arrive in time: waits at most as long as recomputing
-        the tokens would take; a miss, an error or a timeout ends the run."""
-        deadline = time.perf_counter() + max(DISK_WAIT_MIN_S, self.stats.recompute_s(num_tokens))
+        """The leading payloads that arrive in time: waits at most a share of what recomputing
+        the tokens would take (a wait that ends in a recompute costs both); a miss, an error
+        or a timeout ends the run, and the pages before it are used."""
+        wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
+        deadline = time.perf_counter() + wait_s
         out = []
         start = time.perf_counter()
         for fut in futures:
@@ -504,7 +526,7 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------------------- load-back
 
-    def _load_back(self, nodes: list[TreeNode], num_disk: int) -> bool:
+    def _load_back(self, nodes: list[TreeNode]) -> bool:
         """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing."""
         num_tokens = sum(len(n.key) for n in nodes)
         if not self.stats.load_pays_off(num_tokens, self.controller.estimate_load_seconds):

@@ -115,3 +115,39 @@ def best_hit_rate(reqs: list[BenchRequest]) -> float:
         seen.add(r.group)
     total = sum(len(r.input_ids) for r in reqs)
     return hits / total if total else 0.0
+
+
+class RandomTokens:
+    """Uniform random token ids in ``[low, vocab_size)``, with :class:`TextTokens`' interface:
+    for models whose tokenizer does not encode the text corpus (random-weight benchmark models)."""
+
+    def __init__(self, vocab_size: int, low: int = 2) -> None:
+        if vocab_size <= low:
+            raise ValueError(f"vocab_size must be > {low}, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.low = low
+        self.first_tokens = range(low, vocab_size)
+
+    def take(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.randrange(self.low, self.vocab_size) for _ in range(n)]
+
+
+def multiturn_turns(
+    source: TextTokens | RandomTokens,
+    num_conversations: int,
+    num_rounds: int,
+    turn_len: int,
+    seed: int = 0,
+) -> list[list[list[int]]]:
+    """``turns[c][r]``: the ``turn_len`` new user tokens of conversation ``c`` in round ``r``.
+    Conversations start with distinct tokens, so no two share a prefix."""
+    if min(num_conversations, num_rounds, turn_len) < 1:
+        raise ValueError("conversations, rounds and turn length must be >= 1")
+    if num_conversations > len(source.first_tokens):
+        raise ValueError(f"at most {len(source.first_tokens)} conversations")
+    rng = random.Random(seed)
+    heads = rng.sample(source.first_tokens, num_conversations)
+    return [
+        [([h] if r == 0 else []) + source.take(rng, turn_len - (r == 0)) for r in range(num_rounds)]
+        for h in heads
+    ]

@@ -24,6 +24,8 @@ from radixlm.srt.scheduler.kv_manager import KVManager
 
 logger = logging.getLogger(__name__)
 
+DISK_READ_THREADS = 4  # page files read in parallel (file reads release the GIL)
+
 
 def make_kv_manager(cfg: ServerConfig, runner: Any) -> KVManager:
     """The KV owner over the runner's pools, with the prefix cache ``cfg`` asks for
@@ -62,7 +64,7 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
         store = DiskPageStore(
             cfg.hicache_storage_dir, model_fingerprint(cfg, runner), cfg.hicache_storage_max_bytes
         )
-        storage = StorageIO(store)
+        storage = StorageIO(store, num_read_threads=DISK_READ_THREADS)
     logger.info(
         "hierarchical cache: host pool %d tokens (%.2f GiB), page size %d, policy %s, disk %s",
         host_pool.total_size(),

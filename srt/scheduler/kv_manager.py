@@ -46,13 +46,22 @@ class KVManager:
         KV slots."""
         fill = req.fill_ids
         limit = req.max_prefix_match()
-        match = self.cache.match_and_load(fill[:limit])
+        if self._could_fit(req):
+            match = self.cache.match_and_load(fill[:limit])
+        else:  # loading from a slower tier would evict work it cannot use this step
+            match = self.cache.match_prefix(fill[:limit])
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
         req.num_cached_prefix = num
         req.num_kv_tokens = num
         return match.kv_slots
+
+    def _could_fit(self, req: Req) -> bool:
+        """Whether the whole request could get device slots now (free plus evictable slots;
+        its own cached prefix counts among the evictable ones)."""
+        room = self.allocator.available_size() + self.cache.evictable_size()
+        return room >= req.fill_len + self.page_size
 
     def alloc_for_cache(self, num_tokens: int) -> torch.Tensor | None:
         """Fresh device slots (whole pages) for KV a tiered prefix cache loads back; evicts
