@@ -68,6 +68,9 @@ class HostKVPool:
         self._free_pages: list[int] = list(range(self.num_pages))  # a min-heap of free page ids
         # [num_pages] bool on the CPU: True where the page is free
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool)
+        # [num_pages] int64 CPU: bumped when a page is freed, so a reader on another thread
+        # can tell that the page it copied may hold another page's KV by now
+        self._generation = torch.zeros(self.num_pages, dtype=torch.int64)
 
     @staticmethod
     def tokens_for_bytes(
@@ -121,6 +124,7 @@ class HostKVPool:
         if torch.unique(pages).numel() != pages.numel() or bool(self._is_free[pages].any()):
             raise AssertionError(f"host pages freed twice: {pages.tolist()}")
         self._is_free[pages] = True
+        self._generation[pages] += 1
         for page in pages.tolist():
             heapq.heappush(self._free_pages, page)
 
@@ -175,6 +179,17 @@ class HostKVPool:
     def page_bytes(self, page_id: int) -> bytes:
         """A copy of page ``page_id``'s raw bytes (``bytes_per_page`` of them)."""
         return self._page_u8(page_id).numpy().tobytes()
+
+    def page_generation(self, page_id: int) -> int:
+        """How many times page ``page_id`` was freed so far."""
+        return int(self._generation[page_id])
+
+    def snapshot_page(self, page_id: int, generation: int) -> bytes | None:
+        """Page ``page_id``'s bytes if it was not freed since ``generation`` (else None: it
+        may hold other KV by now). Safe from another thread: the owner writes a page only
+        after allocating it, which follows a free, which bumps the generation first."""
+        data = self.page_bytes(page_id)
+        return data if self.page_generation(page_id) == generation else None
 
     def write_page_bytes(self, page_id: int, payload: bytes | bytearray | memoryview) -> None:
         """Overwrites page ``page_id`` with a payload from :meth:`page_bytes` of a pool of the

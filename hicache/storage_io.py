@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -54,7 +54,8 @@ IO_COUNTERS = (
 class _Write:
     key: bytes
     token_ids: tuple[int, ...]
-    payload: bytes
+    payload: bytes | Callable[[], bytes | None]  # the bytes, or how to get them when written
+    num_bytes: int
 
 
 @dataclass(frozen=True)
@@ -113,26 +114,38 @@ class StorageIO:
 
     # --- writes ------------------------------------------------------------------------------
 
-    def submit_write(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+    def submit_write(
+        self,
+        key: bytes,
+        token_ids: Sequence[int],
+        payload: Payload | Callable[[], bytes | None],
+        num_bytes: int | None = None,
+    ) -> bool:
         """Queue a write; False if it was dropped (over the bound, or closed). True also when
-        the page is already stored or queued (nothing is queued then)."""
+        the page is already stored or queued (nothing is queued then). ``payload`` may be a
+        function of no arguments that the writer thread calls for the bytes (``num_bytes`` of
+        them; None: the page went stale, nothing is written), which keeps the copy off the
+        caller's thread."""
         check_key(key)
         if self._store_has(key):
             return True
-        if self._pending_write_bytes + memoryview(payload).nbytes > self.max_pending_write_bytes:
+        size = num_bytes if callable(payload) else memoryview(payload).nbytes
+        if size is None:
+            raise ValueError("submit_write with a payload function needs num_bytes")
+        if self._pending_write_bytes + size > self.max_pending_write_bytes:
             with self._lock:  # the early answer that saves a copy; re-checked below
                 self._counters["writes_skipped"] += 1
             return False
-        data = payload if isinstance(payload, bytes) else bytes(payload)
+        data = payload if isinstance(payload, bytes) or callable(payload) else bytes(payload)
         with self._lock:
             if key in self._write_queue or key in self._writing:
                 return True
-            over = self._pending_write_bytes + len(data) > self.max_pending_write_bytes
+            over = self._pending_write_bytes + size > self.max_pending_write_bytes
             if self._is_closing or over:
                 self._counters["writes_skipped"] += 1
                 return False
-            self._write_queue[key] = _Write(key, _as_tuple(token_ids), data)
-            self._pending_write_bytes += len(data)
+            self._write_queue[key] = _Write(key, _as_tuple(token_ids), data, size)
+            self._pending_write_bytes += size
             self._counters["writes_queued"] += 1
             self._writes_changed.notify_all()
         return True
@@ -164,12 +177,14 @@ class StorageIO:
                 self._writing[key] = item
             is_stored = False
             try:
-                is_stored = bool(self.store.set(item.key, item.token_ids, item.payload))
+                data = item.payload() if callable(item.payload) else item.payload
+                if data is not None:
+                    is_stored = bool(self.store.set(item.key, item.token_ids, data))
             except Exception as error:  # a failing store loses the page, nothing else
                 logger.debug("hicache: page write failed: %r", error)
             with self._writes_changed:
                 del self._writing[key]
-                self._pending_write_bytes -= len(item.payload)
+                self._pending_write_bytes -= item.num_bytes
                 self._counters["writes_done" if is_stored else "writes_failed"] += 1
                 self._writes_changed.notify_all()
 
@@ -184,7 +199,8 @@ class StorageIO:
             pending = self._write_queue.get(key) or self._writing.get(key)
             if pending is not None and pending.token_ids == tokens:
                 self._counters["reads_from_pending"] += 1
-                return _resolved(pending.payload)
+                payload = pending.payload
+                return _resolved(payload() if callable(payload) else payload)
             if self._is_closing or self._pending_reads >= self.max_pending_reads:
                 self._counters["reads_skipped"] += 1
                 return _resolved(None)
@@ -259,7 +275,7 @@ class StorageIO:
     def _drop_queued_writes(self) -> None:
         with self._writes_changed:
             for item in self._write_queue.values():
-                self._pending_write_bytes -= len(item.payload)
+                self._pending_write_bytes -= item.num_bytes
             self._counters["writes_dropped"] += len(self._write_queue)
             self._write_queue.clear()
             self._writes_changed.notify_all()

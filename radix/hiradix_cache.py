@@ -35,6 +35,7 @@ measured copy and prefill rates). Disk pages are read by the storage threads (st
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import time
@@ -54,6 +55,7 @@ from radixlm.radix.tree_node import TreeNode, child_key, iter_subtree
 logger = logging.getLogger(__name__)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
 DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
@@ -92,6 +94,7 @@ class HiRadixCache(RadixCache):
         self.stats = TierStats()
         self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
         self._pending_writes: list[TreeNode] = []
+        self._loaded_since_prefill = False
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
 
     # ----------------------------------------------------------------------------- matching
@@ -332,8 +335,9 @@ class HiRadixCache(RadixCache):
 
     def _alloc_host(self, num_tokens: int, keep: set[int]) -> torch.Tensor | None:
         slots = self.host_pool.alloc(num_tokens)
-        if slots is None:
-            self._evict_host(num_tokens - self.host_pool.available_size(), keep)
+        if slots is None:  # evict a batch: each eviction pass walks the whole tree
+            short = num_tokens - self.host_pool.available_size()
+            self._evict_host(max(short, self.host_pool.total_size() // HOST_EVICT_BATCH), keep)
             slots = self.host_pool.alloc(num_tokens)
         return slots
 
@@ -397,13 +401,18 @@ class HiRadixCache(RadixCache):
             self._queue_disk_writes(node)
 
     def _queue_disk_writes(self, node: TreeNode) -> None:
-        pages = self.host_pool.page_ids(node.host_slots)
+        """Queues the node's pages for the disk writer, which copies them out of the host pool
+        itself (a page freed before that is skipped: its generation tells)."""
+        pool = self.host_pool
+        pages = pool.page_ids(node.host_slots).tolist()
         for i, key in enumerate(node.page_keys):
             if self.storage.exists(key):
                 continue
             tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
-            payload = self.host_pool.page_bytes(int(pages[i]))
-            if not self.storage.submit_write(key, tokens, payload):
+            snapshot = functools.partial(
+                pool.snapshot_page, pages[i], pool.page_generation(pages[i])
+            )
+            if not self.storage.submit_write(key, tokens, snapshot, pool.bytes_per_page):
                 self.stats.disk_writes_skipped += 1
 
     # ----------------------------------------------------------------------------- disk tier
@@ -549,11 +558,17 @@ class HiRadixCache(RadixCache):
             start += len(node.key)
             self._count_device(node, +1)
         self.stats.load_back_tokens += num_tokens
+        self._loaded_since_prefill = True
         return True
 
     # ----------------------------------------------------------------------------- prefill rate
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """Measures the recompute rate on prefill steps that loaded nothing (a load's copy
+        runs before the forward on the same stream, so it would count as compute)."""
+        if self._loaded_since_prefill:
+            self._loaded_since_prefill = False
+            return
         self.stats.on_prefill(num_tokens, seconds)
 
     # ----------------------------------------------------------------------------- whole cache

@@ -235,3 +235,28 @@ def test_concurrent_submitters(faulty: FaultyStore) -> None:
     assert io.flush(timeout_s=5) and wrong == []
     faulty.check_integrity()
     io.close()
+
+
+def test_a_payload_function_runs_on_the_writer_and_none_writes_nothing(
+    faulty: FaultyStore,
+) -> None:
+    from radixlm.hicache.host_pool import HostKVPool
+
+    pool = HostKVPool(2 * PAGE_SIZE, PAGE_SIZE, 1, 1, 2, torch.float32)
+    slots = pool.alloc(2 * PAGE_SIZE)
+    pool.data.copy_(torch.arange(pool.data.numel(), dtype=torch.float32).view_as(pool.data))
+    io = make_io(faulty)
+    (key_a, tokens_a, _), (key_b, tokens_b, _) = make_pages(2)
+    stale = pool.page_generation(1)
+    expected = pool.page_bytes(0)
+    assert io.submit_write(key_a, tokens_a, lambda: pool.snapshot_page(0, 0), pool.bytes_per_page)
+    pool.free(slots[PAGE_SIZE:])  # page 1 freed before the writer copies it: stale
+    assert io.submit_write(
+        key_b, tokens_b, lambda: pool.snapshot_page(1, stale), pool.bytes_per_page
+    )
+    assert io.flush(timeout_s=5) and io.pending_write_bytes() == 0
+    assert io.submit_read(key_a, tokens_a).result(timeout=5) == expected
+    assert not faulty.exists(key_b)
+    with pytest.raises(ValueError, match="num_bytes"):
+        io.submit_write(key_b, tokens_b, lambda: b"")
+    io.close()
