@@ -94,7 +94,7 @@ class HiRadixCache(RadixCache):
         self.stats = TierStats()
         self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
         self._pending_writes: list[TreeNode] = []
-        self._loaded_since_prefill = False
+        self._loaded_since_prefill = 0  # tokens loaded since the last prefill step
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
 
     # ----------------------------------------------------------------------------- matching
@@ -558,17 +558,20 @@ class HiRadixCache(RadixCache):
             start += len(node.key)
             self._count_device(node, +1)
         self.stats.load_back_tokens += num_tokens
-        self._loaded_since_prefill = True
+        self._loaded_since_prefill += num_tokens
         return True
 
     # ----------------------------------------------------------------------------- prefill rate
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """Measures the recompute rate on prefill steps that loaded nothing (a load's copy
-        runs before the forward on the same stream, so it would count as compute)."""
-        if self._loaded_since_prefill:
-            self._loaded_since_prefill = False
-            return
+        """Measures the recompute rate. The copies of loads admitted with this step run
+        before its forward on the same stream: their estimated time is taken off."""
+        loaded, self._loaded_since_prefill = self._loaded_since_prefill, 0
+        if loaded:
+            load_s = self.controller.estimate_load_seconds(loaded)
+            if load_s >= seconds:  # the step was mostly the copy: nothing to learn
+                return
+            seconds -= load_s
         self.stats.on_prefill(num_tokens, seconds)
 
     # ----------------------------------------------------------------------------- whole cache

@@ -692,6 +692,22 @@ def test_loads_slower_than_recomputing_are_skipped_and_kv_stays_right(make_world
     world.check_all()
 
 
+def test_the_recompute_rate_leaves_out_the_copies_of_loads(make_world):
+    """A prefill step admitted with loads waits for their copies: the estimated copy time is
+    taken off before the step counts as compute (a restart where every step loads still
+    learns the recompute rate)."""
+    world = make_world(4, num_slots=32, policy="write_through")
+    tokens = seq(16)
+    world.run(tokens)
+    world.cache.evict(world.num_slots)
+    assert world.match_and_load(tokens).num_host_hit == 16
+    load_s = world.cache.controller.estimate_load_seconds(16)
+    world.cache.observe_prefill(100, load_s + 100e-3)
+    assert world.cache.stats.prefill_s_per_token == pytest.approx(1e-3)
+    world.cache.observe_prefill(100, 50e-3)  # no loads since: measured as it is
+    assert world.cache.stats.prefill_s_per_token == pytest.approx(0.8e-3 + 0.2 * 0.5e-3)
+
+
 def test_insert_over_host_only_nodes_takes_the_callers_slots(make_world):
     world = make_world(1, num_slots=16, policy="write_back")
     tokens = seq(8)
@@ -734,7 +750,8 @@ def test_a_restart_starts_warm_from_disk(make_world, tmp_path, page_size, policy
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_disk_pages_continue_a_device_prefix(make_world, tmp_path, page_size):
+@pytest.mark.parametrize("prefix_tier", ["device", "host"])
+def test_disk_pages_continue_a_prefix_in_the_tree(make_world, tmp_path, page_size, prefix_tier):
     ps = page_size
     world = make_world(ps, num_slots=16 * ps, policy="write_back", disk_dir=tmp_path)
     tokens = seq(6 * ps)
@@ -742,10 +759,13 @@ def test_disk_pages_continue_a_device_prefix(make_world, tmp_path, page_size):
     spill(world, tokens)
     world.restart()
     slow_prefill(world)
-    world.run(tokens[: 2 * ps])  # recomputed: on the device again, its disk pages unread
+    world.run(tokens[: 2 * ps])  # recomputed: in the tree again, its disk pages unread
+    if prefix_tier == "host":
+        world.cache.evict(16 * ps)
     world.cache.prefetch(tokens)  # the reads start ahead of the admission
     match = world.match_and_load(tokens)
-    assert (match.matched_len, match.num_disk_hit) == (6 * ps, 4 * ps)
+    num_host = 2 * ps if prefix_tier == "host" else 0
+    assert (match.matched_len, match.num_host_hit, match.num_disk_hit) == (6 * ps, num_host, 4 * ps)
     world.check_all()
 
 
