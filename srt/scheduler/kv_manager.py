@@ -59,9 +59,10 @@ class KVManager:
 
     def _could_fit(self, req: Req) -> bool:
         """Whether the whole request could get device slots now (free plus evictable slots;
-        its own cached prefix counts among the evictable ones)."""
+        its own cached prefix counts among the evictable ones): the same condition under which
+        its prefill gets slots once its device prefix is locked."""
         room = self.allocator.available_size() + self.cache.evictable_size()
-        return room >= req.fill_len + self.page_size
+        return room >= req.fill_len
 
     def alloc_for_cache(self, num_tokens: int) -> torch.Tensor | None:
         """Fresh device slots (whole pages) for KV a tiered prefix cache loads back; evicts

@@ -859,6 +859,31 @@ def test_a_stalled_writer_drops_pages_instead_of_queueing_without_bound(make_wor
     assert 3 <= world.store.num_pages() < 6
 
 
+def test_a_host_page_reused_before_the_writer_copies_it_never_reaches_the_disk(
+    make_world, tmp_path
+):
+    """The disk writer copies a page out of the host pool when it gets to it; a page freed
+    and filled with other KV meanwhile must be skipped, not stored under the old key."""
+    world = make_world(
+        4, num_slots=64, host_tokens=12, disk_dir=tmp_path, fault_mode="stall", stall_s=30.0
+    )
+    first, second = seq(12), seq(12, base=100)
+    world.run(first)  # the writer takes page 0 and stalls; pages 1 and 2 wait in the queue
+    deadline = time.monotonic() + 10.0
+    while not world.faulty.calls["set"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    world.run(second)  # its backup takes the host pages of first, now holding other KV
+    world.check_all()
+    world.faulty.release()
+    world.flush()
+    world.restart()
+    slow_prefill(world)
+    match = world.match_and_load(first)  # values checked: page 0 only, never second's KV
+    assert match.num_disk_hit == 4
+    assert world.match_and_load(second).num_disk_hit == 12
+    world.check_all()
+
+
 def test_a_failing_store_never_reaches_the_scheduler(make_world, tmp_path):
     """Every store call raising: inserts, backups, prefetches, loads and evictions go on."""
     world = make_world(
