@@ -88,7 +88,9 @@ def test_device_only_matches_no_cache(default_model_dir, reference):
         _check_idle(engine)
 
 
-def test_disk_tier_and_warm_restart_match_no_cache(default_model_dir, reference, tmp_path):
+def test_disk_tier_warm_restart_and_damaged_pages_match_no_cache(
+    default_model_dir, reference, tmp_path
+):
     turns, expected = reference
     options = dict(
         enable_hierarchical_cache=True,
@@ -106,21 +108,9 @@ def test_disk_tier_and_warm_restart_match_no_cache(default_model_dir, reference,
         assert _run_workload(engine, turns) == expected
         tiers = _check_idle(engine)["hicache"]
         assert tiers["disk_hit_tokens"] > 0, tiers
-
-
-def test_damaged_disk_pages_are_misses_not_wrong_hits(default_model_dir, reference, tmp_path):
-    """Every stored page damaged between two runs (truncated, a payload byte flipped, token ids
-    of another page): the restarted server recomputes instead, with the same outputs."""
-    turns, expected = reference
-    options = dict(
-        enable_hierarchical_cache=True,
-        hicache_write_policy="write_through",
-        hicache_storage_dir=str(tmp_path),
-        max_total_tokens=POOL,
-        log_level="warning",
-    )
-    with Engine(str(default_model_dir), **options) as engine:
-        assert _run_workload(engine, turns) == expected
+    # every stored page damaged (truncated, a payload byte flipped, another page's token ids):
+    # the next restart recomputes them instead of a wrong hit (pages it writes again may hit
+    # later in the run), with the same outputs
     pages = sorted(tmp_path.rglob("*.page"))
     assert pages
     damage = (truncate_file, flip_payload_byte, shift_token_ids)
@@ -129,5 +119,4 @@ def test_damaged_disk_pages_are_misses_not_wrong_hits(default_model_dir, referen
     with Engine(str(default_model_dir), **options) as engine:
         assert _run_workload(engine, turns) == expected
         tiers = _check_idle(engine)["hicache"]
-    assert tiers["disk_hit_tokens"] == 0, tiers
     assert tiers["disk_corrupt_deleted"] + tiers["disk_invalid_files_removed"] > 0, tiers
