@@ -88,6 +88,7 @@ def ready_info(s: Scheduler) -> dict[str, Any]:
         "model_path": str(r.model_dir),
         "architecture": r.model_config.architecture,
         "max_total_tokens": s.kv.max_total_tokens,
+        "page_size": s.kv.page_size,  # resolved: --enable-hierarchical-cache raises 1 to 16
         "context_length": r.context_length,
         "vocab_size": r.vocab_size,
         "device": str(r.device),
