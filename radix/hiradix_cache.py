@@ -233,22 +233,9 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------------------- locks, counts
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        while not node.is_root:
-            if node.lock_ref == 0 and node.kv_slots is not None:
-                self._evictable_tokens -= len(node.key)
-                self._protected_tokens += len(node.key)
-            node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
-
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        while not node.is_root:
-            assert node.lock_ref > 0, f"dec_lock_ref on unlocked node {node.node_id}"
-            if node.lock_ref == 1 and node.kv_slots is not None:
-                self._protected_tokens -= len(node.key)
-                self._evictable_tokens += len(node.key)
-            node.lock_ref -= 1
-            node = node.parent  # type: ignore[assignment]
+    @staticmethod
+    def _counts_tokens(node: TreeNode) -> bool:
+        return node.kv_slots is not None  # the counters are the device pool's
 
     def _count_device(self, node: TreeNode, sign: int) -> None:
         if node.lock_ref:

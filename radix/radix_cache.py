@@ -115,7 +115,7 @@ class RadixCache(PrefixCache):
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         while not node.is_root:
-            if node.lock_ref == 0:
+            if node.lock_ref == 0 and self._counts_tokens(node):
                 self._evictable_tokens -= len(node.key)
                 self._protected_tokens += len(node.key)
             node.lock_ref += 1
@@ -124,11 +124,17 @@ class RadixCache(PrefixCache):
     def dec_lock_ref(self, node: TreeNode) -> None:
         while not node.is_root:
             assert node.lock_ref > 0, f"dec_lock_ref on unlocked node {node.node_id}"
-            if node.lock_ref == 1:
+            if node.lock_ref == 1 and self._counts_tokens(node):
                 self._protected_tokens -= len(node.key)
                 self._evictable_tokens += len(node.key)
             node.lock_ref -= 1
             node = node.parent  # type: ignore[assignment]
+
+    @staticmethod
+    def _counts_tokens(node: TreeNode) -> bool:
+        """Whether the node's tokens count in evictable / protected (a tiered cache counts
+        device-resident nodes only)."""
+        return True
 
     def evict(self, num_tokens: int) -> int:
         heap = [
