@@ -35,20 +35,17 @@ measured copy and prefill rates). Disk pages are read by the storage threads (st
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import torch
 
-from radixlm.hicache.page_hash import page_key
 from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
 from radixlm.radix.hicache_stats import TierStats
+from radixlm.radix.hiradix_disk import DiskPages, last_key
 from radixlm.radix.radix_cache import RadixCache
 from radixlm.radix.tree_node import TreeNode, child_key, iter_subtree
 
@@ -57,9 +54,6 @@ logger = logging.getLogger(__name__)
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
-MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
-DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
-DISK_WAIT_SHARE = 0.5  # longest wait for disk reads, as a share of recomputing the tokens
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
 
@@ -92,7 +86,7 @@ class HiRadixCache(RadixCache):
         self.write_policy = write_policy
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
-        self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
+        self.disk = None if storage is None else DiskPages(storage, page_size, self.stats)
         self._pending_writes: list[TreeNode] = []
         self._loaded_since_prefill = 0  # tokens loaded since the last prefill step
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
@@ -382,55 +376,23 @@ class HiRadixCache(RadixCache):
         return True
 
     def _store_pages(self, node: TreeNode) -> None:
-        if self.storage is None or node.page_keys is None or node.host_slots is None:
+        if self.disk is None or node.page_keys is None or node.host_slots is None:
             return
         with self.stats.timed("store_pages"):
-            self._queue_disk_writes(node)
-
-    def _queue_disk_writes(self, node: TreeNode) -> None:
-        """Queues the node's pages for the disk writer, which copies them out of the host pool
-        itself (a page freed before that is skipped: its generation tells)."""
-        pool = self.host_pool
-        pages = pool.page_ids(node.host_slots).tolist()
-        for i, key in enumerate(node.page_keys):
-            if self.storage.exists(key):
-                continue
-            tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
-            snapshot = functools.partial(
-                pool.snapshot_page, pages[i], pool.page_generation(pages[i])
-            )
-            if not self.storage.submit_write(key, tokens, snapshot, pool.bytes_per_page):
-                self.stats.disk_writes_skipped += 1
+            self.disk.queue_writes(node, self.host_pool)
 
     # ----------------------------------------------------------------------------- disk tier
 
     def _set_page_keys(self, node: TreeNode, namespace: str | None) -> None:
-        if self.storage is None:
-            return
-        parent = node.parent
-        prev = parent.page_keys[-1] if parent is not None and parent.page_keys else None
-        keys = []
-        for i in range(0, len(node.key), self.page_size):
-            prev = page_key(prev, namespace, node.key[i : i + self.page_size])
-            keys.append(prev)
-        node.page_keys = keys
+        if self.disk is not None:
+            node.page_keys = self.disk.keys_after(last_key(node.parent), namespace, node.key)
 
     def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> None:
-        if self.storage is None:
+        if self.disk is None:
             return
         tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
         node, pos = self._peek(tokens, namespace)
-        prev = node.page_keys[-1] if node.page_keys else None
-        for start in range(pos, len(tokens), self.page_size):
-            page = tokens[start : start + self.page_size]
-            prev = page_key(prev, namespace, page)
-            if prev in self._prefetched:
-                continue
-            if not self.storage.exists(prev):
-                break
-            self._prefetched[prev] = self.storage.submit_read(prev, page)
-        while len(self._prefetched) > MAX_PREFETCH_PAGES:
-            self._prefetched.popitem(last=False)
+        self.disk.prefetch(last_key(node), namespace, tokens, pos)
 
     def _peek(self, tokens: tuple[int, ...], namespace: str | None) -> tuple[TreeNode, int]:
         """The deepest node whose whole key matches ``tokens`` (no split, no clock)."""
@@ -448,19 +410,11 @@ class HiRadixCache(RadixCache):
         self, last: TreeNode, tokens: tuple[int, ...], pos: int, namespace: str | None
     ) -> list[TreeNode]:
         """Pages past the tree's end found on disk, as new host-only nodes under ``last``."""
-        if self.storage is None or pos >= len(tokens):
+        if self.disk is None or pos >= len(tokens):
             return []
         if not last.is_root and (last.page_keys is None or not self._backup(last)):
             return []  # a host-only child needs a parent with a host copy
-        prev = last.page_keys[-1] if last.page_keys else None
-        keys, pages = [], []
-        for start in range(pos, len(tokens), self.page_size):
-            page = tokens[start : start + self.page_size]
-            prev = page_key(prev, namespace, page)
-            if prev not in self._prefetched and not self.storage.exists(prev):
-                break
-            keys.append(prev)
-            pages.append(page)
+        keys, pages = self.disk.find(last_key(last), namespace, tokens, pos)
         if not keys:
             return []
         num_tokens = len(keys) * self.page_size
@@ -469,38 +423,12 @@ class HiRadixCache(RadixCache):
         ):
             self.stats.loads_skipped_slower += 1
             return []
-        futures = [
-            self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
-            for k, p in zip(keys, pages, strict=True)
-        ]
         with self.stats.timed("disk_wait"):
-            payloads = self._collect(futures, num_tokens)
+            payloads = self.disk.read(keys, pages, num_tokens)
         if not payloads:
             return []
         with self.stats.timed("disk_to_host"):
             return self._disk_to_host(last, keys, pages, payloads)
-
-    def _collect(self, futures: list[Future], num_tokens: int) -> list[bytes]:
-        """The leading payloads that arrive in time: waits at most a share of what recomputing
-        the tokens would take (a wait that ends in a recompute costs both); a miss, an error
-        or a timeout ends the run, and the pages before it are used."""
-        wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
-        deadline = time.perf_counter() + wait_s
-        out = []
-        start = time.perf_counter()
-        for fut in futures:
-            try:
-                payload = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
-            except Exception:  # a timeout or a failing store: a miss from here on
-                payload = None
-            if payload is None:
-                break
-            out.append(payload)
-        for fut in futures[len(out) :]:
-            fut.cancel()
-        if out:
-            self.stats.on_disk_read(sum(len(p) for p in out), time.perf_counter() - start)
-        return out
 
     def _disk_to_host(
         self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]], payloads: list
@@ -577,7 +505,8 @@ class HiRadixCache(RadixCache):
             if node.host_slots is not None:
                 self.host_pool.free(node.host_slots)
         self._pending_writes = []
-        self._prefetched.clear()
+        if self.disk is not None:
+            self.disk.forget_reads()
         self._roots = {None: self._new_root()}
         self._evictable_tokens = 0
 
@@ -586,8 +515,8 @@ class HiRadixCache(RadixCache):
         for node in self._pending_writes:
             self._finish_write(node, wait=True)
         self._pending_writes = []
-        if self.storage is not None:
-            self.storage.close()
+        if self.disk is not None:
+            self.disk.close()
 
     def tier_stats(self) -> dict[str, Any]:
         self._progress()

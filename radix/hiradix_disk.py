@@ -1,0 +1,121 @@
+"""The tiered tree's side of the disk tier: chained page keys, reads started ahead of admission,
+the run of pages on disk past a node, reads waited for within a deadline, and host pages queued
+for the writer thread. The tree decides; this module only talks to ``hicache.StorageIO``."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+from radixlm.hicache.page_hash import page_key
+from radixlm.radix.hicache_stats import TierStats
+from radixlm.radix.tree_node import TreeNode
+
+MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
+DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
+DISK_WAIT_SHARE = 0.5  # longest wait for disk reads, as a share of recomputing the tokens
+
+Page = tuple[int, ...]
+
+
+class DiskPages:
+    """Pages on disk by chained key; ``storage`` is a ``StorageIO`` (thread-safe)."""
+
+    def __init__(self, storage: Any, page_size: int, stats: TierStats) -> None:
+        self.storage = storage
+        self.page_size = page_size
+        self.stats = stats
+        self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
+
+    def keys_after(self, prev: bytes | None, namespace: str | None, tokens: Page) -> list[bytes]:
+        """The keys of the whole pages of ``tokens``, chained from the key ``prev``."""
+        keys = []
+        for i in range(0, len(tokens), self.page_size):
+            prev = page_key(prev, namespace, tokens[i : i + self.page_size])
+            keys.append(prev)
+        return keys
+
+    def _pages(self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int):
+        """(key, page) of each whole page of ``tokens[pos:]``, chained from ``prev``."""
+        for start in range(pos, len(tokens) - self.page_size + 1, self.page_size):
+            page = tokens[start : start + self.page_size]
+            prev = page_key(prev, namespace, page)
+            yield prev, page
+
+    def prefetch(self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int) -> None:
+        """Starts reading the run of pages on disk after ``tokens[:pos]``."""
+        for key, page in self._pages(prev, namespace, tokens, pos):
+            if key in self._prefetched:
+                continue
+            if not self.storage.exists(key):
+                break
+            self._prefetched[key] = self.storage.submit_read(key, page)
+        while len(self._prefetched) > MAX_PREFETCH_PAGES:
+            self._prefetched.popitem(last=False)
+
+    def find(
+        self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int
+    ) -> tuple[list[bytes], list[Page]]:
+        """The keys and pages of the run on disk (or being read) after ``tokens[:pos]``."""
+        keys, pages = [], []
+        for key, page in self._pages(prev, namespace, tokens, pos):
+            if key not in self._prefetched and not self.storage.exists(key):
+                break
+            keys.append(key)
+            pages.append(page)
+        return keys, pages
+
+    def read(self, keys: list[bytes], pages: list[Page], num_tokens: int) -> list[bytes]:
+        """The leading verified payloads that arrive in time: waits at most a share of what
+        recomputing the tokens would take (a wait that ends in a recompute costs both); a
+        miss, an error or a timeout ends the run, and the pages before it are used."""
+        futures = [
+            self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
+            for k, p in zip(keys, pages, strict=True)
+        ]
+        wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
+        start = time.perf_counter()
+        deadline = start + wait_s
+        out = []
+        for fut in futures:
+            try:
+                payload = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
+            except Exception:  # a timeout or a failing store: a miss from here on
+                payload = None
+            if payload is None:
+                break
+            out.append(payload)
+        for fut in futures[len(out) :]:
+            fut.cancel()
+        if out:
+            self.stats.on_disk_read(sum(len(p) for p in out), time.perf_counter() - start)
+        return out
+
+    def queue_writes(self, node: TreeNode, host_pool: Any) -> None:
+        """Queues the node's pages for the disk writer, which copies them out of the host pool
+        itself (a page freed before that is skipped: its generation tells)."""
+        pages = host_pool.page_ids(node.host_slots).tolist()
+        for i, key in enumerate(node.page_keys or ()):
+            if self.storage.exists(key):
+                continue
+            tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
+            snapshot = functools.partial(
+                host_pool.snapshot_page, pages[i], host_pool.page_generation(pages[i])
+            )
+            if not self.storage.submit_write(key, tokens, snapshot, host_pool.bytes_per_page):
+                self.stats.disk_writes_skipped += 1
+
+    def forget_reads(self) -> None:
+        self._prefetched.clear()
+
+    def close(self) -> None:
+        self._prefetched.clear()
+        self.storage.close()
+
+
+def last_key(node: TreeNode) -> bytes | None:
+    """The key of the node's last page (None for a root: the chain starts there)."""
+    return node.page_keys[-1] if node.page_keys else None
