@@ -47,7 +47,7 @@ from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
 from radixlm.radix.hicache_stats import TierStats
 from radixlm.radix.hiradix_disk import DiskPages, last_key
 from radixlm.radix.radix_cache import RadixCache
-from radixlm.radix.tree_node import TreeNode, child_key, iter_subtree
+from radixlm.radix.tree_node import TreeNode, child_key
 
 logger = logging.getLogger(__name__)
 
@@ -554,22 +554,11 @@ class HiRadixCache(RadixCache):
 
         check_hiradix(self)
 
-    def format_tree(self) -> str:
-        lines = [
-            f"HiRadixCache(page_size={self.page_size}, evictable={self._evictable_tokens}, "
-            f"protected={self._protected_tokens}, host_used={self.host_pool.used_size()})"
-        ]
-        for namespace, root in self._roots.items():
-            lines.append(f"namespace={namespace!r}")
-            for node in iter_subtree(root):
-                where = ("D" if node.kv_slots is not None else "-") + (
-                    "H" if node.host_slots is not None else "-"
-                )
-                lines.append(
-                    f"  node {node.node_id} parent {node.parent.node_id} len={len(node.key)} "
-                    f"{where} lock={node.lock_ref} hits={node.hit_count}"
-                )
-        return "\n".join(lines)
+    @staticmethod
+    def _where(node: TreeNode, more: str) -> str:
+        device = "device" if node.kv_slots is not None else ""
+        host = "host" if node.host_slots is not None else ""
+        return f"on={'+'.join(t for t in (device, host) if t)} hits={node.hit_count}"
 
     def snapshot(self):  # the plain tree's snapshot reads device slots of every node
         raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")

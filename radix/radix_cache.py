@@ -199,8 +199,8 @@ class RadixCache(PrefixCache):
 
     def format_tree(self) -> str:
         lines = [
-            f"RadixCache(page_size={self.page_size}, evictable={self._evictable_tokens}, "
-            f"protected={self._protected_tokens})"
+            f"{type(self).__name__}(page_size={self.page_size}, "
+            f"evictable={self._evictable_tokens}, protected={self._protected_tokens})"
         ]
         for namespace, root in self._roots.items():
             lines.append(f"namespace={namespace!r}")
@@ -281,13 +281,17 @@ class RadixCache(PrefixCache):
             node = node.parent  # type: ignore[assignment]
         return tuple(t for key in reversed(keys) for t in key)
 
+    @staticmethod
+    def _where(node: TreeNode, more: str) -> str:
+        """Where the node's KV lives, for ``format_tree``."""
+        return f"slots={node.kv_slots[:_MAX_TOKENS_SHOWN].tolist()}{more}"
+
     def _format_subtree(self, node: TreeNode, depth: int, lines: list[str]) -> None:
         for child in sorted(node.children.values(), key=lambda n: n.key):
             shown = " ".join(map(str, child.key[:_MAX_TOKENS_SHOWN]))
             more = " ..." if len(child.key) > _MAX_TOKENS_SHOWN else ""
-            slots = child.kv_slots[:_MAX_TOKENS_SHOWN].tolist()
             lines.append(
-                f"{'  ' * depth}[{shown}{more}] len={len(child.key)} slots={slots}{more} "
+                f"{'  ' * depth}[{shown}{more}] len={len(child.key)} {self._where(child, more)} "
                 f"lock={child.lock_ref} t={child.last_access_time}"
             )
             self._format_subtree(child, depth + 1, lines)
