@@ -1,6 +1,6 @@
 """Randomized admissions, insertions, releases, matches, loads, prefetches, evictions, host
 pressure, resets and restarts of a HiRadixCache on real CPU tiers (``TieredKV`` from
-test_hiradix_cache.py), against a brute-force model of what was ever inserted; page sizes 1 and
+hiradix_world.py), against a brute-force model of what was ever inserted; page sizes 1 and
 4, each write policy; with or without a disk tier (roomy, or small enough to evict pages), a
 small or large host pool, and copies run at once or only when waited for.
 
@@ -31,9 +31,9 @@ import shutil
 import tempfile
 
 import hypothesis.strategies as st
+from hiradix_world import Request, TieredKV, slow_prefill, tier_profile
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from test_hiradix_cache import Request, TieredKV, slow_prefill, tier_profile
 
 from radixlm.hicache.disk_store import HEADER_SIZE
 
