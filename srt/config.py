@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -194,9 +195,9 @@ def validate(cfg: ServerConfig) -> None:
 
 
 def _validate_hicache(cfg: ServerConfig) -> None:
-    if not cfg.hicache_ratio > 0:
-        raise ValueError(f"hicache_ratio must be > 0, got {cfg.hicache_ratio}")
-    if cfg.hicache_size < 0:
+    if not (cfg.hicache_ratio > 0 and math.isfinite(cfg.hicache_ratio)):
+        raise ValueError(f"hicache_ratio must be a finite number > 0, got {cfg.hicache_ratio}")
+    if not (cfg.hicache_size >= 0 and math.isfinite(cfg.hicache_size)):
         raise ValueError(
             f"hicache_size must be >= 0 (GiB; 0: use the ratio), got {cfg.hicache_size}"
         )
@@ -208,7 +209,7 @@ def _validate_hicache(cfg: ServerConfig) -> None:
         raise ValueError(
             "enable_hierarchical_cache needs the prefix cache: drop disable_radix_cache"
         )
-    if cfg.hicache_storage_dir is not None and not cfg.enable_hierarchical_cache:
+    if cfg.hicache_storage_dir and not cfg.enable_hierarchical_cache:
         raise ValueError("hicache_storage_dir needs enable_hierarchical_cache")
 
 

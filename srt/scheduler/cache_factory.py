@@ -61,9 +61,16 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
     controller = HiCacheController(pool.k_buffers, pool.v_buffers, host_pool, engine)
     storage = None
     if cfg.hicache_storage_dir:
-        store = DiskPageStore(
-            cfg.hicache_storage_dir, model_fingerprint(cfg, runner), cfg.hicache_storage_max_bytes
-        )
+        try:
+            store = DiskPageStore(
+                cfg.hicache_storage_dir,
+                model_fingerprint(cfg, runner),
+                cfg.hicache_storage_max_bytes,
+            )
+        except OSError as e:
+            raise ValueError(
+                f"hicache_storage_dir {cfg.hicache_storage_dir!r} cannot hold the disk KV tier: {e}"
+            ) from e
         storage = StorageIO(store, num_read_threads=DISK_READ_THREADS)
     logger.info(
         "hierarchical cache: host pool %d tokens (%.2f GiB), page size %d, policy %s, disk %s",

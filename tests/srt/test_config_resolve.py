@@ -67,3 +67,45 @@ def test_resolved_config_is_logged_once_without_secrets(caplog, tiny_llama_dir):
     assert "s3cret" not in lines[0]
     assert _auto_fields(runner.cfg) == []
     assert (runner.device, runner.dtype) == (torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"hicache_ratio": float("inf")}, "hicache_ratio"),
+        ({"hicache_ratio": float("nan")}, "hicache_ratio"),
+        ({"hicache_ratio": -1.0}, "hicache_ratio"),
+        ({"hicache_size": float("nan")}, "hicache_size"),
+        ({"hicache_size": -2.0}, "hicache_size"),
+        ({"hicache_storage_max_bytes": 0}, "hicache_storage_max_bytes"),
+        ({"hicache_write_policy": "sometimes"}, "hicache_write_policy"),
+        ({"hicache_storage_dir": "/tmp/kv"}, "needs enable_hierarchical_cache"),
+        (
+            {"enable_hierarchical_cache": True, "disable_radix_cache": True},
+            "needs the prefix cache",
+        ),
+    ],
+)
+def test_bad_hicache_options_are_refused_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_kwargs(**options)
+
+
+def test_hicache_raises_page_size_1_only_and_an_unusable_folder_is_named(tiny_llama_dir, tmp_path):
+    from radixlm.srt.scheduler.cache_factory import make_kv_manager
+
+    base = dict(model_path=str(tiny_llama_dir), device="cpu", max_total_tokens=256)
+    assert resolve(config_from_kwargs(enable_hierarchical_cache=True, **base)).page_size == 16
+    assert (
+        resolve(config_from_kwargs(enable_hierarchical_cache=True, page_size=4, **base)).page_size
+        == 4
+    )
+    assert resolve(config_from_kwargs(**base)).page_size == 1
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = config_from_kwargs(
+        enable_hierarchical_cache=True, hicache_storage_dir=str(blocker / "kv"), **base
+    )
+    runner = ModelRunner(cfg)
+    with pytest.raises(ValueError, match="hicache_storage_dir"):
+        make_kv_manager(runner.cfg, runner)
