@@ -19,14 +19,27 @@ GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4")
 HICACHE_WRITE_POLICIES = ("write_through_selective", "write_through", "write_back")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+# speculative decoding; SGLang's NGRAM and STANDALONE are accepted as ngram and draft
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
+SPECULATIVE_ALIASES = {
+    "ngram": "ngram",
+    "lookahead": "ngram",
+    "standalone": "draft",
+    "draft": "draft",
+}
+# option names of SGLang (and vLLM) accepted as another spelling of a field
+OPTION_ALIASES = {"tensor_parallel_size": "tp_size"}
 HICACHE_PAGE_SIZE = 16  # page size --enable-hierarchical-cache raises page_size 1 to
 # tool-call formats (srt/parsers): auto picks from the chat template; qwen25/qwen3 are hermes
 TOOL_CALL_PARSERS = ("auto", "hermes", "qwen25", "qwen3", "llama3", "generic", "none")
 REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
 # fields whose "auto" names a behaviour kept at run time, not a placeholder resolve() fills:
 # load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
-AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser")
+AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser", "kv_cache_dtype")
 SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
+GPU_DEFAULT_CHUNK = 8192  # chunked_prefill_size when not given
+CPU_DEFAULT_CHUNK = -1
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +82,12 @@ class ServerConfig:
     page_size: int = _opt(
         1, f"tokens per KV page (--enable-hierarchical-cache raises 1 to {HICACHE_PAGE_SIZE})"
     )
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "KV cache storage (auto: the model's dtype; fp8_*: one byte per value with a scale per "
+        "layer, twice the tokens in the same memory)",
+        KV_CACHE_DTYPES,
+    )
     # hierarchical cache (HiCache): host-memory and disk tiers under the prefix cache
     enable_hierarchical_cache: bool = _opt(
         False, "keep KV evicted from the device in host memory (and on disk) and load it back"
@@ -92,7 +111,13 @@ class ServerConfig:
     # scheduling
     max_running_requests: int = _opt(256, "most requests decoding at once")
     max_prefill_tokens: int = _opt(8192, "token budget of one prefill step")
-    chunked_prefill_size: int = _opt(-1, "split prompts longer than this into chunks (-1: off)")
+    chunked_prefill_size: int | None = _opt(
+        None,
+        "split prompts longer than this into chunks (-1: off; default: on, sized per device)",
+    )
+    disable_mixed_chunk: bool = _opt(
+        False, "run prefill chunks alone instead of together with the running decodes"
+    )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
     attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
@@ -115,6 +140,35 @@ class ServerConfig:
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs")
     disable_overlap_schedule: bool = _opt(False, "do not prepare the next batch during the forward")
     random_seed: int = _opt(0, "seed of unseeded sampling")
+    # speculative decoding
+    speculative_algorithm: str = _opt(
+        "none",
+        "draft tokens to verify in one forward: ngram (from the prompt, the output and the "
+        "prefix cache) or draft (a small model, --speculative-draft-model-path)",
+        SPECULATIVE_ALGORITHMS,
+    )
+    speculative_num_draft_tokens: int = _opt(4, "most draft tokens verified per request and step")
+    speculative_draft_model_path: str | None = _opt(
+        None, "draft model (same tokenizer as the target) for --speculative-algorithm draft"
+    )
+    speculative_ngram_min_match: int = _opt(2, "ngram: shortest suffix that proposes a draft")
+    speculative_ngram_max_match: int = _opt(8, "ngram: longest suffix looked up")
+    speculative_disable_adaptive: bool = _opt(
+        False, "keep the draft length fixed even when few drafts are accepted"
+    )
+    # parallelism
+    tp_size: int = _opt(
+        1, "tensor-parallel ranks (one process per rank; alias --tensor-parallel-size)"
+    )
+    nnodes: int = _opt(1, "machines the tensor-parallel ranks span")
+    node_rank: int = _opt(0, "this machine's index among --nnodes")
+    dist_init_addr: str | None = _opt(
+        None,
+        "host:port of rank 0's rendezvous (default: a free local port; needed with --nnodes > 1)",
+    )
+    dist_timeout_s: float = _opt(
+        120.0, "a collective that waits longer than this fails and takes the server down"
+    )
     num_threads: int | None = _opt(None, "CPU: torch intra-op threads (default: all cores)")
     # server
     host: str = _opt("127.0.0.1", "HTTP host")
@@ -150,12 +204,30 @@ class ServerConfig:
 def config_from_kwargs(**options: Any) -> ServerConfig:
     """Builds a config from keyword options, rejecting unknown names with the list of known ones."""
     known = {f.name for f in fields(ServerConfig)}
+    options = _apply_aliases(options)
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}; known options: {sorted(known)}")
     cfg = ServerConfig(**options)
     validate(cfg)
     return cfg
+
+
+def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
+    """Other projects' spellings of option names and values, turned into ours."""
+    out = dict(options)
+    for alias, name in OPTION_ALIASES.items():
+        if alias in out:
+            value = out.pop(alias)
+            if name in out and out[name] != value:
+                raise ValueError(f"{alias} and {name} name the same option; give one")
+            out[name] = value
+    algo = out.get("speculative_algorithm")
+    if isinstance(algo, str):
+        out["speculative_algorithm"] = SPECULATIVE_ALIASES.get(algo.lower(), algo.lower())
+    elif algo is None and "speculative_algorithm" in out:
+        out["speculative_algorithm"] = "none"
+    return out
 
 
 def validate(cfg: ServerConfig) -> None:
@@ -188,10 +260,45 @@ def validate(cfg: ServerConfig) -> None:
     if cfg.stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
     _validate_hicache(cfg)
-    if cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1:
+    _validate_speculative(cfg)
+    _validate_parallel(cfg)
+    if cfg.chunked_prefill_size is not None and (
+        cfg.chunked_prefill_size == 0 or cfg.chunked_prefill_size < -1
+    ):
         raise ValueError(
             f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"
         )
+
+
+def _validate_speculative(cfg: ServerConfig) -> None:
+    if not 1 <= cfg.speculative_num_draft_tokens <= 64:
+        raise ValueError(
+            f"speculative_num_draft_tokens must be in 1..64, got {cfg.speculative_num_draft_tokens}"
+        )
+    if not 1 <= cfg.speculative_ngram_min_match <= cfg.speculative_ngram_max_match <= 64:
+        raise ValueError(
+            "need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match <= 64, got "
+            f"{cfg.speculative_ngram_min_match} and {cfg.speculative_ngram_max_match}"
+        )
+    if cfg.speculative_algorithm == "draft" and not cfg.speculative_draft_model_path:
+        raise ValueError("speculative_algorithm draft needs speculative_draft_model_path")
+    if cfg.speculative_draft_model_path and cfg.speculative_algorithm != "draft":
+        raise ValueError("speculative_draft_model_path needs speculative_algorithm draft")
+
+
+def _validate_parallel(cfg: ServerConfig) -> None:
+    if cfg.tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {cfg.tp_size}")
+    if cfg.nnodes < 1 or not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(
+            f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {cfg.nnodes} and {cfg.node_rank}"
+        )
+    if cfg.tp_size % cfg.nnodes:
+        raise ValueError(f"tp_size ({cfg.tp_size}) must be a multiple of nnodes ({cfg.nnodes})")
+    if cfg.nnodes > 1 and not cfg.dist_init_addr:
+        raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+    if not (cfg.dist_timeout_s > 0 and math.isfinite(cfg.dist_timeout_s)):
+        raise ValueError(f"dist_timeout_s must be a finite number > 0, got {cfg.dist_timeout_s}")
 
 
 def _validate_hicache(cfg: ServerConfig) -> None:
@@ -238,8 +345,15 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
     page_size = cfg.page_size
     if cfg.enable_hierarchical_cache and page_size == 1:
         page_size = HICACHE_PAGE_SIZE  # a disk file or a host copy per token costs too much
+    chunk = cfg.chunked_prefill_size
+    if chunk is None:
+        chunk = GPU_DEFAULT_CHUNK if torch_device.type == "cuda" else CPU_DEFAULT_CHUNK
     resolved = cfg.replace(
-        device=device, dtype=dtype, attention_backend=backend, page_size=page_size
+        device=device,
+        dtype=dtype,
+        attention_backend=backend,
+        page_size=page_size,
+        chunked_prefill_size=chunk,
     )
     logger.info("config: %s", describe(resolved))
     return resolved
@@ -250,7 +364,12 @@ def describe(cfg: ServerConfig) -> str:
     shown = []
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        if value == f.default and f.name not in ("device", "dtype", "attention_backend"):
+        if value == f.default and f.name not in (
+            "device",
+            "dtype",
+            "attention_backend",
+            "chunked_prefill_size",
+        ):
             continue
         shown.append(f"{f.name}={'***' if f.name in SECRET_FIELDS and value else value!r}")
     return ", ".join(shown)
@@ -265,17 +384,21 @@ def _base_type(tp: Any) -> type:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """Adds one ``--flag`` per ServerConfig field."""
     hints = get_type_hints(ServerConfig)
+    aliases = {name: alias for alias, name in OPTION_ALIASES.items()}
     for f in fields(ServerConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-")]
+        if f.name in aliases:
+            flags.append("--" + aliases[f.name].replace("_", "-"))
         tp = _base_type(hints[f.name])
         if tp is bool:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+            parser.add_argument(*flags, action="store_true", help=f.metadata["help"])
         else:
             parser.add_argument(
-                flag,
+                *flags,
                 type=tp,
                 default=f.default,
-                choices=f.metadata.get("choices"),
+                # speculative_algorithm also takes other spellings (NGRAM, STANDALONE)
+                choices=None if f.name == "speculative_algorithm" else f.metadata.get("choices"),
                 help=f"{f.metadata['help']} (default: {f.default})",
             )
 

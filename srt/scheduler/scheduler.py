@@ -257,10 +257,11 @@ class Scheduler:
         budget is at most one chunk, and only the last request of a batch may be cut short
         (it becomes ``self.chunked`` and continues first next step)."""
         batch = ScheduledBatch(ForwardMode.EXTEND)
-        chunking = self.cfg.chunked_prefill_size > 0
+        chunk_size = self.runner.cfg.chunked_prefill_size  # resolved: never None
+        chunking = chunk_size > 0
         budget = self.cfg.max_prefill_tokens
         if chunking:
-            budget = min(budget, self.cfg.chunked_prefill_size)
+            budget = min(budget, chunk_size)
         if self.chunked is not None:
             used = self._add_extend(batch, self.chunked, budget, chunking)
             if used == 0:
