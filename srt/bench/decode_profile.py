@@ -1,0 +1,158 @@
+"""Where a decode step's time goes, against the bytes it must move (8B-shaped random model, GPU).
+
+    python -m radixlm.srt.bench.decode_profile --batch-sizes 1,256 --backends triton,flashinfer
+
+For each backend and batch size it runs ``input_len``-token prompts, then times ``steps`` decode
+steps end to end (prefill subtracted) and profiles the same steps with ``torch.profiler``:
+kernel time per category (GEMM, attention, sampling, norms/rope/activation, copies and
+indexing, other), GPU busy time against wall time (the rest is the GPU waiting on the CPU), and
+the limit a step cannot beat: the weight bytes plus every request's KV bytes (read once per
+step), over the copy bandwidth measured in the same run. ``--kv-cache-dtype`` compares FP8 KV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from radixlm.srt.bench.bench_gpu import (
+    LLAMA3_8B,
+    calibrate,
+    make_model_folder,
+    prompts,
+    release,
+    timed,
+)
+
+CATEGORIES = (  # first match wins; kernel names are lower-cased
+    ("sampling", ("argmax", "sort", "topk", "softmax", "multinomial", "exponential", "cumsum")),
+    ("attention", ("attn", "attention", "batchdecode", "batchprefill", "_fwd_kernel", "decode_")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "gemv", "splitk")),
+    ("norm/rope/act", ("rms", "norm", "rope", "rotary", "silu", "act_and_mul", "fused")),
+    ("copy/index", ("copy", "index", "gather", "scatter", "fill", "cat", "elementwise")),
+)
+
+
+def category(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return cat
+    return "other"
+
+
+def kernel_times(prof) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of device time per category and per kernel name (top entries)."""
+    per_cat: dict[str, float] = {}
+    per_kernel: dict[str, float] = {}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        seconds = evt.device_time / 1e6
+        per_cat[category(evt.name)] = per_cat.get(category(evt.name), 0.0) + seconds
+        per_kernel[evt.name] = per_kernel.get(evt.name, 0.0) + seconds
+    return per_cat, per_kernel
+
+
+def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, bw: float) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = prompts(batch, args.input_len, vocab, seed=batch)
+    params = {"temperature": 0, "ignore_eos": True}
+
+    def run(n: int) -> float:
+        engine.flush_cache()
+        return timed(
+            lambda: engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": n})
+        )
+
+    run(4)  # warm-up: graphs, JIT
+    t_prefill = min(run(1) for _ in range(2))
+    t_total = min(run(1 + args.steps) for _ in range(2))
+    step_s = (t_total - t_prefill) / args.steps
+    with profile(activities=[ProfilerActivity.CUDA]) as p_prefill:
+        run(1)
+    with profile(activities=[ProfilerActivity.CUDA]) as p_total:
+        run(1 + args.steps)
+    cat_pre, ker_pre = kernel_times(p_prefill)
+    cat_tot, ker_tot = kernel_times(p_total)
+    per_step = {c: (cat_tot.get(c, 0) - cat_pre.get(c, 0)) / args.steps for c in cat_tot}
+    kernels = {k: (ker_tot[k] - ker_pre.get(k, 0)) / args.steps for k in ker_tot}
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    busy = sum(per_step.values())
+    mean_len = args.input_len + args.steps / 2
+    kv_bytes = batch * mean_len * kv_bytes_per_token
+    limit_s = (args.weight_bytes + kv_bytes) / bw
+    return {
+        "batch": batch,
+        "step_ms": step_s * 1e3,
+        "tok_s": batch / step_s,
+        "limit_ms": limit_s * 1e3,
+        "limit_tok_s": batch / limit_s,
+        "fraction_of_limit": limit_s / step_s,
+        "kv_GB_per_step": kv_bytes / 1e9,
+        "gpu_busy_ms": busy * 1e3,
+        "cpu_gap_ms": max(step_s - busy, 0.0) * 1e3,
+        "category_ms": {c: round(v * 1e3, 4) for c, v in sorted(per_step.items())},
+        "top_kernels_ms": [(k[:90], round(v * 1e3, 4)) for k, v in top],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--backends", default="triton,flashinfer")
+    ap.add_argument("--batch-sizes", default="1,256")
+    ap.add_argument("--kv-cache-dtypes", default="auto")
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from radixlm.srt import Engine
+
+    shape = dict(LLAMA3_8B)
+    folder = make_model_folder(Path(args.folder), shape)
+    results: dict = {"device": torch.cuda.get_device_name(), "cases": []}
+    calib = None
+    for kv_dtype in args.kv_cache_dtypes.split(","):
+        for backend in args.backends.split(","):
+            engine = Engine(
+                model_path=str(folder),
+                load_format="dummy",
+                attention_backend=backend,
+                kv_cache_dtype=kv_dtype,
+                max_running_requests=256,
+                log_level="warning",
+            )
+            try:
+                runner = engine.scheduler.runner
+                args.weight_bytes = sum(
+                    p.numel() * p.element_size() for p in runner.model.parameters()
+                )
+                if calib is None:
+                    calib = calibrate(args.weight_bytes)
+                    results["calib"] = calib
+                    print("calib", json.dumps(calib), flush=True)
+                bw = calib["copy_bandwidth_TBps"] * 1e12
+                pool = runner.kv_pool
+                row = pool.k_buffers[0][0]  # one token's K of one layer
+                kv_per_token = 2 * len(pool.k_buffers) * row.numel() * row.element_size()
+                for batch in (int(b) for b in args.batch_sizes.split(",")):
+                    res = profile_case(engine, batch, args, shape["vocab_size"], kv_per_token, bw)
+                    res.update(backend=backend, kv_cache_dtype=kv_dtype)
+                    results["cases"].append(res)
+                    print("case", json.dumps(res), flush=True)
+            finally:
+                release(engine)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
