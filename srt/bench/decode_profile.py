@@ -70,20 +70,23 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
         )
 
     run(4)  # warm-up: graphs, JIT
-    t_prefill = min(run(1) for _ in range(2))
-    t_total = min(run(1 + args.steps) for _ in range(2))
-    step_s = (t_total - t_prefill) / args.steps
-    with profile(activities=[ProfilerActivity.CUDA]) as p_prefill:
-        run(1)
-    with profile(activities=[ProfilerActivity.CUDA]) as p_total:
-        run(1 + args.steps)
-    cat_pre, ker_pre = kernel_times(p_prefill)
-    cat_tot, ker_tot = kernel_times(p_total)
-    per_step = {c: (cat_tot.get(c, 0) - cat_pre.get(c, 0)) / args.steps for c in cat_tot}
-    kernels = {k: (ker_tot[k] - ker_pre.get(k, 0)) / args.steps for k in ker_tot}
+    # two lengths, one difference: prefill and one-time costs (the last finishes) cancel out
+    short, long = 1 + args.steps // 4, 1 + args.steps
+    steps = long - short
+    t_short = min(run(short) for _ in range(2))
+    t_long = min(run(long) for _ in range(2))
+    step_s = (t_long - t_short) / steps
+    with profile(activities=[ProfilerActivity.CUDA]) as p_short:
+        run(short)
+    with profile(activities=[ProfilerActivity.CUDA]) as p_long:
+        run(long)
+    cat_short, ker_short = kernel_times(p_short)
+    cat_long, ker_long = kernel_times(p_long)
+    per_step = {c: (cat_long.get(c, 0) - cat_short.get(c, 0)) / steps for c in cat_long}
+    kernels = {k: (ker_long[k] - ker_short.get(k, 0)) / steps for k in ker_long}
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
     busy = sum(per_step.values())
-    mean_len = args.input_len + args.steps / 2
+    mean_len = args.input_len + (short + long) / 2
     kv_bytes = batch * mean_len * kv_bytes_per_token
     limit_s = (args.weight_bytes + kv_bytes) / bw
     return {
@@ -101,6 +104,13 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
     }
 
 
+def model_bytes(runner) -> tuple[int, int]:
+    """Weight bytes, and KV bytes per token (every layer's K and V)."""
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    row = runner.kv_pool.k_buffers[0][0]  # one token's K in one layer
+    return weights, 2 * len(runner.kv_pool.k_buffers) * row.numel() * row.element_size()
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-sizes", default="1,256")
     ap.add_argument("--kv-cache-dtypes", default="auto")
     ap.add_argument("--input-len", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=96, help="decode steps of the longer run")
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -130,18 +140,12 @@ def main(argv: list[str] | None = None) -> dict:
                 log_level="warning",
             )
             try:
-                runner = engine.scheduler.runner
-                args.weight_bytes = sum(
-                    p.numel() * p.element_size() for p in runner.model.parameters()
-                )
+                args.weight_bytes, kv_per_token = model_bytes(engine.scheduler.runner)
                 if calib is None:
                     calib = calibrate(args.weight_bytes)
                     results["calib"] = calib
                     print("calib", json.dumps(calib), flush=True)
                 bw = calib["copy_bandwidth_TBps"] * 1e12
-                pool = runner.kv_pool
-                row = pool.k_buffers[0][0]  # one token's K of one layer
-                kv_per_token = 2 * len(pool.k_buffers) * row.numel() * row.element_size()
                 for batch in (int(b) for b in args.batch_sizes.split(",")):
                     res = profile_case(engine, batch, args, shape["vocab_size"], kv_per_token, bw)
                     res.update(backend=backend, kv_cache_dtype=kv_dtype)
