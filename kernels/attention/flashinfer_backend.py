@@ -17,6 +17,12 @@ paged prefill with a causal mask for extend batches (the new tokens' K/V are wri
 first, so one paged pass covers prefix and new tokens; FlashInfer aligns the causal mask to the
 end of the sequence, which is exactly ``kv_pos <= prefix_len + row``).
 
+FP8 KV: the wrappers are planned with the pool's storage dtype as ``kv_data_type`` and its
+compute dtype as ``q_data_type``; the kernels load fp8 pages and convert them on the fly. A
+layer's static ``k_scale``/``v_scale`` (Python floats) go to ``run``: FlashInfer folds
+``k_scale`` into the softmax scale and multiplies the output by ``v_scale``; with scales of
+1.0 (the default) nothing extra runs. Scales never change, so captured graphs stay valid.
+
 CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan_for_capture(fb)`` on the static
 batch before capture and ``plan_for_replay(fb)`` before every replay; each batch size gets its
 own decode wrapper over slices of fixed index buffers.
@@ -140,8 +146,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def _plan(self, fb, for_cuda_graph: bool) -> None:
         table = self._page_table(fb)
-        dtype = fb.kv_pool.dtype
-        common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scaling)
+        pool = fb.kv_pool
+        common = dict(
+            q_data_type=pool.dtype, kv_data_type=pool.storage_dtype, sm_scale=self.scaling
+        )
         dims = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
         self._is_decode = fb.mode.is_decode
         if fb.mode.is_decode:
@@ -170,9 +178,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
         assert self._active is not None, "plan(fb) must run before forward"
         q3 = q.view(-1, layer.num_heads, layer.head_dim)
-        if q3.dtype != k_buf.dtype:
-            q3 = q3.to(k_buf.dtype)
-        out = self._active.run(q3, (self._paged(k_buf), self._paged(v_buf)))
+        if q3.dtype != fb.kv_pool.dtype:
+            q3 = q3.to(fb.kv_pool.dtype)
+        paged = (self._paged(k_buf), self._paged(v_buf))
+        k_scale, v_scale = fb.kv_pool.get_scales(layer.layer_id)
+        if k_scale == 1.0 and v_scale == 1.0:
+            out = self._active.run(q3, paged)
+        else:  # Python floats: folded into the softmax scale / output, no host read
+            out = self._active.run(q3, paged, k_scale=k_scale, v_scale=v_scale)
         return out.reshape(q.shape[0], layer.num_heads * layer.head_dim).to(q.dtype)
 
     def _paged(self, buf: torch.Tensor) -> torch.Tensor:

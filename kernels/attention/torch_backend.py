@@ -3,6 +3,9 @@
 Decode gathers the batch's cached K/V once per layer into one ragged buffer (only real tokens, no
 padding to the longest request) and runs one SDPA call per request over a view of it: on a CPU the
 gather is the bandwidth cost, and padding a mixed-length batch to its longest request doubled it.
+
+An fp8 pool (``kv_pool.get_scales``) is dequantised in the gather: only the gathered rows are
+converted to q's dtype and multiplied by the layer's scale.
 """
 
 from __future__ import annotations
@@ -51,15 +54,16 @@ class TorchAttentionBackend(AttentionBackend):
             v.view(-1, layer.num_kv_heads, layer.head_dim),
         )
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        scales = fb.kv_pool.get_scales(layer.layer_id)
         if fb.mode.is_decode:
-            return self._decode(q, k_buf, v_buf, layer)
-        return self._extend(q, k_buf, v_buf, layer)
+            return self._decode(q, k_buf, v_buf, scales, layer)
+        return self._extend(q, k_buf, v_buf, scales, layer)
 
-    def _decode(self, q, k_buf, v_buf, layer) -> torch.Tensor:
+    def _decode(self, q, k_buf, v_buf, scales, layer) -> torch.Tensor:
         b, h, d = q.shape[0], layer.num_heads, layer.head_dim
         qh = q.view(b, 1, h, 1, d)
-        kf = k_buf.index_select(0, self._kv_flat).to(q.dtype)  # [sum(L), kv_heads, d]
-        vf = v_buf.index_select(0, self._kv_flat).to(q.dtype)
+        kf = gather_rows(k_buf, self._kv_flat, q.dtype, scales[0])  # [sum(L), kv_heads, d]
+        vf = gather_rows(v_buf, self._kv_flat, q.dtype, scales[1])
         out = torch.empty(b, 1, h, 1, d, dtype=q.dtype, device=q.device)
         offs, gqa = self._kv_offsets, h != layer.num_kv_heads
         for i in range(b):
@@ -73,15 +77,14 @@ class TorchAttentionBackend(AttentionBackend):
             )
         return out.view(b, h * d)
 
-    def _extend(self, q, k_buf, v_buf, layer) -> torch.Tensor:
+    def _extend(self, q, k_buf, v_buf, scales, layer) -> torch.Tensor:
         out = torch.empty_like(q)
         h, d = layer.num_heads, layer.head_dim
         for start, prefix, ext, kv_index in self._extend_rows:
             qh = q[start : start + ext].view(ext, h, d).transpose(0, 1)[None]  # [1, H, ext, d]
-            kh = (
-                k_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)
-            )  # [1, kv_heads, L, d]
-            vh = v_buf.index_select(0, kv_index).transpose(0, 1)[None].to(q.dtype)
+            # [1, kv_heads, L, d]
+            kh = gather_rows(k_buf, kv_index, q.dtype, scales[0]).transpose(0, 1)[None]
+            vh = gather_rows(v_buf, kv_index, q.dtype, scales[1]).transpose(0, 1)[None]
             if prefix == 0:
                 o = F.scaled_dot_product_attention(
                     qh,
@@ -104,3 +107,18 @@ class TorchAttentionBackend(AttentionBackend):
                 )
             out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, h * d)
         return out
+
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def gather_rows(
+    buf: torch.Tensor, index: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> torch.Tensor:
+    """Rows ``index`` of a pool buffer ``[slots, kv_heads, d]`` in ``dtype``; an fp8 buffer's rows
+    are dequantised (times ``scale``) after the gather, never the whole buffer."""
+    if buf.dtype not in FP8_DTYPES:
+        return buf.index_select(0, index).to(dtype)
+    # gather the bytes: index_select of float8 is not implemented on every device
+    rows = buf.view(torch.uint8).index_select(0, index).view(buf.dtype).to(dtype)
+    return rows if scale == 1.0 else rows.mul_(scale)

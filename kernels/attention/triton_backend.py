@@ -5,7 +5,8 @@ Same contract as the torch reference (see ``base.py``). The kernels read K/V slo
 tensors. Decode references the batch's own ``req_slots``/``seq_lens`` tensors and reads no
 length on the host, so a decode step can be captured in a CUDA graph: ``plan_for_capture`` on the
 static batch once before capture, then refill those tensors in place; ``plan_for_replay`` only
-checks that the batch is still the captured one's.
+checks that the batch is still the captured one's. An fp8 pool is read as is: the kernels
+dequantise with the layer's static scales (Python floats, constants of a captured graph).
 """
 
 from __future__ import annotations
@@ -92,11 +93,14 @@ class TritonAttentionBackend(AttentionBackend):
         kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
         fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        k_scale, v_scale = fb.kv_pool.get_scales(layer.layer_id)  # static: safe in CUDA graphs
         dims = dict(
             num_heads=layer.num_heads,
             num_kv_heads=layer.num_kv_heads,
             head_dim=layer.head_dim,
             scaling=layer.scaling,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         if fb.mode.is_decode:
             plan = self._decode

@@ -8,6 +8,10 @@ Two passes (split-K, "flash decoding"):
    It writes the slice's normalised output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``[B, num_heads]``: merges the slices by their log-sum-exp.
 
+FP8 KV: the buffers may be float8 (values / k_scale, / v_scale); the kernel converts each loaded
+tile to float32 and then q's dtype, folds ``k_scale`` into the softmax scale (q.k * scale * k_scale)
+and multiplies the normalised output by ``v_scale``, so no dequantised copy is ever made.
+
 The number of splits depends only on the batch size and the layer's shape, never on sequence
 lengths, and no length is read on the host: the launch is safe to capture in a CUDA graph.
 """
@@ -35,7 +39,8 @@ def _decode_partial_kernel(
     stride_kv_slot,
     stride_kv_head,
     stride_r2t_row,
-    qk_scale_log2,
+    qk_scale_log2,  # softmax scale * log2(e) * k_scale
+    v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
@@ -45,6 +50,7 @@ def _decode_partial_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     bid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -77,19 +83,25 @@ def _decode_partial_kernel(
         slots = tl.load(req_to_token_ptr + req_row * stride_r2t_row + pos, mask=mask_n, other=0)
         kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(tl.float32)  # the scale is folded into qk_scale_log2
+        k = k.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            v = v.to(tl.float32)  # the scale is applied to the output
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
     row = (bid * NUM_HEADS + heads) * NUM_SPLITS + split
     tl.store(
@@ -150,10 +162,15 @@ def decode_attention(
     num_kv_heads: int,
     head_dim: int,
     scaling: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     num_splits: int,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, num_heads * head_dim]`` over each request's first ``seq_lens[i]``
-    cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype."""
+    cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype.
+    An fp8 ``k_buf``/``v_buf`` holds values / ``k_scale`` (``v_scale``): loaded as fp8 and
+    converted in registers, with ``k_scale`` folded into the softmax scale and ``v_scale``
+    applied to the output."""
     batch = q.shape[0]
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
@@ -166,6 +183,7 @@ def decode_attention(
     )
     part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     cfg = _decode_config(q, head_dim, group)
+    cfg["KV_FP8"] = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_buf,
@@ -179,7 +197,8 @@ def decode_attention(
         k_buf.stride(0),
         k_buf.stride(1),
         req_to_token.stride(0),
-        scaling * LOG2E,
+        scaling * LOG2E * k_scale,
+        v_scale,
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         GROUP=group,

@@ -5,6 +5,7 @@ is ``[B, num_heads, cdiv(max_extend_len, BLOCK_M)]`` and a program whose block o
 past its request's extend length exits at once. Each program reads the request's K/V (prefix and
 new tokens alike, the new ones having just been written to the pool) through ``req_to_token``
 and applies the causal mask ``kv_pos <= prefix_len + row``, with an fp32 online softmax.
+fp8 K/V are dequantised in registers as in ``triton_decode``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _extend_kernel(
     stride_kv_slot,
     stride_kv_head,
     stride_r2t_row,
-    qk_scale_log2,
+    qk_scale_log2,  # softmax scale * log2(e) * k_scale
+    v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -40,6 +42,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     bid = tl.program_id(0)
     head = tl.program_id(1)
@@ -75,7 +78,10 @@ def _extend_kernel(
         slots = tl.load(req_to_token_ptr + req_row * stride_r2t_row + pos, mask=mask_n, other=0)
         kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(tl.float32)  # the scale is folded into qk_scale_log2
+        k = k.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         allowed = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
         qk = tl.where(allowed, qk, float("-inf"))
@@ -83,11 +89,14 @@ def _extend_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            v = v.to(tl.float32)  # the scale is applied to the output
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / l_i[:, None]  # every row sees at least kv position 0
+    out = acc * (v_scale / l_i)[:, None]  # every row sees at least kv position 0
     tl.store(
         out_ptr + (tok_start + rows)[:, None] * stride_out_tok + head * HEAD_DIM + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -110,9 +119,13 @@ def extend_attention(
     num_kv_heads: int,
     head_dim: int,
     scaling: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens' queries ``q`` ``[T, num_heads * head_dim]`` over
-    each request's prefix and new tokens, all read from the pool through ``req_to_token``."""
+    each request's prefix and new tokens, all read from the pool through ``req_to_token``.
+    fp8 K/V buffers are dequantised in the kernel with ``k_scale``/``v_scale`` (see
+    ``triton_decode``)."""
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
     assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
@@ -121,6 +134,7 @@ def extend_attention(
     if batch == 0 or max_extend_len == 0:
         return out
     cfg = _extend_config(q, head_dim)
+    cfg["KV_FP8"] = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, cfg["BLOCK_M"]))
     _extend_kernel[grid](
         q,
@@ -137,7 +151,8 @@ def extend_attention(
         k_buf.stride(0),
         k_buf.stride(1),
         req_to_token.stride(0),
-        scaling * LOG2E,
+        scaling * LOG2E * k_scale,
+        v_scale,
         HEAD_DIM=head_dim,
         GROUP=group,
         **cfg,

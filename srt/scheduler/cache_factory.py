@@ -49,7 +49,7 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
         num_layers=mc.num_layers,
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
-        dtype=runner.dtype,
+        dtype=pool.transfer_dtype,  # an fp8 pool's bytes travel as uint8
     )
     on_gpu = runner.device.type == "cuda"
     if cfg.hicache_size > 0:
@@ -58,7 +58,7 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
         host_tokens = int(cfg.hicache_ratio * runner.allocator.max_total_tokens)
     host_pool = HostKVPool(host_tokens, cfg.page_size, pin_memory=on_gpu, **shape)
     engine = CudaCopyEngine(runner.device) if on_gpu else SyncCopyEngine()
-    controller = HiCacheController(pool.k_buffers, pool.v_buffers, host_pool, engine)
+    controller = HiCacheController(*pool.transfer_buffers(), host_pool, engine)
     storage = None
     if cfg.hicache_storage_dir:
         try:
@@ -92,8 +92,9 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
 
 
 def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
-    """What KV pages depend on: the weights (path, files and sizes), dtype, quantization and
-    the KV layout. Any change starts an empty disk tier instead of a wrong hit."""
+    """What KV pages depend on: the weights (path, files and sizes), dtype, quantization, the
+    KV cache dtype (its fp8 scales are static constants) and the KV layout. Any change starts
+    an empty disk tier instead of a wrong hit."""
     mc = runner.model_config
     model_dir = Path(runner.model_dir)
     files = []
@@ -108,8 +109,11 @@ def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
         "architecture": mc.architecture,
         "dtype": str(runner.dtype),
         "quantization": cfg.quantization,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
         "num_layers": mc.num_layers,
         "num_kv_heads": mc.num_kv_heads,
         "head_dim": mc.head_dim,
         "page_size": cfg.page_size,
+        "tp_rank": runner.tp.rank,  # each tensor-parallel rank holds other KV heads
+        "tp_size": runner.tp.size,
     }
