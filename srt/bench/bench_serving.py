@@ -1,20 +1,31 @@
 """Online serving benchmark in the style of ``sglang.bench_serving``.
 
     python -m radixlm.srt.bench.bench_serving --num-prompts 64 --random-input-len 256 \\
-        --random-output-len 64 --request-rate inf            # starts a server on the default model
+        --random-output-len 64 --request-rates 1,4,inf     # starts a server on the default model
     python -m radixlm.srt.bench.bench_serving --base-url http://127.0.0.1:30000 \\
         --dataset-name shared-prefix --request-rate 4 --max-concurrency 16
+    python -m radixlm.srt.bench.bench_serving --dummy-8b --dataset-name sharegpt-like \\
+        --num-prompts 400 --random-input-len 2048 --random-output-len 256 \\
+        --request-rates 2,4,8,16,inf --chunked-prefill-size -1  # GPU: chunking off (8B shapes)
 
 Without ``--base-url`` it starts ``radixlm serve`` on a free port (flags it does not know are
-passed to the server, e.g. ``--max-total-tokens 20000``) and stops it at the end. Requests go to
-the native ``/generate`` with streaming, token ids as input, greedy and ``ignore_eos`` so every
-output has exactly the requested length. Arrivals follow a Poisson process at
-``--request-rate`` requests/s (``inf``: all at once), with at most ``--max-concurrency`` in
-flight. Reported: request and token throughput, the prefix-cache hit rate, and mean / median /
-p90 / p99 of time to first token (TTFT), inter-token latency (ITL: gaps between streamed
-tokens), time per output token after the first (TPOT) and end-to-end latency (E2E).
+passed to the server, e.g. ``--max-total-tokens 20000``) and stops it at the end; ``--dummy-8b``
+serves random weights of Llama-3-8B's shapes (``--load-format dummy``, prompts of random ids).
+Requests go to the native ``/generate`` with streaming, token ids as input, greedy and
+``ignore_eos`` so every output has exactly the requested length. Arrivals follow a Poisson
+process at each rate of ``--request-rates`` requests/s in turn (``inf``: all at once; the same
+requests at every rate, the prefix cache flushed in between), with at most
+``--max-concurrency`` in flight. Reported per rate: request and token throughput, goodput
+(requests/s meeting ``--slo-ttft-s`` and ``--slo-tpot-ms``), the prefix-cache hit rate, and
+mean / p50 / p90 / p99 of time to first token (TTFT), inter-token latency (ITL), time per
+output token after the first (TPOT) and end-to-end latency (E2E); then one line per rate
+(``serving_report.py`` has the definitions). With ``--worker-urls`` (radixlm workers behind
+the router at ``--base-url``), each worker's admitted requests and prefix-cache hit rate.
 
-Datasets: ``random`` (lengths uniform in [len * range_ratio, len]) and ``shared-prefix``
+Datasets: ``random`` (lengths uniform in [len * range_ratio, len]), ``sharegpt-like``
+(lognormal lengths, ShareGPT's long tail: ``--random-input-len`` and ``--random-output-len``
+are the means, ``--length-sigma`` the shape, capped at ``--max-input-len`` /
+``--max-output-len``; synthetic, nothing downloaded) and ``shared-prefix``
 (``--gsp-num-groups`` groups of ``--gsp-prompts-per-group`` requests sharing a
 ``--gsp-system-prompt-len``-token prefix, then a ``--gsp-question-len``-token question).
 """
@@ -28,31 +39,31 @@ import random
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
-import numpy as np
 import orjson
 
 from radixlm.srt.bench.datasets import (
     BenchRequest,
+    RandomTokens,
     TextTokens,
     best_hit_rate,
+    long_tailed_requests,
     random_requests,
     shared_prefix_requests,
 )
+from radixlm.srt.bench.serving_report import (
+    RequestOutput,
+    Slo,
+    print_rate_table,
+    print_report,
+    read_worker_totals,
+    summarize,
+    worker_deltas,
+)
 
-
-@dataclass
-class RequestOutput:
-    success: bool = False
-    error: str = ""
-    prompt_len: int = 0
-    output_len: int = 0
-    cached_tokens: int = 0
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)  # one gap per streamed token after the first
+DUMMY_8B_FOLDER = "/tmp/radixlm-llama3-8b-shape"
 
 
 # ---------------------------------------------------------------------- one request
@@ -115,8 +126,40 @@ async def arrivals(reqs: list[BenchRequest], rate: float, seed: int) -> AsyncIte
             await asyncio.sleep(rng.expovariate(rate))
 
 
+class Progress:
+    """Prints ``completed/total`` while a rate runs: every tenth of the requests, and at least
+    every ``every_s`` seconds while requests complete."""
+
+    def __init__(self, label: str, total: int, every_s: float = 10.0) -> None:
+        self.label, self.total, self.every_s = label, total, every_s
+        self.completed = self.failed = 0
+        self.start = self.last_print = time.perf_counter()
+        self.step = max(1, total // 10)
+
+    def done(self, out: RequestOutput) -> None:
+        self.completed += 1
+        self.failed += not out.success
+        now = time.perf_counter()
+        if (
+            self.completed % self.step == 0
+            or self.completed == self.total
+            or now - self.last_print >= self.every_s
+        ):
+            self.last_print = now
+            print(
+                f"[{self.label}] {self.completed}/{self.total} done, {self.failed} failed, "
+                f"{now - self.start:.1f} s",
+                flush=True,
+            )
+
+
 async def run_benchmark(
-    url: str, reqs: list[BenchRequest], rate: float, max_concurrency: int | None, seed: int
+    url: str,
+    reqs: list[BenchRequest],
+    rate: float,
+    max_concurrency: int | None,
+    seed: int,
+    progress: Progress | None = None,
 ) -> tuple[list[RequestOutput], float]:
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -125,9 +168,13 @@ async def run_benchmark(
 
         async def one(req: BenchRequest) -> RequestOutput:
             if limit is None:
-                return await send_request(client, url, req)
-            async with limit:
-                return await send_request(client, url, req)
+                out = await send_request(client, url, req)
+            else:
+                async with limit:
+                    out = await send_request(client, url, req)
+            if progress is not None:
+                progress.done(out)
+            return out
 
         start = time.perf_counter()
         tasks = [asyncio.create_task(one(req)) async for req in arrivals(reqs, rate, seed)]
@@ -135,77 +182,12 @@ async def run_benchmark(
         return list(outs), time.perf_counter() - start
 
 
-# ---------------------------------------------------------------------- report
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
-    a = np.asarray(values) * 1000.0
-    return {
-        "mean": float(a.mean()),
-        "p50": float(np.percentile(a, 50)),
-        "p90": float(np.percentile(a, 90)),
-        "p99": float(np.percentile(a, 99)),
-    }
-
-
-def summarize(outs: list[RequestOutput], duration_s: float) -> dict:
-    ok = [o for o in outs if o.success]
-    input_tokens = sum(o.prompt_len for o in ok)
-    output_tokens = sum(o.output_len for o in ok)
-    tpot = [(o.latency_s - o.ttft_s) / (o.output_len - 1) for o in ok if o.output_len > 1]
-    return {
-        "completed": len(ok),
-        "failed": len(outs) - len(ok),
-        "duration_s": duration_s,
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "request_throughput": len(ok) / duration_s,
-        "input_throughput": input_tokens / duration_s,
-        "output_throughput": output_tokens / duration_s,
-        "hit_rate": sum(o.cached_tokens for o in ok) / input_tokens if input_tokens else 0.0,
-        "ttft_ms": _percentiles([o.ttft_s for o in ok]),
-        "itl_ms": _percentiles([x for o in ok for x in o.itl_s]),
-        "tpot_ms": _percentiles(tpot),
-        "e2e_ms": _percentiles([o.latency_s for o in ok]),
-    }
-
-
-def print_report(s: dict, args: argparse.Namespace, best: float | None) -> None:
-    rows = [
-        ("Dataset", args.dataset_name),
-        ("Request rate (req/s)", args.request_rate),
-        ("Max concurrency", args.max_concurrency or "-"),
-        ("Successful requests", s["completed"]),
-        ("Failed requests", s["failed"]),
-        ("Benchmark duration (s)", f"{s['duration_s']:.2f}"),
-        ("Total input tokens", s["input_tokens"]),
-        ("Total output tokens", s["output_tokens"]),
-        ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
-        ("Input token throughput (tok/s)", f"{s['input_throughput']:.1f}"),
-        ("Output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
-        (
-            "Cache hit rate",
-            f"{s['hit_rate']:.1%}" + (f" (best possible {best:.1%})" if best is not None else ""),
-        ),
-    ]
-    print(f"{' Serving benchmark ':=^56}")
-    for name, value in rows:
-        print(f"{name:<36}{value!s:>20}")
-    print(f"{'latency (ms)':<16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for label, key in (
-        ("TTFT", "ttft_ms"),
-        ("ITL", "itl_ms"),
-        ("TPOT", "tpot_ms"),
-        ("E2E", "e2e_ms"),
-    ):
-        p = s[key]
-        print(f"{label:<16}{p['mean']:>10.1f}{p['p50']:>10.1f}{p['p90']:>10.1f}{p['p99']:>10.1f}")
-    print("=" * 56)
-
-
 # ---------------------------------------------------------------------- set-up
 def build_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
-    source = TextTokens(tokenizer, seed=args.seed)
+    if args.random_ids:  # random weights: the tokenizer may not encode the text corpus
+        source = RandomTokens(len(tokenizer))
+    else:
+        source = TextTokens(tokenizer, seed=args.seed)
     if args.dataset_name == "random":
         return random_requests(
             source,
@@ -215,7 +197,18 @@ def build_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
             args.random_range_ratio,
             args.seed,
         )
-    reqs = shared_prefix_requests(
+    if args.dataset_name == "sharegpt-like":
+        return long_tailed_requests(
+            source,
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.max_input_len,
+            args.max_output_len,
+            args.length_sigma,
+            args.seed,
+        )
+    return shared_prefix_requests(
         source,
         args.gsp_num_groups,
         args.gsp_prompts_per_group,
@@ -224,7 +217,6 @@ def build_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
         args.gsp_output_len,
         args.seed,
     )
-    return reqs
 
 
 def load_tokenizer(args: argparse.Namespace, url: str):
@@ -247,8 +239,13 @@ def server_url(args: argparse.Namespace, server_args: list[str]) -> Iterator[str
         return
     from radixlm.srt.server.server_process import ServerProcess
 
+    if args.dummy_8b:
+        from radixlm.srt.bench.bench_gpu import LLAMA3_8B, make_model_folder
+
+        folder = make_model_folder(Path(DUMMY_8B_FOLDER), dict(LLAMA3_8B))
+        server_args = ["--model-path", str(folder), "--load-format", "dummy", *server_args]
     log = tempfile.NamedTemporaryFile(prefix="radixlm-bench-server-", suffix=".log", delete=False)
-    print(f"starting radixlm serve {' '.join(server_args)} (log: {log.name})")
+    print(f"starting radixlm serve {' '.join(server_args)} (log: {log.name})", flush=True)
     try:
         server = ServerProcess(["--log-level", "warning", *server_args], log_path=log.name)
     except (RuntimeError, TimeoutError):
@@ -258,11 +255,25 @@ def server_url(args: argparse.Namespace, server_args: list[str]) -> Iterator[str
         yield server.url
 
 
-def warm_up(url: str, reqs: list[BenchRequest], flush: bool) -> None:
+def warm_up(url: str, reqs: list[BenchRequest]) -> None:
     body = {"input_ids": reqs[0].input_ids[-16:], "sampling_params": {"max_new_tokens": 4}}
     httpx.post(url + "/generate", json=body, timeout=600).raise_for_status()
-    if flush:
-        httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+
+
+def flush_caches(urls: list[str]) -> None:
+    for url in urls:
+        httpx.post(url.rstrip("/") + "/flush_cache", timeout=60).raise_for_status()
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"2,4,8,inf"`` -> ``[2.0, 4.0, 8.0, inf]``; every rate must be > 0."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"request rates must be numbers or inf: {text!r}") from e
+    if not rates or any(not r > 0 for r in rates):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"request rates must be > 0 (inf: all at once): {text!r}")
+    return rates
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -270,61 +281,110 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--base-url", default=None, help="a running server (default: start one)")
+    ap.add_argument(
+        "--worker-urls",
+        default=None,
+        help="comma-separated radixlm workers behind the --base-url router: per-worker figures",
+    )
     ap.add_argument("--tokenizer", default=None, help="default: the server's tokenizer path")
+    ap.add_argument(
+        "--dummy-8b",
+        action="store_true",
+        help="serve random weights of Llama-3-8B's shapes (GPU); implies --random-ids",
+    )
+    ap.add_argument("--random-ids", action="store_true", help="prompts of random token ids")
     ap.add_argument(
         "--dataset-name",
         default="random",
-        choices=("random", "shared-prefix", "generated-shared-prefix"),
+        choices=("random", "sharegpt-like", "shared-prefix", "generated-shared-prefix"),
     )
-    ap.add_argument("--num-prompts", type=int, default=64, help="random dataset size")
-    ap.add_argument("--random-input-len", type=int, default=256)
-    ap.add_argument("--random-output-len", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=64, help="random / sharegpt-like size")
+    ap.add_argument("--random-input-len", type=int, default=256, help="(sharegpt-like: mean)")
+    ap.add_argument("--random-output-len", type=int, default=64, help="(sharegpt-like: mean)")
     ap.add_argument(
         "--random-range-ratio",
         type=float,
         default=1.0,
         help="lengths uniform in [len * ratio, len]; 1.0 = exact lengths",
     )
+    ap.add_argument("--length-sigma", type=float, default=1.0, help="sharegpt-like tail shape")
+    ap.add_argument(
+        "--max-input-len", type=int, default=6144, help="sharegpt-like cap (+ output <= context)"
+    )
+    ap.add_argument("--max-output-len", type=int, default=2048, help="sharegpt-like cap")
     ap.add_argument("--gsp-num-groups", type=int, default=8)
     ap.add_argument("--gsp-prompts-per-group", type=int, default=8)
     ap.add_argument("--gsp-system-prompt-len", type=int, default=1000)
     ap.add_argument("--gsp-question-len", type=int, default=32)
     ap.add_argument("--gsp-output-len", type=int, default=32)
     ap.add_argument(
+        "--request-rates",
         "--request-rate",
-        type=float,
-        default=float("inf"),
-        help="Poisson arrival rate in requests/s (inf: all at once)",
+        dest="request_rates",
+        type=parse_rates,
+        default=[float("inf")],
+        help="Poisson arrival rates in requests/s, run in turn: 2,4,8,inf (inf: all at once)",
     )
     ap.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    ap.add_argument("--slo-ttft-s", type=float, default=1.0, help="goodput: TTFT limit")
+    ap.add_argument("--slo-tpot-ms", type=float, default=50.0, help="goodput: TPOT limit")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
-    ap.add_argument("--output-file", default=None, help="append the results as one JSON line")
+    ap.add_argument("--output-file", default=None, help="append each rate's results (JSON lines)")
     ap.add_argument("--seed", type=int, default=1)
     args, server_args = ap.parse_known_args(argv)
-    if args.request_rate <= 0:
-        ap.error("--request-rate must be > 0 (inf for all at once)")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         ap.error("--max-concurrency must be >= 1")
+    if not (args.slo_ttft_s > 0 and args.slo_tpot_ms > 0):
+        ap.error("--slo-ttft-s and --slo-tpot-ms must be > 0")
+    args.worker_urls = [u for u in (args.worker_urls or "").split(",") if u]
+    args.random_ids = args.random_ids or args.dummy_8b
     return args, server_args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args, server_args = parse_args(argv)
-    with server_url(args, server_args) as url:
-        reqs = build_requests(args, load_tokenizer(args, url))
-        best = best_hit_rate(reqs) if args.dataset_name != "random" else None
-        warm_up(url, reqs, flush=not args.no_flush_cache)
-        outs, duration = asyncio.run(
-            run_benchmark(url, reqs, args.request_rate, args.max_concurrency, args.seed)
-        )
-    summary = summarize(outs, duration)
+def run_rate(
+    args: argparse.Namespace, url: str, reqs: list[BenchRequest], rate: float, best: float | None
+) -> dict:
+    """One rate: flush, run, summarize, print; the summary (with per-worker figures)."""
+    if not args.no_flush_cache:
+        flush_caches(args.worker_urls or [url])
+    before = read_worker_totals(args.worker_urls) if args.worker_urls else []
+    progress = Progress(f"rate {rate:g}", len(reqs))
+    outs, duration = asyncio.run(
+        run_benchmark(url, reqs, rate, args.max_concurrency, args.seed, progress)
+    )
+    summary = summarize(outs, duration, Slo(args.slo_ttft_s, args.slo_tpot_ms))
+    if args.worker_urls:
+        after = read_worker_totals(args.worker_urls)
+        summary["workers"] = worker_deltas(args.worker_urls, before, after)
     for o in [o for o in outs if not o.success][:5]:
         print(f"failed request: {o.error}")
-    print_report(summary, args, best)
-    if args.output_file:
-        with open(args.output_file, "ab") as f:
-            f.write(orjson.dumps({"args": vars(args), **summary}) + b"\n")
+    header = [
+        ("Dataset", args.dataset_name),
+        ("Request rate (req/s)", rate),
+        ("Max concurrency", args.max_concurrency or "-"),
+    ]
+    print_report(summary, header, best)
     return summary
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Runs every rate; returns one summary per rate."""
+    args, server_args = parse_args(argv)
+    summaries = []
+    with server_url(args, server_args) as url:
+        reqs = build_requests(args, load_tokenizer(args, url))
+        best = best_hit_rate(reqs) if args.dataset_name not in ("random", "sharegpt-like") else None
+        warm_up(url, reqs)
+        for rate in args.request_rates:
+            summary = run_rate(args, url, reqs, rate, best)
+            summaries.append(summary)
+            if args.output_file:
+                with open(args.output_file, "ab") as f:
+                    record = {"args": vars(args), "request_rate": rate, **summary}
+                    f.write(orjson.dumps(record, default=str) + b"\n")
+    if len(summaries) > 1:
+        print_rate_table(args.request_rates, summaries)
+    return summaries
 
 
 if __name__ == "__main__":

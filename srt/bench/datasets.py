@@ -8,6 +8,7 @@ hit rate follows from the workload alone.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -151,3 +152,34 @@ def multiturn_turns(
         [([h] if r == 0 else []) + source.take(rng, turn_len - (r == 0)) for r in range(num_rounds)]
         for h in heads
     ]
+
+
+def long_tailed_requests(
+    source: TextTokens | RandomTokens,
+    num_prompts: int,
+    mean_input_len: int,
+    mean_output_len: int,
+    max_input_len: int,
+    max_output_len: int,
+    sigma: float = 1.0,
+    seed: int = 0,
+) -> list[BenchRequest]:
+    """ShareGPT-like lengths without the download: input and output lengths drawn from
+    lognormal distributions with the given means and shape ``sigma`` (1.0: the median is 0.6 of
+    the mean and one request in 50 is over 4x the mean, like chat logs), clipped to
+    ``[1, max_*_len]``."""
+    if min(num_prompts, mean_input_len, mean_output_len, max_input_len, max_output_len) < 1:
+        raise ValueError("long-tailed dataset sizes and lengths must be >= 1")
+    if not 0.0 < sigma <= 3.0:
+        raise ValueError(f"--length-sigma must be in (0, 3], got {sigma}")
+    rng = random.Random(seed)
+
+    def draw(mean: int, cap: int) -> int:
+        mu = math.log(mean) - sigma * sigma / 2  # lognormal mean = exp(mu + sigma^2 / 2)
+        return min(max(1, round(rng.lognormvariate(mu, sigma))), cap)
+
+    reqs = []
+    for _ in range(num_prompts):
+        n_in = draw(mean_input_len, max_input_len)
+        reqs.append(BenchRequest(source.take(rng, n_in), draw(mean_output_len, max_output_len)))
+    return reqs

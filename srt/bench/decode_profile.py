@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
                 attention_backend=backend,
                 kv_cache_dtype=kv_dtype,
                 max_running_requests=256,
+                chunked_prefill_size=-1,  # decode steps only: no prefill mixed into them
                 log_level="warning",
             )
             try:
@@ -146,6 +147,13 @@ def main(argv: list[str] | None = None) -> dict:
                     results["calib"] = calib
                     print("calib", json.dumps(calib), flush=True)
                 bw = calib["copy_bandwidth_TBps"] * 1e12
+                pool_tokens = engine.scheduler.runner.max_total_tokens
+                results.setdefault("pool", {})[f"{backend}/{kv_dtype}"] = {
+                    "max_total_tokens": pool_tokens,
+                    # requests of input_len + 256 tokens that fit in the pool at once
+                    "largest_batch_at_input_plus_256": pool_tokens // (args.input_len + 256),
+                }
+                print("pool", backend, kv_dtype, results["pool"][f"{backend}/{kv_dtype}"])
                 for batch in (int(b) for b in args.batch_sizes.split(",")):
                     res = profile_case(engine, batch, args, shape["vocab_size"], kv_per_token, bw)
                     res.update(backend=backend, kv_cache_dtype=kv_dtype)

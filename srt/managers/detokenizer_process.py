@@ -30,7 +30,10 @@ def load_server_tokenizer(cfg: ServerConfig):
     from radixlm.srt.models.default_model import resolve_model_path
     from radixlm.srt.models.loader import load_tokenizer
 
-    return load_tokenizer(cfg.tokenizer_path or resolve_model_path(cfg.model_path))
+    folder = cfg.tokenizer_path or resolve_model_path(
+        cfg.model_path, need_weights=cfg.load_format != "dummy"
+    )
+    return load_tokenizer(folder)
 
 
 class DetokenizerLoop:

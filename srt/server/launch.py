@@ -6,6 +6,13 @@ connections. While serving, ``supervisor.Supervisor`` watches the children: a ch
 fails every waiting request with 503 and ends the server with ``EXIT_WORKER_DIED``; SIGTERM
 drains (new requests 503, in-flight ones finish within ``DRAIN_TIMEOUT_S``) and exits 0. Either
 way the children are stopped and reaped before the process exits.
+
+Tensor parallelism (``--tp-size N``): one process per rank on this machine. Rank 0 is the
+scheduler process; ranks > 0 are followers (``tp-rank-<r>``) that the supervisor watches like
+any other child, so a dead rank fails the server the same way. With ``--nnodes M`` machine
+``k`` runs ranks ``k*N/M ..``; a machine with ``--node-rank`` > 0 runs its followers only, no
+HTTP server, and exits when they do. Without ``--dist-init-addr`` the ranks meet on a free
+local port.
 """
 
 from __future__ import annotations
@@ -28,9 +35,22 @@ import psutil
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.detokenizer_process import run_detokenizer_process
 from radixlm.srt.managers.heartbeat import create_heartbeat_file, heartbeat_age_s
-from radixlm.srt.managers.scheduler_process import IpcEndpoints, run_scheduler_process
+from radixlm.srt.managers.scheduler_process import (
+    EXIT_TP_GROUP_FAILED,
+    IpcEndpoints,
+    run_follower_process,
+    run_scheduler_process,
+)
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
-from radixlm.srt.server.supervisor import DEATH_GRACE_S, DrainGate, SupervisedServer, Supervisor
+from radixlm.srt.managers.tp_ranks import ranks_on_this_node, with_rendezvous
+from radixlm.srt.server.supervisor import (
+    DEATH_GRACE_S,
+    EXIT_WORKER_DIED,
+    DrainGate,
+    SupervisedServer,
+    Supervisor,
+    describe_exit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +65,13 @@ UNHEALTHY_STATES = {
 }
 
 
+def follower_name(tp_rank: int) -> str:
+    return f"tp-rank-{tp_rank}"
+
+
 class ServerProcesses:
-    """The scheduler and detokenizer children and the ipc folder they talk through."""
+    """The children of this machine (scheduler = rank 0 and detokenizer on machine 0, the
+    tensor-parallel followers) and the ipc folder they talk through."""
 
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
@@ -55,28 +80,37 @@ class ServerProcesses:
         self.endpoints = IpcEndpoints.in_dir(self.ipc_dir)
         self.procs: dict[str, BaseProcess] = {}
         self.ready_conns: dict[str, Connection] = {}
-        self.heartbeats = {
-            name: os.path.join(self.ipc_dir, f"{name}.heartbeat")
-            for name in ("scheduler", "detokenizer")
-        }
+        self.follower_ranks = [r for r in ranks_on_this_node(cfg) if r > 0]
+        self.has_scheduler = cfg.node_rank == 0
+        names = ["scheduler", "detokenizer"] if self.has_scheduler else []
+        names += [follower_name(r) for r in self.follower_ranks]
+        self.heartbeats = {name: os.path.join(self.ipc_dir, f"{name}.heartbeat") for name in names}
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
-        self._start_child(ctx, "scheduler", run_scheduler_process, (self.heartbeats["scheduler"],))
-        self._start_child(
-            ctx,
-            "detokenizer",
-            run_detokenizer_process,
-            (self.procs["scheduler"].pid, self.heartbeats["detokenizer"]),
-        )
+        if self.has_scheduler:
+            self._start_child(ctx, "scheduler", run_scheduler_process, (self.endpoints,))
+        for rank in self.follower_ranks:  # while rank 0 loads: every rank must join the group
+            self._start_child(ctx, follower_name(rank), run_follower_process, (rank,))
+        if self.has_scheduler:
+            self._start_child(
+                ctx,
+                "detokenizer",
+                run_detokenizer_process,
+                (self.endpoints,),
+                (self.procs["scheduler"].pid,),
+            )
 
-    def _start_child(self, ctx: Any, name: str, target: Any, extra: tuple) -> None:
+    def _start_child(
+        self, ctx: Any, name: str, target: Any, lead: tuple, extra: tuple = ()
+    ) -> None:
+        """``target(cfg, *lead, ready_conn, parent_pid, *extra, heartbeat_path)``."""
         create_heartbeat_file(self.heartbeats[name])
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=target,
             name=f"radixlm-{name}",
-            args=(self.cfg, self.endpoints, writer, os.getpid(), *extra),
+            args=(self.cfg, *lead, writer, os.getpid(), *extra, self.heartbeats[name]),
         )
         proc.start()
         writer.close()
@@ -112,8 +146,10 @@ class ServerProcesses:
         return report["info"]
 
     def exited_children(self) -> list[tuple[str, int | None]]:
-        """(name, exit code) of every child that has exited; a negative code is a signal."""
-        return [(n, p.exitcode) for n, p in self.procs.items() if not p.is_alive()]
+        """(name, exit code) of every child that has exited; a negative code is a signal.
+        Ranks that exited because their group failed come last: the cause comes first."""
+        exited = [(n, p.exitcode) for n, p in self.procs.items() if not p.is_alive()]
+        return sorted(exited, key=lambda e: e[1] == EXIT_TP_GROUP_FAILED)
 
     def problem(self) -> str | None:
         """Why the server cannot serve now, judged from the outside (for /health): a child that
@@ -139,15 +175,16 @@ class ServerProcesses:
                 proc.kill()
 
     def stop(self) -> None:
-        """SIGTERM to both children at once (the scheduler finishes what it holds; the
-        detokenizer forwards it and exits after the scheduler), then SIGKILL for any that has
-        not exited within CHILD_STOP_TIMEOUT_S; reaps them and removes the ipc folder."""
+        """SIGTERM to every child at once (the scheduler finishes what it holds, then stops the
+        followers, which wait for that; the detokenizer forwards it and exits after the
+        scheduler), then SIGKILL for any that has not exited within CHILD_STOP_TIMEOUT_S; reaps
+        them and removes the ipc folder."""
         for proc in self.procs.values():
             if proc.is_alive():
                 proc.terminate()
                 _continue(proc)  # a stopped child acts on SIGTERM only once it runs again
         deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
-        for name in ("scheduler", "detokenizer"):
+        for name in ("scheduler", "detokenizer", *map(follower_name, self.follower_ranks)):
             proc = self.procs.get(name)
             if proc is None:
                 continue
@@ -213,11 +250,21 @@ def launch_server(cfg: ServerConfig) -> None:
     configure_logging(cfg.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)  # during start-up; uvicorn's handler after
     # resolve (and convert a GGUF) once, here, rather than in every child
-    child_cfg = cfg.replace(model_path=str(resolve_model_path(cfg.model_path)))
+    child_cfg = with_rendezvous(
+        cfg.replace(
+            model_path=str(
+                resolve_model_path(cfg.model_path, need_weights=cfg.load_format != "dummy")
+            )
+        )
+    )
     procs = ServerProcesses(child_cfg)
+    if cfg.node_rank > 0:
+        run_follower_node(procs)
+        return
     supervisor: Supervisor | None = None
     try:
-        with tqdm(total=3, desc="starting", unit="part", disable=None) as bar:
+        parts = 1 + len(procs.heartbeats)  # the tokenizer and each child
+        with tqdm(total=parts, desc="starting", unit="part", disable=None) as bar:
             procs.start()
             tokenizer = load_tokenizer_for(child_cfg)
             bar.update(1)
@@ -261,3 +308,24 @@ def serve(cfg: ServerConfig, supervisor: Supervisor) -> None:
     server = SupervisedServer(config, supervisor)
     supervisor.server = server
     server.run()
+
+
+def run_follower_node(procs: ServerProcesses) -> None:
+    """A machine with ``node_rank > 0``: its followers, no HTTP. Returns when they all exited 0
+    (rank 0 stopped them) or on SIGTERM / SIGINT; raises ``SystemExit(EXIT_WORKER_DIED)`` when
+    one failed (the others are killed)."""
+    signal.signal(signal.SIGINT, _exit_on_signal)
+    try:
+        procs.start()
+        procs.wait_ready()
+        logger.info("tensor-parallel ranks %s ready", procs.follower_ranks)
+        while len(exited := procs.exited_children()) < len(procs.procs):
+            failed = [(name, code) for name, code in exited if code != 0]
+            if failed:
+                logger.error("%s; stopping this machine's ranks", describe_exit(*failed[0]))
+                procs.kill_all()
+                raise SystemExit(EXIT_WORKER_DIED)
+            wait([p.sentinel for p in procs.procs.values()], timeout=1.0)
+        logger.info("rank 0 stopped this machine's ranks")
+    finally:
+        procs.stop()

@@ -1,0 +1,153 @@
+"""Prefill admission: which waiting requests join the next step and how many of their tokens
+each computes, and how a prefill step carries the running requests' decode tokens.
+
+Budget. A prefill step computes at most ``max_prefill_tokens`` new tokens; with chunked prefill
+(``chunked_prefill_size > 0``) at most one chunk, and only the last request of a batch may be
+cut short: it becomes the scheduler's ``chunked`` request and continues first in the next step.
+Without chunking a prompt over the budget runs alone.
+
+Mixed steps (``PrefillAdmission.mixes``: chunking on, ``--disable-mixed-chunk`` off, no
+speculative decoding). A step that prefills also computes the next token of every running
+request: one EXTEND batch, prefill pieces first, then the running requests (``mixed_batch``).
+So a running request gets a token in every step, however long the prompts being prefilled are;
+without mixing, every chunk of a long prompt runs before decoding resumes. The scheduler builds
+the decode part first (room for the running requests' next tokens is made before a new request
+takes a slot, retracting as a decode step would); the decode tokens count against the chunk
+budget, down to half of it, so a large running batch never stops admission altogether.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from radixlm.srt.config import ServerConfig
+from radixlm.srt.executor.forward_batch import ForwardMode
+from radixlm.srt.scheduler.batch import ScheduledBatch
+from radixlm.srt.scheduler.policy import shares_uncached_prefix
+from radixlm.srt.scheduler.req import Req, ReqStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from radixlm.srt.scheduler.kv_manager import KVManager
+    from radixlm.srt.scheduler.reports import LoadStats
+
+
+class AdmissionPolicy(Protocol):
+    def order(self, waiting: Sequence[Req], cache) -> list[Req]: ...
+
+
+class PrefillAdmission:
+    """Builds prefill batches from the waiting queue under the step's token budget.
+
+    ``cfg`` is the resolved config (``chunked_prefill_size`` is never None). The admission
+    owns no request state: the scheduler passes its waiting queue (admitted requests leave it),
+    its chunked request and its admission policy."""
+
+    def __init__(self, cfg: ServerConfig, kv: KVManager, stats: LoadStats) -> None:
+        assert cfg.chunked_prefill_size is not None, "needs the resolved config"
+        self.kv = kv
+        self.stats = stats
+        self.chunk_size = cfg.chunked_prefill_size  # > 0: chunking on; -1: off
+        self.max_prefill_tokens = cfg.max_prefill_tokens
+        self.max_running_requests = cfg.max_running_requests
+        # a prefill step also carries the running requests' decode tokens (see above)
+        self.mixes = (
+            self.chunk_size > 0
+            and not cfg.disable_mixed_chunk
+            and cfg.speculative_algorithm == "none"
+        )
+
+    @property
+    def is_chunking(self) -> bool:
+        return self.chunk_size > 0
+
+    def budget(self, num_decode_tokens: int = 0) -> int:
+        """New prefill tokens the step may compute next to ``num_decode_tokens`` decode tokens."""
+        if not self.is_chunking:
+            return self.max_prefill_tokens
+        chunk = max(self.chunk_size - num_decode_tokens, (self.chunk_size + 1) // 2)
+        return min(self.max_prefill_tokens, chunk)
+
+    def schedule(
+        self,
+        waiting: deque[Req],
+        chunked: Req | None,
+        num_running: int,
+        policy: AdmissionPolicy,
+        num_decode_tokens: int = 0,
+    ) -> ScheduledBatch | None:
+        """A prefill batch: ``chunked``'s next piece first, then waiting requests in policy
+        order while the budget, the pool and ``max_running_requests`` (counting the
+        ``num_running`` requests already running) allow. Admitted requests leave ``waiting``.
+        None when nothing fits; in particular, when ``chunked`` is given, a batch always
+        starts with its piece (the scheduler then clears its ``chunked``)."""
+        batch = ScheduledBatch(ForwardMode.EXTEND)
+        budget = self.budget(num_decode_tokens)
+        if chunked is not None:
+            used = self._add_piece(batch, chunked, budget)
+            if used == 0:
+                return None
+            budget -= used
+        for req in policy.order(waiting, self.kv.cache):
+            if budget <= 0 or not batch.all_complete():
+                break
+            if num_running + len(batch.reqs) >= self.max_running_requests:
+                break
+            used = self._admit(batch, req, budget)
+            if used < 0:
+                break
+            if used == 0:
+                continue
+            waiting.remove(req)
+            budget -= used
+        return batch if batch.reqs else None
+
+    def _admit(self, batch: ScheduledBatch, req: Req, budget: int) -> int:
+        """Matches and locks the request's cached prefix and adds its first piece: the piece's
+        token count, 0 to skip the request this step, -1 to stop admitting."""
+        self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
+        if req.req_slot < 0:
+            self.kv.release(req)
+            return -1
+        if shares_uncached_prefix(req, batch):
+            self.kv.release(req)  # defer: next step it finds that prefix in the cache
+            return 0
+        first_time = not req.output_ids  # not a retracted request coming back
+        if first_time:
+            req.cached_tokens = req.num_cached_prefix
+        used = self._add_piece(batch, req, budget)
+        if used == 0:
+            self.kv.release(req)
+            return -1
+        if first_time:
+            self.stats.on_admit(req.cached_tokens, len(req.prompt_ids))
+        return used
+
+    def _add_piece(self, batch: ScheduledBatch, req: Req, budget: int) -> int:
+        """Adds the request's next prefill piece to the batch; returns its token count (0 when
+        it does not fit now). Without chunking a prompt over budget runs alone."""
+        start = req.num_kv_tokens
+        remaining = req.fill_len - start
+        ext = min(remaining, budget) if self.is_chunking else remaining
+        if not self.is_chunking and ext > budget and batch.reqs:
+            return 0
+        slots = self.kv.alloc_tokens(req, ext)
+        if slots is None:
+            return 0
+        req.status = ReqStatus.RUNNING
+        batch.add(req, start, ext, slots)
+        return ext
+
+
+def mixed_batch(prefill: ScheduledBatch, decode: ScheduledBatch) -> ScheduledBatch:
+    """One EXTEND batch of the prefill pieces, then the running requests' decode pieces (their
+    slots are already allocated); every decode piece completes its request's fill and samples."""
+    out = ScheduledBatch(ForwardMode.EXTEND)
+    for part in (prefill, decode):
+        for req, start, ext, slots, draft in zip(
+            part.reqs, part.starts, part.extend_lens, part.slots, part.drafts, strict=True
+        ):
+            out.add(req, start, ext, slots, draft)
+    return out
