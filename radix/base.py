@@ -107,6 +107,14 @@ class PrefixCache(ABC):
         """A prefill step computed ``num_tokens`` tokens in ``seconds`` (the recompute cost)."""
         return None
 
+    def continuation(
+        self, token_ids: Sequence[int], max_tokens: int, namespace: str | None = None
+    ) -> list[int]:
+        """Up to ``max_tokens`` cached tokens that follow the whole of ``token_ids`` (a cached
+        sequence extends it), along the most recently used path; ``[]`` when none does.
+        Read-only: no LRU update, no split, no lock (speculative drafts read it)."""
+        return []
+
     def tier_stats(self) -> dict[str, Any]:
         """Per-tier figures for server_info and metrics (empty for a cache of one tier)."""
         return {}

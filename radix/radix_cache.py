@@ -79,6 +79,41 @@ class RadixCache(PrefixCache):
             node = child
         return path, pos
 
+    def continuation(
+        self, token_ids: Sequence[int], max_tokens: int, namespace: str | None = None
+    ) -> list[int]:
+        # Whole edges are compared as slices (C speed); the Python work is one step per node.
+        root = self._roots.get(namespace)
+        if root is None or max_tokens <= 0 or not token_ids:
+            return []
+        node, pos, num = root, 0, len(token_ids)
+        out: list[int] = []
+        while pos < num:
+            child = self._child_along(node, token_ids, pos)
+            if child is None:
+                return []
+            size = min(len(child.key), num - pos)
+            if child.key[:size] != tuple(token_ids[pos : pos + size]):
+                return []
+            out = list(child.key[size:])  # non-empty only where the query ends inside an edge
+            pos += size
+            node = child
+        while len(out) < max_tokens and node.children:
+            node = max(node.children.values(), key=lambda n: (n.last_access_time, n.node_id))
+            out += node.key
+        return out[:max_tokens]
+
+    def _child_along(self, node: TreeNode, token_ids: Sequence[int], pos: int) -> TreeNode | None:
+        """The child of ``node`` whose edge starts with ``token_ids[pos:]`` (a query ending
+        inside a child's first page: the most recently used such child), without changes."""
+        if len(token_ids) - pos >= self.page_size:
+            return node.children.get(
+                child_key(tuple(token_ids[pos : pos + self.page_size]), 0, self.page_size)
+            )
+        rest = tuple(token_ids[pos:])
+        found = [c for c in node.children.values() if c.key[: len(rest)] == rest]
+        return max(found, key=lambda n: (n.last_access_time, n.node_id), default=None)
+
     # ----------------------------------------------------------------------------- updates
 
     def insert(

@@ -95,6 +95,7 @@ def fail_held_requests(scheduler: Scheduler, error: BaseException) -> BatchToken
 
 
 def _forget(scheduler: Scheduler, req: Req) -> None:
+    scheduler.spec.release(req)  # the drafter's state for it
     if req in scheduler.running:
         scheduler.running.remove(req)
     if req in scheduler.waiting:

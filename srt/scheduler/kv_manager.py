@@ -141,12 +141,20 @@ class KVManager:
 
     def truncate(self, req: Req, new_len: int) -> None:
         """Frees the KV slots of the request's positions ``[new_len, num_kv_tokens)``: tokens a
-        jump-forward edit dropped. They are never in the prefix cache, and with pages larger
-        than one token an edit never drops written KV (``max_rollback``), so ``last_kv_slot``
-        stays valid."""
+        jump-forward edit dropped, rejected draft tokens. They are never in the prefix cache.
+        With pages larger than one token the page holding position ``new_len - 1`` stays the
+        request's (the next allocation continues it), only the pages after it are freed, and
+        ``last_kv_slot`` moves back to position ``new_len - 1``."""
         assert req.num_cached_prefix <= new_len < req.num_kv_tokens, (new_len, req.num_kv_tokens)
-        slots = self.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=new_len)
-        self.allocator.free(slots.clone())
+        free_from = new_len
+        if self.page_size > 1 and new_len > 0:
+            page_end = -(-new_len // self.page_size) * self.page_size
+            free_from = min(page_end, req.num_kv_tokens)
+            last = self.req_to_token_pool.read(req.req_slot, new_len, start=new_len - 1)
+            req.last_kv_slot = int(last[0])
+        if free_from < req.num_kv_tokens:
+            slots = self.req_to_token_pool.read(req.req_slot, req.num_kv_tokens, start=free_from)
+            self.allocator.free(slots.clone())
         req.num_kv_tokens = new_len
 
     def release(self, req: Req, keep_in_cache: bool = True) -> None:

@@ -65,6 +65,8 @@ class LoadStats:
         self.generated = WindowedSum(clock=clock)
         self.prompts = WindowedSum(clock=clock)  # (cached tokens, prompt tokens) at admission
         self._step_tokens = 0
+        # since start: requests admitted, their prompt tokens and those served from the cache
+        self.totals = {"num_admitted_reqs": 0, "num_prompt_tokens": 0, "num_cached_tokens": 0}
 
     def count_token(self) -> None:
         self._step_tokens += 1
@@ -76,6 +78,9 @@ class LoadStats:
 
     def on_admit(self, cached_tokens: int, prompt_tokens: int) -> None:
         self.prompts.add(cached_tokens, prompt_tokens)
+        self.totals["num_admitted_reqs"] += 1
+        self.totals["num_prompt_tokens"] += prompt_tokens
+        self.totals["num_cached_tokens"] += cached_tokens
 
     def cache_hit_rate(self) -> float:
         cached, total = self.prompts.sums()
@@ -93,6 +98,7 @@ def ready_info(s: Scheduler) -> dict[str, Any]:
         "vocab_size": r.vocab_size,
         "device": str(r.device),
         "dtype": str(r.dtype).replace("torch.", ""),
+        "kv_dtype": str(r.kv_pool.storage_dtype).replace("torch.", ""),  # resolved kv_cache_dtype
         "attention_backend": r.attn_backend.name,
         "eos_token_ids": sorted(s.stop_checker.eos_token_ids),
     }
@@ -105,10 +111,13 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         num_waiting=len(s.waiting),
         num_forward_steps=s.num_forward_steps,
         grammar=s.grammars.info(),
+        prefix_cache=dict(s.stats.totals),  # cumulative; bench_serving reads it per worker
     )
     tiers = s.cache.tier_stats()
     if tiers:
         info["hicache"] = tiers
+    if s.spec.enabled:
+        info["speculative"] = s.spec.info()
     return info
 
 

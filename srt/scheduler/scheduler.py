@@ -1,6 +1,7 @@
 """The scheduler: admits requests, builds one batch per step, runs it, and reports outputs.
 
-Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, as SGLang),
+Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, as SGLang;
+with chunked prefill it also carries every running request's decode token, see ``prefill.py``),
 otherwise a decode batch of every running request; one forward; sampling; finish checks.
 The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
 ``handle`` for incoming messages and ``step`` while ``has_work()``.
@@ -14,7 +15,8 @@ in flight each of its requests carries a ``PENDING_TOKEN`` as its last output id
 exists on the device; its KV is written by the next step). A request that finishes when its
 token is read back already has one more token computed: that token is dropped. Prefill steps,
 grammar-constrained or logprob requests, retraction and messages other than new requests first
-resolve the step in flight and run synchronously.
+resolve the step in flight and run synchronously, as do decode steps while a request that
+may speculate runs (its draft needs its last token on the host: speculative_step.py).
 """
 
 from __future__ import annotations
@@ -44,11 +46,14 @@ from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
 from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
-from radixlm.srt.scheduler.policy import make_policy, shares_uncached_prefix
+from radixlm.srt.scheduler.policy import make_policy
+from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
 from radixlm.srt.scheduler.reports import LoadStats, load_info, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
+from radixlm.srt.scheduler.speculative_step import SpeculativeStep
 from radixlm.srt.scheduler.stop import StopChecker
+from radixlm.srt.speculative import make_drafter
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +85,17 @@ class Scheduler:
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
         self.stats = LoadStats()
+        self.spec = SpeculativeStep(  # speculative decoding (a null drafter when off)
+            make_drafter(cfg, r, self.cache),
+            cfg.speculative_num_draft_tokens,
+            r.vocab_size,
+            self.kv,
+            self.stop_checker,
+            self.grammars,
+            self.sampling.default_generator,
+            self.stats.count_token,
+        )
+        self.admission = PrefillAdmission(r.cfg, self.kv, self.stats)
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
 
@@ -203,13 +219,14 @@ class Scheduler:
         if self.inflight is not None:
             self.finished_outside_step += self._resolve_inflight()
         self.cache.close()
+        self.spec.close()
 
     def check_idle(self) -> bool:
         """The leak invariant, and no request state left; only meaningful when nothing runs."""
         ok = self.kv.check_idle_invariant()
         if self.live:
             logger.error("request state left when idle: %s", sorted(r.rid for r in self.live)[:5])
-        return ok and not self.live
+        return self.spec.is_idle() and ok and not self.live
 
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
@@ -217,9 +234,9 @@ class Scheduler:
         touched: list[Req] = []
         if self.inflight is not None and not self._can_chain_decode():
             touched += self._resolve_inflight()
-        prefill = self._schedule_prefill() if self.inflight is None else None
-        batch = prefill or self._schedule_decode()
-        if batch is not None and prefill is None and self._overlappable(batch):
+        batch, is_prefill = self._schedule_prefill() if self.inflight is None else (None, False)
+        batch = batch or self._schedule_decode()
+        if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
             self.num_forward_steps += 1
             if self.inflight is not None:
@@ -228,7 +245,7 @@ class Scheduler:
                 )  # the previous step's tokens, while this one runs
             self.inflight = launched
         elif batch is not None:
-            touched += self._run(batch, is_prefill=prefill is not None)
+            touched += self._run(batch, is_prefill=is_prefill)
         elif not self.finished_outside_step and not touched:
             self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
@@ -252,77 +269,50 @@ class Scheduler:
         self.waiting.extend(ready)
         self.finished_outside_step += failed  # they hold no KV
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
-        """Admits waiting requests under the step's token budget. With chunked prefill the
-        budget is at most one chunk, and only the last request of a batch may be cut short
-        (it becomes ``self.chunked`` and continues first next step)."""
-        batch = ScheduledBatch(ForwardMode.EXTEND)
-        chunk_size = self.runner.cfg.chunked_prefill_size  # resolved: never None
-        chunking = chunk_size > 0
-        budget = self.cfg.max_prefill_tokens
-        if chunking:
-            budget = min(budget, chunk_size)
-        if self.chunked is not None:
-            used = self._add_extend(batch, self.chunked, budget, chunking)
-            if used == 0:
-                return None
-            self.chunked = None
-            budget -= used
-        for req in self.policy.order(self.waiting, self.cache):
-            if budget <= 0 or not batch.all_complete():
-                break
-            if len(self.running) + len(batch.reqs) >= self.cfg.max_running_requests:
-                break
-            self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
-            if req.req_slot < 0:
-                self.kv.release(req)
-                break
-            if shares_uncached_prefix(req, batch):
-                self.kv.release(req)  # defer: next step it finds that prefix in the cache
-                continue
-            if not req.output_ids:
-                req.cached_tokens = req.num_cached_prefix
-            used = self._add_extend(batch, req, budget, chunking)
-            if used == 0:
-                self.kv.release(req)
-                break
-            self.waiting.remove(req)
-            if not req.output_ids:  # admitted for the first time (not a retracted one)
-                self.stats.on_admit(req.cached_tokens, len(req.prompt_ids))
-            budget -= used
-        return batch if batch.reqs else None
-
-    def _add_extend(self, batch: ScheduledBatch, req: Req, budget: int, chunking: bool) -> int:
-        """Adds the request's next prefill piece to the batch; returns its token count (0 when
-        it does not fit now). Without chunking a prompt over budget runs alone."""
-        start = req.num_kv_tokens
-        remaining = req.fill_len - start
-        ext = min(remaining, budget) if chunking else remaining
-        if not chunking and ext > budget and batch.reqs:
-            return 0
-        slots = self.kv.alloc_tokens(req, ext)
-        if slots is None:
-            return 0
-        req.status = ReqStatus.RUNNING
-        batch.add(req, start, ext, slots)
-        return ext
+    def _schedule_prefill(self) -> tuple[ScheduledBatch | None, bool]:
+        """The step's batch when it prefills (``prefill.py``), and whether it does. A mixed step
+        schedules the running requests' decode first; when that retracts a request, or nothing
+        can be admitted, that decode batch alone is returned, with False."""
+        if self.chunked is None and not self.waiting:
+            return None, False
+        decode = None
+        if self.admission.mixes and self.running:
+            num_running = len(self.running)
+            decode = self._schedule_decode()
+            if decode is None or len(self.running) < num_running:
+                return decode, False  # the pool is full: no admission this step
+        num_decode_tokens = sum(decode.extend_lens) if decode is not None else 0
+        prefill = self.admission.schedule(
+            self.waiting, self.chunked, len(self.running), self.policy, num_decode_tokens
+        )
+        if prefill is None:
+            return decode, False
+        self.chunked = None  # its piece is in the batch; _run sets it again until it completes
+        return (prefill if decode is None else mixed_batch(prefill, decode)), True
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         """One new token per running request; requests with jump-forward tokens pending
-        compute those too, and then the batch runs as an extend."""
+        compute those too, and drafted requests their draft (speculative_step.py): then the
+        batch runs as an extend."""
         if not self.running:
             return None
         self._make_room_for_decode()
-        pending = [req.fill_len - req.num_kv_tokens for req in self.running]
+        if not self.running:  # the last one could not get a slot
+            return None
+        drafts = self.spec.plan(self.running, self._decode_slots_needed())
+        pending = [
+            req.fill_len - req.num_kv_tokens + len(d)
+            for req, d in zip(self.running, drafts, strict=True)
+        ]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         batch = ScheduledBatch(mode)
         starts = [req.num_kv_tokens for req in self.running]
         all_slots = self.kv.alloc_for_batch(self.running, pending)
         assert all_slots is not None, "decode slots were reserved"
-        for req, start, num_new, slots in zip(
-            self.running, starts, pending, all_slots, strict=True
+        for req, start, num_new, slots, draft in zip(
+            self.running, starts, pending, all_slots, drafts, strict=True
         ):
-            batch.add(req, start, num_new, slots)
+            batch.add(req, start, num_new, slots, draft)
         return batch
 
     def _decode_slots_needed(self) -> int:
@@ -342,6 +332,7 @@ class Scheduler:
             logger.info(
                 "KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len
             )
+            self.spec.release(victim)
             self.kv.release(victim)
             victim.status = ReqStatus.WAITING
             self.waiting.appendleft(victim)
@@ -359,6 +350,8 @@ class Scheduler:
         decode of requests that are all in flight (nothing to prefill, no retraction)."""
         if self.waiting or self.chunked is not None or not self.running:
             return False
+        if any(self.spec.is_candidate(r) for r in self.running):
+            return False  # their next step may speculate: it needs their tokens on the host
         in_flight = {id(r) for r in self.inflight.reqs}
         if not all(id(r) in in_flight and is_overlappable(r) for r in self.running):
             return False
@@ -401,6 +394,8 @@ class Scheduler:
                 req.finish({"type": "length", "length": 0})  # prefill-only request
             elif batch.completes_fill(i):
                 samplers.append(i)
+        verified = self.spec.verify(batch, logits, per_req)  # drafted requests take their run
+        samplers = [i for i in samplers if i not in verified]
         sample_reqs = [batch.reqs[i] for i in samplers]
         sample_rows = [per_req[i][-1] for i in samplers]
         masks = self.grammars.fill_masks(sample_reqs)
@@ -410,12 +405,14 @@ class Scheduler:
         for req, tok in zip(sample_reqs, next_ids, strict=True):
             if not req.is_finished:  # else its mask row or its sampling failed
                 self._take_token(req, tok)
+        running = {id(r) for r in self.running} if is_prefill else set()
         for i, req in enumerate(batch.reqs):
-            if is_prefill and not req.is_finished:
+            joins = is_prefill and id(req) not in running  # not a decode row of a mixed batch
+            if joins and not req.is_finished:
                 self.kv.cache_chunk(req)  # share the prefilled tokens with later requests now
             if not batch.completes_fill(i):
                 self.chunked = req
-            elif is_prefill and not req.is_finished:  # decode batches hold running requests
+            elif joins and not req.is_finished:
                 self.running.append(req)
         return rejected + self._retire(batch.reqs)
 
@@ -456,5 +453,6 @@ class Scheduler:
             if req.is_finished:
                 if req in self.running:
                     self.running.remove(req)
+                self.spec.release(req)
                 self.kv.release(req, keep_in_cache)
         return reqs

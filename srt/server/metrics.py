@@ -33,6 +33,14 @@ HICACHE_GAUGES = {
     "disk_bytes_per_s": "Measured disk read rate",
     "loads_skipped_slower": "Loads skipped as slower than recomputing (cumulative)",
 }
+# speculative decoding figures of the scheduler's server_info, exported as gauges
+SPECULATIVE_GAUGES = {
+    "acceptance_rate": "Accepted draft tokens / verified draft tokens (since start)",
+    "mean_accept_length": "Tokens added per request per verify step (since start)",
+    "num_verify_steps": "Verify steps, counted per request (cumulative)",
+    "num_proposed_tokens": "Draft tokens verified (cumulative)",
+    "num_accepted_tokens": "Draft tokens accepted (cumulative)",
+}
 
 
 class ServerMetrics:
@@ -71,6 +79,9 @@ class ServerMetrics:
         self.kv_cached = gauge("num_cached_tokens", "KV slots held only by the prefix cache")
         self.cache_hit_rate = gauge("cache_hit_rate", "Cached prompt tokens / prompt tokens")
         self.hicache = {key: gauge(f"hicache_{key}", doc) for key, doc in HICACHE_GAUGES.items()}
+        self.speculative = {
+            key: gauge(f"speculative_{key}", doc) for key, doc in SPECULATIVE_GAUGES.items()
+        }
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -103,11 +114,12 @@ class ServerMetrics:
         self.kv_used.set(used)
         self.kv_cached.set(evictable)
         self.kv_usage.set(used / total if total else 0.0)
-        tiers = info.get("hicache") or {}
-        for key, g in self.hicache.items():
-            value = tiers.get(key)
-            if isinstance(value, (int, float)):
-                g.set(value)
+        for section, gauges in (("hicache", self.hicache), ("speculative", self.speculative)):
+            figures = info.get(section) or {}
+            for key, g in gauges.items():
+                value = figures.get(key)
+                if isinstance(value, (int, float)):
+                    g.set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
