@@ -10,6 +10,15 @@ thread ran 2-4x slower here (softmax, SDPA, large adds), which made a decode ste
     with Engine() as engine:                       # the embedded default model
         out = engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
         print(out["text"])
+
+Tensor parallelism (``tp_size=N``): this process is rank 0 (the scheduler, in-process as
+always); ranks 1..N-1 are ``spawn`` children (``managers/tp_ranks.py``) that never outlive it
+(a parent-death signal, a parent watch, ``daemon``). Create such an Engine from the main thread
+(the parent-death signal follows the creating thread) and under ``if __name__ == "__main__":``
+in scripts (``spawn`` imports the main module). One tensor-parallel Engine per process at a
+time (torch.distributed's group is per process). If a rank dies or a forward fails, the ranks
+are out of step: the followers are killed and every later call raises ``RuntimeError``; create
+a new Engine. ``shutdown`` stops the followers and leaves the group.
 """
 
 from __future__ import annotations
@@ -26,10 +35,12 @@ from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
+from radixlm.srt.managers.engine_ranks import InProcessRanks
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
+from radixlm.srt.managers.tp_ranks import with_rendezvous
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -37,7 +48,6 @@ from radixlm.srt.messages import (
     ControlReq,
     TokenizedGenerateReq,
 )
-from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.failures import handle_message, run_step
 
 logger = logging.getLogger(__name__)
@@ -47,11 +57,12 @@ _FINISHED = object()
 
 class Engine:
     def __init__(self, model_path: str | None = None, **options: Any):
-        self.config = config_from_kwargs(model_path=model_path, **options)
+        self.config = with_rendezvous(config_from_kwargs(model_path=model_path, **options))
         logging.basicConfig(
             level=self.config.log_level.upper(), format="[%(asctime)s %(name)s] %(message)s"
         )
-        self.scheduler = Scheduler(self.config)
+        self._ranks = InProcessRanks(self.config)  # tensor parallelism; a shell at tp_size 1
+        self.scheduler = self._ranks.start_scheduler()
         self.tokenizer = self.scheduler.runner.tokenizer
         self.vocab_size = self.scheduler.runner.vocab_size
         self._detokenizer = Detokenizer(self.tokenizer)
@@ -162,12 +173,14 @@ class Engine:
         return {**self.scheduler.ready_info(), **self._control("server_info").data}
 
     def shutdown(self) -> None:
-        """Aborts whatever still runs (no background work is left after this)."""
-        if self.scheduler is not None and self.scheduler.has_work():
+        """Aborts whatever still runs (no background work is left after this); stops the
+        tensor-parallel followers. Idempotent."""
+        if self.scheduler is not None and self._ranks.is_running and self.scheduler.has_work():
             self.abort(abort_all=True)
         if self.scheduler is not None:
             self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
             self.scheduler.close()  # a disk KV tier flushes its writes
+        self._ranks.shutdown()
         with self._sessions_lock:
             self.sessions.clear()
 
@@ -339,13 +352,16 @@ class Engine:
         return self._next(q, timeout=60)
 
     def _run_once(self) -> None:
-        """Handles queued messages, then runs one scheduler step (caller holds ``_driving``)."""
+        """Handles queued messages, then runs one scheduler step (caller holds ``_driving``).
+        Raises RuntimeError once the tensor-parallel group cannot run."""
+        self._ranks.check()
         self._drain_inbox()
         if not self.scheduler.has_work():
             return
         out = run_step(self.scheduler)  # never raises; a failed step reports what it held
         if out is not None:
             self._dispatch(self._detokenizer.handle(out))
+        self._ranks.check()
 
     def _drain_inbox(self) -> None:
         while True:

@@ -15,15 +15,17 @@ layer unit(s)                         what it may import (besides lower layers' 
 3     srt.server, srt.engine          the two front ends: HTTP process, in-process engine
 4     srt.managers                    tokenizer manager, detokenizer, the scheduler process
 5     srt.scheduler                   event loop, admission, KV manager, grammar manager
-6     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
-7     srt.models                      architectures and weight loaders (kernels only)
-8     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
-      srt.parsers                     and reasoning parsers of model outputs (no srt deps)
-9     srt.config                      frozen config dataclasses every layer above reads
-10    radix, grammar                  libraries: never import srt or lang; the radix tree's
+6     srt.speculative                 drafters (n-gram, draft model) the scheduler verifies
+7     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
+8     srt.models                      architectures and weight loaders (kernels only)
+9     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
+      srt.parsers, srt.distributed    and reasoning parsers of model outputs (no srt deps);
+                                      tensor-parallel groups and collectives (torch only)
+10    srt.config                      frozen config dataclasses every layer above reads
+11    radix, grammar                  libraries: never import srt or lang; the radix tree's
                                       HiCache-aware variant builds on the tiers below it
-11    hicache                         host and disk KV tiers (pools, copies, page store)
-12    kernels                         attention, bitmask, fused and int4/int8 CPU ops
+12    hicache                         host and disk KV tiers (pools, copies, page store)
+13    kernels                         attention, bitmask, fused and int4/int8 CPU ops
 ====  ==============================  =========================================================
 
 Imports under ``if TYPE_CHECKING:`` are ignored (annotations only, never run); imports inside
@@ -54,9 +56,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("srt.server", "srt.engine"),
     ("srt.managers",),
     ("srt.scheduler",),
+    ("srt.speculative",),
     ("srt.executor",),
     ("srt.models",),
-    ("srt.messages", "srt.sampling", "srt.parsers"),
+    ("srt.messages", "srt.sampling", "srt.parsers", "srt.distributed"),
     ("srt.config",),
     ("radix", "grammar"),
     ("hicache",),
@@ -289,7 +292,8 @@ def test_a_synthetic_back_edge_fails(tmp_path: Path, line: str, target: str) -> 
     expected = "radixlm.srt" if target == "srt" else f"radixlm.srt.{target}"
     assert len(violations) == 1, violations
     assert violations[0].startswith(f"srt/models/llama.py:{line.count(chr(10)) + 1}: ")
-    assert f"imports {expected}: back-edge: srt.models (layer 7)" in violations[0]
+    layer = LAYER_OF["srt.models"]
+    assert f"imports {expected}: back-edge: srt.models (layer {layer})" in violations[0]
 
 
 def test_a_synthetic_library_importing_srt_fails(tmp_path: Path) -> None:

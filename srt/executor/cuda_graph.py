@@ -83,7 +83,10 @@ class CudaGraphRunner:
                     self._run_model(fb)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            # with tensor parallelism the NCCL watchdog thread polls earlier collectives' events
+            # during the capture: "global" capture mode would fail the capture on such a call
+            mode = "thread_local" if self.runner.tp.is_distributed else "global"
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode=mode):
                 self.logits[bs] = self._run_model(fb)
             self.pool = graph.pool()
             self.graphs[bs] = graph

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import psutil
@@ -10,14 +11,28 @@ import torch
 
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig, resolve
+from radixlm.srt.distributed import (
+    TPGroup,
+    check_tp_config,
+    cpu_threads_per_rank,
+    init_distributed,
+    tp_device,
+)
 from radixlm.srt.executor.cuda_graph import CudaGraphRunner, should_capture
 from radixlm.srt.executor.forward_batch import ForwardBatch
-from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.executor.memory_pool import (
+    KVPool,
+    ReqToTokenPool,
+    TokenSlotAllocator,
+    kv_storage_dtype,
+)
+from radixlm.srt.executor.tp_sync import StepReceiver, StepSender
 from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.quantize import quantize_model
+from radixlm.srt.models.tp_layers import HeadShard
 
 if TYPE_CHECKING:
     from radixlm.srt.scheduler.batch import ScheduledBatch  # annotation only: a higher layer
@@ -29,26 +44,44 @@ MAX_GRAPH_BATCH = 512
 
 
 class ModelRunner:
-    def __init__(self, cfg: ServerConfig):
+    """Tensor parallelism (``cfg.tp_size > 1``): one runner per rank, each holding its slices of
+    the weights and its KV heads. ``tp_group`` is this rank's group (joined here from
+    ``tp_rank`` when not given). On rank 0 ``forward`` broadcasts each step before computing it
+    and returns full-vocabulary logits; a follower calls :meth:`follow`, which runs rank 0's
+    steps until rank 0 calls :meth:`stop_followers`."""
+
+    def __init__(self, cfg: ServerConfig, tp_rank: int = 0, tp_group: TPGroup | None = None):
+        check_tp_config(cfg)
+        self.tp = tp_group if tp_group is not None else init_distributed(cfg, tp_rank)
         self.model_dir = resolve_model_path(cfg.model_path, need_weights=cfg.load_format != "dummy")
         self.model_config = ModelConfig.from_pretrained(self.model_dir)
         # the one place auto values are resolved: the attention backend depends on the model's
         # head size, which is known from here on
         self.cfg = cfg = resolve(cfg, head_dim=self.model_config.head_dim)
-        self.device = torch.device(cfg.device)
+        self.device = self._place_rank(cfg)
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
-        if self.device.type == "cpu" and cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
         self.model = load_model(
-            self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy"
+            self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy", tp=self.tp
         )
         quantize_model(self.model, cfg.quantization, self.device)
         mc = self.model_config
-        num_slots = self._size_kv_pool()
+        # this rank's attention heads (all of them without tensor parallelism)
+        self.heads = HeadShard.for_rank(mc.num_heads, mc.num_kv_heads, self.tp.size, self.tp.rank)
+        # the KV pool's storage dtype (fp8 with --kv-cache-dtype fp8_*); validated here
+        self.kv_dtype = kv_storage_dtype(
+            cfg.kv_cache_dtype, self.dtype, cfg.quantization, self.device
+        )
+        num_slots = self.tp.min_int(self._size_kv_pool())  # every rank: the same slot layout
         self.context_length = min(cfg.context_length or mc.context_length, num_slots)
         self.kv_pool = KVPool(
-            num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+            num_slots,
+            mc.num_layers,
+            self.heads.num_kv_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+            storage_dtype=self.kv_dtype,
         )
         self.allocator = TokenSlotAllocator(num_slots, cfg.page_size, self.device)
         self.req_to_token_pool = ReqToTokenPool(
@@ -57,8 +90,8 @@ class ModelRunner:
         self.attn_backend = make_attention_backend(
             cfg.attention_backend,
             self.device,
-            num_heads=mc.num_heads,
-            num_kv_heads=mc.num_kv_heads,
+            num_heads=self.heads.num_heads,
+            num_kv_heads=self.heads.num_kv_heads,
             head_dim=mc.head_dim,
             page_size=cfg.page_size,
             dtype=self.dtype,
@@ -69,21 +102,48 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 self, min(cfg.max_running_requests, MAX_GRAPH_BATCH)
             )
+        self.step_sender: StepSender | None = None  # rank 0 of several: broadcasts each step
+        self.step_receiver: StepReceiver | None = None  # a follower: receives them
+        if self.tp.is_distributed and self.tp.is_leader:
+            self.step_sender = StepSender(self.tp, self.req_to_token_pool)
+        elif self.tp.is_distributed:
+            self.step_receiver = StepReceiver(self.tp, self.req_to_token_pool)
         logger.info(
-            "model %s (%s) on %s/%s; KV pool: %d tokens (%.2f GiB), context length %d, attention %s",
+            "model %s (%s) on %s/%s; KV pool: %d tokens of %s (%.2f GiB), context length %d, "
+            "attention %s",
             self.model_dir,
             mc.architecture,
             self.device,
             self.dtype,
             self.max_total_tokens,
+            self.kv_dtype,
             self.max_total_tokens * self._kv_bytes_per_token() / 2**30,
             self.context_length,
             self.attn_backend.name,
         )
 
+    def _place_rank(self, cfg: ServerConfig) -> torch.device:
+        """This rank's device (``cuda:<local rank>`` with tensor parallelism) and, on a CPU, its
+        intra-op threads (``--num-threads``, else the cores shared among the machine's ranks)."""
+        if not self.tp.is_distributed:
+            device = torch.device(cfg.device)
+        else:
+            if self.tp.size != cfg.tp_size:
+                raise ValueError(f"tp_group has {self.tp.size} ranks, tp_size is {cfg.tp_size}")
+            device = tp_device(cfg, self.tp.local_rank)
+        if device.type == "cpu" and cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        elif device.type == "cpu" and self.tp.is_distributed:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            ranks_here = self.tp.size // cfg.nnodes
+            torch.set_num_threads(cpu_threads_per_rank(cores or os.cpu_count() or 1, ranks_here))
+        return device
+
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
-        return KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        return KVPool.bytes_per_token(
+            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
+        )
 
     @property
     def max_total_tokens(self) -> int:
@@ -123,7 +183,8 @@ class ModelRunner:
         """Runs the model on a scheduler's batch and returns float32 logits
         ``[len(logit_rows), vocab]`` for the given token rows of the batch (e.g. the last new
         token of each request). ``input_ids_on_device``: the batch's input ids when they are
-        still on the device (the previous step's samples, not yet read back)."""
+        still on the device (the previous step's samples, not yet read back). With tensor
+        parallelism (rank 0 only) the step is first broadcast to the followers."""
         fb = ForwardBatch.from_scheduled(
             batch,
             req_to_token_pool=self.req_to_token_pool,
@@ -131,6 +192,11 @@ class ModelRunner:
             attn_backend=self.attn_backend,
             input_ids_on_device=input_ids_on_device,
         )
+        if self.step_sender is not None:
+            self.step_sender.send(fb, logit_rows)
+        return self._run(fb, logit_rows)
+
+    def _run(self, fb: ForwardBatch, logit_rows: list[int]) -> torch.Tensor:
         if (
             fb.mode.is_decode
             and self.graph_runner is not None
@@ -145,3 +211,21 @@ class ModelRunner:
         if len(logit_rows) != hidden.shape[0]:
             hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def follow(self) -> None:
+        """A follower rank's loop: runs every step rank 0 broadcasts (its logits are dropped)
+        until rank 0 calls :meth:`stop_followers`, then returns. Raises ``RuntimeError`` when the
+        group fails (a rank died, a collective timed out): the process should exit non-zero."""
+        if self.step_receiver is None:
+            raise RuntimeError("follow() runs on tensor-parallel ranks > 0 only")
+        while (step := self.step_receiver.receive()) is not None:
+            self._run(
+                step.forward_batch(self.req_to_token_pool, self.kv_pool, self.attn_backend),
+                step.logit_rows,
+            )
+
+    def stop_followers(self) -> None:
+        """Rank 0: ends the followers' :meth:`follow` loops (once; a no-op without followers)."""
+        if self.step_sender is not None:
+            self.step_sender.stop()

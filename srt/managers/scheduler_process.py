@@ -7,6 +7,13 @@ Loop: drain every pending message without blocking and hand it to the scheduler 
 replies go straight back to the tokenizer manager), run one step and push its ``BatchTokenOut``
 to the detokenizer; with no work, block on the socket (with a timeout, to watch the parent).
 SIGTERM makes the loop finish the requests it holds, then exit; SIGINT is left to the parent.
+
+Tensor parallelism: the scheduler process is rank 0 (its ``ModelRunner`` joins the group and
+broadcasts every step); ``run_follower_process`` is a rank > 0, which only runs the forwards
+rank 0 describes. Under tensor parallelism a forward that raised on rank 0 leaves the ranks out
+of step (a follower may wait in a collective rank 0 never reaches), so it ends the process with
+``EXIT_TP_GROUP_FAILED`` instead of failing only the step's requests; followers exit non-zero
+when the group fails and 0 when rank 0 stops them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_MS = 500
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+EXIT_TP_GROUP_FAILED = 3  # a rank's collective failed: the whole group must go down
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,7 @@ class SchedulerLoop:
         self._run_step, self._handle_message = run_step, handle_message
         self.scheduler = scheduler
         self.life = life
+        self.tp_guard = TPGuard(getattr(scheduler, "runner", None))
         self.ctx = zmq.Context()
         self.recv_sock = self.ctx.socket(zmq.PULL)
         self.recv_sock.bind(endpoints.scheduler)
@@ -140,10 +149,18 @@ class SchedulerLoop:
                 self.run_step()
         logger.info("scheduler loop exits")
         self.scheduler.close()  # a disk KV tier flushes its writes
+        self.tp_guard.stop_followers()
         self.ctx.destroy(linger=1000)
 
     def run_step(self) -> None:
         out = self._run_step(self.scheduler)  # never raises; a failed step reports what it held
+        if self.tp_guard.failure is not None:  # the server fails what is in flight with 503
+            logger.error(
+                "a tensor-parallel forward failed (%r); the ranks are out of step, exiting",
+                self.tp_guard.failure,
+            )
+            logging.shutdown()
+            os._exit(EXIT_TP_GROUP_FAILED)  # no atexit: leaving the group may block
         if out is not None:
             self.detok_sock.send(encode(out))
 
@@ -164,6 +181,38 @@ class SchedulerLoop:
             self.reply_sock.send(encode(reply))
         elif isinstance(reply, BatchTokenOut):
             self.detok_sock.send(encode(reply))
+
+
+class TPGuard:
+    """Records a forward that raised on rank 0 of a tensor-parallel group (``failure``); wraps
+    the runner's ``forward`` only when the runner has followers (``runner`` may be None)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.failure: BaseException | None = None
+        tp = getattr(runner, "tp", None)
+        self.runner = runner if tp is not None and tp.is_distributed else None
+        if self.runner is None:
+            return
+        forward = runner.forward
+
+        def guarded_forward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return forward(*args, **kwargs)
+            except BaseException as e:
+                self.failure = e
+                raise
+
+        runner.forward = guarded_forward
+
+    def stop_followers(self) -> None:
+        """Rank 0 leaves: the followers return from ``follow`` and exit 0 (a broken group is
+        only logged: its followers exit on their own)."""
+        if self.runner is None or self.failure is not None:
+            return
+        try:
+            self.runner.stop_followers()
+        except Exception:
+            logger.exception("could not stop the tensor-parallel followers")
 
 
 def run_scheduler_process(
@@ -187,3 +236,35 @@ def run_scheduler_process(
         sys.exit(1)
     report_ready(ready_conn, scheduler.ready_info())
     loop.run()
+
+
+def run_follower_process(
+    cfg: ServerConfig,
+    tp_rank: int,
+    ready_conn: Connection,
+    parent_pid: int,
+    heartbeat_path: str | None = None,
+) -> None:
+    """Entry point of a tensor-parallel follower (rank ``tp_rank`` > 0, ``spawn`` method): joins
+    the group, loads its shard and runs rank 0's steps until rank 0 stops it (exit 0) or the
+    group fails (exit ``EXIT_TP_GROUP_FAILED``). SIGTERM is only noted: rank 0 decides when
+    the followers stop, after its drain."""
+    life = ChildLifecycle(parent_pid, f"tp{tp_rank}")
+    life.install(cfg.log_level)
+    start_heartbeat(heartbeat_path)
+    try:
+        from radixlm.srt.executor.model_runner import ModelRunner
+
+        runner = ModelRunner(cfg, tp_rank=tp_rank)
+    except BaseException:
+        report_failure(ready_conn, f"tensor-parallel rank {tp_rank} failed to start")
+        sys.exit(1)
+    report_ready(ready_conn, {"tp_rank": tp_rank, "device": str(runner.device)})
+    try:
+        runner.follow()
+    except BaseException:
+        logger.exception("tensor-parallel rank %d: the group failed; exiting", tp_rank)
+        logging.shutdown()
+        os._exit(EXIT_TP_GROUP_FAILED)  # no atexit: leaving a broken group may block
+    logger.info("tensor-parallel rank %d stopped by rank 0", tp_rank)
+    runner.tp.destroy()

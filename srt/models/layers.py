@@ -33,7 +33,11 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+def copy_checked(dst: torch.Tensor, src: Any) -> None:
+    """``dst.copy_(src)`` after a shape check; ``src`` may be a lazy safetensors slice (read
+    whole here)."""
+    if not isinstance(src, torch.Tensor):
+        src = src[:]
     if tuple(dst.shape) != tuple(src.shape):
         raise ValueError(
             f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
@@ -41,7 +45,7 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
+def default_weight_loader(param: torch.Tensor, loaded: Any) -> None:
     copy_checked(param.data, loaded)
 
 
@@ -197,18 +201,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return fused.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up merged into one matmul."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
-        super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class VocabEmbedding(nn.Module):

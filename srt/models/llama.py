@@ -10,18 +10,23 @@ import torch
 from torch import nn
 
 from radixlm.kernels import fused
+from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import (
-    GatedMLP,
-    Linear,
-    LMHead,
-    QKVLinear,
     RMSNorm,
     RotaryEmbedding,
-    VocabEmbedding,
     default_dtype,
     default_weight_loader,
+    silu_and_mul,
 )
 from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.tp_layers import (
+    ColumnParallelLinear,
+    HeadShard,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 
 if TYPE_CHECKING:  # annotations only: at run time the models never import the executor
     from radixlm.srt.executor.forward_batch import ForwardBatch
@@ -47,19 +52,48 @@ class DecoderOptions:
     qk_norm: bool = False  # per-head RMSNorm of q and k before rope (Qwen3)
 
 
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))``: gate and up merged and column-parallel, down row-parallel."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: TPGroup, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear.even(
+            hidden_size, [intermediate_size] * 2, tp, bias
+        )
+        self.down_proj = RowParallelLinear.even(intermediate_size, hidden_size, tp, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
 class LlamaAttention(nn.Module):
+    """This rank's heads (``num_heads``/``num_kv_heads`` are the local counts the attention
+    backend reads); q/k/v column-parallel, o_proj row-parallel."""
+
     def __init__(
-        self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        options: DecoderOptions,
+        rotary: RotaryEmbedding,
+        tp: TPGroup,
     ):
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
+        heads = HeadShard.for_rank(config.num_heads, config.num_kv_heads, tp.size, tp.rank)
+        self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
+        self.head_dim = hd = config.head_dim
         self.scaling = self.head_dim**-0.5
-        self.qkv_proj = QKVLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, options.qkv_bias
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, hd, config.num_heads, config.num_kv_heads, heads, options.qkv_bias
         )
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, options.o_bias)
+        self.o_proj = RowParallelLinear(
+            config.num_heads * hd,
+            config.hidden_size,
+            (heads.q_start * hd, heads.num_heads * hd),
+            tp,
+            options.o_bias,
+        )
         self.rotary_emb = rotary  # shared by all layers
         self.qk_norm = options.qk_norm
         self.fused_rope = self.head_dim & (self.head_dim - 1) == 0  # the kernel wants a power of 2
@@ -96,11 +130,16 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, options: DecoderOptions, rotary: RotaryEmbedding
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        options: DecoderOptions,
+        rotary: RotaryEmbedding,
+        tp: TPGroup,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, options, rotary)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, options.mlp_bias)
+        self.self_attn = LlamaAttention(config, layer_id, options, rotary, tp)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp, options.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -122,14 +161,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: DecoderOptions):
+    def __init__(self, config: ModelConfig, options: DecoderOptions, tp: TPGroup):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.context_length, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, options, self.rotary_emb) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, i, options, self.rotary_emb, tp)
+            for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -145,10 +185,22 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Contract shared by every architecture: see ``forward``, ``compute_logits``, ``load_weights``."""
+    """Contract shared by every architecture: see ``forward``, ``compute_logits``, ``load_weights``.
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    ``tp``: this rank's tensor-parallel group (default: a single rank). Every rank builds only
+    its slices, loads only them, and returns full-vocabulary logits from ``compute_logits``.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp: TPGroup | None = None,
+    ):
         super().__init__()
+        tp = tp or TPGroup.single()
+        self.tp = tp
         hidden_act = getattr(config.hf_config, "hidden_act", "silu")
         if hidden_act != "silu":
             raise ValueError(
@@ -158,8 +210,8 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{config.architecture}: sliding-window attention is not supported")
         self.config = config
         with torch.device(device), default_dtype(dtype):
-            self.model = LlamaModel(config, self.decoder_options(config))
-            self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+            self.model = LlamaModel(config, self.decoder_options(config), tp)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 

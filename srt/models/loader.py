@@ -6,10 +6,12 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.registry import get_model_class
 
@@ -37,14 +39,16 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields ``(name, tensor)`` for every tensor of the checkpoint, one file at a time (on CPU)."""
+def iter_safetensors(model_dir: str | Path, lazy: bool = False) -> Iterator[tuple[str, Any]]:
+    """Yields ``(name, tensor)`` for every tensor of the checkpoint, one file at a time (on CPU).
+    ``lazy``: a safetensors slice instead of the tensor, valid until the next item; the weight
+    loaders read only the rows or columns their rank keeps (tensor parallelism)."""
     from safetensors import safe_open
 
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name) if lazy else f.get_tensor(name)
 
 
 @torch.inference_mode()
@@ -60,20 +64,26 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 @torch.inference_mode()
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype, device: torch.device | str, dummy: bool = False
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    dummy: bool = False,
+    tp: TPGroup | None = None,
 ) -> nn.Module:
     """The model of ``model_dir`` in ``dtype`` on ``device``, weights loaded, in eval mode.
 
     The result has ``forward(input_ids, positions, fb)``, ``compute_logits(hidden)`` and a
-    ``config`` attribute (:class:`ModelConfig`).
+    ``config`` attribute (:class:`ModelConfig`). With a ``tp`` group of several ranks the model
+    holds this rank's slices only, read from the checkpoint slice by slice.
     """
     config = ModelConfig.from_pretrained(model_dir)
     model_class = get_model_class(config.architecture)
-    model = model_class(config, dtype, torch.device(device))
+    tp = tp or TPGroup.single()
+    model = model_class(config, dtype, torch.device(device), tp=tp)
     if dummy:
         init_dummy_weights(model)
     else:
-        model.load_weights(iter_safetensors(model_dir))
+        model.load_weights(iter_safetensors(model_dir, lazy=tp.is_distributed))
     logger.info(
         "loaded %s from %s (%d layers, %s, %s)",
         config.architecture,

@@ -77,6 +77,12 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
             f"--quantization int4 runs on the CPU only (device is {device}); "
             "drop the option or pass --device cpu"
         )
+    tp_size = getattr(getattr(model, "tp", None), "size", 1)
+    if tp_size > 1:  # the int4 forwards replace the row-parallel all-reduce and logits gather
+        raise ValueError(
+            f"--quantization int4 does not support tensor parallelism (tp_size {tp_size}); "
+            "drop --quantization or use --tp-size 1"
+        )
     converted, kept = _int4_linears(model)
     for module in model.modules():
         if isinstance(module, LMHead):

@@ -53,9 +53,10 @@ def served_model_name(cfg: ServerConfig, info: dict[str, Any]) -> str:
 
 
 def accepted_model_names(cfg: ServerConfig, info: dict[str, Any], served: str) -> set[str]:
-    """What a request's ``model`` may say: the served name, the path it was given as, or
-    ``default`` (what SGLang's examples send). Errors name only the served name."""
-    names = {served, "default"}
+    """What a request's ``model`` may say: the served name, the path it was given as,
+    ``default`` (what SGLang's examples send) or ``unknown`` (what sglang-router sends for a
+    request without one). Errors name only the served name."""
+    names = {served, "default", "unknown"}
     for path in (cfg.model_path, info.get("model_path")):
         if path:
             names.add(str(path))

@@ -4,8 +4,8 @@ load (``/v1/loads`` and the older ``/get_load``) and tokenizer info.
 The load figures come from the scheduler (``Scheduler.load_info``): it answers between two
 steps without waiting for the step in flight, so a figure is at most one step old and a load
 query never holds generation up; concurrent queries share one answer
-(``TokenizerManager.load``). This server is one data-parallel rank (``dp_rank`` 0) of one
-tensor-parallel rank.
+(``TokenizerManager.load``). This server is one data-parallel rank (``dp_rank`` 0), however
+many tensor-parallel ranks (``tp_size``) it runs: replicas are separate servers behind a router.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def get_server_info(request: Request) -> Response:
             **tm.info,
             "served_model_name": request.app.state.served_model_name,
             "dp_size": 1,
-            "tp_size": 1,
+            "tp_size": tm.cfg.tp_size,  # the ranks behind this one HTTP server
             "pp_size": 1,
             "max_total_num_tokens": tm.max_total_tokens,
             "max_req_input_len": min(tm.context_length, tm.max_total_tokens) - 1,
