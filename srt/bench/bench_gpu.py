@@ -36,6 +36,20 @@ LLAMA3_8B = dict(
     tie_word_embeddings=False,
 )
 
+# a tiny Llama for GPU tests of kernels and scheduling (random weights, every backend's head size)
+TINY_LLAMA = dict(
+    hidden_size=256,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+
 
 def make_model_folder(path: Path, shape: dict) -> Path:
     """config.json plus a word-level tokenizer covering every id (outputs stay decodable)."""

@@ -13,22 +13,11 @@ import random
 import pytest
 import torch
 
-from radixlm.srt.bench.bench_gpu import make_model_folder
+from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 
 pytestmark = pytest.mark.gpu
 
-TINY = dict(
-    hidden_size=256,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2048,
-    max_position_embeddings=4096,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
+TINY = TINY_LLAMA
 SMOLLM2 = dict(
     hidden_size=576,
     intermediate_size=1536,

@@ -10,25 +10,14 @@ import warnings
 import pytest
 import torch
 
-from radixlm.srt.bench.bench_gpu import make_model_folder
+from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.messages import TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
 
-TINY = dict(
-    hidden_size=256,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2048,
-    max_position_embeddings=4096,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
+TINY = TINY_LLAMA
 LENGTHS = (5, 37, 200, 64)
 MAX_NEW = (40, 12, 25, 1)
 

@@ -95,20 +95,11 @@ def test_gpu_greedy_outputs_unchanged_by_speculation(tmp_path, backend):
     a spoiled token; overlap scheduling and CUDA graphs as configured by default."""
     import torch
 
-    from radixlm.srt.bench.bench_gpu import make_model_folder
+    from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 
     if backend not in BACKENDS:
         pytest.skip(f"{backend} not in RADIXLM_GPU_TEST_BACKENDS")
-    shape = dict(
-        hidden_size=256,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    shape = TINY_LLAMA
     folder = make_model_folder(tmp_path, shape)
     dtype = "float32" if backend == "triton" else "float16"  # flashinfer has no fp32 kernels
     prompts = _repetitive(2, 4) + [

@@ -101,6 +101,13 @@ def run_all(engine) -> dict[str, object]:
         PROMPTS[1], GREEDY, return_logprob=True, top_logprobs_num=3, logprob_start_len=0
     )
     out["logprob"] = logprob["meta_info"]
+    # sampling runs on rank 0 over the gathered full-vocabulary logits, with the request's own
+    # generator: a seeded request draws the same tokens at every TP size unless a row's logits
+    # differ at a near tie of the draw (row-parallel sums round differently: ~1e-6 here)
+    sampled = {"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_new_tokens": 16}
+    out["seeded"] = [
+        o["output_ids"] for o in engine.generate(PROMPTS[:2], {**sampled, "ignore_eos": True})
+    ]
     return out
 
 
@@ -146,6 +153,7 @@ def test_tp2_matches_tp1(tp_engine, reference) -> None:
     assert tp_engine.get_server_info()["max_total_tokens"] == 2048
     got = run_all(tp_engine)
     assert got["greedy"] == reference["greedy"]
+    assert got["seeded"] == reference["seeded"]
     assert got["json"] == reference["json"]
     text = got["json"][1]
     assert text.startswith('{"name":"')  # the grammar held (a random model rarely finishes)

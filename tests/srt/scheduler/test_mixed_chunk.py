@@ -190,20 +190,9 @@ def _gpu_workload(vocab_size: int) -> list:
 def test_gpu_mixed_chunks_with_overlap_give_the_unchunked_outputs(tmp_path):
     """On a GPU decode steps between prefills run ahead (overlap scheduling, CUDA graphs); a
     prefill settles the step in flight first and then carries the decodes."""
-    from radixlm.srt.bench.bench_gpu import make_model_folder
+    from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 
-    shape = dict(
-        hidden_size=256,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
+    shape = TINY_LLAMA
     folder = make_model_folder(tmp_path / "tiny", shape)
     workload = _gpu_workload(shape["vocab_size"])
     results = []
