@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import time
@@ -35,6 +36,15 @@ LLAMA3_8B = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
+LLAMA3_70B = dict(
+    LLAMA3_8B,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+)
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B}
 
 # a tiny Llama for GPU tests of kernels and scheduling (random weights, every backend's head size)
 TINY_LLAMA = dict(
@@ -113,12 +123,13 @@ def generate(engine, ids: list[list[int]], out_len: int) -> float:
 
 
 def bench_engine(
-    folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True
+    folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True, tp: int = 1
 ) -> dict:
     from radixlm.srt import Engine
 
     engine = Engine(
         model_path=str(folder),
+        tp_size=tp,
         load_format="dummy",
         attention_backend=backend,
         disable_cuda_graph=not graphs,
@@ -240,6 +251,30 @@ def bench_hf(folder: Path, args, vocab: int) -> dict:
     return out
 
 
+def param_bytes(shape: dict) -> int:
+    """bf16 bytes of a Llama of ``shape`` (untied embedding and LM head)."""
+    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = h * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * i + 2 * h
+    return 2 * (n * per_layer + 2 * shape["vocab_size"] * h + h)
+
+
+def tp_calibration(calib: dict, shape: dict, tp: int) -> dict:
+    """All-reduce timings over ``tp`` GPUs and the batch-1 TP roofline they imply."""
+    from radixlm.srt.bench.collective_calib import measure, tp_roofline_ms
+
+    rows = measure(tp, "cuda")
+    message = 2 * shape["hidden_size"]  # one token's hidden state in bf16
+    weights = int(calib.get("weight_GB", 0) * 1e9) or param_bytes(shape)
+    copy_bps = calib["copy_bandwidth_TBps"] * 1e12
+    return {
+        "allreduce": rows,
+        "tp_roofline_ms_per_token": tp_roofline_ms(
+            weights, copy_bps, tp, shape["num_hidden_layers"], message, rows
+        ),
+    }
+
+
 def release(engine) -> None:
     engine.shutdown()
     engine.scheduler = None
@@ -269,11 +304,21 @@ def main(argv: list[str] | None = None) -> None:
         "generate and by our engine (graphs and overlap on), end to end",
     )
     ap.add_argument("--skip-hf-static", action="store_true")
+    ap.add_argument("--shape", default="8b", choices=sorted(SHAPES), help="Llama-3 8B or 70B")
+    ap.add_argument(
+        "--tp-sizes",
+        default="1",
+        help="tensor-parallel sizes of the decode section, e.g. 1,2,4,8 (one GPU per rank); "
+        "the calib section then also times all-reduces and gives each size's roofline",
+    )
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.sections = args.sections.split(",")
-    shape = dict(LLAMA3_8B)
+    shape = dict(SHAPES[args.shape])
+    tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
+    if args.shape != "8b" and args.folder == "/tmp/radixlm-llama3-8b-shape":
+        args.folder = f"/tmp/radixlm-llama3-{args.shape}-shape"
     folder = make_model_folder(Path(args.folder), shape)
     vocab = shape["vocab_size"]
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -288,19 +333,23 @@ def main(argv: list[str] | None = None) -> None:
             print(name, "FAILED", results[name]["error"], flush=True)
 
     if "decode" in args.sections or "prefill" in args.sections:
-        for backend in args.backends.split(","):
-            for g in args.graphs.split(","):
-                for ov in args.overlap.split(","):
-                    name = f"{backend}/graphs-{g}" + ("" if ov == "on" else "/no-overlap")
-                    section(
-                        name,
-                        lambda b=backend, g=g, ov=ov: bench_engine(
-                            folder, b, g == "on", args, vocab, overlap=ov == "on"
-                        ),
-                    )
-                    weight_bytes = weight_bytes or results[name].get("weight_bytes", 0)
+        for backend, g, ov, tp in itertools.product(
+            args.backends.split(","), args.graphs.split(","), args.overlap.split(","), tp_sizes
+        ):
+            name = f"{backend}/graphs-{g}" + ("" if ov == "on" else "/no-overlap")
+            name += "" if tp == 1 else f"/tp{tp}"
+            section(
+                name,
+                lambda b=backend, g=g, ov=ov, tp=tp: bench_engine(
+                    folder, b, g == "on", args, vocab, overlap=ov == "on", tp=tp
+                ),
+            )
+            if tp == 1:
+                weight_bytes = weight_bytes or results[name].get("weight_bytes", 0)
     if "calib" in args.sections:
-        section("calib", lambda: calibrate(weight_bytes or 16_060_522_496))
+        section("calib", lambda: calibrate(weight_bytes or param_bytes(shape)))
+        for tp in (t for t in tp_sizes if t > 1):
+            section(f"calib/tp{tp}", lambda tp=tp: tp_calibration(results["calib"], shape, tp))
     if "prefix" in args.sections:
         section("prefix", lambda: bench_prefix(folder, args.backends.split(",")[0], args, vocab))
     if "hf" in args.sections:
