@@ -21,8 +21,10 @@ import argparse
 import datetime
 import json
 import os
+import queue
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -72,8 +74,15 @@ def _rank_main(rank: int, world: int, port: int, device: str, sizes, repeats: in
             )
         if rank == 0:
             out.put(rows)
-    finally:
-        dist.destroy_process_group()
+            out.close()
+            out.join_thread()  # the table is in the pipe before this process leaves
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    # leave without tearing gloo/NCCL down: a rank whose peer has already gone can abort in
+    # the group's destructor ("terminate called without an active exception")
+    os._exit(0)
 
 
 def measure(world: int, device: str, sizes=DEFAULT_SIZES, repeats: int = 20) -> list[dict]:
@@ -90,7 +99,15 @@ def measure(world: int, device: str, sizes=DEFAULT_SIZES, repeats: int = 20) -> 
     for p in procs:
         p.start()
     try:
-        rows = out.get(timeout=600)
+        rows = None
+        while rows is None:
+            try:
+                rows = out.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(
+                        f"a rank failed: exit codes {[p.exitcode for p in procs]}"
+                    ) from None
     finally:
         for p in procs:
             p.join(timeout=60)
