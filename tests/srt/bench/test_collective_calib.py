@@ -14,7 +14,6 @@ def test_two_gloo_ranks_give_a_table_per_message_size() -> None:
         assert r["latency_us"] > 0
         # two ranks: the bus moves (2 (N - 1) / N) = 1 times the message
         assert r["bus_GBps"] == pytest.approx(r["algo_GBps"])
-    assert rows[1]["latency_us"] > rows[0]["latency_us"]  # 256x the bytes is not free
 
 
 def test_latency_interpolates_and_extrapolates_by_bandwidth() -> None:
