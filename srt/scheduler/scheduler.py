@@ -350,7 +350,7 @@ class Scheduler:
         decode of requests that are all in flight (nothing to prefill, no retraction)."""
         if self.waiting or self.chunked is not None or not self.running:
             return False
-        if any(self.spec.is_candidate(r) for r in self.running):
+        if self.spec.enabled and any(self.spec.is_candidate(r) for r in self.running):
             return False  # their next step may speculate: it needs their tokens on the host
         in_flight = {id(r) for r in self.inflight.reqs}
         if not all(id(r) in in_flight and is_overlappable(r) for r in self.running):

@@ -106,10 +106,7 @@ class SpeculativeStep:
         self.stats = SpecStats()
         self.plans: dict[Req, DraftPlan] = {}  # this step's drafts, until verified
         self._seen: set[Req] = set()  # requests the drafter may hold state for
-
-    @property
-    def enabled(self) -> bool:
-        return not isinstance(self.drafter, NullDrafter)
+        self.enabled = not isinstance(drafter, NullDrafter)  # off: every hook returns at once
 
     def is_candidate(self, req: Req) -> bool:
         """Whether the request may speculate: its sampling reads nothing of its output."""
@@ -136,6 +133,8 @@ class SpeculativeStep:
         them too (evicting cached prefixes, never retracting)."""
         self.plans.clear()
         out: list[list[int]] = [[] for _ in reqs]
+        if not self.enabled:
+            return out
         limits = [self.max_draft_len(r) for r in reqs]
         if not any(limits) or not self.kv.ensure_available(base_slots + sum(limits)):
             return out
@@ -205,7 +204,9 @@ class SpeculativeStep:
         """Verifies and takes the tokens of every drafted request of ``batch`` (``logits`` rows
         as ``batch.logit_rows()`` laid them out); returns their batch indices (the caller
         samples the others)."""
-        handled = set()
+        handled: set[int] = set()
+        if not self.plans:
+            return handled
         for i, req in enumerate(batch.reqs):
             plan = self.plans.pop(req, None)
             if plan is None:
