@@ -37,9 +37,32 @@ def free_local_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_ranks_fit(cfg: ServerConfig) -> None:
+    """Refuses, before any process starts, more ranks on this machine than it can run: one
+    GPU per rank, or (on CPUs) no more ranks than cores; and the options TP does not support."""
+    from radixlm.srt.distributed import check_tp_config
+
+    per_node = cfg.tp_size // cfg.nnodes
+    if per_node == 1:
+        return
+    check_tp_config(cfg)
+    import torch
+
+    on_gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    have = torch.cuda.device_count() if on_gpu else max(os.cpu_count() or 1, 2)
+    if per_node > have:
+        kind = "GPUs" if on_gpu else "CPU cores"
+        raise ValueError(
+            f"tp_size {cfg.tp_size} over {cfg.nnodes} machine(s) needs {per_node} ranks here, "
+            f"but this machine has {have} {kind}"
+        )
+
+
 def with_rendezvous(cfg: ServerConfig) -> ServerConfig:
     """``cfg`` with ``dist_init_addr`` set when ``tp_size > 1``: a free port on 127.0.0.1 when
-    none was given (``config.validate`` already demands one for several machines)."""
+    none was given (``config.validate`` already demands one for several machines). Checks
+    first that this machine can run its ranks (``check_ranks_fit``)."""
+    check_ranks_fit(cfg)
     if cfg.tp_size == 1 or cfg.dist_init_addr:
         return cfg
     return cfg.replace(dist_init_addr=f"127.0.0.1:{free_local_port()}")

@@ -240,3 +240,13 @@ def test_tp2_engine_on_two_gpus(default_model_dir) -> None:
     finally:
         engine.shutdown()
     assert not [p for p in pids if psutil.pid_exists(p)]
+
+
+def test_more_ranks_than_this_machine_runs_are_refused_before_any_process(tiny_llama_dir) -> None:
+    from radixlm.srt import Engine
+
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(ValueError, match="tp_size 4096 .* needs 4096 ranks here"):
+        Engine(str(tiny_llama_dir), tp_size=4096, **ENGINE_OPTIONS)
+    assert {p.pid for p in psutil.Process().children()} == before
+    assert not torch.distributed.is_initialized()

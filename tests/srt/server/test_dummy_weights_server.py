@@ -7,23 +7,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from radixlm.srt.bench.bench_gpu import make_model_folder
-
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=1024,
-    tie_word_embeddings=False,
-)
+from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 
 
 @pytest.mark.slow
 def test_config_only_folder_serves_random_weights(tmp_path, start_server) -> None:
-    folder = make_model_folder(tmp_path / "config-only", SHAPE)
+    folder = make_model_folder(tmp_path / "config-only", TINY_LLAMA)
     assert not list(folder.glob("*.safetensors"))
     server = start_server(
         "--model-path",
