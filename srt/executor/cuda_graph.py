@@ -1,5 +1,8 @@
 """CUDA graphs for decode: one graph per batch-size bucket, captured at start, replayed per step.
 
+Speculative verify batches (1 + k new tokens per request) run through the same graphs as one
+decode row per new token (``ForwardBatch.as_decode_rows``, chosen in ``ModelRunner._run``).
+
 A captured step reads fixed input buffers (``input_ids``, ``positions``, ``out_kv_slots``,
 ``req_slots``, ``seq_lens``). A decode batch of B requests runs in the smallest bucket >= B:
 its rows are copied into the buffers and the remaining rows are padding (token 0 at position
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from radixlm.kernels.attention.base import AttentionBackend
 
 logger = logging.getLogger(__name__)
+
+KV_READS_PER_POOL_TOKEN = 4  # graph state for rows reading 4x the pool's tokens (int32 each)
 
 
 def batch_size_buckets(max_bs: int) -> list[int]:
@@ -60,11 +65,20 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [bs, vocab] float32, the graphs' outputs
         self.pool = None
-        runner.attn_backend.init_cuda_graph_state(self.max_bs, runner.max_total_tokens)
+        # cached tokens one captured step may read, summed over its rows: more than the pool
+        # holds, since rows share prefix slots (a shared system prompt, a verify's rows)
+        self.max_kv_reads = KV_READS_PER_POOL_TOKEN * runner.max_total_tokens
+        runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_kv_reads)
         self._capture_all()
 
     def can_run(self, batch_size: int) -> bool:
         return batch_size <= self.max_bs
+
+    def can_run_rows(self, fb: ForwardBatch) -> bool:
+        """Whether the decode rows of ``fb`` (possibly several per request: a verify recast by
+        ``ForwardBatch.as_decode_rows``) fit the graphs: the batch-size buckets, and the cached
+        tokens the rows read together within what the backends' graph state was sized for."""
+        return fb.batch_size <= self.max_bs and sum(fb.seq_lens_cpu) <= self.max_kv_reads
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.runner.model(fb.input_ids, fb.positions, fb)

@@ -2,8 +2,9 @@
 
 Built only through its named constructors: ``from_scheduled`` (a scheduler's batch, in the
 model runner), ``from_host`` (host lists, which ``from_scheduled`` flattens to; tests use it
-directly) and ``for_graph_capture`` / ``graph_view`` (the static decode batch a CUDA graph is
-captured on and replayed from).
+directly), ``for_graph_capture`` / ``graph_view`` (the static decode batch a CUDA graph is
+captured on and replayed from) and ``as_decode_rows`` (a short extend, e.g. a speculative verify,
+recast as one decode row per new token so that it can run through the decode graphs).
 """
 
 from __future__ import annotations
@@ -155,6 +156,34 @@ class ForwardBatch:
             req_to_token_pool=req_to_token_pool,
             kv_pool=kv_pool,
             attn_backend=attn_backend,
+        )
+
+    def as_decode_rows(self) -> ForwardBatch:
+        """This EXTEND batch as a DECODE batch of one row per new token: the token at position
+        ``p`` of request ``r`` becomes a row of request slot ``r`` whose sequence is
+        ``p + 1`` tokens long. Every new token's KV is written (at the same slots) before any
+        attention reads, and each row reads its request's cached tokens up to and including its
+        own, so the rows compute exactly the causal extend. Only worth it for short extends
+        (a verify of 1 + k tokens): each row re-reads its request's prefix."""
+        if self.mode.is_decode:
+            return self
+        dev = self.req_slots.device
+        seq_rows: list[int] = []
+        slot_rows: list[int] = []
+        for slot, start, ext in zip(
+            self.req_slots_cpu, self.prefix_lens_cpu, self.extend_lens_cpu, strict=True
+        ):
+            seq_rows.extend(range(start + 1, start + ext + 1))
+            slot_rows.extend([slot] * ext)
+        return dataclasses.replace(
+            self,
+            mode=ForwardMode.DECODE,
+            req_slots=to_device(slot_rows, dev),
+            req_slots_cpu=slot_rows,
+            seq_lens=to_device(seq_rows, dev),
+            seq_lens_cpu=seq_rows,
+            prefix_lens_cpu=[n - 1 for n in seq_rows],
+            extend_lens_cpu=[1] * len(seq_rows),
         )
 
     def graph_view(

@@ -97,6 +97,11 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
+        # with speculation, verify batches (1 + k tokens per request) replay the decode graphs
+        # as one row per token; longer extends (prefills) never do
+        self.max_verify_rows = (
+            1 + cfg.speculative_num_draft_tokens if cfg.speculative_algorithm != "none" else 1
+        )
         self.graph_runner = None
         if should_capture(self.device, self.attn_backend, cfg.disable_cuda_graph):
             self.graph_runner = CudaGraphRunner(
@@ -197,12 +202,13 @@ class ModelRunner:
         return self._run(fb, logit_rows)
 
     def _run(self, fb: ForwardBatch, logit_rows: list[int]) -> torch.Tensor:
-        if (
-            fb.mode.is_decode
-            and self.graph_runner is not None
-            and self.graph_runner.can_run(fb.batch_size)
-        ):
-            logits = self.graph_runner.replay(fb)
+        graphs = self.graph_runner
+        if graphs is not None and not fb.mode.is_decode and self._is_verify(fb):
+            rows = fb.as_decode_rows()
+            if graphs.can_run_rows(rows):
+                fb = rows  # the same tokens, logits rows and KV writes, in decode graphs
+        if fb.mode.is_decode and graphs is not None and graphs.can_run_rows(fb):
+            logits = graphs.replay(fb)
             if len(logit_rows) != logits.shape[0]:
                 logits = logits[to_device(logit_rows, self.device)]
             return logits
@@ -211,6 +217,16 @@ class ModelRunner:
         if len(logit_rows) != hidden.shape[0]:
             hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)
+
+    def _is_verify(self, fb: ForwardBatch) -> bool:
+        """A speculative verify batch: every request continues a cached sequence with at most
+        1 + num_draft_tokens new tokens (and some with more than one)."""
+        cap = self.max_verify_rows
+        return (
+            cap > 1
+            and max(fb.extend_lens_cpu, default=0) <= cap
+            and min(fb.prefix_lens_cpu, default=0) > 0
+        )
 
     @torch.inference_mode()
     def follow(self) -> None:
