@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import math
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4")
 HICACHE_WRITE_POLICIES = ("write_through_selective", "write_through", "write_back")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_SCALE_MODES = ("calibrate", "unit")  # else kv_cache_scales is a JSON file's path
 # speculative decoding; SGLang's NGRAM and STANDALONE are accepted as ngram and draft
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
 SPECULATIVE_ALIASES = {
@@ -39,11 +41,14 @@ REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
 AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser", "kv_cache_dtype")
 SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
 # chunked_prefill_size when not given. With mixed batches a running request waits at most one
-# chunk step for its next token. GPU: an 8B model's chunk of N tokens costs ~N * 16 GFLOP, so
-# 2,048 tokens is ~50 ms at 650 TFLOP/s (one TPOT budget) with GEMMs still compute-bound.
+# chunk step for its next token. GPU: an 8B model's chunk of N tokens costs ~N * 16 GFLOP
+# (8,192: ~0.2 s at 650 TFLOP/s). Serving the 8B shape on an H200 (README, "GPU serving"),
+# 2,048-token chunks cut prefill throughput below the offered load (goodput 2.8 req/s at 16
+# req/s against 5.3 with 8,192 and 5.7 unchunked); 8,192 keeps most of it and still bounds the
+# stall behind a long prompt.
 # CPU (SmolLM2-135M fp32, 2 cores): 512 bounds the decode gap behind an 8K prompt at 1.8 s
 # (15 s unchunked), prefilling within 7% of 1,024 or 2,048 (README, "Chunked prefill").
-GPU_DEFAULT_CHUNK = 2048
+GPU_DEFAULT_CHUNK = 8192
 CPU_DEFAULT_CHUNK = 512
 
 logger = logging.getLogger(__name__)
@@ -92,6 +97,11 @@ class ServerConfig:
         "KV cache storage (auto: the model's dtype; fp8_*: one byte per value with a scale per "
         "layer, twice the tokens in the same memory)",
         KV_CACHE_DTYPES,
+    )
+    kv_cache_scales: str = _opt(
+        "calibrate",
+        "fp8 KV scales per layer: calibrate (from one forward over a built-in text at start-up), "
+        'unit (all 1.0) or a JSON file {"k_scales": [...], "v_scales": [...]}, a float per layer',
     )
     # hierarchical cache (HiCache): host-memory and disk tiers under the prefix cache
     enable_hierarchical_cache: bool = _opt(
@@ -264,6 +274,7 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
+    _validate_kv_cache_scales(cfg)
     _validate_hicache(cfg)
     _validate_speculative(cfg)
     _validate_parallel(cfg)
@@ -273,6 +284,55 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(
             f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"
         )
+
+
+def _validate_kv_cache_scales(cfg: ServerConfig) -> None:
+    if cfg.kv_cache_scales in KV_CACHE_SCALE_MODES:
+        return
+    if not isinstance(cfg.kv_cache_scales, str) or not cfg.kv_cache_scales:
+        raise ValueError(
+            f"kv_cache_scales must be calibrate, unit or a JSON file's path, "
+            f"got {cfg.kv_cache_scales!r}"
+        )
+    if cfg.kv_cache_dtype == "auto":
+        raise ValueError(
+            f"kv_cache_scales {cfg.kv_cache_scales!r} is a scales file, which needs an fp8 "
+            "kv_cache_dtype (fp8_e4m3 or fp8_e5m2)"
+        )
+    read_kv_scales_file(cfg.kv_cache_scales)
+
+
+def read_kv_scales_file(path: str) -> tuple[list[float], list[float]]:
+    """``(k_scales, v_scales)`` from a ``--kv-cache-scales`` JSON file ``{"k_scales": [...],
+    "v_scales": [...]}``: equally long lists of finite floats > 0 (one per layer; the runner
+    checks the count against the model). ValueError naming kv_cache_scales otherwise."""
+    where = f"kv_cache_scales file {path!r}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ValueError(
+            f"kv_cache_scales must be calibrate, unit or a JSON file; cannot read {path!r}: {e}"
+        ) from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from e
+    if not isinstance(data, dict) or not {"k_scales", "v_scales"} <= data.keys():
+        raise ValueError(f'{where} must hold an object {{"k_scales": [...], "v_scales": [...]}}')
+    out = []
+    for name in ("k_scales", "v_scales"):
+        values = data[name]
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: {name} must be a non-empty list of numbers")
+        for i, s in enumerate(values):
+            ok = isinstance(s, int | float) and not isinstance(s, bool)
+            if not (ok and math.isfinite(s) and s > 0):
+                raise ValueError(f"{where}: {name}[{i}] must be a finite number > 0, got {s!r}")
+        out.append([float(s) for s in values])
+    if len(out[0]) != len(out[1]):
+        raise ValueError(
+            f"{where}: k_scales has {len(out[0])} entries, v_scales {len(out[1])} (one per layer)"
+        )
+    return out[0], out[1]
 
 
 def _validate_speculative(cfg: ServerConfig) -> None:

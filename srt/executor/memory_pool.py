@@ -9,31 +9,38 @@ the model's dtype as its compute dtype: ``set_kv`` takes K/V in any float dtype 
 load the fp8 values, convert them in registers and fold the scale into the softmax scale for K
 and into the output for V). There is never a dequantised copy of the pool.
 
-Scales: one static ``k_scale`` and ``v_scale`` per layer (per-tensor), as Python floats, 1.0
-unless the caller passes others (e.g. a checkpoint's calibrated scales). Why per layer and
-static: a stored byte is only meaningful with the scale it was written with, so a scale can
-never change once tokens are written (a running amax would re-scale old tokens wrongly), and
-pages moved to the host or disk tier must read back with the same scale in a later process,
-which a constant does and a data-dependent one would not. Per-head scales would buy little
-(e4m3 is a floating-point format: its relative error, 2^-4, is the same at every magnitude of
-its normal range, 2^-6..448 times the scale, so a scale only has to keep values inside that
-range) and FlashInfer's paged kernels take one scalar scale per tensor. Floats rather than
-device tensors: they are constants of captured CUDA graphs and cost no device-to-host read.
+Scales: one static ``k_scale`` and ``v_scale`` per layer (per-tensor), as Python floats. The
+runner sets them once at start-up, before any request runs (``--kv-cache-scales``: calibrated by
+``executor/kv_calibration.py`` by default, all 1.0 with ``unit``, or read from a JSON file):
+:meth:`KVPool.recording_amax` records each layer's largest |K| and |V| as ``set_kv`` is given
+them (before quantisation) during the calibration forward, and :meth:`KVPool.set_scales`
+installs the scales, refused once a token has been written outside such a recording. Why per
+layer and static: a stored byte is only meaningful with the scale it was written with, so a
+scale can never change once tokens are written (a running amax would re-scale old tokens
+wrongly), and pages moved to the host or disk tier must read back with the same scale in a later
+process, which a constant does and a data-dependent one would not (the disk tier's fingerprint
+includes the scales). Per-head scales would buy little (e4m3 is a floating-point format: its
+relative error, 2^-4, is the same at every magnitude of its normal range, 2^-6..448 times the
+scale, so a scale only has to keep values inside that range) and FlashInfer's paged kernels take
+one scalar scale per tensor. Floats rather than device tensors: they are constants of captured
+CUDA graphs and cost no device-to-host read.
 
-Range: e4m3 holds |x| <= 448 (e5m2: 57344). A random-init model may produce larger K/V; a write
-never yields inf/NaN: values beyond the range saturate to +-max (the output stays finite, with
-the clipped values' error). Below the normal range precision is absolute (e4m3: steps of
-2^-9 * scale). On SmolLM2-135M |K| < 19 and |V| < 12 in every layer, so 1.0 never saturates,
-but 44% of layer 0's V (median 0.018) lies below 2^-6; calibrated per-layer scales (2 * amax
-/ 448 rounded up to a power of two) would fix that (an experiment raised greedy agreement with the
-plain cache from 2 to 4 of 8 prompts over 32 tokens); there is no calibration pass yet.
+Range: e4m3 holds |x| <= 448 (e5m2: 57344) times the scale. A random-init model may produce
+larger K/V; a write never yields inf/NaN: values beyond the range saturate to +-max (the output
+stays finite, with the clipped values' error). Below the normal range precision is absolute
+(e4m3: steps of 2^-9 * scale). On SmolLM2-135M |K| < 19 and |V| < 12 in every layer, so a scale
+of 1.0 never saturates, but 44% of layer 0's V (median 0.018) lies below 2^-6; calibrated scales
+bring those into the normal range, which changes this model's outputs little (measured in
+``kv_calibration.py``: e4m3's 3-bit mantissa dominates the error).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -167,6 +174,11 @@ class KVPool:
             raise ValueError(f"KV storage dtype {self.storage_dtype} is neither {dtype} nor fp8")
         self.k_scales = _scales(k_scales, num_layers, "k_scales", self.is_quantized)
         self.v_scales = _scales(v_scales, num_layers, "v_scales", self.is_quantized)
+        self.has_written_tokens = False  # a set_kv outside recording_amax: the scales are final
+        # inside recording_amax: [2, num_layers] float32 on `device`, the max |K| (row 0) and
+        # |V| (row 1) given to set_kv per layer; None otherwise (set_kv pays nothing for it)
+        self._amax: torch.Tensor | None = None
+        self.device = device
         shape = (max_total_tokens + 1, num_kv_heads, head_dim)
         # per layer: [max_total_tokens + 1, num_kv_heads, head_dim] storage_dtype on `device`
         self.k_buffers = [
@@ -190,6 +202,10 @@ class KVPool:
     ) -> None:
         """Stores ``k``/``v`` ``[n, num_kv_heads, head_dim]`` at ``kv_slots`` ``[n]`` (quantised
         and saturated for an fp8 pool)."""
+        if self._amax is not None:
+            self._record_amax(layer_id, k, v)
+        else:
+            self.has_written_tokens = True
         if not self.is_quantized:
             self.k_buffers[layer_id][kv_slots] = k.to(self.dtype)
             self.v_buffers[layer_id][kv_slots] = v.to(self.dtype)
@@ -200,6 +216,39 @@ class KVPool:
         self.k_buffers[layer_id].view(torch.uint8)[kv_slots] = k8.view(torch.uint8)
         self.v_buffers[layer_id].view(torch.uint8)[kv_slots] = v8.view(torch.uint8)
 
+    @contextlib.contextmanager
+    def recording_amax(self) -> Iterator[KVAmax]:
+        """Records the largest |K| and |V| that ``set_kv`` is given per layer (before any
+        quantisation) until the block exits, when the yielded :class:`KVAmax` is filled in (one
+        device-to-host read). For the start-up calibration: writes inside the block do not count
+        as written tokens for :meth:`set_scales` (the caller frees their slots)."""
+        if self._amax is not None:
+            raise RuntimeError("recording_amax blocks do not nest")
+        record = KVAmax()
+        self._amax = torch.zeros((2, self.num_layers), dtype=torch.float32, device=self.device)
+        try:
+            yield record
+        finally:
+            amax, self._amax = self._amax, None
+            record.k, record.v = amax.tolist()
+
+    def _record_amax(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        assert self._amax is not None
+        for row, x in enumerate((k, v)):
+            if x.numel():  # the max of the values is one of them: exact in any float dtype
+                m = x.detach().abs().amax().to(torch.float32)
+                self._amax[row, layer_id] = torch.maximum(self._amax[row, layer_id], m)
+
+    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+        """Installs per-layer scales (one positive finite float per layer; anything but 1.0 needs
+        an fp8 pool). Start-up only: refused once a token has been written outside
+        :meth:`recording_amax`, since a stored byte keeps the scale it was written with."""
+        if self.has_written_tokens:
+            raise RuntimeError("KV scales can only be set before any token is written to the pool")
+        k = _scales(k_scales, self.num_layers, "k_scales", self.is_quantized)
+        v = _scales(v_scales, self.num_layers, "v_scales", self.is_quantized)
+        self.k_scales, self.v_scales = k, v
+
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V buffers, in ``storage_dtype`` (dequantise with ``get_scales``)."""
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
@@ -208,6 +257,10 @@ class KVPool:
         """(k_scale, v_scale) of the layer: a stored value times its scale is the real value
         (1.0, 1.0 for an unquantised pool)."""
         return self.k_scales[layer_id], self.v_scales[layer_id]
+
+    def scales_info(self) -> dict[str, list[float]] | None:
+        """``{"k": k_scales, "v": v_scales}`` (one float per layer) of an fp8 pool, else None."""
+        return {"k": list(self.k_scales), "v": list(self.v_scales)} if self.is_quantized else None
 
     def transfer_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The per-layer buffers as tier copies (HiCache) move them: fp8 ones as ``uint8`` views
@@ -223,6 +276,16 @@ class KVPool:
     @property
     def transfer_dtype(self) -> torch.dtype:
         return torch.uint8 if self.is_quantized else self.storage_dtype
+
+
+@dataclass
+class KVAmax:
+    """Per-layer max |K| and |V| given to ``set_kv`` in a :meth:`KVPool.recording_amax` block,
+    filled in when the block exits (0.0 for a layer nothing was written to; inf or NaN if the
+    model produced them)."""
+
+    k: list[float] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
 
 
 def quantize_fp8(x: torch.Tensor, scale: float, fp8_dtype: torch.dtype) -> torch.Tensor:

@@ -20,6 +20,7 @@ from radixlm.srt.distributed import (
 )
 from radixlm.srt.executor.cuda_graph import CudaGraphRunner, should_capture
 from radixlm.srt.executor.forward_batch import ForwardBatch
+from radixlm.srt.executor.kv_calibration import apply_kv_scales
 from radixlm.srt.executor.memory_pool import (
     KVPool,
     ReqToTokenPool,
@@ -97,11 +98,18 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
+        if self.kv_pool.is_quantized:  # before graph capture: graphs hold the scales as constants
+            apply_kv_scales(self)
         # with speculation, verify batches (1 + k tokens per request) replay the decode graphs
         # as one row per token; longer extends (prefills) never do
         self.max_verify_rows = (
             1 + cfg.speculative_num_draft_tokens if cfg.speculative_algorithm != "none" else 1
         )
+        # each row re-reads its request's cached tokens: rows run in the graphs while those
+        # extra reads stay under twice the weights' bytes (beyond that the extend kernels win;
+        # measured on the H200 with srt/bench/verify_cost.py)
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.max_extra_verify_reads = 2 * weight_bytes // self._kv_bytes_per_token()
         self.graph_runner = None
         if should_capture(self.device, self.attn_backend, cfg.disable_cuda_graph):
             self.graph_runner = CudaGraphRunner(
@@ -205,7 +213,8 @@ class ModelRunner:
         graphs = self.graph_runner
         if graphs is not None and not fb.mode.is_decode and self._is_verify(fb):
             rows = fb.as_decode_rows()
-            if graphs.can_run_rows(rows):
+            extra = sum(rows.seq_lens_cpu) - sum(fb.seq_lens_cpu)
+            if extra <= self.max_extra_verify_reads and graphs.can_run_rows(rows):
                 fb = rows  # the same tokens, logits rows and KV writes, in decode graphs
         if fb.mode.is_decode and graphs is not None and graphs.can_run_rows(fb):
             logits = graphs.replay(fb)

@@ -93,7 +93,8 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
 
 def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
     """What KV pages depend on: the weights (path, files and sizes), dtype, quantization, the
-    KV cache dtype (its fp8 scales are static constants) and the KV layout. Any change starts
+    KV cache dtype and its fp8 scales (static per process, but calibration or a scales file may
+    choose others in the next one) and the KV layout. Any change starts
     an empty disk tier instead of a wrong hit."""
     mc = runner.model_config
     model_dir = Path(runner.model_dir)
@@ -110,6 +111,8 @@ def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
         "dtype": str(runner.dtype),
         "quantization": cfg.quantization,
         "kv_cache_dtype": cfg.kv_cache_dtype,
+        # the resolved scales (calibrated, unit or a file's): a stored byte means value / scale
+        "kv_scales": runner.kv_pool.scales_info(),
         "num_layers": mc.num_layers,
         "num_kv_heads": mc.num_kv_heads,
         "head_dim": mc.head_dim,

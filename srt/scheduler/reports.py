@@ -99,6 +99,7 @@ def ready_info(s: Scheduler) -> dict[str, Any]:
         "device": str(r.device),
         "dtype": str(r.dtype).replace("torch.", ""),
         "kv_dtype": str(r.kv_pool.storage_dtype).replace("torch.", ""),  # resolved kv_cache_dtype
+        "kv_scales": r.kv_pool.scales_info(),  # {"k": [...], "v": [...]} per layer; None: not fp8
         "attention_backend": r.attn_backend.name,
         "eos_token_ids": sorted(s.stop_checker.eos_token_ids),
     }
