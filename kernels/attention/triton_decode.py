@@ -182,8 +182,9 @@ def decode_attention(
         (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
     )
     part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    cfg = _decode_config(q, head_dim, group)
-    cfg["KV_FP8"] = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    kv_fp8 = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    cfg = _decode_config(q, head_dim, group, kv_fp8)
+    cfg["KV_FP8"] = kv_fp8
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_buf,
@@ -219,7 +220,12 @@ def decode_attention(
     return out
 
 
-def _decode_config(q: torch.Tensor, head_dim: int, group: int) -> dict:
+def _decode_config(q: torch.Tensor, head_dim: int, group: int, kv_fp8: bool) -> dict:
+    """Tile sizes and pipelining. On GPUs with >= 160 KiB of shared memory per block (A100,
+    H100/H200) and head_dim <= 128, three stages of 64 tokens (bf16 KV) or 128 tokens (fp8 KV:
+    the same bytes per tile); measured on the H200 at batch 256 x 1,100 tokens, 32/8 heads of 128:
+    0.355 -> 0.293 ms per layer with bf16 KV (3.25 -> 3.93 TB/s) and 0.344 -> 0.224 ms with fp8
+    KV, against two stages of 64 tokens."""
     interpreted = q.device.type == "cpu"
     wide = q.dtype == torch.float32 or interpreted
     cfg = dict(
@@ -229,6 +235,22 @@ def _decode_config(q: torch.Tensor, head_dim: int, group: int) -> dict:
         UPCAST=interpreted,
         DOT_PRECISION="ieee" if wide else "tf32",
     )
-    if not interpreted:
-        cfg.update(num_warps=4, num_stages=2)
+    if interpreted:
+        return cfg
+    cfg.update(num_warps=4, num_stages=2)
+    if not wide and head_dim <= 128 and _large_shared_memory(q.device):
+        cfg.update(num_stages=3, BLOCK_N=128 if kv_fp8 else 64)
     return cfg
+
+
+_SHARED_MEMORY: dict[int, bool] = {}
+
+
+def _large_shared_memory(device: torch.device) -> bool:
+    """Whether the GPU has compute capability 8.0 or 9.x/10.x (>= 160 KiB of shared memory per
+    block); consumer parts (8.6, 8.9, 12.x) have about 100 KiB."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SHARED_MEMORY:
+        major, minor = torch.cuda.get_device_capability(index)
+        _SHARED_MEMORY[index] = (major, minor) == (8, 0) or major in (9, 10)
+    return _SHARED_MEMORY[index]
