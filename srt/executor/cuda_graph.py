@@ -71,9 +71,6 @@ class CudaGraphRunner:
         runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_kv_reads)
         self._capture_all()
 
-    def can_run(self, batch_size: int) -> bool:
-        return batch_size <= self.max_bs
-
     def can_run_rows(self, fb: ForwardBatch) -> bool:
         """Whether the decode rows of ``fb`` (possibly several per request: a verify recast by
         ``ForwardBatch.as_decode_rows``) fit the graphs: the batch-size buckets, and the cached

@@ -211,11 +211,8 @@ class ModelRunner:
 
     def _run(self, fb: ForwardBatch, logit_rows: list[int]) -> torch.Tensor:
         graphs = self.graph_runner
-        if graphs is not None and not fb.mode.is_decode and self._is_verify(fb):
-            rows = fb.as_decode_rows()
-            extra = sum(rows.seq_lens_cpu) - sum(fb.seq_lens_cpu)
-            if extra <= self.max_extra_verify_reads and graphs.can_run_rows(rows):
-                fb = rows  # the same tokens, logits rows and KV writes, in decode graphs
+        if graphs is not None and not fb.mode.is_decode and self._verify_fits_graphs(fb):
+            fb = fb.as_decode_rows()  # the same tokens, logits rows and KV writes
         if fb.mode.is_decode and graphs is not None and graphs.can_run_rows(fb):
             logits = graphs.replay(fb)
             if len(logit_rows) != logits.shape[0]:
@@ -227,14 +224,23 @@ class ModelRunner:
             hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)
 
-    def _is_verify(self, fb: ForwardBatch) -> bool:
-        """A speculative verify batch: every request continues a cached sequence with at most
-        1 + num_draft_tokens new tokens (and some with more than one)."""
+    def _verify_fits_graphs(self, fb: ForwardBatch) -> bool:
+        """Whether an extend batch is a speculative verify (every request continues a cached
+        sequence with at most 1 + num_draft_tokens new tokens) whose decode rows fit the graphs
+        and re-read at most ``max_extra_verify_reads`` cached tokens more than the extend would;
+        from the host lists alone (row j of a request of p cached tokens reads p + j)."""
         cap = self.max_verify_rows
+        if cap <= 1 or max(fb.extend_lens_cpu, default=0) > cap:
+            return False
+        if min(fb.prefix_lens_cpu, default=0) <= 0:
+            return False
+        lens = list(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu, strict=True))
+        row_reads = sum(e * p + e * (e + 1) // 2 for p, e in lens)
+        graphs = self.graph_runner
         return (
-            cap > 1
-            and max(fb.extend_lens_cpu, default=0) <= cap
-            and min(fb.prefix_lens_cpu, default=0) > 0
+            row_reads - sum(fb.seq_lens_cpu) <= self.max_extra_verify_reads
+            and sum(fb.extend_lens_cpu) <= graphs.max_bs
+            and row_reads <= graphs.max_kv_reads
         )
 
     @torch.inference_mode()

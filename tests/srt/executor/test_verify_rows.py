@@ -79,6 +79,42 @@ def test_decode_rows_layout(tiny_llama_dir):
     assert rows.as_decode_rows() is rows
 
 
+def test_verify_takes_the_graphs_within_the_read_and_size_bounds(tiny_llama_dir):
+    """The runner's decision from host lists alone: the rows' extra KV reads (counted here
+    from the rows themselves) against ``max_extra_verify_reads``, the rows against the graphs'
+    largest batch and KV-read capacity; prefills (no cached prefix) never."""
+    from types import SimpleNamespace
+
+    runner = ModelRunner(
+        config_from_kwargs(
+            model_path=str(tiny_llama_dir),
+            max_total_tokens=256,
+            speculative_algorithm="ngram",
+            speculative_num_draft_tokens=4,
+            log_level="warning",
+        )
+    )
+    reqs = _fill(runner)
+    verify = _batch(runner, reqs, PREFIX, VERIFY)
+    rows = verify.as_decode_rows()
+    reads = sum(rows.seq_lens_cpu)
+    extra = reads - sum(verify.seq_lens_cpu)
+    runner.graph_runner = SimpleNamespace(max_bs=rows.batch_size, max_kv_reads=reads)
+    runner.max_extra_verify_reads = extra
+    assert runner._verify_fits_graphs(verify)
+    runner.max_extra_verify_reads = extra - 1
+    assert not runner._verify_fits_graphs(verify)
+    runner.max_extra_verify_reads = extra
+    runner.graph_runner = SimpleNamespace(max_bs=rows.batch_size - 1, max_kv_reads=reads)
+    assert not runner._verify_fits_graphs(verify)
+    runner.graph_runner = SimpleNamespace(max_bs=rows.batch_size, max_kv_reads=reads - 1)
+    assert not runner._verify_fits_graphs(verify)
+    runner.graph_runner = SimpleNamespace(max_bs=64, max_kv_reads=10**6)
+    assert not runner._verify_fits_graphs(_batch(runner, reqs, [0, 0], PREFIX))  # prefills
+    runner.max_verify_rows = 4  # a 5-token extend is longer than any verify
+    assert not runner._verify_fits_graphs(verify)
+
+
 def test_decode_rows_compute_the_causal_extend(tiny_llama_dir):
     runner = ModelRunner(
         config_from_kwargs(
