@@ -165,12 +165,14 @@ def decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     num_splits: int,
+    tiles: dict | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, num_heads * head_dim]`` over each request's first ``seq_lens[i]``
     cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype.
     An fp8 ``k_buf``/``v_buf`` holds values / ``k_scale`` (``v_scale``): loaded as fp8 and
     converted in registers, with ``k_scale`` folded into the softmax scale and ``v_scale``
-    applied to the output."""
+    applied to the output. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
+    ``num_stages``, ``num_warps``; for ``srt/bench/decode_tiles.py``)."""
     batch = q.shape[0]
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
@@ -185,6 +187,7 @@ def decode_attention(
     kv_fp8 = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     cfg = _decode_config(q, head_dim, group, kv_fp8)
     cfg["KV_FP8"] = kv_fp8
+    cfg.update(tiles or {})
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_buf,
@@ -223,7 +226,8 @@ def decode_attention(
 def _decode_config(q: torch.Tensor, head_dim: int, group: int, kv_fp8: bool) -> dict:
     """Tile sizes and pipelining. On GPUs with >= 160 KiB of shared memory per block (A100,
     H100/H200) and head_dim <= 128, three stages of 64 tokens (bf16 KV) or 128 tokens (fp8 KV:
-    the same bytes per tile); measured on the H200 at batch 256 x 1,100 tokens, 32/8 heads of 128:
+    the same bytes per tile); measured on the H200 (``srt/bench/decode_tiles.py``) at batch
+    256 x 1,100 tokens, 32/8 heads of 128:
     0.355 -> 0.293 ms per layer with bf16 KV (3.25 -> 3.93 TB/s) and 0.344 -> 0.224 ms with fp8
     KV, against two stages of 64 tokens."""
     interpreted = q.device.type == "cpu"
