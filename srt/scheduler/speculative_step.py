@@ -13,8 +13,10 @@ Per decode step, with a drafter configured (``--speculative-algorithm``):
     the batch (an EXTEND)            a drafted request computes 1 + k tokens, its last token and
                                      the draft, each with a KV slot; its last k + 1 logits rows
     verify(batch, logits, per_req)   the acceptance rule of srt/sampling/speculative.py (greedy:
-                                     token-identical to plain decoding; sampled: rejection
-                                     sampling with the request's generator); the accepted tokens
+                                     token-identical to plain decoding, every greedy request of
+                                     the step in one argmax and one read-back; sampled:
+                                     rejection sampling with the request's generator, one
+                                     request at a time); the accepted tokens
                                      are taken one by one with the plain finish checks (a stop,
                                      EOS or length inside the run cuts it there), the KV of
                                      rejected draft tokens is freed (KVManager.truncate: only
@@ -42,7 +44,7 @@ import torch
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.kernels.bitmask import apply_token_bitmask_inplace
 from radixlm.srt.sampling.logprobs import token_logprobs, top_logprobs
-from radixlm.srt.sampling.speculative import accept_draft
+from radixlm.srt.sampling.speculative import accept_draft, accept_greedy_batch
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.failures import internal_error
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
@@ -207,6 +209,7 @@ class SpeculativeStep:
         handled: set[int] = set()
         if not self.plans:
             return handled
+        todo: list[tuple[Req, DraftPlan, list[int]]] = []  # (request, plan, its k + 1 rows)
         for i, req in enumerate(batch.reqs):
             plan = self.plans.pop(req, None)
             if plan is None:
@@ -216,20 +219,58 @@ class SpeculativeStep:
                 continue
             k = len(batch.drafts[i])
             assert k == len(plan.token_ids) and batch.completes_fill(i), (req.rid, k)
+            todo.append((req, plan, per_req[i][-(k + 1) :]))
+        greedy = self._accept_greedy_together(logits, todo)
+        for req, plan, rows in todo:
             try:
-                self._verify_one(req, plan, logits[per_req[i][-(k + 1) :]])
+                self._verify_one(req, plan, logits, rows, greedy.get(req))
             except Exception as e:  # a bug met by this request's values: it alone ends
                 logger.exception("verifying the draft of %s failed", req.rid)
                 req.finish(internal_error(e))
         return handled
 
-    def _verify_one(self, req: Req, plan: DraftPlan, rows: torch.Tensor) -> None:
-        raw = rows.clone() if req.return_logprob and plan.mask_rows is not None else rows
-        if plan.mask_rows is not None:
-            rows = rows.clone()
-            apply_token_bitmask_inplace(rows, plan.mask_rows)
-        gen = req.generator if req.generator is not None else self.default_generator
-        tokens = accept_draft(rows, plan.token_ids, plan.probs, req.params, gen)
+    def _accept_greedy_together(
+        self, logits: torch.Tensor, todo: list[tuple[Req, DraftPlan, list[int]]]
+    ) -> dict[Req, list[int]]:
+        """The accepted tokens of every greedy request of ``todo`` from one masked gather, one
+        argmax and one read-back (``accept_greedy_batch``); empty if that fails (each request
+        is then verified on its own, and alone meets its error)."""
+        group = [(req, plan, rows) for req, plan, rows in todo if req.params.is_greedy]
+        if not group:
+            return {}
+        try:
+            index = torch.tensor([r for _, _, rows in group for r in rows], dtype=torch.int64)
+            gathered = logits[index.to(logits.device, non_blocking=True)]
+            start = 0
+            for _, plan, rows in group:
+                if plan.mask_rows is not None:
+                    apply_token_bitmask_inplace(gathered[start : start + len(rows)], plan.mask_rows)
+                start += len(rows)
+            tokens = accept_greedy_batch(gathered, [plan.token_ids for _, plan, _ in group])
+        except Exception:
+            logger.exception("batched greedy verification failed; verifying one by one")
+            return {}
+        return {req: t for (req, _, _), t in zip(group, tokens, strict=True)}
+
+    def _verify_one(
+        self,
+        req: Req,
+        plan: DraftPlan,
+        logits: torch.Tensor,
+        rows: list[int],
+        tokens: list[int] | None,
+    ) -> None:
+        """Takes the request's verified run: ``tokens`` when already accepted (greedy, batched),
+        else the acceptance rule on its ``rows`` of ``logits``."""
+        # gathered by index: a copy, which masking may change unless logprobs need it raw
+        raw = logits[rows] if tokens is None or req.return_logprob else None
+        if tokens is None:
+            masked = raw
+            if plan.mask_rows is not None:
+                masked = raw.clone() if req.return_logprob else raw
+                apply_token_bitmask_inplace(masked, plan.mask_rows)
+            gen = req.generator if req.generator is not None else self.default_generator
+            tokens = accept_draft(masked, plan.token_ids, plan.probs, req.params, gen)
         num_accepted = len(tokens) - 1
         try:
             self.drafter.observe(req, plan.num_proposed, num_accepted)

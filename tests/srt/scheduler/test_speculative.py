@@ -90,6 +90,41 @@ def test_partly_right_drafts_leave_greedy_outputs_unchanged(varied_llama_dir, re
     assert s.num_forward_steps < plain.num_forward_steps * 0.7
 
 
+@pytest.mark.parametrize("batched_fails", [False, True])
+def test_greedy_drafts_are_verified_together(
+    varied_llama_dir, reference, monkeypatch, batched_fails
+):
+    """All greedy drafts of a step are accepted by one ``accept_greedy_batch`` call (one
+    argmax, one read-back); if that call fails, each request is verified on its own and the
+    outputs are the same."""
+    from radixlm.srt.scheduler import speculative_step
+
+    ref_by_prompt = {}
+    first, later = _workload()
+    for m in first + [m for ms in later.values() for m in ms]:
+        ref_by_prompt[tuple(m.input_ids)] = reference[m.rid]
+    batch_sizes, single = [], []
+    real_batch, real_single = speculative_step.accept_greedy_batch, speculative_step.accept_draft
+
+    def batch_spy(logits, drafts):
+        batch_sizes.append(len(drafts))
+        if batched_fails:
+            raise RuntimeError("injected")
+        return real_batch(logits, drafts)
+
+    def single_spy(*args, **kwargs):
+        single.append(1)
+        return real_single(*args, **kwargs)
+
+    monkeypatch.setattr(speculative_step, "accept_greedy_batch", batch_spy)
+    monkeypatch.setattr(speculative_step, "accept_draft", single_spy)
+    s, out = _run(varied_llama_dir, OracleDrafter(ref_by_prompt))
+    assert out == reference
+    verified = s.server_info()["speculative"]["num_verify_steps"]
+    assert sum(batch_sizes) == verified and max(batch_sizes) >= 3  # several requests at once
+    assert len(single) == (verified if batched_fails else 0)
+
+
 def test_batch_of_one_with_whole_drafts_accepted(varied_llama_dir, reference):
     """One request whose drafts are always right: k + 1 tokens per step."""
     m = _workload()[0][0]
