@@ -8,7 +8,9 @@ memory traffic. These kernels do each job in one pass, one program per token row
   the sum), rounded like the torch reference: the sum and the normalised value are rounded to
   the input dtype before the weight multiply;
 - ``rope_split_qkv(qkv, cos, sin, ...)``: splits the fused QKV projection into contiguous q, k,
-  v and rotates q and k (neox halves) in fp32, rounding once;
+  v and rotates q and k (neox halves) in fp32, rounding once; ``rope_qkv_store`` does the same
+  but writes k and v straight into the KV pool at the new tokens' slots (quantising for an fp8
+  pool), so the attention backend has no K/V write left to do;
 - ``silu_and_mul(x)``: ``silu(x[:, :n]) * x[:, n:]``.
 
 They run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
@@ -65,42 +67,71 @@ def _rmsnorm_kernel(
     )
 
 
-def _rope_split_kernel(
+def _rope_qkv_kernel(
     qkv_ptr,
     cos_ptr,
     sin_ptr,
+    slots_ptr,
     q_ptr,
     k_ptr,
     v_ptr,
     stride_qkv,
     stride_cs,
-    num_heads,
-    num_kv_heads,
+    k_scale,
+    v_scale,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    STORE: tl.constexpr,
+    QUANT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
-    """Program (token, head) over the H + 2*KVH heads of one token's qkv row."""
+    """Program (token, part): part 0 rotates the token's q heads, part 1 its k heads, part 2
+    copies its v heads, each as one [heads, head_dim] tile. Outputs are rows of contiguous
+    ``[*, heads * head_dim]`` buffers: q's row is the token; k's and v's row is the token too,
+    or with ``STORE`` its KV slot ``slots[token]`` in the pool (quantised with ``QUANT``:
+    value / scale, saturated to +-FP8_MAX, as ``memory_pool.quantize_fp8``)."""
     row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    part = tl.program_id(1)
+    h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
-    x = tl.load(qkv_ptr + row * stride_qkv + head * HEAD_DIM + d)
-    if head < num_heads + num_kv_heads:
-        swapped = tl.load(qkv_ptr + row * stride_qkv + head * HEAD_DIM + (d + HALF) % HEAD_DIM)
+    src = qkv_ptr + row * stride_qkv
+    mask = (h < tl.where(part == 0, NUM_HEADS, NUM_KV_HEADS))[:, None]
+    col0 = tl.minimum(part, 1) * (NUM_HEADS * HEAD_DIM) + tl.maximum(part - 1, 0) * (
+        NUM_KV_HEADS * HEAD_DIM
+    )
+    tile = h[:, None] * HEAD_DIM + d[None, :]
+    x = tl.load(src + col0 + tile, mask=mask, other=0.0)
+    if part < 2:
+        swapped = tl.load(
+            src + col0 + h[:, None] * HEAD_DIM + ((d + HALF) % HEAD_DIM)[None, :],
+            mask=mask,
+            other=0.0,
+        )
         cos = tl.load(cos_ptr + row * stride_cs + d).to(tl.float32)
         sin = tl.load(sin_ptr + row * stride_cs + d).to(tl.float32)
-        y = (x.to(tl.float32) * cos + swapped.to(tl.float32) * sin).to(x.dtype)
-        if head < num_heads:
-            tl.store(q_ptr + row * num_heads * HEAD_DIM + head * HEAD_DIM + d, y)
-        else:
-            tl.store(k_ptr + row * num_kv_heads * HEAD_DIM + (head - num_heads) * HEAD_DIM + d, y)
+        x = (x.to(tl.float32) * cos[None, :] + swapped.to(tl.float32) * sin[None, :]).to(x.dtype)
+    if part == 0:
+        tl.store(q_ptr + row * (NUM_HEADS * HEAD_DIM) + tile, x, mask=mask)
     else:
-        tl.store(
-            v_ptr
-            + row * num_kv_heads * HEAD_DIM
-            + (head - num_heads - num_kv_heads) * HEAD_DIM
-            + d,
-            x,
-        )
+        dst_row = row
+        if STORE:
+            dst_row = tl.load(slots_ptr + row).to(tl.int64)
+        offs = dst_row * (NUM_KV_HEADS * HEAD_DIM) + tile
+        if part == 1:
+            if QUANT:
+                y = tl.clamp(x.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
+                tl.store(k_ptr + offs, y.to(k_ptr.dtype.element_ty), mask=mask)
+            else:
+                tl.store(k_ptr + offs, x.to(k_ptr.dtype.element_ty), mask=mask)
+        else:
+            if QUANT:
+                y = tl.clamp(x.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
+                tl.store(v_ptr + offs, y.to(v_ptr.dtype.element_ty), mask=mask)
+            else:
+                tl.store(v_ptr + offs, x.to(v_ptr.dtype.element_ty), mask=mask)
 
 
 def _silu_mul_kernel(x_ptr, out_ptr, n, stride_x, stride_out, BLOCK: tl.constexpr):
@@ -117,7 +148,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, n, stride_x, stride_out, BLOCK: tl.constexp
 def _jit(name: str):
     """Wraps a kernel on first use, so ``TRITON_INTERPRET`` is read then, not at import."""
     return triton.jit(
-        {"rmsnorm": _rmsnorm_kernel, "rope": _rope_split_kernel, "silu_mul": _silu_mul_kernel}[name]
+        {"rmsnorm": _rmsnorm_kernel, "rope": _rope_qkv_kernel, "silu_mul": _silu_mul_kernel}[name]
     )
 
 
@@ -168,6 +199,50 @@ def add_rmsnorm(
     return _norm(x, residual, weight, eps)
 
 
+def _check_qkv(qkv, num_heads, num_kv_heads, head_dim) -> None:
+    _check_rows(qkv, "qkv")
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(
+            f"qkv has {qkv.shape[1]} columns, expected {(num_heads + 2 * num_kv_heads) * head_dim}"
+        )
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two for the fused rope, got {head_dim}")
+
+
+def _launch_rope(qkv, cos, sin, slots, q, k, v, k_scale, v_scale, dims, store) -> None:
+    num_heads, num_kv_heads, head_dim = dims
+    t = qkv.shape[0]
+    if not t:
+        return
+    cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
+    quant = k.dtype in _FP8_MAX
+    _jit("rope")[(t, 3)](
+        qkv,
+        cos,
+        sin,
+        slots,
+        q,
+        k,
+        v,
+        qkv.stride(0),
+        cos.stride(0),
+        float(k_scale),
+        float(v_scale),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HALF=head_dim // 2,
+        BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),
+        STORE=store,
+        QUANT=quant,
+        FP8_MAX=_FP8_MAX.get(k.dtype, 0.0),
+        num_warps=4 if num_heads * head_dim <= 2048 else 8,
+    )
+
+
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
 def rope_split_qkv(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -179,34 +254,47 @@ def rope_split_qkv(
     """``qkv`` ``[T, (H + 2*KVH) * d]`` -> contiguous ``q`` ``[T, H*d]``, ``k``, ``v``
     ``[T, KVH*d]`` with q and k rotated: ``x * cos + swap_halves(x) * sin`` where ``cos`` and
     ``sin`` are ``[T, d]`` (``sin`` carries the minus sign on its first half)."""
-    _check_rows(qkv, "qkv")
+    _check_qkv(qkv, num_heads, num_kv_heads, head_dim)
     t = qkv.shape[0]
-    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(
-            f"qkv has {qkv.shape[1]} columns, expected {(num_heads + 2 * num_kv_heads) * head_dim}"
-        )
-    if head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two for the fused rope, got {head_dim}")
-    cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
     q = qkv.new_empty(t, num_heads * head_dim)
     k = qkv.new_empty(t, num_kv_heads * head_dim)
     v = qkv.new_empty(t, num_kv_heads * head_dim)
-    if t:
-        _jit("rope")[(t, num_heads + 2 * num_kv_heads)](
-            qkv,
-            cos,
-            sin,
-            q,
-            k,
-            v,
-            qkv.stride(0),
-            cos.stride(0),
-            num_heads,
-            num_kv_heads,
-            HEAD_DIM=head_dim,
-            HALF=head_dim // 2,
-        )
+    _launch_rope(qkv, cos, sin, q, q, k, v, 1.0, 1.0, (num_heads, num_kv_heads, head_dim), False)
     return q, k, v
+
+
+def rope_qkv_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    slots: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """:func:`rope_split_qkv` that writes the rotated k and the v of token ``i`` straight into
+    the KV pool's row ``slots[i]`` of ``k_buf``/``v_buf`` (``[num_slots, KVH, d]``, contiguous;
+    an fp8 buffer stores value / scale saturated to the format's range, as
+    ``KVPool.set_kv``) and returns only ``q`` ``[T, H*d]``: one kernel instead of a split, a
+    rotation and two indexed writes."""
+    _check_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
+        if not buf.is_contiguous() or tuple(buf.shape[1:]) != (num_kv_heads, head_dim):
+            raise ValueError(
+                f"{name} must be a contiguous [slots, {num_kv_heads}, {head_dim}] buffer, "
+                f"got shape {tuple(buf.shape)}"
+            )
+    if slots.shape != (qkv.shape[0],):
+        raise ValueError(f"slots must be [{qkv.shape[0]}], got {tuple(slots.shape)}")
+    q = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
+    dims = (num_heads, num_kv_heads, head_dim)
+    _launch_rope(qkv, cos, sin, slots, q, k_buf, v_buf, k_scale, v_scale, dims, True)
+    return q
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

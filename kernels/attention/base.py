@@ -3,7 +3,8 @@
 ``plan(fb)`` reads the batch layout (request slots, prefix/extend/sequence lengths, the
 request-to-token table) and prepares whatever index or metadata tensors the kernels need; it
 runs on the scheduler's thread before the model's forward. ``forward(q, k, v, layer, fb)``
-first writes the new tokens' K/V into the pool at ``fb.out_kv_slots`` and then returns the
+first writes the new tokens' K/V into the pool at ``fb.out_kv_slots`` (``store_kv``; ``k`` and
+``v`` are None when the model's fused rope kernel has written them already) and then returns the
 attention output for the new tokens' queries over every cached token of their request
 (the prefix plus the new tokens, causally).
 
@@ -54,6 +55,16 @@ class AttentionBackend(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb
     ) -> torch.Tensor: ...
+
+    @staticmethod
+    def store_kv(k: torch.Tensor | None, v: torch.Tensor | None, layer: AttentionLayer, fb) -> None:
+        """Writes the new tokens' K/V into the pool, unless they are there already (None)."""
+        if k is None or v is None:
+            if (k is None) != (v is None):
+                raise ValueError("k and v are both given or both already written")
+            return
+        kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
+        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
 
     def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
         """Allocates the buffers captured decode steps read (``max_num_tokens`` bounds the cached

@@ -173,8 +173,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
         self._check_layer(layer)
-        kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
-        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
+        self.store_kv(k, v, layer, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
         assert self._active is not None, "plan(fb) must run before forward"
         q3 = q.view(-1, layer.num_heads, layer.head_dim)

@@ -47,12 +47,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._extend_rows = rows
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
-        fb.kv_pool.set_kv(
-            layer.layer_id,
-            fb.out_kv_slots,
-            k.view(-1, layer.num_kv_heads, layer.head_dim),
-            v.view(-1, layer.num_kv_heads, layer.head_dim),
-        )
+        self.store_kv(k, v, layer, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
         scales = fb.kv_pool.get_scales(layer.layer_id)
         if fb.mode.is_decode:

@@ -90,8 +90,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._decode = None
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
-        kv_shape = (-1, layer.num_kv_heads, layer.head_dim)
-        fb.kv_pool.set_kv(layer.layer_id, fb.out_kv_slots, k.view(kv_shape), v.view(kv_shape))
+        self.store_kv(k, v, layer, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
         k_scale, v_scale = fb.kv_pool.get_scales(layer.layer_id)  # static: safe in CUDA graphs
         dims = dict(

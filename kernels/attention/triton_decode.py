@@ -7,6 +7,8 @@ Two passes (split-K, "flash decoding"):
    sequence, reads the K/V slots through ``req_to_token``, and keeps an online softmax in fp32.
    It writes the slice's normalised output and its log-sum-exp (base 2).
 2. ``_decode_merge_kernel``, grid ``[B, num_heads]``: merges the slices by their log-sum-exp.
+   With one split (large batches) the first pass writes the output itself and this one is
+   skipped (0.2 ms of a 17 ms step at batch 256 on the H200).
 
 FP8 KV: the buffers may be float8 (values / k_scale, / v_scale); the kernel converts each loaded
 tile to float32 and then q's dtype, folds ``k_scale`` into the softmax scale (q.k * scale * k_scale)
@@ -35,6 +37,8 @@ def _decode_partial_kernel(
     seq_lens_ptr,  # [B] int
     part_o_ptr,  # [B, num_heads, NUM_SPLITS, head_dim] fp32
     part_lse_ptr,  # [B, num_heads, NUM_SPLITS] fp32 (base 2)
+    out_ptr,  # [B, num_heads * head_dim]: written here directly when NUM_SPLITS == 1
+    stride_out_tok,
     stride_q_tok,
     stride_kv_slot,
     stride_kv_head,
@@ -103,13 +107,20 @@ def _decode_partial_kernel(
     has_keys = l_i > 0
     out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-    row = (bid * NUM_HEADS + heads) * NUM_SPLITS + split
-    tl.store(
-        part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-        out,
-        mask=mask_h[:, None] & mask_d[None, :],
-    )
-    tl.store(part_lse_ptr + row, lse, mask=mask_h)
+    if NUM_SPLITS == 1:  # the whole sequence: this is the result (what the merge would give)
+        tl.store(
+            out_ptr + bid * stride_out_tok + heads[:, None] * HEAD_DIM + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
+    else:
+        row = (bid * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(
+            part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            out,
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
+        tl.store(part_lse_ptr + row, lse, mask=mask_h)
 
 
 @triton.jit
@@ -180,10 +191,10 @@ def decode_attention(
     out = torch.empty_like(q)
     if batch == 0:
         return out
-    part_o = torch.empty(
-        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-    )
-    part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1  # one program per (request, KV head) writes `out` itself
+    parts = (1, 1, 1) if direct else (batch, num_heads, num_splits)
+    part_o = torch.empty((*parts, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(parts, dtype=torch.float32, device=q.device)
     kv_fp8 = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     cfg = _decode_config(q, head_dim, group, kv_fp8)
     cfg["KV_FP8"] = kv_fp8
@@ -197,6 +208,8 @@ def decode_attention(
         seq_lens,
         part_o,
         part_lse,
+        out,
+        out.stride(0),
         q.stride(0),
         k_buf.stride(0),
         k_buf.stride(1),
@@ -209,6 +222,8 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         **cfg,
     )
+    if direct:
+        return out
     _decode_merge_kernel[(batch, num_heads)](
         part_o,
         part_lse,

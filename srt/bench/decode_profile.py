@@ -5,7 +5,9 @@
 For each backend and batch size it runs ``input_len``-token prompts, then times ``steps`` decode
 steps end to end (prefill subtracted) and profiles the same steps with ``torch.profiler``:
 kernel time per category (GEMM, attention, sampling, norms/rope/activation, copies and
-indexing, other), GPU busy time against wall time (the rest is the GPU waiting on the CPU), and
+indexing, other), GPU busy time against wall time, the device's idle gaps by size with the
+kernels around the long ones, the host's time per step in each part of the step path
+(``host_timing.py``; ``--trace-dir`` also writes a host+device chrome trace), and
 the limit a step cannot beat: the weight bytes plus every request's KV bytes (read once per
 step), over the copy bandwidth measured in the same run. ``--kv-cache-dtype`` compares FP8 KV.
 """
@@ -26,6 +28,8 @@ from radixlm.srt.bench.bench_gpu import (
     release,
     timed,
 )
+from radixlm.srt.bench.host_timing import HostTimer, gaps_per_step, gpu_gaps, steady_step_s
+from radixlm.srt.bench.host_timing import per_step as host_per_step
 
 CATEGORIES = (  # first match wins; kernel names are lower-cased
     ("sampling", ("argmax", "sort", "topk", "softmax", "multinomial", "exponential", "cumsum")),
@@ -76,10 +80,24 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
     t_short = min(run(short) for _ in range(2))
     t_long = min(run(long) for _ in range(2))
     step_s = (t_long - t_short) / steps
+    with HostTimer(engine) as host:
+        run(short)
+        host_short = host.snapshot()
+        del host.starts[:]
+        run(long)
+        host_long = host.snapshot()
+        steady_s = steady_step_s(host.starts)
+    host_long = {k: (v - host_short[k][0], c - host_short[k][1]) for k, (v, c) in host_long.items()}
     with profile(activities=[ProfilerActivity.CUDA]) as p_short:
         run(short)
     with profile(activities=[ProfilerActivity.CUDA]) as p_long:
         run(long)
+    if args.trace_dir:  # host and device on one timeline, for chrome://tracing or Perfetto
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p_trace:
+            run(short)
+        name = f"trace-{engine.scheduler.runner.attn_backend.name}-b{batch}.json"
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+        p_trace.export_chrome_trace(str(Path(args.trace_dir) / name))
     cat_short, ker_short = kernel_times(p_short)
     cat_long, ker_long = kernel_times(p_long)
     per_step = {c: (cat_long.get(c, 0) - cat_short.get(c, 0)) / steps for c in cat_long}
@@ -93,6 +111,10 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
         "batch": batch,
         "step_ms": step_s * 1e3,
         "tok_s": batch / step_s,
+        # the median launch-to-launch time of the long run's overlapped decode steps (None
+        # without overlap): no prefill or finish in it, unlike the difference above
+        "steady_step_ms": None if steady_s is None else steady_s * 1e3,
+        "steady_tok_s": None if steady_s is None else batch / steady_s,
         "limit_ms": limit_s * 1e3,
         "limit_tok_s": batch / limit_s,
         "fraction_of_limit": limit_s / step_s,
@@ -101,6 +123,8 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
         "cpu_gap_ms": max(step_s - busy, 0.0) * 1e3,
         "category_ms": {c: round(v * 1e3, 4) for c, v in sorted(per_step.items())},
         "top_kernels_ms": [(k[:90], round(v * 1e3, 4)) for k, v in top],
+        "host_ms_per_step": host_per_step(host_short, host_long, steps),
+        "gpu_idle": gaps_per_step(gpu_gaps(p_short), gpu_gaps(p_long), steps),
     }
 
 
@@ -122,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=96, help="decode steps of the longer run")
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace-dir", default=None, help="also export a host+device chrome trace")
     args = ap.parse_args(argv)
     from radixlm.srt import Engine
 

@@ -216,6 +216,22 @@ class KVPool:
         self.k_buffers[layer_id].view(torch.uint8)[kv_slots] = k8.view(torch.uint8)
         self.v_buffers[layer_id].view(torch.uint8)[kv_slots] = v8.view(torch.uint8)
 
+    def direct_write_target(
+        self, layer_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
+        """``(k_buffer, v_buffer, k_scale, v_scale)`` of the layer for a kernel that writes the new
+        tokens' K/V into the pool itself, as ``set_kv`` would (``fused.rope_qkv_store``), or None
+        while :meth:`recording_amax` runs (the values must pass through ``set_kv`` then)."""
+        if self._amax is not None:
+            return None
+        self.has_written_tokens = True
+        return (
+            self.k_buffers[layer_id],
+            self.v_buffers[layer_id],
+            self.k_scales[layer_id],
+            self.v_scales[layer_id],
+        )
+
     @contextlib.contextmanager
     def recording_amax(self) -> Iterator[KVAmax]:
         """Records the largest |K| and |V| that ``set_kv`` is given per layer (before any

@@ -116,15 +116,31 @@ class LlamaAttention(nn.Module):
                 self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
             )
             v = v.contiguous()
-        elif self.fused_rope and fused.available(qkv):  # split + rotate in one kernel
-            q, k, v = fused.rope_split_qkv(
-                qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim
-            )
+        elif self.fused_rope and fused.available(qkv):  # split + rotate (+ K/V write): one kernel
+            heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            target = fb.kv_pool.direct_write_target(self.layer_id)
+            if target is None:
+                q, k, v = fused.rope_split_qkv(qkv, *rope, *heads)
+            else:
+                k_buf, v_buf, k_scale, v_scale = target
+                q = fused.rope_qkv_store(
+                    qkv,
+                    *rope,
+                    *heads,
+                    slots=fb.out_kv_slots,
+                    k_buf=k_buf,
+                    v_buf=v_buf,
+                    k_scale=k_scale,
+                    v_scale=v_scale,
+                )
+                k = v = None  # in the pool already
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, q_size + kv_size :].contiguous()
-        out = fb.attn_backend.forward(q.reshape(t, q_size), k.reshape(t, kv_size), v, self, fb)
+        if k is not None:
+            k = k.reshape(t, kv_size)
+        out = fb.attn_backend.forward(q.reshape(t, q_size), k, v, self, fb)
         return self.o_proj(out)
 
 

@@ -142,7 +142,7 @@ def test_extend_matches_torch(lens, heads, kv_heads, page_size):
 
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_decode_matches_torch(num_splits, heads, kv_heads, page_size):
     seq_lens = [1, 9, 70, 17]  # length 1 leaves most splits empty
     case = make_case(

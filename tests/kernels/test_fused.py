@@ -94,3 +94,84 @@ def test_bad_shapes_are_rejected():
         fused.rope_split_qkv(x, x, x, 1, 1, 4)
     with pytest.raises(ValueError, match="contiguous last dim"):
         fused.rmsnorm(x.t(), torch.ones(4, device=DEVICE), 1e-5)
+
+
+def _pool_case(dtype, heads, kv_heads, head_dim, t, num_slots=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    rope = RotaryEmbedding(head_dim, 4096, 10000.0, None).to(DEVICE)
+    positions = torch.randint(0, 4096, (t,), generator=g).to(DEVICE)
+    cos, sin = rope.cos_sin(positions, dtype)
+    slots = torch.randperm(num_slots - 1, generator=g)[:t].add(1).to(DEVICE)  # distinct, not 0
+    return qkv, cos, sin, slots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (32, 8, 128), (4, 4, 16)])
+def test_rope_qkv_store_writes_the_pool_rows(dtype, heads, kv_heads, head_dim):
+    """q as rope_split_qkv returns it; k and v land in the pool rows of their slots, bit for bit
+    what rope_split_qkv + KVPool.set_kv store; every other row stays untouched."""
+    from radixlm.srt.executor.memory_pool import KVPool
+
+    t = 6
+    qkv, cos, sin, slots = _pool_case(dtype, heads, kv_heads, head_dim, t, seed=heads)
+    q_ref, k_ref, v_ref = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim)
+    ref_pool = KVPool(39, 1, kv_heads, head_dim, dtype, DEVICE)
+    ref_pool.set_kv(0, slots, k_ref.view(t, kv_heads, head_dim), v_ref.view(t, kv_heads, head_dim))
+    pool = KVPool(39, 1, kv_heads, head_dim, dtype, DEVICE)
+    k_buf, v_buf, ks, vs = pool.direct_write_target(0)
+    q = fused.rope_qkv_store(
+        qkv, cos, sin, heads, kv_heads, head_dim, slots=slots, k_buf=k_buf, v_buf=v_buf
+    )
+    assert pool.has_written_tokens
+    assert torch.equal(q, q_ref)
+    assert torch.equal(k_buf, ref_pool.k_buffers[0]) and torch.equal(v_buf, ref_pool.v_buffers[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="fp8 stores need a CUDA device")
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scale", [1.0, 0.25, 3.0])
+def test_rope_qkv_store_quantises_like_set_kv(fp8, scale):
+    """An fp8 pool: the kernel's bytes equal set_kv's (value / scale, saturated, nearest)."""
+    from radixlm.srt.executor.memory_pool import KVPool
+
+    heads, kv_heads, head_dim, t = 32, 8, 128, 7
+    qkv, cos, sin, slots = _pool_case(torch.bfloat16, heads, kv_heads, head_dim, t, seed=3)
+    qkv[0, heads * head_dim :] *= 1e4  # beyond e4m3's range: saturates
+    _, k_ref, v_ref = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim)
+    args = (39, 1, kv_heads, head_dim, torch.bfloat16, DEVICE, fp8, [scale], [scale / 2])
+    ref_pool = KVPool(*args)
+    ref_pool.set_kv(0, slots, k_ref.view(t, kv_heads, head_dim), v_ref.view(t, kv_heads, head_dim))
+    pool = KVPool(*args)
+    k_buf, v_buf, ks, vs = pool.direct_write_target(0)
+    assert (ks, vs) == (scale, scale / 2)
+    fused.rope_qkv_store(
+        qkv,
+        cos,
+        sin,
+        heads,
+        kv_heads,
+        head_dim,
+        slots=slots,
+        k_buf=k_buf,
+        v_buf=v_buf,
+        k_scale=ks,
+        v_scale=vs,
+    )
+    for got, want in ((k_buf, ref_pool.k_buffers[0]), (v_buf, ref_pool.v_buffers[0])):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_rope_qkv_store_checks_its_buffers():
+    from radixlm.srt.executor.memory_pool import KVPool
+
+    qkv, cos, sin, slots = _pool_case(torch.float32, 4, 2, 16, 3)
+    pool = KVPool(39, 1, 2, 16, torch.float32, DEVICE)
+    k_buf, v_buf, _, _ = pool.direct_write_target(0)
+    with pytest.raises(ValueError, match="v_buf must be a contiguous"):
+        fused.rope_qkv_store(qkv, cos, sin, 4, 2, 16, slots=slots, k_buf=k_buf, v_buf=v_buf[:, :1])
+    with pytest.raises(ValueError, match="slots must be"):
+        fused.rope_qkv_store(qkv, cos, sin, 4, 2, 16, slots=slots[:2], k_buf=k_buf, v_buf=v_buf)
+    with pool.recording_amax():  # calibration needs the values to pass through set_kv
+        assert pool.direct_write_target(0) is None
