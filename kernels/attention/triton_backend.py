@@ -7,6 +7,11 @@ length on the host, so a decode step can be captured in a CUDA graph: ``plan_for
 static batch once before capture, then refill those tensors in place; ``plan_for_replay`` only
 checks that the batch is still the captured one's. An fp8 pool is read as is: the kernels
 dequantise with the layer's static scales (Python floats, constants of a captured graph).
+
+An extend batch whose last requests compute one new token each (the running requests' decode
+rows of a mixed chunked-prefill step) runs those through the decode kernel and the rest through
+the extend kernel: the extend kernel reads a request's K/V once per query head and fills one row
+of a 64-row query tile, the decode kernel once per KV head for the whole group.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class _ExtendPlan:
     extend_lens: torch.Tensor  # [B] int32, device
     extend_starts: torch.Tensor  # [B] int32, device: first row of each request in q
     max_extend_len: int
+    # the batch's trailing requests of one new token each (the decode rows of a mixed chunked
+    # prefill step), run through the decode kernel from q row `num_extend_tokens` on
+    decode_tail: _DecodePlan | None = None
+    num_extend_tokens: int = 0
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -73,19 +82,28 @@ class TritonAttentionBackend(AttentionBackend):
             self._extend = None
             return
         device = fb.req_slots.device
+        lens = fb.extend_lens_cpu
+        n = len(lens)  # requests [n:] form the decode tail
+        while n > 0 and lens[n - 1] == 1:
+            n -= 1
+        tail = None
+        if n < len(lens):
+            tail = _DecodePlan(table, fb.req_slots[n:], fb.seq_lens[n:])
         starts, total = [], 0
-        for ext in fb.extend_lens_cpu:
+        for ext in lens[:n]:
             starts.append(total)
             total += ext
-        meta = torch.tensor([fb.prefix_lens_cpu, fb.extend_lens_cpu, starts], dtype=torch.int32)
+        meta = torch.tensor([fb.prefix_lens_cpu[:n], lens[:n], starts], dtype=torch.int32)
         meta = meta.to(device, non_blocking=True)
         self._extend = _ExtendPlan(
             req_to_token=table,
-            req_slots=fb.req_slots,
+            req_slots=fb.req_slots[:n],
             prefix_lens=meta[0],
             extend_lens=meta[1],
             extend_starts=meta[2],
-            max_extend_len=max(fb.extend_lens_cpu, default=0),
+            max_extend_len=max(lens[:n], default=0),
+            decode_tail=tail,
+            num_extend_tokens=total,
         )
         self._decode = None
 
@@ -117,18 +135,37 @@ class TritonAttentionBackend(AttentionBackend):
             )
         plan = self._extend
         assert plan is not None, "plan(fb) must run before forward for an extend batch"
-        return extend_attention(
-            q,
-            k_buf,
-            v_buf,
-            plan.req_to_token,
-            plan.req_slots,
-            plan.prefix_lens,
-            plan.extend_lens,
-            plan.extend_starts,
-            plan.max_extend_len,
-            **dims,
-        )
+        out = torch.empty_like(q)
+        cut = plan.num_extend_tokens
+        if cut:
+            extend_attention(
+                q[:cut],
+                k_buf,
+                v_buf,
+                plan.req_to_token,
+                plan.req_slots,
+                plan.prefix_lens,
+                plan.extend_lens,
+                plan.extend_starts,
+                plan.max_extend_len,
+                out=out[:cut],
+                **dims,
+            )
+        tail = plan.decode_tail
+        if tail is not None:  # grouped heads, split KV: the decode kernel's strengths
+            rows = q.shape[0] - cut
+            decode_attention(
+                q[cut:],
+                k_buf,
+                v_buf,
+                tail.req_to_token,
+                tail.req_slots,
+                tail.seq_lens,
+                num_splits=self._splits(rows, layer.num_kv_heads, q.device),
+                out=out[cut:],
+                **dims,
+            )
+        return out
 
     def _splits(self, batch: int, num_kv_heads: int, device: torch.device) -> int:
         if self._num_kv_splits is not None:

@@ -177,18 +177,20 @@ def decode_attention(
     v_scale: float = 1.0,
     num_splits: int,
     tiles: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, num_heads * head_dim]`` over each request's first ``seq_lens[i]``
     cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype.
     An fp8 ``k_buf``/``v_buf`` holds values / ``k_scale`` (``v_scale``): loaded as fp8 and
     converted in registers, with ``k_scale`` folded into the softmax scale and ``v_scale``
     applied to the output. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
-    ``num_stages``, ``num_warps``; for ``srt/bench/decode_tiles.py``)."""
+    ``num_stages``, ``num_warps``; for ``srt/bench/decode_tiles.py``). ``out``: where to write
+    (q's shape and dtype, rows may be a view)."""
     batch = q.shape[0]
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
     assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if batch == 0:
         return out
     direct = num_splits == 1  # one program per (request, KV head) writes `out` itself

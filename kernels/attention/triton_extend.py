@@ -121,15 +121,16 @@ def extend_attention(
     scaling: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens' queries ``q`` ``[T, num_heads * head_dim]`` over
     each request's prefix and new tokens, all read from the pool through ``req_to_token``.
     fp8 K/V buffers are dequantised in the kernel with ``k_scale``/``v_scale`` (see
-    ``triton_decode``)."""
+    ``triton_decode``). ``out``: where to write (q's shape and dtype, rows may be a view)."""
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
     assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     batch = req_slots.shape[0]
     if batch == 0 or max_extend_len == 0:
         return out

@@ -128,6 +128,10 @@ EXTEND_SHAPES = [
     # (prefix_lens, extend_lens): no prefix, a prefix, a single new token, a long one
     ([0, 0], [5, 37]),
     ([7, 0, 19, 33], [13, 9, 1, 40]),
+    # a mixed chunked-prefill step: prefill pieces, then decode rows (decode kernel); the row
+    # of one token amid the pieces stays in the extend kernel
+    ([0, 12, 1, 70, 9, 0], [21, 1, 30, 1, 1, 1]),
+    ([3, 50], [1, 1]),  # only single-token rows: the decode kernel alone
 ]
 
 
@@ -138,6 +142,20 @@ def test_extend_matches_torch(lens, heads, kv_heads, page_size):
     case = make_case(*lens, heads=heads, kv_heads=kv_heads, page_size=page_size, seed=len(lens[0]))
     out = run_backend(TritonAttentionBackend(), case)
     assert_close(out, reference(case), 1e-4)
+
+
+def test_mixed_step_plans_a_decode_tail():
+    case = make_case([0, 12, 1, 70, 9], [21, 1, 30, 1, 1], heads=8, kv_heads=2, seed=3)
+    backend = TritonAttentionBackend()
+    backend.plan(case.fb)
+    plan = backend._extend
+    assert plan.num_extend_tokens == 52 and plan.req_slots.shape[0] == 3
+    assert plan.decode_tail.seq_lens.tolist() == [71, 10]
+    assert_close(
+        backend.forward(case.q, case.k, case.v, case.layer, case.fb), reference(case), 1e-4
+    )
+    backend.plan(make_case([4], [6], heads=8, kv_heads=2, seed=1).fb)
+    assert backend._extend.decode_tail is None
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
