@@ -90,6 +90,21 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def cuda_ms(fn, reps: int, warmup: int = 1) -> float:
+    """Milliseconds per call of ``fn`` on the GPU's clock (CUDA events around ``reps`` calls,
+    after ``warmup`` untimed ones)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def calibrate(weight_bytes: int) -> dict:
     n = 2 * 1024**3  # 4 GiB of bf16 read + 4 GiB written per copy
     a = torch.empty(n, dtype=torch.bfloat16, device="cuda")

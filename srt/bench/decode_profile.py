@@ -82,12 +82,10 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
     step_s = (t_long - t_short) / steps
     with HostTimer(engine) as host:
         run(short)
-        host_short = host.snapshot()
-        del host.starts[:]
+        host_short = host.take()
         run(long)
-        host_long = host.snapshot()
         steady_s = steady_step_s(host.starts)
-    host_long = {k: (v - host_short[k][0], c - host_short[k][1]) for k, (v, c) in host_long.items()}
+        host_long = host.take()
     with profile(activities=[ProfilerActivity.CUDA]) as p_short:
         run(short)
     with profile(activities=[ProfilerActivity.CUDA]) as p_long:

@@ -20,6 +20,7 @@ import json
 import torch
 
 from radixlm.kernels.attention import triton_decode as td
+from radixlm.srt.bench.bench_gpu import cuda_ms
 
 BASELINE = dict(BLOCK_N=64, num_stages=2, num_warps=4, splits=1)
 
@@ -37,18 +38,6 @@ def _run(shape: dict, q, k_buf, v_buf, table, cfg: dict) -> torch.Tensor:
         num_splits=cfg["splits"],
         tiles={key: cfg[key] for key in ("BLOCK_N", "num_stages", "num_warps")},
     )
-
-
-def _ms(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -93,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
             cfg = dict(BLOCK_N=block_n, num_stages=stages, num_warps=warps, splits=splits)
             try:
                 err = (_run(shape, q, k_buf, v_buf, table, cfg).float() - reference).abs().max()
-                ms = _ms(
+                ms = cuda_ms(
                     lambda c=cfg, kb=k_buf, vb=v_buf: _run(shape, q, kb, vb, table, c), args.reps
                 )
             except Exception as e:  # e.g. out of shared memory on smaller GPUs

@@ -85,6 +85,14 @@ class HostTimer:
     def snapshot(self) -> dict[str, tuple[float, int]]:
         return {name: (self.seconds[name], self.calls[name]) for name in self.seconds}
 
+    def take(self) -> dict[str, tuple[float, int]]:
+        """The snapshot, then every counter and the launch times start again from zero."""
+        snap = self.snapshot()
+        for name in self.seconds:
+            self.seconds[name], self.calls[name] = 0.0, 0
+        self.starts.clear()
+        return snap
+
 
 def steady_step_s(starts: list[float], skip: int = 3) -> float | None:
     """The median time between consecutive overlapped decode launches, the first ``skip``

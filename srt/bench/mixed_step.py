@@ -18,18 +18,7 @@ import torch
 
 from radixlm.kernels.attention.triton_decode import decode_attention
 from radixlm.kernels.attention.triton_extend import extend_attention
-
-
-def cuda_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+from radixlm.srt.bench.bench_gpu import cuda_ms
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -97,13 +86,14 @@ def main(argv: list[str] | None = None) -> dict:
     only_chunk = cuda_ms(
         lambda: extend_attention(
             q[: args.chunk], k_buf, v_buf, table, req_slots[:1], *chunk_meta, args.chunk, **dims
-        )
+        ),
+        20,
     )
     res = {
         "device": torch.cuda.get_device_name(),
         "args": vars(args),
-        "extend_kernel_all_rows_ms": cuda_ms(old),
-        "split_ms": cuda_ms(new),
+        "extend_kernel_all_rows_ms": cuda_ms(old, 20),
+        "split_ms": cuda_ms(new, 20),
         "chunk_alone_ms": only_chunk,
         "max_abs_diff": err,
     }

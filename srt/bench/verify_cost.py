@@ -26,7 +26,13 @@ from pathlib import Path
 
 import torch
 
-from radixlm.srt.bench.bench_gpu import SHAPES, calibrate, make_model_folder, param_bytes
+from radixlm.srt.bench.bench_gpu import (
+    SHAPES,
+    calibrate,
+    cuda_ms,
+    make_model_folder,
+    param_bytes,
+)
 
 
 def expected_tokens(accept_rate: float, k: int) -> float:
@@ -63,19 +69,13 @@ def _step_batch(runner, reqs: list[tuple[int, torch.Tensor]], context: int, k: i
 
 def _time_steps(runner, make_batch, iters: int) -> float:
     """Milliseconds per step, batches built inside the loop (host work included, as served)."""
+
+    def step():
+        fb = make_batch()
+        runner._run(fb, list(range(fb.num_tokens)))
+
     with torch.inference_mode():
-        for _ in range(3):
-            fb = make_batch()
-            runner._run(fb, list(range(fb.num_tokens)))
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fb = make_batch()
-            runner._run(fb, list(range(fb.num_tokens)))
-        end.record()
-        torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+        return cuda_ms(step, iters, warmup=3)
 
 
 def main(argv: list[str] | None = None) -> dict:

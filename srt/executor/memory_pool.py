@@ -221,7 +221,8 @@ class KVPool:
     ) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
         """``(k_buffer, v_buffer, k_scale, v_scale)`` of the layer for a kernel that writes the new
         tokens' K/V into the pool itself, as ``set_kv`` would (``fused.rope_qkv_store``), or None
-        while :meth:`recording_amax` runs (the values must pass through ``set_kv`` then)."""
+        while :meth:`recording_amax` runs (the values must pass through ``set_kv`` then). Like
+        ``set_kv`` it counts as a write: the scales are final from then on."""
         if self._amax is not None:
             return None
         self.has_written_tokens = True

@@ -36,6 +36,7 @@ def test_host_timer_counts_steps_and_restores(tmp_path):
         out = engine.generate(input_ids=[5, 6, 7, 8], sampling_params=params)
         assert len(out["output_ids"]) == 6
         assert snap == timer.snapshot()  # nothing counted after the exit
+        assert timer.take() == snap and timer.snapshot()["scheduler.step"] == (0.0, 0)
     finally:
         engine.shutdown()
 
