@@ -10,9 +10,15 @@ Two passes (split-K, "flash decoding"):
    With one split (large batches) the first pass writes the output itself and this one is
    skipped (0.2 ms of a 17 ms step at batch 256 on the H200).
 
-FP8 KV: the buffers may be float8 (values / k_scale, / v_scale); the kernel converts each loaded
-tile to float32 and then q's dtype, folds ``k_scale`` into the softmax scale (q.k * scale * k_scale)
-and multiplies the normalised output by ``v_scale``, so no dequantised copy is ever made.
+FP8 KV: the buffers may be float8 (values / k_scale, / v_scale); ``k_scale`` is folded into the
+softmax scale (q.k * scale * k_scale) and the normalised output is multiplied by ``v_scale``, so
+no dequantised copy is ever made. How a loaded fp8 tile reaches the tensor cores is
+``FP8_DOT``: 0 converts it to float32 and then to q's dtype; 1 converts it to q's dtype
+directly; 2 converts it to float16 (one instruction per two values on sm_89+) and does both
+dots in float16, with q pre-multiplied by the softmax scale and saturated to the float16 range.
+float16 holds every e4m3/e5m2 value exactly, and its 10-bit mantissa rounds q and p more finely
+than bfloat16's 7. ``_decode_config`` uses 0, the path timed on the H200 so far;
+``srt/bench/decode_tiles.py`` times all three (``tiles={"FP8_DOT": ...}`` selects one).
 
 The number of splits depends only on the batch size and the layer's shape, never on sequence
 lengths, and no length is read on the host: the launch is safe to capture in a CUDA graph.
@@ -55,6 +61,7 @@ def _decode_partial_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_DOT: tl.constexpr,  # 0: fp8 -> fp32 -> q's dtype; 1: fp8 -> q's dtype; 2: fp16 dots
 ):
     bid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -77,6 +84,9 @@ def _decode_partial_kernel(
     )
     if UPCAST:
         q = q.to(tl.float32)
+    if FP8_DOT == 2:  # (fp8 KV only) the scale goes into q once; fp16 saturates, bf16 not
+        q = q.to(tl.float32) * qk_scale_log2
+        q = tl.minimum(tl.maximum(q, -65504.0), 65504.0).to(tl.float16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -89,9 +99,12 @@ def _decode_partial_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
         if KV_FP8:
-            k = k.to(tl.float32)  # the scale is folded into qk_scale_log2
+            if FP8_DOT == 0:
+                k = k.to(tl.float32)  # the scale is folded into qk_scale_log2
         k = k.to(q.dtype)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if FP8_DOT != 2:
+            qk = qk * qk_scale_log2
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -99,7 +112,8 @@ def _decode_partial_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if KV_FP8:
-            v = v.to(tl.float32)  # the scale is applied to the output
+            if FP8_DOT == 0:
+                v = v.to(tl.float32)  # the scale is applied to the output
         v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -201,6 +215,8 @@ def decode_attention(
     cfg = _decode_config(q, head_dim, group, kv_fp8)
     cfg["KV_FP8"] = kv_fp8
     cfg.update(tiles or {})
+    if not kv_fp8 or cfg["UPCAST"] or q.dtype == torch.float32:
+        cfg["FP8_DOT"] = 0  # 1 and 2 are for fp8 KV with 16-bit q
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_buf,
@@ -255,6 +271,7 @@ def _decode_config(q: torch.Tensor, head_dim: int, group: int, kv_fp8: bool) -> 
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         UPCAST=interpreted,
         DOT_PRECISION="ieee" if wide else "tf32",
+        FP8_DOT=0,
     )
     if interpreted:
         return cfg

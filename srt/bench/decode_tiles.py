@@ -5,7 +5,8 @@
 
 Times one layer's decode attention (the partial and merge kernels) at a fixed shape (Llama-3-8B
 heads by default: 32 query and 8 KV heads of 128) for every combination of tokens per tile
-(``BLOCK_N``), pipeline stages, warps and KV splits, with bf16 and/or fp8 (e4m3) KV in slots
+(``BLOCK_N``), pipeline stages, warps and KV splits (and, for fp8, each way of feeding the fp8 tiles to the dots:
+``FP8_DOT`` 0/1/2, see the kernel), with bf16 and/or fp8 (e4m3) KV in slots
 scattered at random over the pool, and prints each one's time, KV bytes per second and largest
 difference from the configuration the kernel used before the sweep (64 tokens, 2 stages, 4
 warps, 1 split); then the five fastest per KV dtype. ``_decode_config`` holds the choice.
@@ -22,7 +23,8 @@ import torch
 from radixlm.kernels.attention import triton_decode as td
 from radixlm.srt.bench.bench_gpu import cuda_ms
 
-BASELINE = dict(BLOCK_N=64, num_stages=2, num_warps=4, splits=1)
+BASELINE = dict(BLOCK_N=64, num_stages=2, num_warps=4, splits=1, FP8_DOT=0)
+TILE_KEYS = ("BLOCK_N", "num_stages", "num_warps", "FP8_DOT")
 
 
 def _run(shape: dict, q, k_buf, v_buf, table, cfg: dict) -> torch.Tensor:
@@ -36,8 +38,12 @@ def _run(shape: dict, q, k_buf, v_buf, table, cfg: dict) -> torch.Tensor:
         head_dim=shape["dim"],
         scaling=shape["dim"] ** -0.5,
         num_splits=cfg["splits"],
-        tiles={key: cfg[key] for key in ("BLOCK_N", "num_stages", "num_warps")},
+        tiles={key: cfg[key] for key in TILE_KEYS},
     )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -49,6 +55,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--kv", default="bf16,fp8", help="comma list of bf16, fp8")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--block-n", default="32,64,128", help="comma list of tokens per tile")
+    ap.add_argument("--stages", default="1,2,3,4")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--splits", default="1,2")
+    ap.add_argument("--fp8-dots", default="0,1,2", help="FP8_DOT values tried with fp8 KV")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_tiles needs a CUDA device")
@@ -77,9 +88,13 @@ def main(argv: list[str] | None = None) -> dict:
         reference = _run(shape, q, k_buf, v_buf, table, BASELINE).float()
         kv_bytes = 2 * args.batch * n * args.kv_heads * args.head_dim * k_buf.element_size()
         rows = []
-        grid = itertools.product((32, 64, 128), (1, 2, 3, 4), (4, 8), (1, 2))
-        for block_n, stages, warps, splits in grid:
+        dots = _ints(args.fp8_dots) if name == "fp8" else [0]
+        grid = itertools.product(
+            *(_ints(v) for v in (args.block_n, args.stages, args.warps, args.splits)), dots
+        )
+        for block_n, stages, warps, splits, dot in grid:
             cfg = dict(BLOCK_N=block_n, num_stages=stages, num_warps=warps, splits=splits)
+            cfg["FP8_DOT"] = dot
             try:
                 err = (_run(shape, q, k_buf, v_buf, table, cfg).float() - reference).abs().max()
                 ms = cuda_ms(

@@ -287,3 +287,42 @@ def test_gpu_fp8_decode_replays_in_cuda_graph(page_size):
         torch.cuda.synchronize()
         ref = run_backend(TorchAttentionBackend(), case).float()
         assert max_error(static_out, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_triton_fp8_half_dot_path(fp8, num_splits):
+    """``FP8_DOT=2`` (the GPU default for 16-bit q): fp8 tiles converted to float16 and both dots
+    in float16, q pre-scaled. Same result as the float32 path and the dequantised reference
+    within bf16 output rounding; a q beyond float16's range saturates instead of turning inf."""
+    from radixlm.kernels.attention import triton_decode as td
+
+    gen = torch.Generator().manual_seed(7)
+    batch, heads, kv_heads, dim, n = 3, 8, 2, 64, 37
+    slots = batch * n + 1
+    req_to_token = torch.zeros(batch + 1, n, dtype=torch.int64)
+    req_to_token[:batch] = (torch.randperm(slots - 1, generator=gen) + 1).view(batch, n)
+    seq_lens = torch.tensor([37, 5, 20])
+    q = torch.randn(batch, heads * dim, generator=gen).to(DEVICE, torch.bfloat16)
+    k = (torch.randn(slots, kv_heads, dim, generator=gen) * 2).to(fp8)
+    v = torch.randn(slots, kv_heads, dim, generator=gen).to(fp8)
+    table = [t.to(DEVICE) for t in (req_to_token, torch.arange(batch), seq_lens)]
+    kw = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, scaling=dim**-0.5)
+    kw.update(k_scale=0.5, v_scale=2.0, num_splits=num_splits)
+    half = {"UPCAST": False, "FP8_DOT": 2}
+    out = td.decode_attention(q, k.to(DEVICE), v.to(DEVICE), *table, tiles=half, **kw)
+    base = td.decode_attention(q, k.to(DEVICE), v.to(DEVICE), *table, **kw)
+    assert out.dtype == torch.bfloat16
+    assert max_error(out.float(), base.float()) <= 2e-2
+
+    kf, vf = k.float() * 0.5, v.float() * 2.0
+    for i in range(batch):
+        rows = req_to_token[i, : seq_lens[i]]
+        qi = q[i].float().cpu().view(kv_heads, heads // kv_heads, dim)
+        scores = torch.einsum("hgd,nhd->hgn", qi, kf[rows]) * dim**-0.5
+        ref = torch.einsum("hgn,nhd->hgd", scores.softmax(-1), vf[rows]).reshape(-1)
+        assert (out[i].float().cpu() - ref).abs().max() <= 2e-2 * max(1.0, ref.abs().max())
+
+    huge = q * 1e6  # q * scale far above 65504
+    out = td.decode_attention(huge, k.to(DEVICE), v.to(DEVICE), *table, tiles=half, **kw)
+    assert torch.isfinite(out.float()).all()

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from radixlm.srt.sampling import sampler as sampler_module
 from radixlm.srt.sampling.params import SamplingParams
-from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo
+from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo, filtered_probs
 
 
 def build(
@@ -98,7 +99,11 @@ def test_greedy_rows_next_to_sampled_rows() -> None:
         ({"top_p": 0.95, "min_p": 0.1}, {0, 1, 2, 3}),
     ],
 )
-def test_filters_keep_exactly_the_allowed_set(kwargs: dict, allowed: set[int]) -> None:
+@pytest.mark.parametrize("candidates", [(256, 4096), (2,), (1, 3)])  # (2,): sort fallback too
+def test_filters_keep_exactly_the_allowed_set(
+    kwargs: dict, allowed: set[int], candidates: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sampler_module, "CPU_CANDIDATES", candidates)
     n = 4000
     logits = CRAFTED.log().expand(n, 5).clone()
     # The constrained rows share the batch with unconstrained ones (per-row filtering).
@@ -280,3 +285,47 @@ def test_batch_info_fast_path_flags() -> None:
     plain = build([SamplingParams(temperature=0.5)], 10)
     assert plain.penalties is None and plain.logit_bias is None and not plain.has_logit_edits
     assert math.isclose(plain.temperatures.item(), 0.5)
+
+
+@pytest.mark.parametrize("candidates", [(256, 4096), (16,), (16, 128)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"top_p": 0.9},  # about 300 of 600 tokens kept: beyond the candidates, the sort decides
+        {"top_p": 0.3, "temperature": 0.5},
+        {"top_k": 40, "top_p": 0.95},
+        {"top_k": 300, "min_p": 0.2},
+        {"temperature": 1.3},  # no filter: inverse CDF over the whole vocabulary
+    ],
+)
+def test_cpu_path_samples_the_filtered_distribution(
+    kwargs: dict, candidates: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU path (candidates, sort fallback, inverse CDF) against the sort-based filtered
+    distribution that GPU rows and speculative decoding use: same support, and frequencies
+    within a chi-square bound (p = 0.001, normal approximation for many categories)."""
+    monkeypatch.setattr(sampler_module, "CPU_CANDIDATES", candidates)
+    n, vocab = 30000, 600
+    row = torch.randn(vocab, generator=seeded(21)) * 1.5
+    params = [SamplingParams(**kwargs)] * n
+    info = build(params, vocab, seed=22)
+    out = Sampler().sample(row.expand(n, vocab).clone(), info)
+    target = filtered_probs(row.unsqueeze(0), build(params[:1], vocab))[0]
+    target = target / target.sum()
+    support = target > 0
+    counts = torch.bincount(out, minlength=vocab).double()
+    assert counts[~support].sum() == 0
+    kept = int(support.sum())
+    if kept == 1:
+        return
+    # pool the rare categories so every expected count is >= 5
+    order = target.argsort(descending=True)
+    expected = target[order].double() * n
+    observed = counts[order]
+    big = expected >= 5
+    e = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    o = torch.cat([observed[big], observed[~big].sum().reshape(1)])
+    e, o = e[e > 0], o[e > 0]
+    df = len(e) - 1
+    chi2 = float(((o - e) ** 2 / e).sum())
+    assert chi2 < df + 3.09 * math.sqrt(2 * df) + 10, (chi2, df)
