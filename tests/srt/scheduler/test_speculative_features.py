@@ -222,9 +222,15 @@ def test_seeded_sampled_requests_are_reproducible(varied_llama_dir, tokenizer, d
         s, got = _speculate(varied_llama_dir, ms, drafter)
         return {k: v.ids for k, v in got.items()}, s.server_info()["speculative"]
 
-    first, info = run(5)  # seeds under which request q0 follows its greedy path for a while
-    again, _ = run(5)
-    other, _ = run(200)
+    # a seed under which request q0 (T = 0.03) follows its greedy path for a while: whether
+    # it does depends on its first draws (this model has near-ties); the search is the same
+    # every run, and about one seed in five qualifies for either drafter
+    for seed in range(5, 65, 3):
+        first, info = run(seed)
+        if info["num_accepted_tokens"] > 5:
+            break
+    again, _ = run(seed)
+    other, _ = run(seed + 1000)
     assert first == again and first != other
     assert first["q1"] != ref["q1"].ids  # really sampled
     assert info["num_accepted_tokens"] > 5 and info["acceptance_rate"] < 0.9, info

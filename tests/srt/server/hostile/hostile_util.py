@@ -212,6 +212,27 @@ def stream(
     return r, parse_sse(raw)
 
 
+def stream_aborted_after_first_event(
+    server: LiveServer, path: str, body: dict, rid: str, timeout: float = HTTP_TIMEOUT_S
+) -> tuple[httpx.Response, list[Any]]:
+    """Like :func:`stream`, but aborts ``rid`` (``/abort_request``) as soon as the first event
+    arrived, so the request is surely mid-way (a fixed sleep raced fast decoding)."""
+    raw = b""
+    with httpx.stream(
+        "POST", server.url + path, json=body, headers=server.headers, timeout=timeout
+    ) as r:
+        aborted = False
+        for chunk in r.iter_bytes():
+            raw += chunk
+            if not aborted and b"data: " in raw:
+                abort = server.post("/abort_request", {"rid": rid})
+                assert abort.status_code == 200, abort.text
+                aborted = True
+    if r.status_code != 200:
+        return r, []
+    return r, parse_sse(raw)
+
+
 def stream_text(path: str, events: list[Any]) -> str:
     """The text a stream delivered (cumulative on /generate, deltas on the OpenAI routes)."""
     data = [e for e in events[:-1] if "error" not in e]

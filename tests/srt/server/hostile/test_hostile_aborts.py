@@ -25,6 +25,7 @@ from hostile_util import (
     raw_request,
     read_until,
     stream,
+    stream_aborted_after_first_event,
     stream_text,
     wait_for,
 )
@@ -99,16 +100,16 @@ def test_abort_in_every_phase(server: LiveServer, phase: str) -> None:
     rid = f"abort-{phase}-{uuid.uuid4().hex[:8]}"
     holders = _hold_pool(server, rid) if phase == "queued" else []
     time.sleep(0.3 if holders else 0)
-    with ThreadPoolExecutor(1) as pool:
-        body = _phase_body(phase, rid)
-        fut = pool.submit(
-            stream if body["stream"] else server.post,
-            *((server, "/generate", body) if body["stream"] else ("/generate", body)),
-        )
-        time.sleep(0.5 if phase == "streaming" else 0.15)
-        r = server.post("/abort_request", {"rid": rid})
-        assert r.status_code == 200, r.text
-        out = fut.result(timeout=30)
+    body = _phase_body(phase, rid)
+    if body["stream"]:  # abort once the first event is out: surely mid-way
+        out = stream_aborted_after_first_event(server, "/generate", body, rid, timeout=30)
+    else:
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(server.post, "/generate", body)
+            time.sleep(0.15)
+            r = server.post("/abort_request", {"rid": rid})
+            assert r.status_code == 200, r.text
+            out = fut.result(timeout=30)
     for i in range(len(holders)):
         server.post("/abort_request", {"rid": f"{rid}-holder-{i}"}, timeout=10)
     for f in holders:
@@ -346,11 +347,7 @@ def test_openai_stream_aborted_mid_way(server: LiveServer, route: str) -> None:
         "rid": rid,
         **openai_prompt(route),
     }
-    with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(stream, server, route, body)
-        time.sleep(0.5)
-        server.post("/abort_request", {"rid": rid})
-        r, events = fut.result(timeout=30)
+    r, events = stream_aborted_after_first_event(server, route, body, rid)
     assert r.status_code == 200, r.text
     last = events[-2]
     assert "error" in last or last["choices"][0]["finish_reason"] not in (None, "length"), (
