@@ -149,6 +149,7 @@ def with_engine(args: argparse.Namespace) -> None:
         return best
 
     try:
+        tok_per_s({"temperature": 1.0})  # warm-up (first forwards, allocator)
         print(f"{'greedy (T=0)':<18}{tok_per_s({'temperature': 0.0}):>16.1f}{'(no sampling)':>15}")
         for name, kwargs in SETTINGS.items():
             rates = []

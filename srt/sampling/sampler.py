@@ -49,6 +49,7 @@ from radixlm.srt.sampling.penalties import (
 # 49,152 tokens (AMD EPYC). On SmolLM2 at T = 1, top_p = 0.95 kept more than 256 tokens at 22%
 # of positions, more than 2,048 at 5%.
 CPU_CANDIDATES = (256, 4096)
+CDF_BLOCK = 1024  # inverse-CDF draws over wider rows go block first (see _inverse_cdf)
 
 
 @dataclass
@@ -316,11 +317,32 @@ def _uniforms(info: SamplingBatchInfo, dtype: torch.dtype) -> Tensor:
 
 def _inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
     """Per row of ``weights`` ``[n, K]`` (>= 0, unnormalised, each row with some mass), the
-    first index whose cumulative weight exceeds ``uniform * total``; float64 sums. An index
+    first index whose cumulative weight exceeds ``uniform * total``, with float64 sums. Wide
+    rows go in two levels: a block of :data:`CDF_BLOCK` entries by the blocks' sums, then the
+    entry inside it by the remainder (at batch 64 x 49,152, 22 -> 7 ms on the CPU: one
+    float64 pass over the row instead of a float64 copy and a full cumsum)."""
+    n, k = weights.shape
+    if k <= 2 * CDF_BLOCK:
+        return _pick(weights, uniforms * weights.sum(dim=-1, dtype=torch.float64))
+    num_blocks = -(-k // CDF_BLOCK)
+    padded = torch.nn.functional.pad(weights, (0, num_blocks * CDF_BLOCK - k))
+    blocks = padded.view(n, num_blocks, CDF_BLOCK)
+    block_sums = blocks.sum(dim=-1, dtype=torch.float64)
+    cumulative = block_sums.cumsum(dim=-1)
+    target = uniforms * cumulative[:, -1]
+    block = _pick(block_sums, target)
+    before = cumulative.gather(1, block.unsqueeze(1)).squeeze(1)
+    before = before - block_sums.gather(1, block.unsqueeze(1)).squeeze(1)
+    rows = torch.arange(n)
+    inner = _pick(blocks[rows, block], (target - before).clamp_min(0.0))
+    return block * CDF_BLOCK + inner
+
+
+def _pick(weights: Tensor, target: Tensor) -> Tensor:
+    """Per row, the first index whose float64 cumulative weight exceeds ``target``; an index
     of zero weight (rounding at the very end) is replaced by the row's largest weight."""
     cumulative = weights.to(torch.float64).cumsum(dim=-1)
-    target = (uniforms * cumulative[:, -1]).unsqueeze(1)
-    index = torch.searchsorted(cumulative, target, right=True).squeeze(1)
+    index = torch.searchsorted(cumulative, target.unsqueeze(1), right=True).squeeze(1)
     index = index.clamp_max(weights.shape[1] - 1)
     chosen = weights.gather(1, index.unsqueeze(1)).squeeze(1)
     return torch.where(chosen > 0, index, weights.argmax(dim=-1))

@@ -329,3 +329,35 @@ def test_cpu_path_samples_the_filtered_distribution(
     df = len(e) - 1
     chi2 = float(((o - e) ** 2 / e).sum())
     assert chi2 < df + 3.09 * math.sqrt(2 * df) + 10, (chi2, df)
+
+
+def test_two_level_inverse_cdf_equals_one_level() -> None:
+    """Wide rows are drawn block first, then inside the block: the same index as one cumsum
+    over the whole row (rows with zeros, a row with one non-zero entry, a ragged last block)."""
+    gen = seeded(31)
+    n, vocab = 64, 5000
+    weights = torch.rand(n, vocab, generator=gen) ** 4
+    weights[weights < 0.05] = 0.0
+    weights[0] = 0.0
+    weights[0, 4999] = 0.3  # all mass in the ragged last block
+    weights[1, :4096] = 0.0
+    uniforms = torch.rand(n, dtype=torch.float64, generator=gen)
+    assert vocab > 2 * sampler_module.CDF_BLOCK
+    two = sampler_module._inverse_cdf(weights, uniforms)
+    one = sampler_module._pick(weights, uniforms * weights.sum(dim=-1, dtype=torch.float64))
+    assert torch.equal(two, one)
+    assert two[0] == 4999 and two[1] >= 4096
+    assert bool((weights.gather(1, two.unsqueeze(1)) > 0).all())
+
+
+def test_wide_vocabulary_temperature_sampling_frequencies() -> None:
+    n, vocab = 40000, 3000  # wider than two CDF blocks: the two-level draw
+    row = torch.full((vocab,), -20.0)
+    hot = torch.tensor([5, 1500, 2047, 2048, 2999])
+    row[hot] = torch.tensor([0.0, 0.5, 1.0, -0.3, 0.2])
+    out = Sampler().sample(row.expand(n, vocab).clone(), build([SamplingParams()] * n, vocab))
+    probs = torch.softmax(row, dim=-1)
+    counts = torch.bincount(out, minlength=vocab).double()
+    rest = counts.sum() - counts[hot].sum()
+    assert rest <= 10  # the other 2,995 tokens hold ~1e-5 of the mass
+    assert chi_square(counts[hot], probs[hot] / probs[hot].sum()) < CHI2_CRIT_001[4]
