@@ -18,8 +18,10 @@ a row whose cut-off falls beyond them (top-k above that count, or top-p mass the
 not reach) tries 4,096 (:data:`CPU_CANDIDATES`), and beyond those goes through the full sort. The kept set is the
 same as the sort's (up to the order of exactly tied probabilities). The token is then drawn by
 inverse CDF: one uniform per row against the cumulative kept mass. The same distribution,
-one random number per row instead of V. GPU rows keep the branch-free sort + exponential race:
-the CPU path decides per row on the host, which a GPU step must not wait for.
+one random number per row instead of V. :func:`filtered_probs` (the whole filtered
+distribution, which speculative acceptance reads) finds its cut the same way on the CPU. GPU
+rows keep the branch-free sort + exponential race: the CPU path decides per row on the host,
+which a GPU step must not wait for.
 
 Seeds: a row with its own ``torch.Generator`` draws its noise (one ``[V]`` draw per step on a
 GPU, one uniform on the CPU) from that generator only, and everything else is row-local, so a
@@ -29,7 +31,6 @@ Greedy rows draw nothing. Generators must live on the logits' device.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -202,23 +203,63 @@ class Sampler:
 def filtered_probs(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
     """softmax(logits / T) with entries outside top-k / top-p / min-p set to 0 (not
     renormalized: the exponential race does not need it). The most likely token is always
-    kept. Top-p keeps a token when the probability mass of more likely tokens is <= top_p."""
+    kept. Top-p keeps a token when the probability mass of more likely tokens is <= top_p.
+    On the CPU the cut is found among candidates first, as in :func:`sample_on_cpu`."""
     probs = torch.softmax(logits / info.temperatures, dim=-1)
     if info.need_min_p:
         threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
         probs = probs.masked_fill(probs < threshold, 0.0)
     if not (info.need_top_k or info.need_top_p):
         return probs
+    if probs.device.type != "cpu":
+        return _filter_sorted(probs, info.top_ks, info.top_ps)
+    out = probs.clone()
+    vocab = probs.shape[1]
+    top_ks, top_ps = info.top_ks.tolist(), info.top_ps.tolist()
+    rows = [i for i in range(len(top_ks)) if top_ks[i] < vocab or top_ps[i] < 1.0]
+    for done, kept, ids in _candidate_cuts(probs, info, torch.tensor(rows, dtype=torch.int64)):
+        if ids is None:  # beyond the candidates: sorted
+            out[done] = _filter_sorted(probs[done], info.top_ks[done], info.top_ps[done])
+        else:
+            out[done] = torch.zeros_like(probs[done]).scatter_(1, ids, kept)
+    return out
+
+
+def _filter_sorted(probs: Tensor, top_ks: Tensor, top_ps: Tensor) -> Tensor:
+    """``probs`` ``[n, V]`` with the entries outside each row's top-k / top-p set to 0, by one
+    full sort (branch-free: what GPU rows use). A top_p of 1.0 keeps everything."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
-    drop = torch.zeros_like(sorted_probs, dtype=torch.bool)
-    if info.need_top_k:
-        ranks = torch.arange(probs.shape[-1], device=probs.device)
-        drop |= ranks.unsqueeze(0) >= info.top_ks.unsqueeze(1)
-    if info.need_top_p:
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= mass_before > info.top_ps.unsqueeze(1)
+    ranks = torch.arange(probs.shape[-1], device=probs.device)
+    drop = ranks.unsqueeze(0) >= top_ks.unsqueeze(1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop |= (mass_before > top_ps.unsqueeze(1)) & (top_ps < 1.0).unsqueeze(1)
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+def _candidate_cuts(probs: Tensor, info: SamplingBatchInfo, rows: Tensor):
+    """CPU: yields ``(rows_done, kept, ids)`` per tier of :data:`CPU_CANDIDATES`: for the rows
+    whose top-k / top-p cut-off lies among their ``count`` most likely tokens, those tokens'
+    ids ``[n, count]`` (most likely first) and probabilities with the dropped ones zeroed;
+    last, ``(rows_left, None, None)`` for the rows beyond every tier (if any)."""
+    vocab = probs.shape[1]
+    for candidates in CPU_CANDIDATES:
+        if not rows.numel():
+            return
+        count = min(vocab, candidates)
+        values, ids = probs[rows].topk(count, dim=-1)  # sorted, most likely first
+        keep_k = info.top_ks[rows].unsqueeze(1)
+        top_p = info.top_ps[rows].unsqueeze(1)
+        keep_p = torch.where(top_p < 1.0, top_p, torch.inf)  # 1.0: off (sums round above 1)
+        mass_before = values.cumsum(dim=-1) - values
+        keep = (torch.arange(count) < keep_k) & (mass_before <= keep_p)
+        # the cut-off lies among the candidates: the next token (rank `count`) is dropped
+        inside = (keep_k.squeeze(1) <= count) | (values.sum(dim=-1) > keep_p.squeeze(1))
+        if inside.any():
+            yield rows[inside], values[inside].masked_fill(~keep[inside], 0.0), ids[inside]
+        rows = rows[~inside]
+    if rows.numel():
+        yield rows, None, None
 
 
 def exponential_race(probs: Tensor, info: SamplingBatchInfo) -> Tensor:
@@ -263,41 +304,14 @@ def sample_on_cpu(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
         out[rows] = _inverse_cdf(probs[rows], uniforms[rows])
     if not filtered:
         return out
-    rows = torch.tensor(filtered)
-    for candidates in CPU_CANDIDATES:
-        count = min(vocab, candidates)
-        values, ids = probs[rows].topk(count, dim=-1)  # sorted, most likely first
-        keep_k = info.top_ks[rows].unsqueeze(1)
-        top_p = info.top_ps[rows].unsqueeze(1)
-        keep_p = torch.where(top_p < 1.0, top_p, torch.inf)  # 1.0: off (sums round above 1)
-        mass_before = values.cumsum(dim=-1) - values
-        keep = (torch.arange(count) < keep_k) & (mass_before <= keep_p)
-        # the cut-off lies among the candidates: the next token (rank `count`) is dropped
-        inside = (keep_k.squeeze(1) <= count) | (values.sum(dim=-1) > keep_p.squeeze(1))
-        done = inside.nonzero().squeeze(1)
-        picked = _inverse_cdf(values[done].masked_fill(~keep[done], 0.0), uniforms[rows[done]])
-        out[rows[done]] = ids[done].gather(1, picked.unsqueeze(1)).squeeze(1)
-        rows = rows[~inside]
-        if not rows.numel():
-            return out
-    # flat distributions: the exact sort over the whole vocabulary
-    out[rows] = _inverse_cdf(filtered_probs(logits[rows], _row_subset(info, rows)), uniforms[rows])
+    for done, kept, ids in _candidate_cuts(probs, info, torch.tensor(filtered)):
+        if ids is None:  # flat distributions: the exact sort over the whole vocabulary
+            full = _filter_sorted(probs[done], info.top_ks[done], info.top_ps[done])
+            out[done] = _inverse_cdf(full, uniforms[done])
+        else:
+            picked = _inverse_cdf(kept, uniforms[done])
+            out[done] = ids.gather(1, picked.unsqueeze(1)).squeeze(1)
     return out
-
-
-def _row_subset(info: SamplingBatchInfo, rows: Tensor) -> SamplingBatchInfo:
-    """``info``'s per-row filter inputs for ``rows`` (what :func:`filtered_probs` reads)."""
-    top_ps, top_ks, min_ps = info.top_ps[rows], info.top_ks[rows], info.min_ps[rows]
-    return dataclasses.replace(
-        info,
-        temperatures=info.temperatures[rows],
-        top_ps=top_ps,
-        top_ks=top_ks,
-        min_ps=min_ps,
-        need_top_k=bool((top_ks < info.vocab_size).any()),
-        need_top_p=bool((top_ps < 1.0).any()),
-        need_min_p=bool((min_ps > 0.0).any()),
-    )
 
 
 def _uniforms(info: SamplingBatchInfo, dtype: torch.dtype) -> Tensor:

@@ -361,3 +361,30 @@ def test_wide_vocabulary_temperature_sampling_frequencies() -> None:
     rest = counts.sum() - counts[hot].sum()
     assert rest <= 10  # the other 2,995 tokens hold ~1e-5 of the mass
     assert chi_square(counts[hot], probs[hot] / probs[hot].sum()) < CHI2_CRIT_001[4]
+
+
+@pytest.mark.parametrize("candidates", [(256, 4096), (8,), (4, 64)])
+def test_cpu_filtered_probs_equal_the_sort(candidates, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``filtered_probs`` on the CPU (candidates first; what speculative acceptance reads)
+    gives exactly the full sort's result, row by row, whichever route a row takes."""
+    monkeypatch.setattr(sampler_module, "CPU_CANDIDATES", candidates)
+    vocab = 700
+    params = [
+        SamplingParams(top_p=0.9),
+        SamplingParams(top_p=0.3, temperature=0.5),
+        SamplingParams(top_k=40, top_p=0.95),
+        SamplingParams(top_k=300, min_p=0.05),
+        SamplingParams(top_k=3),
+        SamplingParams(temperature=1.3),  # no filter
+        SamplingParams(top_p=0.99, temperature=3.0),  # flat: beyond every tier
+    ]
+    logits = torch.randn(len(params), vocab, generator=seeded(41)) * 2
+    info = build(params, vocab)
+    got = filtered_probs(logits, info)
+    probs = torch.softmax(logits / info.temperatures, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
+    probs = probs.masked_fill(probs < threshold, 0.0)
+    want = sampler_module._filter_sorted(probs, info.top_ks, info.top_ps)
+    assert torch.equal(got, want)
+    kept = (got > 0).sum(dim=-1).tolist()
+    assert kept[4] == 3 and kept[5] == vocab and kept[6] > 64
