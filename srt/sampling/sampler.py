@@ -11,14 +11,14 @@ Per step the scheduler builds a :class:`SamplingBatchInfo` from the running requ
    matter: the kept set is the intersection), then one token is drawn with the exponential
    race ``argmax(probs / E)``, ``E ~ Exp(1)`` i.i.d. per vocabulary entry.
 
-On the CPU, step 3 avoids both full-vocabulary costs (at batch 16 over SmolLM2's 49,152 tokens a
-sort took 23 ms and the exponential noise 11 ms, against a 5-10 ms forward step): rows with
-top-k / top-p take their 256 most likely tokens (``topk``, sorted) and apply the filters there;
-a row whose cut-off falls beyond them (top-k above that count, or top-p mass the candidates do
-not reach) tries 4,096 (:data:`CPU_CANDIDATES`), and beyond those goes through the full sort. The kept set is the
-same as the sort's (up to the order of exactly tied probabilities). The token is then drawn by
-inverse CDF: one uniform per row against the cumulative kept mass. The same distribution,
-one random number per row instead of V. :func:`filtered_probs` (the whole filtered
+On the CPU, step 3 avoids both full-vocabulary costs (at batch 16 over SmolLM2's 49,152 tokens
+the sort took 36 ms and the exponential noise 11 ms, against about 67 ms per greedy decode
+step): rows with top-k / top-p take their 256 most likely tokens (``topk``, sorted) and apply
+the filters there; a row whose cut-off falls beyond them (top-k above that count, or top-p
+mass the candidates do not reach) tries 4,096 (:data:`CPU_CANDIDATES`), and beyond those goes
+through the full sort. The kept set is the sort's (up to the order of exactly tied
+probabilities). The token is then drawn by inverse CDF: one uniform per row against the
+cumulative kept mass; the same distribution, with one random number per row instead of V. :func:`filtered_probs` (the whole filtered
 distribution, which speculative acceptance reads) finds its cut the same way on the CPU. GPU
 rows keep the branch-free sort + exponential race: the CPU path decides per row on the host,
 which a GPU step must not wait for.
@@ -47,8 +47,8 @@ from radixlm.srt.sampling.penalties import (
 
 # CPU: candidates per row for top-k / top-p, tried in turn (a row whose cut-off lies beyond the
 # last falls back to the sort); per row, topk costs 0.09 / 0.28 ms and the sort 1.55 ms over
-# 49,152 tokens (AMD EPYC). On SmolLM2 at T = 1, top_p = 0.95 kept more than 256 tokens at 22%
-# of positions, more than 2,048 at 5%.
+# 49,152 tokens (AMD EPYC). On SmolLM2 at T = 1, top_p = 0.95, 22-25% of rows kept more than
+# 256 tokens and 2-6% more than 4,096 (srt/bench/bench_sampler.py).
 CPU_CANDIDATES = (256, 4096)
 CDF_BLOCK = 1024  # inverse-CDF draws over wider rows go block first (see _inverse_cdf)
 
@@ -205,24 +205,38 @@ def filtered_probs(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
     renormalized: the exponential race does not need it). The most likely token is always
     kept. Top-p keeps a token when the probability mass of more likely tokens is <= top_p.
     On the CPU the cut is found among candidates first, as in :func:`sample_on_cpu`."""
-    probs = torch.softmax(logits / info.temperatures, dim=-1)
-    if info.need_min_p:
-        threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
-        probs = probs.masked_fill(probs < threshold, 0.0)
+    probs = _tempered_probs(logits, info)
     if not (info.need_top_k or info.need_top_p):
         return probs
     if probs.device.type != "cpu":
         return _filter_sorted(probs, info.top_ks, info.top_ps)
     out = probs.clone()
-    vocab = probs.shape[1]
-    top_ks, top_ps = info.top_ks.tolist(), info.top_ps.tolist()
-    rows = [i for i in range(len(top_ks)) if top_ks[i] < vocab or top_ps[i] < 1.0]
-    for done, kept, ids in _candidate_cuts(probs, info, torch.tensor(rows, dtype=torch.int64)):
+    rows, _ = _split_filtered(info, range(probs.shape[0]), probs.shape[1])
+    for done, kept, ids in _candidate_cuts(probs, info, rows):
         if ids is None:  # beyond the candidates: sorted
             out[done] = _filter_sorted(probs[done], info.top_ks[done], info.top_ps[done])
         else:
             out[done] = torch.zeros_like(probs[done]).scatter_(1, ids, kept)
     return out
+
+
+def _tempered_probs(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
+    """softmax(logits / T) with min-p applied (entries below min_p * max set to 0)."""
+    probs = torch.softmax(logits / info.temperatures, dim=-1)
+    if info.need_min_p:
+        threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _split_filtered(
+    info: SamplingBatchInfo, rows: Sequence[int], vocab: int
+) -> tuple[Tensor, Tensor]:
+    """``rows`` split into those with a top-k or top-p filter and those without (int64)."""
+    top_ks, top_ps = info.top_ks.tolist(), info.top_ps.tolist()
+    filtered = [i for i in rows if top_ks[i] < vocab or top_ps[i] < 1.0]
+    plain = [i for i in rows if not (top_ks[i] < vocab or top_ps[i] < 1.0)]
+    return torch.tensor(filtered, dtype=torch.int64), torch.tensor(plain, dtype=torch.int64)
 
 
 def _filter_sorted(probs: Tensor, top_ks: Tensor, top_ps: Tensor) -> Tensor:
@@ -288,23 +302,13 @@ def sample_on_cpu(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
     ``[B, V]`` float32, drawn from softmax(logits / T) restricted by top-k / top-p / min-p,
     with one uniform per sampled row. Greedy rows get an arbitrary token (the caller discards
     it)."""
-    batch, vocab = logits.shape
-    probs = torch.softmax(logits / info.temperatures, dim=-1)
-    if info.need_min_p:
-        threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.unsqueeze(1)
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    uniforms = _uniforms(info, logits.dtype)
-    out = torch.zeros(batch, dtype=torch.int64)
-    top_ks, top_ps = info.top_ks.tolist(), info.top_ps.tolist()
-    filtered, plain = [], []
-    for i in info.sampled_rows:
-        (filtered if top_ks[i] < vocab or top_ps[i] < 1.0 else plain).append(i)
-    if plain:
-        rows = torch.tensor(plain)
-        out[rows] = _inverse_cdf(probs[rows], uniforms[rows])
-    if not filtered:
-        return out
-    for done, kept, ids in _candidate_cuts(probs, info, torch.tensor(filtered)):
+    probs = _tempered_probs(logits, info)
+    uniforms = _uniforms(info)
+    out = torch.zeros(logits.shape[0], dtype=torch.int64)
+    filtered, plain = _split_filtered(info, info.sampled_rows, logits.shape[1])
+    if plain.numel():
+        out[plain] = _inverse_cdf(probs[plain], uniforms[plain])
+    for done, kept, ids in _candidate_cuts(probs, info, filtered):
         if ids is None:  # flat distributions: the exact sort over the whole vocabulary
             full = _filter_sorted(probs[done], info.top_ks[done], info.top_ps[done])
             out[done] = _inverse_cdf(full, uniforms[done])
@@ -314,7 +318,7 @@ def sample_on_cpu(logits: Tensor, info: SamplingBatchInfo) -> Tensor:
     return out
 
 
-def _uniforms(info: SamplingBatchInfo, dtype: torch.dtype) -> Tensor:
+def _uniforms(info: SamplingBatchInfo) -> Tensor:
     """One U[0, 1) draw per row: seeded rows from their own generator, the other sampled rows
     from one draw of the default generator; greedy rows 0."""
     uniforms = torch.zeros(info.batch_size, dtype=torch.float64)

@@ -63,6 +63,14 @@ def _alloc_slots(prefix_lens, extend_lens, page_size, pool_tokens, gen):
     return prefix, new
 
 
+def decode_lens(seq_lens: list[int]) -> tuple[list[int], list[int]]:
+    """(prefix lengths, extend lengths) of decode rows reaching ``seq_lens`` tokens."""
+    return [n - 1 for n in seq_lens], [1] * len(seq_lens)
+
+
+LLAMA_8B_HEADS = dict(heads=32, kv_heads=8, head_dim=128)
+
+
 def make_case(
     prefix_lens,
     extend_lens,
@@ -164,8 +172,7 @@ def test_mixed_step_plans_a_decode_tail():
 def test_decode_matches_torch(num_splits, heads, kv_heads, page_size):
     seq_lens = [1, 9, 70, 17]  # length 1 leaves most splits empty
     case = make_case(
-        [n - 1 for n in seq_lens],
-        [1] * 4,
+        *decode_lens(seq_lens),
         heads=heads,
         kv_heads=kv_heads,
         page_size=page_size,
@@ -255,7 +262,7 @@ GPU_SHAPES = [
 def test_gpu_backends_match_torch(decode, dtype, heads, kv_heads, head_dim, page_size):
     if decode:
         seq_lens = [1, 33, 517, 1200, 64, 250]
-        lens = ([n - 1 for n in seq_lens], [1] * len(seq_lens))
+        lens = decode_lens(seq_lens)
     else:
         lens = ([0, 100, 37, 0, 600], [300, 1, 77, 5, 129])
     case = make_case(
@@ -281,28 +288,11 @@ def test_gpu_triton_one_split_and_mixed_tail(dtype):
     """The compiled kernels' one-split path (the decode kernel writes the output, no merge) and
     a mixed step's decode tail, against the torch reference."""
     seq_lens = [1, 33, 517, 1200, 64, 250]
-    decode = make_case(
-        [n - 1 for n in seq_lens],
-        [1] * 6,
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
-        dtype=dtype,
-        decode=True,
-        seed=11,
-    )
+    decode = make_case(*decode_lens(seq_lens), **LLAMA_8B_HEADS, dtype=dtype, decode=True, seed=11)
     out = run_backend(TritonAttentionBackend(num_kv_splits=1), decode)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert_close(out, reference(decode), tol)
-    mixed = make_case(
-        [0, 300, 40, 999],
-        [200, 1, 1, 1],
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
-        dtype=dtype,
-        seed=12,
-    )
+    mixed = make_case([0, 300, 40, 999], [200, 1, 1, 1], **LLAMA_8B_HEADS, dtype=dtype, seed=12)
     assert_close(run_backend(TritonAttentionBackend(), mixed), reference(mixed), tol)
 
 
@@ -324,11 +314,8 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
     re-planning on the same static batch tensors: the output must follow the new lengths."""
     seq_lens = [5, 40, 301]
     case = make_case(
-        [n - 1 for n in seq_lens],
-        [1] * 3,
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
+        *decode_lens(seq_lens),
+        **LLAMA_8B_HEADS,
         page_size=page_size,
         dtype=torch.bfloat16,
         decode=True,

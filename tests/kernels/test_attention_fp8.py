@@ -30,8 +30,10 @@ from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
 from radixlm.srt.executor.memory_pool import KVPool, quantize_fp8
 from tests.kernels.test_attention_backends import (
     DEVICE,
+    LLAMA_8B_HEADS,
     Case,
     _grow_by_one,
+    decode_lens,
     make_case,
     run_backend,
 )
@@ -227,7 +229,7 @@ def test_gpu_backends_fp8(decode, scales, page_size, fp8):
     bf16 tolerance of the full-precision kernel tests) and on bf16 KV (REL * max|v| + 2e-2)."""
     if decode:
         seq_lens = [1, 33, 517, 1200, 64, 250]
-        lens = ([n - 1 for n in seq_lens], [1] * len(seq_lens))
+        lens = decode_lens(seq_lens)
     else:
         lens = ([0, 100, 37, 0, 600], [300, 1, 77, 5, 129])
     case = make_case(
@@ -258,11 +260,8 @@ def test_gpu_fp8_decode_replays_in_cuda_graph(page_size):
     token and replay: the output follows the new lengths and still carries the scales."""
     seq_lens = [5, 40, 301]
     base = make_case(
-        [n - 1 for n in seq_lens],
-        [1] * 3,
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
+        *decode_lens(seq_lens),
+        **LLAMA_8B_HEADS,
         page_size=page_size,
         dtype=torch.bfloat16,
         decode=True,
