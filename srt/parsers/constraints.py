@@ -10,6 +10,11 @@ decides how the tags combine:
 * ``"auto"``: free text, and once the trigger appears a call (``triggered_tags``), built only
   when a tool is ``strict`` (non-strict tools then get any JSON object as arguments);
 * a ``response_schema`` with ``"auto"``: an answer valid against it, or calls.
+
+Formats that put a tool's schema (or the response schema) inside one bigger JSON schema move it
+under that schema's ``$defs`` when it has local references (``placed``): pydantic writes nested
+models as ``{"$ref": "#/$defs/Model"}``, which points at the root of the document it sits in, so
+the same text below another root would point at nothing.
 """
 
 from __future__ import annotations
@@ -35,13 +40,74 @@ def arguments_schema(tool: ToolSpec, choice: ToolChoice) -> dict:
     return tool.parameters if (tool.strict or forces_calls(choice)) else ANY_OBJECT
 
 
-def call_object_schema(tool: ToolSpec, choice: ToolChoice, arguments_key: str) -> dict:
-    """The JSON schema of one call object ``{"name": <the tool>, <arguments_key>: {...}}``."""
+# Keywords whose values are data, not schemas (a "$ref" key in them is not a reference), and
+# keywords whose values map names to schemas (the names are not keywords).
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _local_refs(node: object) -> bool:
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                return True
+            stack.extend(v for k, v in item.items() if k not in _DATA_KEYWORDS)
+    return False
+
+
+def _rebased(node: object, base: str) -> object:
+    """A copy of the schema ``node`` whose local references (``#...``) point below ``base``."""
+    if isinstance(node, list):
+        return [_rebased(item, base) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
+        else:
+            out[key] = _rebased(value, base)
+    return out
+
+
+def placed(schema: dict, key: str, defs: dict) -> dict:
+    """What to write where ``schema`` goes inside a bigger document: ``schema`` itself when it
+    has no local references, else ``{"$ref": "#/$defs/<key>"}`` with the schema stored as
+    ``defs[key]`` (its references rebased there, its ``$id`` / ``$schema`` dropped: they would
+    make it a document of its own again). ``key`` must not need JSON-pointer escaping."""
+    if not _local_refs(schema):
+        return schema
+    base = f"#/$defs/{key}"
+    body = {k: v for k, v in schema.items() if k not in ("$id", "$schema")}
+    defs[key] = _rebased(body, base)
+    return {"$ref": base}
+
+
+def with_defs(root: dict, defs: dict) -> dict:
+    """``root`` holding the schemas ``placed`` stored in ``defs``."""
+    return {**root, "$defs": defs} if defs else root
+
+
+def call_object_schema(tool: ToolSpec, choice: ToolChoice, arguments_key: str, defs: dict) -> dict:
+    """The JSON schema of one call object ``{"name": <the tool>, <arguments_key>: {...}}``,
+    the arguments' schema ``placed`` in ``defs`` (tool names need no pointer escaping)."""
+    arguments = placed(arguments_schema(tool, choice), f"tool_{tool.name}", defs)
     return {
         "type": "object",
         "properties": {
             "name": {"const": tool.name},
-            arguments_key: arguments_schema(tool, choice),
+            arguments_key: arguments,
         },
         "required": ["name", arguments_key],
         "additionalProperties": False,

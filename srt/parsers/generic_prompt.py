@@ -20,7 +20,7 @@ from radixlm.srt.parsers.chat_history import (
     tool_names_by_id,
     with_template_calls,
 )
-from radixlm.srt.parsers.constraints import call_object_schema
+from radixlm.srt.parsers.constraints import call_object_schema, placed, with_defs
 from radixlm.srt.parsers.tool_base import (
     ToolChoice,
     ToolSpec,
@@ -155,15 +155,18 @@ def reply_schema(
     check_choice(tools, choice)
     if choice == "none" or not tools:
         return None
-    items = [call_object_schema(t, choice, "arguments") for t in chosen_tools(tools, choice)]
+    defs: dict = {}
+    items = [call_object_schema(t, choice, "arguments", defs) for t in chosen_tools(tools, choice)]
     calls: dict = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1
     call_reply = _one_key_object("tool_calls", calls)
     if forces_calls(choice):
-        return call_reply
-    answer = response_schema if response_schema is not None else {"type": "string"}
-    return {"anyOf": [call_reply, _one_key_object("content", answer)]}
+        return with_defs(call_reply, defs)
+    answer = {"type": "string"}
+    if response_schema is not None:
+        answer = placed(response_schema, "answer", defs)
+    return with_defs({"anyOf": [call_reply, _one_key_object("content", answer)]}, defs)
 
 
 def _one_key_object(key: str, schema: dict) -> dict:

@@ -20,8 +20,10 @@ from radixlm.srt.parsers.constraints import (
     CallFormat,
     call_object_schema,
     choice_format,
+    placed,
     quoted,
     structural_tag,
+    with_defs,
 )
 from radixlm.srt.parsers.json_stream import WHITESPACE
 from radixlm.srt.parsers.markers import WS_HOLD, MarkerSplitter
@@ -126,8 +128,10 @@ class Llama3Parser(CallStreamParser):
         call both start with ``{``, which a structural tag's ``or`` cannot tell apart early
         enough, so that case is one JSON schema (the answer, or exactly one call)."""
         if response_schema is not None and choice == "auto" and tools:
-            calls = [call_object_schema(t, choice, "parameters") for t in tools]
-            return {"json_schema": {"anyOf": [response_schema, *calls]}}
+            defs: dict = {}
+            calls = [call_object_schema(t, choice, "parameters", defs) for t in tools]
+            answer = placed(response_schema, "answer", defs)
+            return {"json_schema": with_defs({"anyOf": [answer, *calls]}, defs)}
         fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema)
         return None if fmt is None else structural_tag(fmt)
 

@@ -307,4 +307,6 @@ async def detokenize(request: Request) -> Response:
     batch = bool(body.tokens) and isinstance(body.tokens[0], list)
     rows: list[list[int]] = body.tokens if batch else [body.tokens]  # type: ignore[assignment]
     texts = [await tm.decode_async(row, body.skip_special_tokens) for row in rows]
-    return json_response({"text": texts if batch else texts[0]})
+    out = texts if batch else texts[0]
+    # "text" is SGLang's key, "prompt" vLLM's (lm-eval's remote tokenizer reads that one)
+    return json_response({"text": out, "prompt": out})

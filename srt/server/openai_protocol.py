@@ -150,7 +150,9 @@ class ChatCompletionRequest(OpenAISamplingFields):
     tools: list[ToolDef] | None = None
     # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # missing: true
+    parallel_tool_calls: bool | None = (
+        None  # missing: true, except one call under a named tool_choice
+    )
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True  # false: reasoning stays in content
 

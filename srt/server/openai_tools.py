@@ -295,6 +295,17 @@ def tool_texts(specs: list[ToolSpec]) -> list[tuple[str, str]]:
     return out
 
 
+def parallel_calls(sent: bool | None, choice: str) -> bool:
+    """Whether a reply may hold several calls: as sent; when not sent, yes except under a named
+    tool_choice, which then makes exactly one call of that tool (as vLLM does: clients that
+    name a tool, such as instructor's and LangChain's structured output, read one call, and a
+    small model would otherwise repeat the call until its token limit). An explicit
+    ``parallel_tool_calls: true`` lets a named choice make several calls of its tool."""
+    if sent is not None:
+        return sent
+    return not choice.startswith("function:")
+
+
 def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsing:
     """The request's tools, choice and history checked; the server's parsers resolved."""
     specs = tool_specs(req.tools)
@@ -306,7 +317,7 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
     parsing = ChatParsing(
         specs=specs,
         choice=choice,
-        parallel=req.parallel_tool_calls is not False,
+        parallel=parallel_calls(req.parallel_tool_calls, choice),
         tool_parser=resolve_tool_parser(tm.cfg.tool_call_parser, template),
         reasoning_parser=tm.cfg.reasoning_parser,
         separate_reasoning=req.separate_reasoning,

@@ -11,6 +11,7 @@ import pytest
 from grammar_check import Checker
 
 from radixlm.grammar.structural_tag import parse_structural_tag
+from radixlm.srt.parsers.constraints import placed
 from radixlm.srt.parsers.reasoning import ReasoningParser
 from radixlm.srt.parsers.registry import make_tool_parser
 from radixlm.srt.parsers.tool_base import ToolCall, ToolSpec
@@ -283,3 +284,105 @@ def test_wrapping_the_legacy_and_other_forms() -> None:
     assert Checker(reasoning.wrap_constraint({"regex": "[0-9]+"})).accepts("x</think>42")
     with pytest.raises(ValueError):
         reasoning.wrap_constraint({"json_schema": {}, "regex": "a"})
+
+
+# -- tool and answer schemas with local references ($defs, "#", pointers) --
+
+# What pydantic writes for nested models (``#/$defs/...``), a recursive reference to the
+# schema's own root (``#``), a pointer into its properties, and a "$ref" key inside data.
+PERSON_SCHEMA = {
+    "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}}},
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "pet": {"$ref": "#/$defs/Pet"},
+        "friends": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+        "alias": {"$ref": "#/properties/name"},
+        "$ref": {"type": "integer"},  # a property named "$ref" is a schema, not a reference
+        "note": {"type": "string", "default": {"$ref": "#/nowhere"}},
+    },
+    "required": ["name", "pet"],
+    "additionalProperties": False,
+}
+# The same with an ``$id``: a validator resolves its references against it wherever it sits.
+PERSON_WITH_ID = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://example.com/person",
+    **PERSON_SCHEMA,
+}
+ANSWER_WITH_DEFS = {
+    "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+    "required": ["items"],
+}
+GOOD_PERSON = (
+    '{"name": "Ann", "pet": {"kind": "cat"}, "friends": [{"name": "Ann", "pet": {}}], '
+    '"alias": "Ann", "$ref": 3}'
+)
+BAD_PERSONS = [
+    '{"name": "Ann", "pet": {"kind": "cow"}}',  # the $defs target
+    '{"name": "Ann", "pet": {}, "friends": [{"name": "Ann", "pet": {"kind": 1}}]}',  # "#"
+    '{"name": "Ann", "pet": {}, "alias": 5}',  # the pointer
+    '{"name": "Ann", "pet": {}, "$ref": "x"}',
+]
+
+
+@pytest.mark.parametrize("parser", ["generic", "hermes", "llama3"])
+@pytest.mark.parametrize("choice", ["required", "function:add_person", "auto"])
+@pytest.mark.parametrize("with_id", [False, True])
+def test_tool_schemas_with_references_keep_their_meaning(
+    parser: str, choice: str, with_id: bool
+) -> None:
+    schema = PERSON_WITH_ID if with_id else PERSON_SCHEMA
+    tools = [ToolSpec("add_person", "Adds a person", schema, strict=True), CLOCK]
+    frag = make_tool_parser(parser, tools).constraint(tools, choice, True, None)
+    checker = Checker(frag)
+    good = _reply_calls(("add_person", json.loads(GOOD_PERSON)))
+    if parser == "generic":
+        schema = frag["json_schema"]
+        jsonschema.validate(good, schema)
+        for bad in BAD_PERSONS:
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(_reply_calls(("add_person", json.loads(bad))), schema)
+        text = lambda args: json.dumps(_reply_calls(("add_person", json.loads(args))))  # noqa: E731
+    else:
+        text = lambda args: calls_text(parser, ("add_person", args))  # noqa: E731
+    assert checker.accepts(text(GOOD_PERSON))
+    for bad in BAD_PERSONS:
+        assert not checker.accepts(text(bad)), bad
+    assert tools[0].parameters["properties"]["pet"] == {"$ref": "#/$defs/Pet"}
+
+
+@pytest.mark.parametrize("parser", ["generic", "hermes", "llama3"])
+def test_answer_schema_with_references_composes_with_tools(parser: str) -> None:
+    frag = make_tool_parser(parser, TOOLS).constraint(TOOLS, "auto", True, ANSWER_WITH_DEFS)
+    checker = Checker(frag)
+    good, bad = {"items": [{"n": 1}]}, {"items": [{"n": "one"}]}
+    wrap = (lambda v: {"content": v}) if parser == "generic" else (lambda v: v)
+    assert checker.accepts(json.dumps(wrap(good)))
+    assert not checker.accepts(json.dumps(wrap(bad)))
+    if parser == "generic":
+        jsonschema.validate(wrap(good), frag["json_schema"])
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrap(bad), frag["json_schema"])
+
+
+def test_placed_rebases_references_and_leaves_data_alone() -> None:
+    defs: dict = {}
+    assert placed(PERSON_WITH_ID, "tool_x", defs) == {"$ref": "#/$defs/tool_x"}
+    body = defs["tool_x"]
+    assert "$id" not in body and "$schema" not in body
+    assert body["properties"]["pet"] == {"$ref": "#/$defs/tool_x/$defs/Pet"}
+    assert body["properties"]["friends"]["items"] == {"$ref": "#/$defs/tool_x"}
+    assert body["properties"]["alias"] == {"$ref": "#/$defs/tool_x/properties/name"}
+    assert body["properties"]["$ref"] == {"type": "integer"}
+    assert body["properties"]["note"]["default"] == {"$ref": "#/nowhere"}
+    assert placed(ANSWER_SCHEMA, "answer", defs) is ANSWER_SCHEMA  # no references: inline
+
+
+def test_schemas_without_references_stay_inline() -> None:
+    schema = fragment("generic", "required", parallel=True)["json_schema"]
+    assert "$defs" not in schema
+    items = schema["properties"]["tool_calls"]["items"]["anyOf"]
+    assert items[0]["properties"]["arguments"] == WEATHER.parameters

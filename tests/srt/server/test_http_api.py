@@ -168,7 +168,8 @@ def test_malformed_json_then_healthy(stack: FakeStack) -> None:
 def test_tokenize_detokenize_and_info(stack: FakeStack) -> None:
     toks = post(stack, "/tokenize", {"prompt": "Hello world"}).json()
     assert toks["count"] == len(toks["tokens"]) and toks["max_model_len"] == CONTEXT_LENGTH
-    assert post(stack, "/detokenize", {"tokens": toks["tokens"]}).json()["text"] == "Hello world"
+    detok = post(stack, "/detokenize", {"tokens": toks["tokens"]}).json()
+    assert detok == {"text": "Hello world", "prompt": "Hello world"}  # SGLang's and vLLM's key
     info = httpx.get(stack.url + "/get_model_info").json()
     assert info["model_path"] == "/models/fake-model" and info["is_generation"] is True
     assert httpx.get(stack.url + "/model_info").json() == info

@@ -200,6 +200,25 @@ def test_named_choice_constraint_names_only_that_tool(stack: FakeStack) -> None:
     assert "get_time" in grammar and "get_weather" not in grammar
 
 
+def _stops_after_first_call(stack: FakeStack, body: dict) -> bool:
+    assert (
+        post(stack, {"messages": USER, "tools": TOOLS, "max_tokens": 2, **body}).status_code == 200
+    )
+    tag = json.loads(last_params(stack)["structural_tag"])
+    return tag["format"]["stop_after_first"]
+
+
+def test_named_choice_makes_one_call_unless_parallel_is_sent(stack: FakeStack) -> None:
+    """A named tool_choice without parallel_tool_calls makes exactly one call (instructor and
+    LangChain's structured output read one); parallel_tool_calls sent is obeyed."""
+    named = {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    assert _stops_after_first_call(stack, named)
+    assert not _stops_after_first_call(stack, {**named, "parallel_tool_calls": True})
+    assert _stops_after_first_call(stack, {**named, "parallel_tool_calls": False})
+    assert not _stops_after_first_call(stack, {"tool_choice": "required"})
+    assert _stops_after_first_call(stack, {"tool_choice": "required", "parallel_tool_calls": False})
+
+
 def test_response_format_with_tools_is_one_constraint(stack: FakeStack) -> None:
     fmt = {
         "type": "json_schema",

@@ -1,8 +1,10 @@
-"""Helpers the tool-calling server tests share: the strict openai client of a server, the
-health check after each test, and the scripted reply of fake_stack's worker."""
+"""Helpers the tool-calling and client server tests share: the strict openai client of a
+server, the health and leak checks after each test, and the scripted reply of fake_stack's
+worker."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -24,6 +26,23 @@ def strict_client(url: str, **options: Any) -> openai.OpenAI:
 
 def assert_healthy(url: str, timeout: float) -> None:
     assert httpx.get(url + "/health", timeout=timeout).status_code == 200
+
+
+def assert_server_idle(url: str, timeout: float = 30) -> None:
+    """A real server is healthy and, once its requests have drained (within ``timeout``), holds
+    no request state and leaks no KV: ``available + evictable + protected == max_total_tokens``
+    with nothing protected, running or waiting."""
+    assert_healthy(url, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = httpx.get(url + "/get_server_info", timeout=timeout).json()
+        pool = info["kv_pool"]
+        if info["num_request_states"] == 0 and pool["num_running"] == 0:
+            break
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)
+    assert pool["available"] + pool["evictable"] + pool["protected"] == pool["max_total_tokens"]
+    assert pool["protected"] == 0 and pool["num_waiting"] == 0, pool
 
 
 def assert_idle(stack: FakeStack) -> None:
