@@ -20,6 +20,7 @@ recursively.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -60,6 +61,40 @@ def _refs_in(node: Any) -> list[str]:
         elif isinstance(item, list):
             stack.extend(item)
     return refs
+
+
+# Keywords whose values are data, not schemas (a "$ref" key in them is not a reference), and
+# keywords whose values map names to schemas (the names are not keywords).
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def ref_nodes(schema: Any) -> Iterator[dict]:
+    """Every schema object under ``schema`` (itself included) whose ``$ref`` is a string."""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if isinstance(item.get("$ref"), str):
+                yield item
+            for key, value in item.items():
+                if key in SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in DATA_KEYWORDS:
+                    stack.append(value)
+
+
+def unresolved_ref(schema: Any) -> str | None:
+    """The first ``$ref`` of ``schema`` that is not a local reference (``#...``) or points at
+    nothing in ``schema``; None when every reference resolves."""
+    for node in ref_nodes(schema):
+        if not resolve_pointer(schema, node["$ref"])[0]:
+            return node["$ref"]
+    return None
 
 
 def _ref_graph(schema: Any) -> dict[str, list[str]]:

@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from radixlm.grammar.schema_checks import DATA_KEYWORDS, SCHEMA_MAPS, ref_nodes
 from radixlm.srt.parsers.tool_base import (
     ToolChoice,
     ToolSpec,
@@ -40,26 +41,8 @@ def arguments_schema(tool: ToolSpec, choice: ToolChoice) -> dict:
     return tool.parameters if (tool.strict or forces_calls(choice)) else ANY_OBJECT
 
 
-# Keywords whose values are data, not schemas (a "$ref" key in them is not a reference), and
-# keywords whose values map names to schemas (the names are not keywords).
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-
-
-def _local_refs(node: object) -> bool:
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                return True
-            stack.extend(v for k, v in item.items() if k not in _DATA_KEYWORDS)
-    return False
+def _local_refs(schema: dict) -> bool:
+    return any(node["$ref"].startswith("#") for node in ref_nodes(schema))
 
 
 def _rebased(node: object, base: str) -> object:
@@ -72,9 +55,9 @@ def _rebased(node: object, base: str) -> object:
     for key, value in node.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = base + value[1:]
-        elif key in _DATA_KEYWORDS:
+        elif key in DATA_KEYWORDS:
             out[key] = value
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
         else:
             out[key] = _rebased(value, base)

@@ -18,6 +18,7 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
+from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
@@ -67,6 +68,13 @@ def _check_parameters(schema: dict[str, Any], param: str) -> None:
         raise _bad(f"{param}: {e}", param) from None
     except RecursionError:
         raise _bad(f"{param} nests too deeply", param) from None
+    ref = unresolved_ref(schema)
+    if ref is not None:
+        raise _bad(
+            f"{param} refers to {ref!r}, which is not in the schema; only local references "
+            "(#/$defs/..., #, other JSON pointers) that resolve inside it are supported",
+            param,
+        )
     kind = schema.get("type", "object")
     if kind != "object":
         raise _bad(

@@ -332,3 +332,18 @@ def test_auto_skips_outlines_when_optional_properties_make_its_regex_too_long(vo
         assert backend.compile(GrammarSpec.json_schema(small)).backend_name == "outlines"
     finally:
         backend.shutdown()
+
+
+def test_unresolved_ref_finds_dangling_and_remote_references() -> None:
+    from radixlm.grammar.schema_checks import unresolved_ref
+
+    pet = {"type": "object"}
+    assert unresolved_ref({"$defs": {"Pet": pet}, "items": {"$ref": "#/$defs/Pet"}}) is None
+    assert unresolved_ref({"properties": {"a": {"$ref": "#"}}}) is None
+    assert unresolved_ref({"properties": {"a": {"$ref": "#/properties"}}}) is None
+    assert unresolved_ref({"items": [{"$ref": "#/$defs/Cat"}]}) == "#/$defs/Cat"
+    assert unresolved_ref({"items": {"$ref": "other.json#/a"}}) == "other.json#/a"
+    # "$ref" inside data is not a reference; a property named "$ref" is a schema
+    assert unresolved_ref({"const": {"$ref": "#/x"}, "default": {"$ref": "#/y"}}) is None
+    assert unresolved_ref({"properties": {"$ref": {"type": "string"}}}) is None
+    assert unresolved_ref({"properties": {"enum": {"$ref": "#/nowhere"}}}) == "#/nowhere"

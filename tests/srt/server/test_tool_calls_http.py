@@ -104,6 +104,16 @@ BAD_REQUESTS = [
         "tools[0].function.parameters",
         "type 'object'",
     ),
+    (
+        {"tools": [_tool(parameters={"properties": {"a": {"$ref": "#/$defs/Missing"}}})]},
+        "tools[0].function.parameters",
+        "refers to '#/$defs/Missing'",
+    ),
+    (
+        {"tools": [_tool(parameters={"properties": {"a": {"$ref": "https://example.com/a"}}})]},
+        "tools[0].function.parameters",
+        "only local references",
+    ),
     ({"tools": [_tool(name="get weather")]}, "tools[0].function.name", "letters"),
     ({"tools": [_tool(kind="retrieval")]}, "tools[0].type", "only 'function'"),
     (
