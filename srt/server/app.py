@@ -16,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server import info_api, native_api, openai_api
+from radixlm.srt.server import info_api, native_api, openai_api, openai_responses
 from radixlm.srt.server.errors import error_response, install_error_handlers
 from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixlm.srt.server.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
@@ -95,6 +95,7 @@ def create_app(
     app.include_router(native_api.router)
     app.include_router(info_api.router)
     app.include_router(openai_api.router)
+    app.include_router(openai_responses.router)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)

@@ -9,6 +9,7 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
+from tool_util import agents_weather_tool
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -105,24 +106,11 @@ def test_langchain_structured_output_by_function_calling(llm) -> None:
 
 # ---------------------------------------------------------------------- OpenAI Agents SDK
 def test_agents_sdk_tool_loop(server: ServerProcess) -> None:
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner
     from openai import AsyncOpenAI
 
-    set_tracing_disabled(True)
     calls: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return f"sunny, 21 C in {city}"
+    get_weather = agents_weather_tool(calls)
 
     client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     agent = Agent(

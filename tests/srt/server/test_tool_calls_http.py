@@ -6,14 +6,13 @@ responses and streams as the strict openai client reads them. Fast: no model run
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
 from fake_stack import FakeStack
-from tool_util import assert_idle, last_params, reply_with, strict_client
+from tool_util import last_params, reply_with
 
 WEATHER = {
     "type": "object",
@@ -40,22 +39,7 @@ def hermes_call(name: str, args: dict) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeStack]:
-    s = FakeStack(tmp_path_factory.mktemp("ipc"), tool_call_parser="hermes")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(stack: FakeStack) -> openai.OpenAI:
-    return strict_client(stack.url)
-
-
-@pytest.fixture(autouse=True)
-def _healthy(stack: FakeStack) -> Iterator[None]:
-    yield
-    assert_idle(stack)
+pytestmark = pytest.mark.usefixtures("idle_stack")  # stack, client: conftest.py
 
 
 def post(stack: FakeStack, body: dict) -> httpx.Response:

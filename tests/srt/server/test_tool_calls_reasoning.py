@@ -6,13 +6,12 @@ extras reaching the native sampling params. Fast: no model runs."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from fake_stack import FakeStack
-from tool_util import assert_idle, last_params, reply_with, strict_client
+from tool_util import last_params, reply_with
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [
@@ -28,23 +27,11 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeStack]:
-    s = FakeStack(
-        tmp_path_factory.mktemp("ipc"), tool_call_parser="hermes", reasoning_parser="qwen3"
-    )
-    yield s
-    s.close()
+def stack_options() -> dict:
+    return {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"}
 
 
-@pytest.fixture(scope="module")
-def client(stack: FakeStack) -> openai.OpenAI:
-    return strict_client(stack.url)
-
-
-@pytest.fixture(autouse=True)
-def _healthy(stack: FakeStack) -> Iterator[None]:
-    yield
-    assert_idle(stack)
+pytestmark = pytest.mark.usefixtures("idle_stack")  # stack, client: conftest.py
 
 
 def chat(client: openai.OpenAI, extra: dict, **kw):

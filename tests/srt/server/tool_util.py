@@ -61,3 +61,33 @@ def reply_with(stack: FakeStack, text: str) -> dict:
 def last_params(stack: FakeStack) -> dict:
     """The sampling params of the request the worker received last."""
     return list(stack.worker.received.values())[-1].sampling_params
+
+
+# A function tool in the Responses API's flat shape.
+FLAT_WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def agents_weather_tool(cities: list[str]):
+    """An OpenAI Agents SDK ``function_tool`` ``get_weather(city)`` recording each city it is
+    called with (tracing off: nothing leaves the machine)."""
+    from agents import function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"sunny, 21 C in {city}"
+
+    return get_weather
