@@ -1,8 +1,9 @@
 """End to end: the Responses API on `radixlm serve` (default model) through real clients: the
 openai package's ``responses.create`` / ``.stream`` / ``.parse`` and a conversation continued
-with ``previous_response_id``, and the OpenAI Agents SDK's default model
-(``OpenAIResponsesModel``): a function tool really called with valid arguments, streamed
-runs, and structured output."""
+with ``previous_response_id``; the OpenAI Agents SDK's default model (``OpenAIResponsesModel``):
+a function tool really called with valid arguments, streamed runs, structured output;
+pydantic-ai's ``OpenAIResponsesModel`` and LangChain's ``ChatOpenAI(use_responses_api=True)``
+(forced and streamed tool calls, structured output)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,49 @@ def test_agents_sdk_default_model(idle_server: ServerProcess) -> None:
     assert len(cities) == 2 and plain == f"sunny, 21 C in {cities[0]}"
     assert streamed == f"sunny, 21 C in {cities[1]}"
     assert isinstance(structured, CityWeather)
+
+
+def test_pydantic_ai_responses_model(idle_server: ServerProcess) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=idle_server.url + "/v1", api_key="x")
+    agent = Agent(
+        OpenAIResponsesModel("default", provider=provider),
+        output_type=CityWeather,
+        model_settings={"max_tokens": 80, "temperature": 0},
+    )
+    assert isinstance(agent.run_sync("Paris: sunny.").output, CityWeather)
+
+    async def streamed() -> CityWeather:
+        async with agent.run_stream("Rome: rainy.") as run:
+            return await run.get_output()
+
+    assert isinstance(asyncio.run(streamed()), CityWeather)
+
+
+def test_langchain_on_the_responses_api(idle_server: ServerProcess) -> None:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return f"sunny in {city}"
+
+    llm = ChatOpenAI(
+        base_url=idle_server.url + "/v1",
+        api_key="x",
+        model="default",
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+        use_responses_api=True,
+    )
+    (call,) = llm.bind_tools([get_weather], tool_choice="required").invoke(QUESTION).tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+    chunks = list(llm.bind_tools([get_weather], tool_choice="get_weather").stream(QUESTION))
+    args = "".join(c["args"] or "" for chunk in chunks for c in chunk.tool_call_chunks)
+    jsonschema.validate(json.loads(args), WEATHER["parameters"])
+    assert isinstance(llm.with_structured_output(CityWeather).invoke("Paris: sunny."), CityWeather)
