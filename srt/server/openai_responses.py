@@ -315,6 +315,10 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
         unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise _bad(f"{param} has unsupported fields: {sorted(unknown)}", param)
+        if not isinstance(tool.get("name"), str):
+            raise _bad(f"{param}.name must be a string", f"{param}.name")
+        if not isinstance(tool.get("parameters", {}), dict | None):
+            raise _bad(f"{param}.parameters must be a JSON schema object", f"{param}.parameters")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         function["strict"] = tool.get("strict", True)  # the Responses API's default
         out.append({"type": "function", "function": function})

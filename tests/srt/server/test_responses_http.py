@@ -42,6 +42,8 @@ BAD_REQUESTS = [
     ({"input": "hi", "include": ["everything"]}, "include", "unknown values"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type", "only function"),
     ({"input": "hi", "tools": [{**WEATHER, "color": 1}]}, "tools[0]", "unsupported fields"),
+    ({"input": "hi", "tools": [{"type": "function"}]}, "tools[0].name", "string"),
+    ({"input": "hi", "tools": [{**WEATHER, "parameters": []}]}, "tools[0].parameters", "schema"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
         "input[0].content[0].type",
