@@ -40,6 +40,7 @@ from radixlm.srt.server.openai_protocol import (
 from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
+from radixlm.srt.server.vllm_compat import translate_vllm_fields
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -273,12 +274,23 @@ def completion_chunks(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor
     return [call.envelope([choice], **({"usage": None} if call.include_usage else {}))]
 
 
+def completion_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
+    """vLLM's structured-output fields read as ours, then the batch sizes."""
+    batch = batch_precheck(tm)
+
+    def check(data: dict[str, Any]) -> None:
+        translate_vllm_fields(data)
+        batch(data)
+
+    return check
+
+
 @router.post(
     "/v1/completions", openapi_extra=json_body(CompletionRequest), responses=STREAM_RESPONSE
 )
 async def completions(request: Request) -> Response:
     body = await parse_body(
-        request, CompletionRequest, UNSUPPORTED_COMPLETION, batch_precheck(get_tm(request))
+        request, CompletionRequest, UNSUPPORTED_COMPLETION, completion_precheck(get_tm(request))
     )
     tm, model = _open_call(request, body.model)
     plan = await completion_plan(body, tm)

@@ -50,6 +50,7 @@ _PASSTHROUGH = {
     "regex": "regex",
     "json_schema": "json_schema",
     "ebnf": "ebnf",
+    "choices": "choices",
     "ignore_eos": "ignore_eos",
     "stop_token_ids": "stop_token_ids",
     "no_stop_trim": "no_stop_trim",
@@ -179,7 +180,7 @@ def _format_parts_alone(
 
 def raw_grammar(req: OpenAISamplingFields) -> dict[str, Any]:
     """The grammar params sent as such (SGLang extras), by name."""
-    names = ("regex", "ebnf", "json_schema")
+    names = ("regex", "ebnf", "json_schema", "choices")
     return {n: getattr(req, n) for n in names if getattr(req, n) is not None}
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.srt.server.protocol import StrictBody, check_list_len
+from radixlm.srt.server.vllm_compat import translate_vllm_fields
 
 _UNSUPPORTED_BOTH = {
     "best_of": (None, 1),
@@ -48,6 +49,7 @@ class SGLangSamplingExtras(StrictBody):
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None
+    choices: list[str] | None = None  # the output is exactly one of these (vLLM's guided_choice)
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     no_stop_trim: bool | None = None
@@ -164,8 +166,10 @@ _LEGACY_FUNCTIONS = {
 
 
 def precheck_chat(data: dict[str, Any], max_items: int) -> None:
-    """No more messages, nor content parts, than the context has tokens; the deprecated
-    ``functions`` / ``function_call`` are refused by name (send ``tools`` / ``tool_choice``)."""
+    """vLLM's structured-output fields read as ours (``vllm_compat``); no more messages, nor
+    content parts, than the context has tokens; the deprecated ``functions`` /
+    ``function_call`` are refused by name (send ``tools`` / ``tool_choice``)."""
+    translate_vllm_fields(data)
     for name, off_values in _LEGACY_FUNCTIONS.items():
         if name in data and data[name] not in off_values:
             raise ValueError(

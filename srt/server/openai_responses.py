@@ -47,6 +47,7 @@ from radixlm.srt.server.openai_tool_stream import ChoiceStream
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.protocol import check_list_len
 from radixlm.srt.server.streaming import ClosingStreamingResponse
+from radixlm.srt.server.vllm_compat import translate_vllm_fields
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -682,6 +683,7 @@ def _precheck(data: dict[str, Any], max_items: int) -> None:
     """Unknown fields are a 400 naming them (the Responses API grows; a field this server does
     not know must not pass unnoticed); no more input items or tools than the context has
     tokens."""
+    translate_vllm_fields(data)
     known = set(ResponsesRequest.model_fields) | set(UNSUPPORTED_RESPONSES) | IGNORED_FIELDS
     for name in data:
         if name not in known:
