@@ -134,7 +134,8 @@ class ReasoningParser:
 
     def wrap_constraint(self, fragment: dict | None) -> dict | None:
         """A structural tag that leaves the reasoning block free and applies ``fragment``
-        (``json_schema``, ``structural_tag``, ``regex`` or ``ebnf``) after ``</think>``: when
+        (``json_schema``, ``structural_tag``, ``regex``, ``ebnf`` or ``choices``) after
+        ``</think>``: when
         the output starts in reasoning, text up to ``</think>``; else either a block opened by
         the model or none. None stays None."""
         if fragment is None:
@@ -153,7 +154,8 @@ class ReasoningParser:
 
 def constraint_format(fragment: dict) -> dict:
     """The structural-tag format of a sampling-params constraint fragment (one key of
-    ``json_schema``, ``structural_tag``, ``regex``, ``ebnf``; JSON values may be text)."""
+    ``json_schema``, ``structural_tag``, ``regex``, ``ebnf``, ``choices``; JSON values may be
+    text)."""
     if len(fragment) != 1:
         raise ValueError(f"a constraint fragment has one key, got {sorted(fragment)}")
     ((kind, value),) = fragment.items()
@@ -161,6 +163,8 @@ def constraint_format(fragment: dict) -> dict:
         return {"type": "regex", "pattern": value}
     if kind == "ebnf":
         return {"type": "grammar", "grammar": value}
+    if kind == "choices":
+        return {"type": "or", "elements": [{"type": "const_string", "value": c} for c in value]}
     if isinstance(value, str):
         value = json.loads(value)
     if kind == "json_schema":

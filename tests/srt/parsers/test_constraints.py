@@ -282,6 +282,8 @@ def test_wrapping_the_legacy_and_other_forms() -> None:
     checker = Checker(reasoning.wrap_constraint(legacy))
     assert checker.accepts('hmm</think>\n\ntext <f>{"a": 1}</f> more')
     assert Checker(reasoning.wrap_constraint({"regex": "[0-9]+"})).accepts("x</think>42")
+    choices = Checker(reasoning.wrap_constraint({"choices": ["red", "blue"]}))
+    assert choices.accepts("x</think>red") and not choices.accepts("x</think>green")
     with pytest.raises(ValueError):
         reasoning.wrap_constraint({"json_schema": {}, "regex": "a"})
 

@@ -82,7 +82,7 @@ def test_streamed_reasoning_comes_before_content(stack: FakeStack) -> None:
 
 
 def _tag_format(params: dict) -> dict:
-    assert all(params.get(k) is None for k in ("json_schema", "regex", "ebnf")), params
+    assert all(params.get(k) is None for k in ("json_schema", "regex", "ebnf", "choices")), params
     tag = params["structural_tag"]
     return (json.loads(tag) if isinstance(tag, str) else tag)["format"]
 
@@ -94,6 +94,7 @@ def _tag_format(params: dict) -> dict:
         {"response_format": {"type": "json_object"}},
         {"regex": "(yes|no)"},
         {"json_schema": '{"type": "object"}'},
+        {"guided_choice": ["yes", "no"]},
         {"tools": TOOLS, "tool_choice": "required"},
     ],
 )
