@@ -212,11 +212,38 @@ def stream(
     return r, parse_sse(raw)
 
 
+RESPONSE_TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def parse_response_events(raw: bytes) -> list[Any]:
+    """The events of a whole Responses-API SSE body: each ``event: <type>`` then ``data:
+    <json>`` of that type, sequence numbers 0, 1, 2, ..., and a terminal event last (only)."""
+    text = raw.decode("utf-8")
+    assert text.endswith("\n\n"), f"the stream does not end with a blank line: {text[-200:]!r}"
+    events: list[Any] = []
+    for block in (b for b in text.split("\n\n") if b):
+        head, _, data = block.partition("\n")
+        assert head.startswith("event: ") and data.startswith("data: "), block[:200]
+        event = json.loads(data[len("data: ") :])
+        assert event["type"] == head[len("event: ") :], block[:200]
+        events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    terminal = [i for i, e in enumerate(events) if e["type"] in RESPONSE_TERMINAL_EVENTS]
+    assert terminal == [len(events) - 1], [e["type"] for e in events[-3:]]
+    return events
+
+
 def stream_aborted_after_first_event(
-    server: LiveServer, path: str, body: dict, rid: str, timeout: float = HTTP_TIMEOUT_S
+    server: LiveServer,
+    path: str,
+    body: dict,
+    rid: str,
+    timeout: float = HTTP_TIMEOUT_S,
+    parse: Callable[[bytes], list[Any]] = parse_sse,
 ) -> tuple[httpx.Response, list[Any]]:
     """Like :func:`stream`, but aborts ``rid`` (``/abort_request``) as soon as the first event
-    arrived, so the request is surely mid-way (a fixed sleep raced fast decoding)."""
+    arrived, so the request is surely mid-way (a fixed sleep raced fast decoding); ``parse``
+    reads the body (SSE with a final ``[DONE]`` unless told otherwise)."""
     raw = b""
     with httpx.stream(
         "POST", server.url + path, json=body, headers=server.headers, timeout=timeout
@@ -230,7 +257,7 @@ def stream_aborted_after_first_event(
                 aborted = True
     if r.status_code != 200:
         return r, []
-    return r, parse_sse(raw)
+    return r, parse(raw)
 
 
 def stream_text(path: str, events: list[Any]) -> str:

@@ -22,6 +22,7 @@ from hostile_util import (
     gen,
     ids_prompt,
     openai_prompt,
+    parse_response_events,
     raw_request,
     read_until,
     stream,
@@ -353,3 +354,28 @@ def test_openai_stream_aborted_mid_way(server: LiveServer, route: str) -> None:
     assert "error" in last or last["choices"][0]["finish_reason"] not in (None, "length"), (
         f"the abort did not end the stream: {last}"
     )
+
+
+def test_responses_stream_aborted_mid_way(server: LiveServer) -> None:
+    """A Responses-API stream whose request is aborted ends with an ``error`` event and
+    ``response.failed``, never a cut connection; nothing is stored for it."""
+    rid = f"resp-abort-{uuid.uuid4().hex[:8]}"
+    body = {
+        "model": "default",
+        "input": "Tell me a long story.",
+        "max_output_tokens": 300,
+        "ignore_eos": True,
+        "stream": True,
+        "rid": rid,
+    }
+    r, events = stream_aborted_after_first_event(
+        server, "/v1/responses", body, rid, parse=parse_response_events
+    )
+    assert r.status_code == 200, r.text
+    assert [e["type"] for e in events[-2:]] in (
+        ["error", "response.failed"],
+        ["response.output_item.done", "response.completed"],  # it won the race
+    ), events[-2:]
+    response_id = events[0]["response"]["id"]
+    stored = server.get(f"/v1/responses/{response_id}")
+    assert stored.status_code == (404 if events[-1]["type"] == "response.failed" else 200)
