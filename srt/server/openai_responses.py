@@ -133,8 +133,16 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        blob = orjson.dumps({"response": response, "conversation": conversation})
+    def put(
+        self,
+        response: dict[str, Any],
+        conversation: list[dict[str, Any]],
+        input_items: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    ) -> None:
+        """Keeps ``response``, the chat messages of its whole ``conversation`` (what a
+        continuation starts from) and the request's own ``input_items``."""
+        record = {"response": response, "conversation": conversation, "input_items": input_items}
+        blob = orjson.dumps(record)
         if len(blob) > self.max_bytes:
             return
         with self._lock:
@@ -171,12 +179,12 @@ def get_store(request: Request) -> ResponseStore:
     return store
 
 
-def _not_found(response_id: str) -> GenerateError:
+def _not_found(response_id: str, param: str = "response_id") -> GenerateError:
     return GenerateError(
         f"no stored response has the id {response_id!r} (responses are kept in memory, a "
         "bounded number, until the server restarts)",
         404,
-        "previous_response_id",
+        param,
         "response_not_found",
     )
 
@@ -710,7 +718,7 @@ async def create_response(request: Request) -> Response:
     if req.previous_response_id is not None:
         previous = store.get(req.previous_response_id)
         if previous is None:
-            raise _not_found(req.previous_response_id)
+            raise _not_found(req.previous_response_id, "previous_response_id")
         history = previous["conversation"]
     messages = _input_messages(req)
     chat = _chat_request(req, history, messages)
@@ -738,7 +746,35 @@ def _keep(
     store: ResponseStore, req: ResponsesRequest, body: dict[str, Any], conversation: list
 ) -> None:
     if req.store is not False:
-        store.put(body, conversation + _output_messages(body["output"]))
+        store.put(body, conversation + _output_messages(body["output"]), _input_items(req))
+
+
+_ITEM_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+
+
+def _input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as ``input_items`` lists them (OpenAI's item shapes): a string input
+    is one user message; every item gets its ``type``, an ``id`` and a ``status``; message
+    text becomes parts (``input_text``, or ``output_text`` for the assistant's)."""
+    raw = req.input if isinstance(req.input, list) else [{"role": "user", "content": req.input}]
+    items = []
+    for item in raw:
+        kind = item.get("type", "message")
+        out = {"id": _new_id(_ITEM_ID_PREFIXES.get(kind, "item")), "status": "completed"}
+        out.update(item, type=kind)
+        if kind == "message" and isinstance(out.get("content"), str):
+            assistant = out.get("role") == "assistant"
+            part = {"type": "output_text" if assistant else "input_text", "text": out["content"]}
+            if assistant:
+                part["annotations"] = []
+            out["content"] = [part]
+        items.append(out)
+    return items
 
 
 async def _stream(
@@ -779,6 +815,43 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
     if stored is None:
         raise _not_found(response_id)
     return json_response(stored["response"])
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> Response:
+    """A page of a stored response's input items: ``order`` ``desc`` (newest first, OpenAI's
+    default) or ``asc``, ``limit`` 1 to 100, starting after the item ``after``."""
+    stored = get_store(request).get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    if order not in ("asc", "desc"):
+        raise _bad(f"order must be 'asc' or 'desc', got {order!r}", "order")
+    if not 1 <= limit <= 100:
+        raise _bad(f"limit must be in [1, 100], got {limit}", "limit")
+    items = stored.get("input_items") or []
+    if order == "desc":
+        items = items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise _bad(f"after: no input item of this response has the id {after!r}", "after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 @router.delete("/v1/responses/{response_id}")

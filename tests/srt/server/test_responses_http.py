@@ -254,6 +254,36 @@ def test_previous_response_continues_the_conversation(stack: FakeStack, client) 
         client.responses.delete(first.id)
 
 
+def test_input_items_of_a_stored_response(stack: FakeStack, client: openai.OpenAI) -> None:
+    items = [
+        {"role": "user", "content": "one"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    r = client.responses.create(
+        model="fake-model", input=items, tools=[WEATHER], max_output_tokens=2
+    )
+    listed = client.responses.input_items.list(r.id)
+    assert [i.type for i in listed.data] == [
+        "function_call_output",
+        "function_call",
+        "message",
+    ]  # newest first by default
+    assert listed.has_more is False and listed.first_id == listed.data[0].id
+    asc = client.responses.input_items.list(r.id, order="asc", limit=1)
+    assert [i.type for i in asc.data] == ["message"] and asc.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=asc.data[0].id)
+    assert [i.type for i in rest.data] == ["function_call", "function_call_output"]
+    assert len({i.id for i in listed.data}) == 3  # every item got an id
+    plain = client.responses.create(model="fake-model", input="hi", max_output_tokens=2)
+    (item,) = client.responses.input_items.list(plain.id).data
+    assert item.type == "message" and item.role == "user" and item.content[0].text == "hi"
+    bad = httpx.get(f"{stack.url}/v1/responses/{r.id}/input_items?order=sideways", timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "order"
+    missing = httpx.get(f"{stack.url}/v1/responses/resp_nope/input_items", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
+
+
 def test_store_false_keeps_nothing(stack: FakeStack, client: openai.OpenAI) -> None:
     r = client.responses.create(model="fake-model", input="hi", store=False, max_output_tokens=2)
     assert r.store is False
