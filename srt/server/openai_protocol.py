@@ -156,6 +156,7 @@ class ChatCompletionRequest(OpenAISamplingFields):
         None  # missing: true, except one call under a named tool_choice
     )
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # "none": enable_thinking false (openai_tools.py)
     separate_reasoning: bool = True  # false: reasoning stays in content
 
 

@@ -364,16 +364,6 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": inner}
 
 
-def _template_kwargs(req: ResponsesRequest) -> dict[str, Any] | None:
-    """``reasoning.effort`` ``"none"`` turns thinking off in templates that read
-    ``enable_thinking``; other efforts leave the model's default."""
-    kwargs = dict(req.chat_template_kwargs or {})
-    effort = (req.reasoning or {}).get("effort")
-    if effort == "none":
-        kwargs.setdefault("enable_thinking", False)
-    return kwargs or None
-
-
 def _chat_request(
     req: ResponsesRequest, history: list[dict[str, Any]], messages: list[dict[str, Any]]
 ) -> ChatCompletionRequest:
@@ -392,7 +382,8 @@ def _chat_request(
         "max_completion_tokens": req.max_output_tokens,
         "logprobs": "message.output_text.logprobs" in include,
         "top_logprobs": req.top_logprobs if "message.output_text.logprobs" in include else None,
-        "chat_template_kwargs": _template_kwargs(req),
+        "chat_template_kwargs": req.chat_template_kwargs,
+        "reasoning_effort": (req.reasoning or {}).get("effort"),
     }
     for name in SGLangSamplingExtras.model_fields:
         body[name] = getattr(req, name)
@@ -725,8 +716,10 @@ async def create_response(request: Request) -> Response:
     try:
         plan = await chat_plan(chat, tm)
     except GenerateError as e:  # the chat form's field names, told as the request's
-        if e.param and e.param.startswith("messages"):
-            raise GenerateError(e.message, e.status_code, "input", e.code) from None
+        param = "input" if e.param and e.param.startswith("messages") else e.param
+        param = "reasoning.effort" if param == "reasoning_effort" else param
+        if param != e.param:
+            raise GenerateError(e.message, e.status_code, param, e.code) from None
         raise
     prepared = await tm.prepare_all(plan.inputs)
     call = ResponseCall(req, model, plan, chat)

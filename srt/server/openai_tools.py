@@ -343,17 +343,30 @@ def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLa
     return lambda dicts: renderer.render(dicts, parsing.specs, parsing.choice)
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     """``chat_template_kwargs`` (such as ``enable_thinking``), minus the template's own
-    arguments, which the server sets."""
-    kwargs = req.chat_template_kwargs or {}
+    arguments, which the server sets; ``reasoning_effort`` ``"none"`` sets ``enable_thinking:
+    false`` (templates that think by default, such as Qwen3's, read it) unless the kwargs set
+    it; the other efforts leave the template's default."""
+    kwargs = dict(req.chat_template_kwargs or {})
     taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if taken:
         raise _bad(
             f"chat_template_kwargs may not set {', '.join(taken)}; the server sets them",
             "chat_template_kwargs",
         )
-    return dict(kwargs)
+    effort = req.reasoning_effort
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise _bad(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+            "reasoning_effort",
+        )
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    return kwargs
 
 
 def with_prompt(parsing: ChatParsing, prompt: str) -> ChatParsing:

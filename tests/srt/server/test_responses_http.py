@@ -63,6 +63,7 @@ BAD_REQUESTS = [
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", "at least 1"),
     ({"input": "hi", "temperature": "hot"}, "temperature", "number"),
     ({"input": 5}, "input.str", "valid string"),
+    ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort", "one of"),
 ]
 
 
@@ -301,3 +302,21 @@ def test_response_store_is_bounded() -> None:
     store.put({"id": "mid"}, [{"role": "user", "content": "x" * 1500}])
     assert store.get("mid") is not None and len(store) == 1  # the others made room
     assert store.delete("mid") and not store.delete("mid") and len(store) == 0
+
+
+def test_reasoning_effort_none_turns_thinking_off() -> None:
+    from radixlm.srt.managers.tokenizer_manager import GenerateError
+    from radixlm.srt.server.openai_protocol import ChatCompletionRequest
+    from radixlm.srt.server.openai_tools import template_kwargs
+
+    def kwargs(**fields) -> dict:
+        messages = [{"role": "user", "content": "hi"}]
+        return template_kwargs(ChatCompletionRequest(messages=messages, **fields))
+
+    assert kwargs(reasoning_effort="none") == {"enable_thinking": False}
+    assert kwargs(reasoning_effort="high") == {} == kwargs()
+    kept = {"enable_thinking": True}
+    assert kwargs(reasoning_effort="none", chat_template_kwargs=kept) == kept
+    with pytest.raises(GenerateError) as err:
+        kwargs(reasoning_effort="extreme")
+    assert err.value.param == "reasoning_effort"
