@@ -24,7 +24,10 @@ _UNSUPPORTED_BOTH = {
 }
 # chat takes tools (openai_tools.py); the deprecated functions / function_call are refused
 # with their own message by precheck_chat
-UNSUPPORTED_CHAT = dict(_UNSUPPORTED_BOTH)
+UNSUPPORTED_CHAT = {
+    **_UNSUPPORTED_BOTH,
+    "web_search_options": (None,),  # a search the server does not run: a 400, not silence
+}
 UNSUPPORTED_COMPLETION = {
     **_UNSUPPORTED_BOTH,
     "tools": (None, []),

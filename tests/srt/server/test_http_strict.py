@@ -325,6 +325,7 @@ def test_unknown_openai_fields_are_ignored(stack: FakeStack) -> None:
         ("/v1/completions", {"best_of": 3}),
         ("/v1/completions", {"suffix": "end"}),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}),
+        ("/v1/chat/completions", {"web_search_options": {}}),
         ("/generate", {"lora_path": "my-adapter"}),
         ("/generate", {"image_data": "http://x/y.png"}),
     ],
