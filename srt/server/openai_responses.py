@@ -80,7 +80,7 @@ class ResponsesRequest(SGLangSamplingExtras):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    stream: bool = False
+    stream: bool | None = False  # null (sglang-router sends it): not streamed
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -113,6 +113,7 @@ UNSUPPORTED_RESPONSES = {
     "prompt": (None,),
     "truncation": (None, "disabled"),
     "max_tool_calls": (None,),
+    "priority": (None, 0),  # SGLang's field; sglang-router sends 0
 }
 
 
@@ -725,7 +726,7 @@ async def create_response(request: Request) -> Response:
     call = ResponseCall(req, model, plan, chat)
     group = tm.open(prepared, request)
     conversation = history + messages
-    if req.stream:
+    if req.stream is True:
         return ClosingStreamingResponse(_stream(call, group, store, conversation), group.close)
     with group:
         (out,) = await group.collect()

@@ -78,6 +78,25 @@ def test_bad_requests_are_400s_naming_the_field(
     assert words in err["message"], err
 
 
+def test_what_sglang_router_adds_is_accepted(stack: FakeStack) -> None:
+    """sglang-router 0.3.2 re-sends a Responses request with its own defaults filled in."""
+    added = {
+        "store": True,
+        "stream": None,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "priority": 0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    r = post(stack, {"input": "hi", "max_output_tokens": 2, **added})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "response"
+    err = post(stack, {"input": "hi", "priority": 5}).json()["error"]
+    assert err["param"] == "priority"
+
+
 def test_unknown_previous_response_is_a_404(stack: FakeStack) -> None:
     r = post(stack, {"input": "hi", "previous_response_id": "resp_nope"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"

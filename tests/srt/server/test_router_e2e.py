@@ -1,9 +1,10 @@
 """Two radixlm workers (tiny random Llama) behind sglang-router's cache-aware policy
 (``python -m sglang_router.launch_router --worker-urls ... --policy cache_aware``) on
-127.0.0.1: native /generate and OpenAI chat (plain and streamed, ending with ``data: [DONE]``)
-pass through, with the router's routing-key header; a shared-prefix workload keeps each prefix
-on one worker, so the prefix-cache hit rate through the router is close to one worker's while
-both workers serve; /flush_cache through the router empties both workers' caches.
+127.0.0.1: native /generate, OpenAI chat (plain and streamed, ending with ``data: [DONE]``)
+and the Responses API pass through, with the router's routing-key header; a shared-prefix
+workload keeps each prefix on one worker, so the prefix-cache hit rate through the router is
+close to one worker's while both workers serve; /flush_cache through the router empties both
+workers' caches.
 
 Skipped, with the reason, when the router's binary does not start here. The router's
 ``--dp-aware`` mode is not used: sglang-router 0.3.2 sends its calls to host ``0`` (it parses
@@ -158,6 +159,21 @@ def test_native_and_openai_requests_pass_through(router: str) -> None:
             assert s.status_code == 200
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
         assert len(events) >= 2 and events[-1] == "data: [DONE]", (path, events[-3:])
+
+
+def test_responses_api_passes_through(router: str) -> None:
+    """sglang-router re-sends /v1/responses with its own defaults (priority 0, top_k -1,
+    stream null, ...); the workers accept them, plain and streamed."""
+    body = {"model": "default", "input": "Hi", "max_output_tokens": 4, "temperature": 0}
+    r = httpx.post(router + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["status"] in ("completed", "incomplete") and out["usage"]["output_tokens"] <= 4
+    with httpx.stream("POST", router + "/v1/responses", json={**body, "stream": True}) as s:
+        assert s.status_code == 200
+        kinds = [line for line in s.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "event: response.created"
+    assert kinds[-1] in ("event: response.completed", "event: response.incomplete")
 
 
 def test_cache_aware_routing_keeps_prefixes_on_one_worker(
