@@ -82,10 +82,14 @@ def with_defs(root: dict, defs: dict) -> dict:
     return {**root, "$defs": defs} if defs else root
 
 
-def call_object_schema(tool: ToolSpec, choice: ToolChoice, arguments_key: str, defs: dict) -> dict:
+def call_object_schema(
+    tool: ToolSpec, choice: ToolChoice, arguments_key: str, defs: dict, always: bool = False
+) -> dict:
     """The JSON schema of one call object ``{"name": <the tool>, <arguments_key>: {...}}``,
-    the arguments' schema ``placed`` in ``defs`` (tool names need no pointer escaping)."""
-    arguments = placed(arguments_schema(tool, choice), f"tool_{tool.name}", defs)
+    the arguments' schema ``placed`` in ``defs`` (tool names need no pointer escaping): the
+    tool's own schema when ``always``, else ``arguments_schema``'s choice."""
+    schema = tool.parameters if always else arguments_schema(tool, choice)
+    arguments = placed(schema, f"tool_{tool.name}", defs)
     return {
         "type": "object",
         "properties": {

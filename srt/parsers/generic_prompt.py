@@ -156,7 +156,10 @@ def reply_schema(
     if choice == "none" or not tools:
         return None
     defs: dict = {}
-    items = [call_object_schema(t, choice, "arguments", defs) for t in chosen_tools(tools, choice)]
+    # every tool's arguments follow its schema, strict or not: the reply is one JSON schema
+    # anyway, and a small model left free writes the schema back as its arguments
+    tools = chosen_tools(tools, choice)
+    items = [call_object_schema(t, choice, "arguments", defs, always=True) for t in tools]
     calls: dict = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1

@@ -192,8 +192,10 @@ def test_generic_schema_under_auto() -> None:
     for reply in bad:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(reply, auto)
-    # auto, non-strict tool: any object as arguments
-    jsonschema.validate(_reply_calls(("get_time", {"whatever": 1})), auto)
+    # generic format: a non-strict tool's arguments follow its schema under auto too
+    jsonschema.validate(_reply_calls(("get_time", {"zone": "CET"})), auto)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_reply_calls(("get_time", {"whatever": 1})), auto)
 
 
 def test_generic_schema_for_forced_calls_and_answer_formats() -> None:

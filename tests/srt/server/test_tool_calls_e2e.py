@@ -49,7 +49,7 @@ TOOLS = [
         },
     },
 ]
-# under "auto" only strict tools promise schema-valid arguments (as OpenAI's strict mode)
+# strict tools (under the default model's generic format every tool's arguments are constrained)
 STRICT_TOOLS = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -188,6 +188,72 @@ def test_tool_loop_call_run_answer(client: openai.OpenAI, second_choice: str) ->
     assert choice.finish_reason in ("stop", "length")
     answer = choice.message.content
     assert answer and "tool_calls" not in answer, answer  # an answer, not a call written out
+
+
+def _function(name: str, description: str, parameters: dict) -> dict:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+AUTO_TOOLS = [  # non-strict
+    _function(
+        "get_weather",
+        "The current weather in a city.",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    ),
+    _function(
+        "search_web",
+        "Search the web.",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "max_results": {"type": "integer", "minimum": 1, "maximum": 10},
+            },
+            "required": ["query"],
+        },
+    ),
+]
+AUTO_QUESTIONS = [
+    "Search the web for the latest news on Mars.",
+    "Look up who won the 2018 world cup.",
+    "Weather for Rome please.",
+]
+
+
+def test_auto_calls_follow_non_strict_schemas(client: openai.OpenAI) -> None:
+    """Under "auto" the default model's calls of non-strict tools have schema-valid arguments
+    (left free, it wrote the tool's schema itself back as its arguments)."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in AUTO_TOOLS}
+    made = 0
+    for question in AUTO_QUESTIONS:
+        r = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": question}],
+            tools=AUTO_TOOLS,
+            tool_choice="auto",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=96,
+        )
+        choice = r.choices[0]
+        if choice.message.tool_calls and choice.finish_reason == "tool_calls":
+            (call,) = choice.message.tool_calls
+            args = json.loads(call.function.arguments)
+            jsonschema.validate(
+                args, {**schemas[call.function.name], "additionalProperties": False}
+            )
+            made += 1
+    assert made >= 2, "the model made (almost) no calls: the check checked nothing"
 
 
 ANSWER = {
