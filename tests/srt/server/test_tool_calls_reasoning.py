@@ -135,3 +135,37 @@ def test_structural_tag_response_format(stack: FakeStack, path: str) -> None:
     bad = {**fmt, "format": {"type": "nonsense"}}
     r = httpx.post(stack.url + path, json={**base, "max_tokens": 2, "response_format": bad})
     assert r.status_code == 400, r.text
+
+
+# ---------------------------------------------------------------------- Responses API
+RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_reasoning_item_then_a_call(
+    stack: FakeStack, client: openai.OpenAI, stream: bool
+) -> None:
+    """/v1/responses writes the reasoning as a ``reasoning`` item before the call it led to,
+    streamed as ``response.reasoning_text`` events; the stored conversation carries it."""
+    extra = reply_with(stack, "<think>I need the weather.</think>\n" + CALL)
+    kw = {"model": "fake-model", "input": "Weather?", "tools": RESPONSES_TOOLS, "extra_body": extra}
+    if stream:
+        events = list(client.responses.create(stream=True, **kw))
+        deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+        assert "".join(deltas) == "I need the weather."
+        response = events[-1].response
+    else:
+        response = client.responses.create(**kw)
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "I need the weather."
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+    extra = reply_with(stack, "<think>ok</think>Sunny.")
+    follow = client.responses.create(
+        model="fake-model",
+        previous_response_id=response.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        extra_body=extra,
+    )
+    assert follow.output_text == "Sunny."
+    prompt = stack.tokenizer.decode(list(stack.worker.received.values())[-1].input_ids)
+    assert prompt.index("Weather?") < prompt.index("sunny")
