@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from tool_util import FLAT_WEATHER_TOOL, agents_weather_tool
+from tool_util import FLAT_WEATHER_TOOL, agents_weather_tool, langchain_chat
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -137,22 +137,13 @@ def test_pydantic_ai_responses_model(idle_server: ServerProcess) -> None:
 
 def test_langchain_on_the_responses_api(idle_server: ServerProcess) -> None:
     from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
 
     @tool
     def get_weather(city: str) -> str:
         """The current weather in a city."""
         return f"sunny in {city}"
 
-    llm = ChatOpenAI(
-        base_url=idle_server.url + "/v1",
-        api_key="x",
-        model="default",
-        temperature=0,
-        max_tokens=60,
-        max_retries=0,
-        use_responses_api=True,
-    )
+    llm = langchain_chat(idle_server.url, use_responses_api=True)
     call = llm.bind_tools([get_weather], tool_choice="required").invoke(QUESTION).tool_calls[0]
     assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
     chunks = list(llm.bind_tools([get_weather], tool_choice="get_weather").stream(QUESTION))

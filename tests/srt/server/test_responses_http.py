@@ -300,6 +300,9 @@ def test_input_items_of_a_stored_response(stack: FakeStack, client: openai.OpenA
     assert item.type == "message" and item.role == "user" and item.content[0].text == "hi"
     bad = httpx.get(f"{stack.url}/v1/responses/{r.id}/input_items?order=sideways", timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "order"
+    for query in ("limit=abc", "limit=-5", "limit=1000", "after=" + "x" * 5000):
+        bad = httpx.get(f"{stack.url}/v1/responses/{r.id}/input_items?{query}", timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["message"], query
     missing = httpx.get(f"{stack.url}/v1/responses/resp_nope/input_items", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
 

@@ -9,7 +9,7 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
-from tool_util import agents_weather_tool
+from tool_util import agents_weather_tool, langchain_chat
 
 from radixlm.srt.server.server_process import ServerProcess
 
@@ -32,17 +32,7 @@ def _healthy(server: ServerProcess):
 # ---------------------------------------------------------------------- LangChain
 @pytest.fixture(scope="module")
 def llm(server: ServerProcess):
-    from langchain_openai import ChatOpenAI
-
-    return ChatOpenAI(
-        base_url=server.url + "/v1",
-        api_key="x",
-        model="default",
-        temperature=0,
-        max_tokens=60,
-        max_retries=0,
-        timeout=120,
-    )
+    return langchain_chat(server.url, timeout=120)
 
 
 def make_weather_tool(calls: list[str]):

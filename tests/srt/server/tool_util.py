@@ -91,3 +91,12 @@ def agents_weather_tool(cities: list[str]):
         return f"sunny, 21 C in {city}"
 
     return get_weather
+
+
+def langchain_chat(url: str, **options: Any):
+    """LangChain's ``ChatOpenAI`` on the server at ``url``: greedy, 60 tokens, no retries;
+    ``options`` add to or override those."""
+    from langchain_openai import ChatOpenAI
+
+    settings = {"temperature": 0, "max_tokens": 60, "max_retries": 0, **options}
+    return ChatOpenAI(base_url=url + "/v1", api_key="x", model="default", **settings)
