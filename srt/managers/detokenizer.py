@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from radixlm.srt.messages import BatchStrOut, BatchTokenOut
-from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY
+from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY, MATCH_TEXT_KEY
 
 INCOMPLETE_CHAR = "\ufffd"
 
@@ -50,34 +50,39 @@ def held_back_len(text: str, stop_strs: list[str]) -> int:
     return longest
 
 
-def trim_stop_str(text: str, start: int, matched: str) -> str:
-    """Cuts ``text`` at the first occurrence of ``matched`` at or after ``start``."""
+def trim_stop_str(text: str, start: int, matched: str, keep: bool = False) -> str:
+    """Cuts ``text`` at the first occurrence of ``matched`` at or after ``start`` (after it when
+    ``keep``: ``no_stop_trim`` keeps the stop, not what its last token spelled beyond it)."""
     pos = text.find(matched, start)
-    return text if pos < 0 else text[:pos]
+    return text if pos < 0 else text[: pos + len(matched) * keep]
 
 
-def trim_regex_match(text: str, matched: str, from_end: int) -> str:
-    """Cuts ``text`` where a stop-regex match begins: ``from_end`` characters before its end
-    when ``matched`` is there, else at the occurrence of ``matched`` nearest to that point
-    (the scheduler decoded the text a little differently); unchanged when there is none."""
+def trim_regex_match(text: str, matched: str, from_end: int, keep: bool = False) -> str:
+    """Cuts ``text`` where a stop-regex match begins (where it ends when ``keep``):
+    ``from_end`` characters before the text's end when ``matched`` is there, else at the
+    occurrence of ``matched`` nearest to that point (the scheduler decoded the text a little
+    differently); unchanged when there is none."""
     cut = len(text) - from_end
-    if cut >= 0 and text.startswith(matched, cut):
-        return text[:cut]
-    best = -1
-    pos = text.find(matched)
-    while pos >= 0:
-        if best < 0 or abs(pos - cut) < abs(best - cut):
-            best = pos
-        pos = text.find(matched, pos + 1)
-    return text if best < 0 else text[:best]
+    if not (cut >= 0 and text.startswith(matched, cut)):
+        best = -1
+        pos = text.find(matched)
+        while pos >= 0:
+            if best < 0 or abs(pos - cut) < abs(best - cut):
+                best = pos
+            pos = text.find(matched, pos + 1)
+        if best < 0:
+            return text
+        cut = best
+    return text[: cut + len(matched) * keep]
 
 
-def public_finish_reason(finish: dict | None) -> tuple[dict | None, int | None]:
-    """The finish reason without the scheduler's private match offset, and that offset."""
+def public_finish_reason(finish: dict | None) -> tuple[dict | None, tuple[int, str] | None]:
+    """The finish reason without the scheduler's private stop-regex match keys, and the match
+    (characters from the end where it starts, its text)."""
     if finish is None or MATCH_FROM_END_KEY not in finish:
         return finish, None
-    public = {k: v for k, v in finish.items() if k != MATCH_FROM_END_KEY}
-    return public, int(finish[MATCH_FROM_END_KEY])
+    public = {k: v for k, v in finish.items() if k not in (MATCH_FROM_END_KEY, MATCH_TEXT_KEY)}
+    return public, (int(finish[MATCH_FROM_END_KEY]), str(finish.get(MATCH_TEXT_KEY, "")))
 
 
 class Detokenizer:
@@ -101,11 +106,12 @@ class Detokenizer:
     def _step(self, out: BatchTokenOut, i: int) -> str:
         rid = out.rids[i]
         state = self._states.setdefault(rid, _DecodeState())
-        finish, from_end = public_finish_reason(out.finish_reason[i])
+        finish, regex_match = public_finish_reason(out.finish_reason[i])
         out.finish_reason[i] = finish
         matched = finish.get("matched") if finish else None
         state.output_ids.extend(out.new_token_ids[i])
-        trims = finish is not None and not out.no_stop_trim[i]
+        keep = out.no_stop_trim[i]
+        trims = finish is not None and not keep
         if trims and isinstance(matched, int) and len(state.output_ids) > state.read_offset:
             if state.output_ids[-1] == matched:
                 state.output_ids.pop()
@@ -116,10 +122,11 @@ class Detokenizer:
             return self._emit(state, limit)
         del self._states[rid]
         final = state.text
-        if trims and isinstance(matched, str) and matched and from_end is not None:
-            final = trim_regex_match(final, matched, from_end)
-        elif trims and isinstance(matched, str) and matched:
-            final = trim_stop_str(final, state.num_sent_chars, matched)
+        if regex_match is not None and regex_match[1]:
+            from_end, text = regex_match
+            final = trim_regex_match(final, text, from_end, keep)
+        elif isinstance(matched, str) and matched:
+            final = trim_stop_str(final, state.num_sent_chars, matched, keep)
         return final[state.num_sent_chars :]
 
     def _advance(self, state: _DecodeState, skip_special: bool, force: bool) -> None:

@@ -29,7 +29,7 @@ from radixlm.srt.managers.request_checks import (
 )
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.messages import TokenizedGenerateReq
-from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.sampling.params import UP_TO_CONTEXT, SamplingParams
 
 __all__ = ["FrontDoor", "ModelLimits", "grammar_kind"]
 
@@ -154,6 +154,9 @@ class FrontDoor:
         if not input_ids:
             raise GenerateError("the prompt is empty; send at least one token", 400)
         limits = self.limits
+        if params.max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null
+            left = max(limits.context_length - len(input_ids), 0)
+            params = params.replace(max_new_tokens=max(left, params.min_new_tokens))
         check_lengths(len(input_ids), params, limits.context_length, limits.max_total_tokens)
         check_logprob_args(logprob_start_len, top_logprobs_num, len(input_ids))
         return TokenizedGenerateReq(

@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.sampling.params import MAX_SEED, SEED_ALIAS, SamplingParams
+from radixlm.srt.sampling.params import MAX_SEED, OFF_ONLY, SEED_ALIAS, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -33,9 +33,9 @@ def check_lengths(
 
 
 def check_logprob_args(logprob_start_len: int, top_logprobs_num: int, num_input: int) -> None:
-    if not -1 <= logprob_start_len < num_input:
+    if not -1 <= logprob_start_len <= num_input:
         raise GenerateError(
-            f"logprob_start_len must be -1 (none) or in [0, {num_input}) for this "
+            f"logprob_start_len must be -1 (none) or in [0, {num_input}] for this "
             f"{num_input}-token prompt, got {logprob_start_len}",
             400,
             "logprob_start_len",
@@ -52,13 +52,21 @@ _PARAM_IN_MESSAGE = re.compile(
     r"^(?:sampling parameter |unknown sampling parameter\(s\): )?"
     r"([a-z_]+)"
 )
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | {SEED_ALIAS}
+_SAMPLING_FIELDS = (
+    frozenset(f.name for f in dataclasses.fields(SamplingParams))
+    | {SEED_ALIAS}
+    | frozenset(OFF_ONLY)
+)
 
 
 def sampling_param_named(message: str) -> str | None:
     """The parameter a SamplingParams ValueError is about (its messages start with it)."""
     m = _PARAM_IN_MESSAGE.match(message)
-    return m.group(1) if m and m.group(1) in _SAMPLING_FIELDS else None
+    if m is None:
+        return None
+    if message.startswith("unknown sampling parameter"):
+        return m.group(1)  # the first unknown name, as the client spelled it
+    return m.group(1) if m.group(1) in _SAMPLING_FIELDS else None
 
 
 def sample_seed(seed: int, index: int) -> int:

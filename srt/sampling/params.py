@@ -44,12 +44,22 @@ __all__ = [
     "MAX_STOP_STRS",
     "MAX_STOP_STR_CHARS",
     "MAX_STOP_TOKEN_IDS",
+    "OFF_ONLY",
     "SEED_ALIAS",
+    "UP_TO_CONTEXT",
     "SamplingParams",
 ]
 
 # SGLang's name for ``seed``: read into ``seed`` (SamplingParams has no field of that name)
 SEED_ALIAS = "sampling_seed"
+# ``max_new_tokens: null`` (SGLang: no cap): as many tokens as the context leaves; the front door
+# (srt/managers/front_door.py) turns it into that number once the prompt's length is known
+UP_TO_CONTEXT = 2**31 - 1
+# SGLang sampling fields this server does not implement, accepted at their "off" values only
+# (null, or the listed ones): beam search and watermarking would change what comes out
+OFF_ONLY: dict[str, tuple[Any, ...]] = {"beam_width": (1,), "watermark": ()}
+# an empty grammar means "no grammar" (SGLang), not "generate nothing"
+_EMPTY_MEANS_UNSET = frozenset({"json_schema", "regex", "ebnf", "structural_tag"})
 
 
 @dataclass(frozen=True)
@@ -93,18 +103,34 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingParams:
         """Parameters from a request dict. ``None`` values mean the default (clients send
-        nulls). Raises ValueError for unknown names and for values of the wrong type."""
+        nulls), except ``max_new_tokens: null``: up to the context length, as in SGLang. An
+        empty grammar string means no grammar. Raises ValueError for unknown names, values of
+        the wrong type and :data:`OFF_ONLY` fields that are not off."""
         if d is None:
             return cls()
         if not isinstance(d, Mapping):
             raise ValueError(f"sampling params must be an object, got {type(d).__name__}")
-        unknown = sorted(str(k) for k in d if k not in _ACCEPTED_NAMES)
+        unknown = sorted(str(k) for k in d if k not in _ACCEPTED_NAMES and k not in OFF_ONLY)
         if unknown:
             raise ValueError(
                 f"unknown sampling parameter(s): {', '.join(unknown)}; "
                 f"known ones are: {', '.join(sorted(_ACCEPTED_NAMES))}"
             )
-        values = {k: coerce(k, v) for k, v in d.items() if v is not None}
+        for name, off in OFF_ONLY.items():
+            value = d.get(name)
+            if value is not None and not any(type(value) is type(v) and value == v for v in off):
+                allowed = " or ".join(["null", *map(repr, off)])
+                raise ValueError(
+                    f"{name} is not supported by this server (no beam search or watermarking); "
+                    f"send {allowed}, got {value!r}"
+                )
+        values = {
+            k: coerce(k, v)
+            for k, v in d.items()
+            if v is not None and k not in OFF_ONLY and not (k in _EMPTY_MEANS_UNSET and v == "")
+        }
+        if "max_new_tokens" in d and d["max_new_tokens"] is None:
+            values["max_new_tokens"] = UP_TO_CONTEXT
         return cls(**_resolve_seed_alias(values))
 
     @classmethod

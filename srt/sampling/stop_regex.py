@@ -45,6 +45,8 @@ MAX_STOP_REGEX_DEPTH = 32  # nested groups, repeats and lookarounds
 # A stop-regex finish reason carries, under this key, how many characters of the decoded output
 # start at the match (srt/scheduler/stop.py sets it; the detokenizer trims there and removes it).
 MATCH_FROM_END_KEY = "_match_chars_from_end"
+# ... and under this one the matched text (the public ``matched`` is the pattern, as SGLang's)
+MATCH_TEXT_KEY = "_match_text"
 
 _ONE_CHAR = frozenset(
     {_sre.LITERAL, _sre.NOT_LITERAL, _sre.IN, _sre.ANY, _sre.CATEGORY, _sre.RANGE, _sre.NEGATE}

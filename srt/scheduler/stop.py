@@ -4,10 +4,16 @@ Stop regexes (``stop_regex``) are searched in the decoded text of the last outpu
 many as the longest match of the patterns spans (srt/sampling/stop_regex.py caps unbounded
 ones), plus a few tokens of context before them, so that ``^``, ``\\b`` and lookbehinds see the
 real preceding text (``^`` matches only while the window reaches the start of the output). A
-match finishes the request with ``{"type": "stop", "matched": <the matched text>}``; the
-finish reason also carries :data:`MATCH_FROM_END_KEY`, how many characters of the decoded
-output start at the match, which the detokenizer reads (and removes) to trim the output at the
-match exactly.
+match finishes the request with ``{"type": "stop", "matched": <the pattern>}`` (as SGLang);
+the finish reason also carries :data:`MATCH_FROM_END_KEY`, how many characters of the decoded
+output start at the match, and :data:`MATCH_TEXT_KEY`, the matched text, which the detokenizer
+reads (and removes) to trim the output at the match exactly.
+
+``min_new_tokens`` only keeps EOS and ``stop_token_ids`` from being sampled (and from ending the
+request) before that many tokens; stop strings and stop regexes end it at any length, as in
+SGLang, so the text, the token ids and the streamed text always agree. Stop strings are matched
+in the output decoded with its special tokens, so a stop such as ``"<|im_end|>"`` (the chatml
+template's, which SGLang's frontend sends) matches the special token.
 
 Time is bounded: one search may take :data:`STOP_REGEX_TIMEOUT_S`, and all of a request's
 searches together :data:`STOP_REGEX_BASE_BUDGET_S` plus :data:`STOP_REGEX_BUDGET_PER_TOKEN_S` per
@@ -25,7 +31,12 @@ from weakref import WeakKeyDictionary
 
 import regex
 
-from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY, compile_stop_regex, window_chars
+from radixlm.srt.sampling.stop_regex import (
+    MATCH_FROM_END_KEY,
+    MATCH_TEXT_KEY,
+    compile_stop_regex,
+    window_chars,
+)
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req
 
 STOP_STR_WINDOW_EXTRA_TOKENS = 4
@@ -65,20 +76,19 @@ class StopChecker:
         p = req.params
         num_out = len(req.output_ids)
         last = req.output_ids[-1]
-        if num_out >= p.min_new_tokens:
-            if last in (p.stop_token_ids or ()) or (
-                not p.ignore_eos and last in self.eos_token_ids
-            ):
-                req.finish({"type": "stop", "matched": last})
-                return
-            matched = self._matched_stop_str(req)
-            if matched is not None:
-                req.finish({"type": "stop", "matched": matched})
-                return
-            reason = self._matched_stop_regex(req)
-            if reason is not None:
-                req.finish(reason)
-                return
+        if num_out >= p.min_new_tokens and (
+            last in (p.stop_token_ids or ()) or (not p.ignore_eos and last in self.eos_token_ids)
+        ):
+            req.finish({"type": "stop", "matched": last})
+            return
+        matched = self._matched_stop_str(req)
+        if matched is not None:
+            req.finish({"type": "stop", "matched": matched})
+            return
+        reason = self._matched_stop_regex(req)
+        if reason is not None:
+            req.finish(reason)
+            return
         if num_out >= p.max_new_tokens:
             req.finish({"type": "length", "length": p.max_new_tokens})
         elif req.seq_len >= self.context_length:
@@ -108,7 +118,7 @@ class StopChecker:
         if not stops:
             return None
         window = max(len(s) for s in stops) + STOP_STR_WINDOW_EXTRA_TOKENS
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
         for s in stops:
             if s in tail:
                 return s
@@ -129,7 +139,12 @@ class StopChecker:
                 return _too_slow(i, pattern)
             if m is not None:
                 from_end = len(text) - m.start()
-                return {"type": "stop", "matched": m.group(0), MATCH_FROM_END_KEY: from_end}
+                return {
+                    "type": "stop",
+                    "matched": pattern,
+                    MATCH_FROM_END_KEY: from_end,
+                    MATCH_TEXT_KEY: m.group(0),
+                }
         return None
 
     def _regex_tail(self, req: Req, patterns: list[str]) -> tuple[str, int]:

@@ -97,6 +97,7 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(openai_responses.router)
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ready", health, methods=["GET"])  # SGLang's readiness route
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)
     # added last = outermost: the key is checked before any body is read
@@ -109,7 +110,8 @@ def create_app(
 
 
 async def health(request: Request) -> Response:
-    """200 while the server can serve; 503 once a child died, or while the launcher's probe
+    """``/health`` and ``/ready``: 200 while the server can serve (a draining server answers
+    every route 503: supervisor.DrainGate); 503 once a child died, or while the launcher's probe
     (``app.state.health_problem``: process states and heartbeats) names a problem. Answered
     without the scheduler, so a long step does not make it fail."""
     tm: TokenizerManager = request.app.state.tm

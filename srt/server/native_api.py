@@ -104,7 +104,7 @@ def _prompts(body: GenerateReqInput) -> tuple[list[Any], bool]:
 
 def _prompt_rid(body: GenerateReqInput, i: int, n: int) -> str | None:
     if isinstance(body.rid, str) and n > 1:
-        return f"{body.rid}-{i}"
+        return f"{body.rid}_{i}"
     return _pick(body.rid, i, n, "rid")
 
 
@@ -119,7 +119,7 @@ def _num_samples(sp: dict[str, Any]) -> int:
 
 def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     """One GenerateInput per prompt and per sample (``sampling_params.n``); whether the answer
-    is a list. Sample j of a prompt with rid r shows rid ``r-j``; aborting r (or the batch's
+    is a list. Sample j of a prompt with rid r shows rid ``r_j`` (as SGLang); aborting r (or the batch's
     rid) aborts all of them."""
     prompts, is_batch = _prompts(body)
     n = len(prompts)
@@ -133,7 +133,7 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
         rid = _prompt_rid(body, i, n)
         parents = tuple(dict.fromkeys(r for r in (body.rid, rid) if isinstance(r, str)))
         for j in range(num_samples):
-            sample_rid = f"{rid}-{j}" if rid is not None and num_samples > 1 else rid
+            sample_rid = f"{rid}_{j}" if rid is not None and num_samples > 1 else rid
             inputs.append(
                 GenerateInput(
                     text=prompt if body.text is not None else None,

@@ -15,7 +15,7 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   else a 404);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
-  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``external_trace_header``,
+  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``, ``external_trace_header``,
   ``received_time`` (routing, tracing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
   processors, hidden states, routed experts, disaggregation, cache salts and extra keys,
@@ -69,7 +69,8 @@ UNSUPPORTED_NATIVE: dict[str, OffValues] = {
             "disagg_prefill_dp_rank", "http_worker_ipc", "max_thinking_tokens", "extra_key",
             "cache_salt", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
             "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
-            "images_config", "multi_item_delimiter_indices",
+            "images_config", "multi_item_delimiter_indices", "mm_processor_kwargs",
+            "token_indices_to_pool",
         ),
         NOTHING,
     ),
@@ -78,11 +79,13 @@ UNSUPPORTED_NATIVE: dict[str, OffValues] = {
             "use_audio_in_video", "return_sampling_mask", "return_flat_raw_top_logprobs",
             "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
             "return_indexer_topk", "background", "require_reasoning", "return_bytes",
-            "return_entropy", "need_wait_for_mm_inputs",
+            "return_entropy", "need_wait_for_mm_inputs", "return_flat_raw_output_top_logprobs",
         ),
         FALSE,
     ),
     "routed_experts_start_len": OffValues(0),
+    "watermark": OffValues(),
+    "sampling_logprobs_mode": OffValues("selected"),  # the sampled token's logprob: what is done
 }  # fmt: skip
 
 
@@ -134,6 +137,7 @@ class GenerateReqInput(StrictBody):
     routing_key: str | None = None
     conversation_id: str | None = None
     kv_router_hint: dict[str, Any] | None = None
+    kv_hints: dict[str, Any] | list[dict[str, Any] | None] | None = None
     external_trace_header: dict[str, Any] | None = None
     received_time: float | None = None
 

@@ -97,6 +97,36 @@ def test_stop_conditions(smol_engine):
     assert length["meta_info"]["completion_tokens"] == 5
 
 
+def test_stop_string_ends_the_request_before_min_new_tokens(smol_engine):
+    """min_new_tokens holds back EOS and stop ids only; a stop string ends the request where it
+    appears (SGLang's rule), so the text, the ids and the streamed text agree."""
+    prompt = "The capital of France is"
+    free = smol_engine.generate(prompt, {"temperature": 0, "max_new_tokens": 8})
+    assert free["text"].startswith(" Paris.")
+    params = {"temperature": 0, "max_new_tokens": 8, "min_new_tokens": 6, "stop": "."}
+    out = smol_engine.generate(prompt, params)
+    assert out["text"] == " Paris"
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "."}
+    ids = out["output_ids"]
+    assert smol_engine.tokenizer.decode(ids).startswith(" Paris.") and len(ids) < 6
+    chunks = list(smol_engine.generate(prompt, params, stream=True))
+    assert chunks[-1]["text"] == " Paris"  # the text so far, at the end
+
+
+def test_stop_string_of_a_special_token(smol_engine):
+    """The chatml stop SGLang's frontend sends ("<|im_end|>") matches the special token even
+    when EOS is ignored; the special token's text is not in the output."""
+    prompt = smol_engine.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+    out = smol_engine.generate(prompt, {**params, "stop": "<|im_end|>"})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "<|im_end|>"}
+    assert "Paris" in out["text"] and "<|im_end|>" not in out["text"]
+    end = smol_engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert out["output_ids"][-1] == end and end not in out["output_ids"][:-1]
+
+
 def test_min_new_tokens_holds_back_eos(smol_engine):
     prompt = smol_engine.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}]

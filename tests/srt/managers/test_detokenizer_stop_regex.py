@@ -10,7 +10,7 @@ from radixlm.srt.managers.detokenizer import (
     trim_regex_match,
 )
 from radixlm.srt.messages import BatchTokenOut, decode, encode
-from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY
+from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY, MATCH_TEXT_KEY
 
 
 class CharTokenizer:
@@ -60,8 +60,8 @@ def test_trim_falls_back_to_the_nearest_copy() -> None:
 
 
 def test_public_finish_reason() -> None:
-    reason = {"type": "stop", "matched": "12.", MATCH_FROM_END_KEY: 3}
-    assert public_finish_reason(reason) == ({"type": "stop", "matched": "12."}, 3)
+    reason = {"type": "stop", "matched": "P", MATCH_FROM_END_KEY: 3, MATCH_TEXT_KEY: "12."}
+    assert public_finish_reason(reason) == ({"type": "stop", "matched": "P"}, (3, "12."))
     assert MATCH_FROM_END_KEY in reason  # the scheduler's dict is left alone
     assert public_finish_reason(None) == (None, None)
     plain = {"type": "stop", "matched": "\n"}
@@ -72,19 +72,19 @@ def test_stream_then_finish_over_the_wire() -> None:
     detok = Detokenizer(CharTokenizer())
     first = detok.handle(decode(encode(token_out(ids("concatenate the "), None))))
     assert first.text_delta == ["concatenate the "]
-    finish = {"type": "stop", "matched": "cat", MATCH_FROM_END_KEY: 3}
+    finish = {"type": "stop", "matched": "P", MATCH_FROM_END_KEY: 3, MATCH_TEXT_KEY: "cat"}
     last = detok.handle(decode(encode(token_out(ids("cat"), finish))))
     assert last.text_delta == [""]
-    assert last.token_out.finish_reason == [{"type": "stop", "matched": "cat"}]
+    assert last.token_out.finish_reason == [{"type": "stop", "matched": "P"}]
     assert detok.num_active == 0
 
 
 def test_no_stop_trim_keeps_text_and_still_hides_the_offset() -> None:
     detok = Detokenizer(CharTokenizer())
-    finish = {"type": "stop", "matched": "cat", MATCH_FROM_END_KEY: 4}
+    finish = {"type": "stop", "matched": "P", MATCH_FROM_END_KEY: 4, MATCH_TEXT_KEY: "cat"}
     out = detok.handle(token_out(ids("the cat!"), finish, no_stop_trim=True))
-    assert out.text_delta == ["the cat!"]
-    assert out.token_out.finish_reason == [{"type": "stop", "matched": "cat"}]
+    assert out.text_delta == ["the cat"]  # up to the match's end, as SGLang
+    assert out.token_out.finish_reason == [{"type": "stop", "matched": "P"}]
 
 
 def test_match_already_streamed_in_part_sends_nothing_more() -> None:
@@ -92,5 +92,5 @@ def test_match_already_streamed_in_part_sends_nothing_more() -> None:
     the match and what follows it are not sent."""
     detok = Detokenizer(CharTokenizer())
     assert detok.handle(token_out(ids("value 12"), None)).text_delta == ["value 12"]
-    finish = {"type": "stop", "matched": "12.", MATCH_FROM_END_KEY: 5}
+    finish = {"type": "stop", "matched": "P", MATCH_FROM_END_KEY: 5, MATCH_TEXT_KEY: "12."}
     assert detok.handle(token_out(ids(". x"), finish)).text_delta == [""]

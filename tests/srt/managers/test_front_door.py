@@ -39,7 +39,7 @@ def refusal(fn, *args, **kwargs) -> GenerateError:
     "sp, param, message",
     [
         ({"temperature": -1}, "temperature", "temperature must be >= 0"),
-        ({"bogus": 1}, None, "unknown sampling parameter(s): bogus"),
+        ({"bogus": 1}, "bogus", "unknown sampling parameter(s): bogus"),
         ({"top_k": "3"}, "top_k", "sampling parameter top_k must be an integer"),
         ({"stop_token_ids": [VOCAB]}, "stop_token_ids", f"in [0, {VOCAB}) (the vocabulary)"),
         ({"logit_bias": {"-1": 1.0}}, "logit_bias", "logit_bias token id must be in [0,"),
@@ -83,8 +83,8 @@ def test_prompt_lengths(door):
 
 
 def test_logprob_arguments(door):
-    err = refusal(door.prepare, "r", input_ids=[1, 2], return_logprob=True, logprob_start_len=2)
-    assert err.param == "logprob_start_len" and "in [0, 2)" in err.message
+    err = refusal(door.prepare, "r", input_ids=[1, 2], return_logprob=True, logprob_start_len=3)
+    assert err.param == "logprob_start_len" and "in [0, 2]" in err.message
     err = refusal(door.prepare, "r", input_ids=[1, 2], return_logprob=True, top_logprobs_num=21)
     assert err.param == "top_logprobs_num"
     # without return_logprob the message carries no logprob request

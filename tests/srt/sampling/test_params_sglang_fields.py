@@ -241,3 +241,43 @@ def test_front_door_sends_the_fields_on(door) -> None:
     assert msg.grammar_kind == "structural_tag"
     assert SamplingParams.from_wire(msg.sampling_params) == params
     assert msg.sampling_params["seed"] == 42 and msg.sampling_params["stream_interval"] == 3
+
+
+def test_empty_grammar_means_no_grammar() -> None:
+    """SGLang: an empty ``regex``/``json_schema``/``ebnf``/``structural_tag`` is unset (it
+    used to constrain the output to nothing, or be a 400)."""
+    for name in ("regex", "json_schema", "ebnf", "structural_tag"):
+        params = SamplingParams.from_dict({name: ""})
+        assert getattr(params, name) is None and grammar_kind(params) is None
+
+
+def test_null_max_new_tokens_is_up_to_the_context(door) -> None:
+    """SGLang: ``max_new_tokens: null`` is no cap; what the context leaves after the prompt."""
+    params, msg = door.prepare("r", input_ids=[1, 2, 3], sampling_params={"max_new_tokens": None})
+    assert msg.sampling_params["max_new_tokens"] == 256 - 3  # ModelLimits(320, 256, 1024)
+    _, msg = door.prepare("r", input_ids=[1, 2, 3], sampling_params={})
+    assert msg.sampling_params["max_new_tokens"] == 128  # absent: the default
+
+
+@pytest.mark.parametrize(
+    "name, off, on",
+    [("beam_width", [None, 1], [2, True]), ("watermark", [None], [{"gamma": 0.5}, True])],
+)
+def test_sglang_fields_this_server_lacks_are_off_only(door, name, off, on) -> None:
+    for value in off:
+        door.prepare("r", input_ids=[1, 2], sampling_params={name: value, "max_new_tokens": 1})
+    for value in on:
+        with pytest.raises(GenerateError) as err:
+            door.prepare("r", input_ids=[1, 2], sampling_params={name: value})
+        assert err.value.status_code == 400 and err.value.param == name
+        assert "not supported" in err.value.message
+
+
+def test_logprob_start_len_may_equal_the_prompt_length(door) -> None:
+    door.prepare(
+        "r", input_ids=[1, 2, 3], sampling_params={}, return_logprob=True, logprob_start_len=3
+    )
+    with pytest.raises(GenerateError):
+        door.prepare(
+            "r", input_ids=[1, 2, 3], sampling_params={}, return_logprob=True, logprob_start_len=4
+        )

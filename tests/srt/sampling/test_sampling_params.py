@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from radixlm.srt.sampling.params import SamplingParams
+from radixlm.srt.sampling.params import UP_TO_CONTEXT, SamplingParams
 
 
 def test_defaults_match_sglang() -> None:
@@ -29,8 +29,10 @@ def test_defaults_match_sglang() -> None:
 
 def test_from_dict_none_and_nulls_mean_defaults() -> None:
     assert SamplingParams.from_dict(None) == SamplingParams()
-    d = {"temperature": None, "max_new_tokens": None, "stop": None, "top_k": None, "seed": None}
+    d = {"temperature": None, "stop": None, "top_k": None, "seed": None}
     assert SamplingParams.from_dict(d) == SamplingParams()
+    # but max_new_tokens: null is "no cap" (SGLang): the front door makes it the context's rest
+    assert SamplingParams.from_dict({"max_new_tokens": None}).max_new_tokens == UP_TO_CONTEXT
     p = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 7, "top_p": None})
     assert p.temperature == 0.0 and isinstance(p.temperature, float)
     assert p.max_new_tokens == 7 and p.top_p == 1.0

@@ -12,7 +12,7 @@ import pytest
 
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.sampling.params import SamplingParams
-from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY
+from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY, MATCH_TEXT_KEY
 from radixlm.srt.scheduler.output import build_batch_output
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req
 from radixlm.srt.scheduler.stop import STOP_REGEX_TIMEOUT_S, StopChecker
@@ -81,8 +81,14 @@ def test_matches_like_re_on_the_whole_output(tok, text, patterns, stream) -> Non
     num_tokens, matched, before = expected
     req, deltas, client_reason = generate(tok, text, {"stop_regex": patterns}, stream=stream)
     assert len(req.output_ids) == num_tokens
-    assert req.finish_reason == {"type": "stop", "matched": matched, MATCH_FROM_END_KEY: ANY_INT}
-    assert client_reason == {"type": "stop", "matched": matched}  # the offset stays inside
+    pattern = next(p for p in patterns if re.search(p, tok.decode(req.output_ids)))
+    assert req.finish_reason == {
+        "type": "stop",
+        "matched": pattern,  # the pattern, as SGLang reports it
+        MATCH_FROM_END_KEY: ANY_INT,
+        MATCH_TEXT_KEY: matched,
+    }
+    assert client_reason == {"type": "stop", "matched": pattern}  # the match stays inside
     assert "".join(deltas) == before
     if stream:  # a stop never reaches the client, not even in part
         for k in range(1, len(deltas) + 1):
@@ -94,9 +100,8 @@ def test_no_stop_trim_keeps_the_match(tok) -> None:
     num_tokens, _, _ = reference(tok, tok.encode(text, add_special_tokens=False), [r"\bcat\b"])
     req, deltas, _ = generate(tok, text, {"stop_regex": r"\bcat\b", "no_stop_trim": True})
     full = tok.decode(req.output_ids, skip_special_tokens=True)
-    assert (
-        "".join(deltas) == full and full.endswith("the cat") and len(req.output_ids) == num_tokens
-    )
+    assert len(req.output_ids) == num_tokens
+    assert "".join(deltas) == full[: full.index("the cat") + len("the cat")]  # up to the match
 
 
 def test_caret_does_not_match_inside_a_long_output(tok) -> None:
@@ -105,7 +110,7 @@ def test_caret_does_not_match_inside_a_long_output(tok) -> None:
     req, deltas, _ = generate(
         tok, text, {"stop_regex": ["^Hello", "again"], "max_new_tokens": 1000}, stream=False
     )
-    assert req.finish_reason["matched"] == "again"
+    assert req.finish_reason["matched"] == "again" and req.finish_reason[MATCH_TEXT_KEY] == "again"
     assert "".join(deltas) == "word " * 400 + "Hello "
 
 
@@ -116,16 +121,17 @@ def test_no_match_runs_to_the_length_limit(tok) -> None:
     assert reason == {"type": "length", "length": n} and "".join(deltas) == text
 
 
-def test_min_new_tokens_comes_first(tok) -> None:
-    """No stop before min_new_tokens; then the output is searched as always (as SGLang does,
-    and as stop strings are), so a match made earlier stops the request at min_new_tokens."""
+def test_min_new_tokens_does_not_hold_back_stops(tok) -> None:
+    """min_new_tokens only keeps EOS and stop ids from being sampled; a stop regex ends the
+    request where it first matches (as SGLang), so the ids, the text and the stream agree."""
     text = "1. one 2. two 3. three"
-    req, deltas, _ = generate(tok, text, {"stop_regex": r"\d\.", "min_new_tokens": 5})
-    assert len(req.output_ids) == 5 and req.finish_reason["matched"] == "1."
-    assert deltas == [""]
-    req, deltas, _ = generate(tok, text, {"stop_regex": r"[23]\.", "min_new_tokens": 2})
-    m = re.search(r"[23]\.", tok.decode(req.output_ids))
-    assert m and m.end() == len(tok.decode(req.output_ids)) and "".join(deltas) == "1. one "
+    expected = reference(tok, tok.encode(text, add_special_tokens=False), [r"\d\."])
+    for stream in (False, True):
+        req, deltas, reason = generate(
+            tok, text, {"stop_regex": r"\d\.", "min_new_tokens": 5}, stream=stream
+        )
+        assert len(req.output_ids) == expected[0] < 5
+        assert reason == {"type": "stop", "matched": r"\d\."} and "".join(deltas) == ""
 
 
 def test_pending_token_is_ignored(tok) -> None:

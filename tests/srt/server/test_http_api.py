@@ -85,7 +85,7 @@ def test_generate_batch_input_ids_and_n(stack: FakeStack) -> None:
         "/generate",
         {"text": "x", "rid": "many", "sampling_params": {"max_new_tokens": 2, "n": 3}},
     )
-    assert sorted(o["meta_info"]["id"] for o in r.json()) == ["many-0", "many-1", "many-2"]
+    assert sorted(o["meta_info"]["id"] for o in r.json()) == ["many_0", "many_1", "many_2"]
 
 
 def test_generate_stream_is_cumulative_and_utf8_safe(stack: FakeStack) -> None:
@@ -486,6 +486,7 @@ def test_api_key(tmp_path) -> None:
         assert httpx.post(s.url + "/generate", json=body, headers=good).status_code == 200
         assert httpx.get(s.url + "/get_server_info").status_code == 401
         assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/ready").status_code == 200
         assert httpx.get(s.url + "/metrics").status_code == 200
         ok = openai.OpenAI(base_url=s.url + "/v1", api_key=TOKEN, max_retries=0)
         assert ok.models.list().data[0].id == "fake-model"
@@ -507,6 +508,7 @@ def test_dead_worker_fails_fast(tmp_path) -> None:
             events = sse_events(lines)
         assert events[-2]["error"]["code"] == 503
         assert httpx.get(s.url + "/health").status_code == 503
+        assert httpx.get(s.url + "/ready").status_code == 503
         t0 = time.monotonic()
         r = httpx.post(s.url + "/generate", json={"text": "hi"}, timeout=10)
         assert r.status_code == 503 and time.monotonic() - t0 < 1.0

@@ -441,7 +441,7 @@ def test_abort_by_rid_is_exact_and_covers_every_sample(stack: FakeStack, slow) -
     assert post(stack, "/abort_request", {"rid": "many"}).json()["num_aborted"] == 3
     finals = [orjson.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
     finals = [e for e in finals if e["meta_info"]["finish_reason"]]
-    assert sorted(e["meta_info"]["id"] for e in finals) == ["many-0", "many-1", "many-2"]
+    assert sorted(e["meta_info"]["id"] for e in finals) == ["many_0", "many_1", "many_2"]
     assert {e["meta_info"]["finish_reason"]["type"] for e in finals} == {"abort"}
 
 

@@ -119,7 +119,7 @@ def test_streamed_turns_and_n_samples_join_the_session(stack: FakeStack) -> None
     body = {"text": "k", "rid": "nn", "sampling_params": {"max_new_tokens": 2, "n": 2}}
     r = post(stack, "/generate", {**body, "session_params": {"id": sid, "rid": "st"}})
     assert r.status_code == 200, r.text
-    assert {"nn-0", "nn-1"} <= set(turns)
+    assert {"nn_0", "nn_1"} <= set(turns)
     r = post(stack, "/generate", {**body, "session_params": {"id": sid, "replace": True}})
     assert "single request" in error_of(r)["message"]
     post(stack, "/close_session", {"session_id": sid})
@@ -231,6 +231,13 @@ def test_generate_fields_implemented_accepted_or_refused(stack: FakeStack) -> No
         "token_ids_logprob": [],
         "cache_salt": "",
         "routed_experts_start_len": 0,
+        # fields SGLang 0.5.23 added, at their off values (kv_hints: a routing hint)
+        "watermark": None,
+        "sampling_logprobs_mode": "selected",
+        "return_flat_raw_output_top_logprobs": False,
+        "mm_processor_kwargs": None,
+        "token_indices_to_pool": None,
+        "kv_hints": {"prefix_hashes": []},
     }
     assert post(stack, "/generate", {**base, **accepted}).status_code == 200
     batch = {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 1}}
@@ -246,6 +253,9 @@ def test_generate_fields_implemented_accepted_or_refused(stack: FakeStack) -> No
         ("return_entropy", True, "unsupported_parameter"),
         ("bootstrap_room", 3, "unsupported_parameter"),
         ("sampling_param", {}, None),  # a typo is not silently ignored
+        ("watermark", {"gamma": 0.25}, "unsupported_parameter"),
+        ("sampling_logprobs_mode", "support", "unsupported_parameter"),
+        ("token_indices_to_pool", [0, 1], "unsupported_parameter"),
     ]:
         err = error_of(post(stack, "/generate", {**base, field: value}))
         assert err["param"] == field, (field, err)
