@@ -50,11 +50,9 @@ def message_dict(msg: ChatMessage) -> dict[str, Any]:
 def render(
     tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
 ) -> str:
-    kwargs = template_kwargs or {}
+    kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
     try:
-        return tokenizer.apply_chat_template(
-            messages, **kwargs, tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(messages, **kwargs, tokenize=False)
     except Exception as e:  # a template's own raise_exception, or a malformed history
         raise GenerateError(f"cannot apply the chat template: {e}", 400, "messages") from None
 

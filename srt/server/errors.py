@@ -100,6 +100,23 @@ def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, .
             )
 
 
+def _nulls_as_defaults(data: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """``data`` without the nulls sent for optional fields whose default is not null: clients
+    send ``"n": null`` or ``"stream": null`` for "the default" (OpenAI's types mark them
+    Optional), and the strict model would refuse them."""
+    fields = model.model_fields
+    return {
+        k: v
+        for k, v in data.items()
+        if not (
+            v is None
+            and k in fields
+            and not fields[k].is_required()
+            and fields[k].default is not None
+        )
+    }
+
+
 async def parse_body(
     request: Request,
     model: type[BaseModel],
@@ -118,6 +135,7 @@ async def parse_body(
     if not isinstance(data, dict):
         raise GenerateError("the request body must be a JSON object", 400)
     reject_unsupported(data, unsupported or {})
+    data = _nulls_as_defaults(data, model)
     if precheck is not None:
         try:
             precheck(data)

@@ -59,6 +59,7 @@ class Call:
     logprobs: bool = False
     top_logprobs: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -193,6 +194,22 @@ def _plain_chat_chunks(
     return [chunk]
 
 
+def _stream_options(body: Any) -> dict[str, bool]:
+    """The ``Call`` fields ``stream_options`` sets; a 400 without ``stream: true`` (OpenAI
+    and vLLM refuse it there too)."""
+    options = body.stream_options
+    if options is None:
+        return {}
+    if not body.stream:
+        raise GenerateError(
+            "stream_options is only allowed with stream: true", 400, "stream_options"
+        )
+    return {
+        "include_usage": options.include_usage,
+        "continuous_usage": options.continuous_usage_stats,
+    }
+
+
 def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, str]:
     state = request.app.state
     check_model(model, state.accepted_model_names, state.served_model_name)
@@ -222,12 +239,15 @@ async def chat_completions(request: Request) -> Response:
         model,
         "chat.completion",
         logprobs=body.logprobs,
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        **_stream_options(body),
     )
     group = tm.open(prepared, request)
     if body.stream:
         call.object = "chat.completion.chunk"
-        return ClosingStreamingResponse(stream_choices(call, group, chat_chunks), group.close)
+        updates = await started_updates(group)
+        return ClosingStreamingResponse(
+            stream_choices(call, group, chat_chunks, updates), group.close
+        )
     with group:
         outs = await group.collect()
     choices = [chat_choice(call, i, out) for i, out in enumerate(outs)]
@@ -305,11 +325,14 @@ async def completions(request: Request) -> Response:
         echo=body.echo,
         logprobs=body.logprobs is not None,
         top_logprobs=bool(body.logprobs),
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        **_stream_options(body),
     )
     group = tm.open(prepared, request)
     if body.stream:
-        return ClosingStreamingResponse(stream_choices(call, group, completion_chunks), group.close)
+        updates = await started_updates(group)
+        return ClosingStreamingResponse(
+            stream_choices(call, group, completion_chunks, updates), group.close
+        )
     with group:
         outs = await group.collect()
     choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
@@ -317,19 +340,59 @@ async def completions(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- streaming
+def _choice_usage(out: dict[str, Any]) -> dict[str, int]:
+    """One choice's usage so far (``continuous_usage_stats``, as SGLang counts it)."""
+    meta = out["meta_info"]
+    prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
 ChunkFn = Callable[[Call, int, dict[str, Any], ChoiceCursor], "list[dict]"]
 
 
+Updates = AsyncIterator[tuple[int, dict[str, Any]]]
+
+
+async def started_updates(group: RequestGroup) -> Updates:
+    """``group.updates()`` once its first update is in: a request refused before its first
+    token (a grammar that does not compile, an abort with a status) raises here, so the client
+    gets an HTTP error (the same 400 as without ``stream``) instead of a 200 stream holding an
+    error event. The first update comes with the first token, so no chunk is delayed."""
+    updates = group.updates()
+    try:
+        first = await anext(updates)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        group.close()
+        raise
+
+    async def chained() -> Updates:
+        if first is not None:
+            yield first
+            async for update in updates:
+                yield update
+
+    return chained()
+
+
 async def stream_choices(
-    call: Call, group: RequestGroup, make_chunk: ChunkFn
+    call: Call, group: RequestGroup, make_chunk: ChunkFn, updates: Updates
 ) -> AsyncIterator[bytes]:
-    """One chunk per update of any choice, one ``finish_reason`` per choice, then the usage
-    chunk (when asked for) and ``[DONE]``; an error becomes an error event."""
+    """One chunk per update of any choice (from ``updates``: :func:`started_updates`), one
+    ``finish_reason`` per choice, then the usage chunk (when asked for) and ``[DONE]``; an
+    error after the first update becomes an error event."""
     cursors = [ChoiceCursor() for _ in group.states]
     finals: list[dict[str, Any]] = [{} for _ in group.states]
     try:
-        async for i, out in group.updates():
+        async for i, out in updates:
             for chunk in make_chunk(call, i, out, cursors[i]):
+                if call.continuous_usage:
+                    chunk["usage"] = _choice_usage(out)
                 yield sse(chunk)
             finals[i] = out
         if call.include_usage:

@@ -3,8 +3,11 @@
 OpenAI requests accept the OpenAI fields plus SGLang's sampling extras (what clients put in
 ``extra_body`` arrives as top-level fields); other unknown fields are ignored, as
 OpenAI-compatible servers do, except the ones in ``UNSUPPORTED_CHAT`` and
-``UNSUPPORTED_COMPLETION``: ignoring those would silently change what the request means, so a
-value other than their default is a 400.
+``UNSUPPORTED_COMPLETION`` (OpenAI's, SGLang's and vLLM's fields this server does not
+implement): ignoring those would silently change what the request means, so a value other than
+their default is a 400. Fields that only label or route a request (``user``, ``session_id``,
+``custom_labels``, ``request_id``, ``metadata``, ``store``...) are accepted without effect. A
+``null`` for a field with a non-null default means that default (errors.parse_body).
 """
 
 from __future__ import annotations
@@ -21,12 +24,63 @@ _UNSUPPORTED_BOTH = {
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
+    "moderation": (None,),  # a check the server does not run
+    # SGLang's and vLLM's extensions this server does not implement (their off values)
+    "lora_path": (None, ""),
+    "custom_logit_processor": (None, ""),
+    "logits_processors": (None, []),
+    "return_hidden_states": (None, False),
+    "return_routed_experts": (None, False),
+    "routed_experts_start_len": (None, 0),
+    "return_spec_tokens_details": (None, False),
+    "return_token_ids": (None, False),
+    "return_tokens_as_token_ids": (None, False),
+    "bootstrap_host": (None,),
+    "bootstrap_port": (None,),
+    "bootstrap_room": (None,),
+    "disagg_prefill_dp_rank": (None,),
+    "kv_transfer_params": (None,),
+    "data_parallel_rank": (None, 0),
+    "routed_dp_rank": (None, 0),
+    "session_params": (None,),
+    "images_config": (None,),
+    "mm_processor_kwargs": (None, {}),
+    "watermark": (None,),
+    "extra_key": (None, ""),
+    "cache_salt": (None, ""),
+    "priority": (None, 0),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "prompt_embeds": (None,),
+    "vllm_xargs": (None, {}),
 }
 # chat takes tools (openai_tools.py); the deprecated functions / function_call are refused
 # with their own message by precheck_chat
 UNSUPPORTED_CHAT = {
     **_UNSUPPORTED_BOTH,
     "web_search_options": (None,),  # a search the server does not run: a 400, not silence
+    "echo": (None, False),  # vLLM: the last message's content before the reply
+    "chat_template": (None,),  # a client's own Jinja template
+    "documents": (None,),
+    "input_ids": (None,),
+    "return_prompt_token_ids": (None, False),
+    "return_meta_info": (None, False),
+    "return_input_ids_in_sglext": (None, False),
+    "return_output_ids_in_sglext": (None, False),
+    "return_sampling_mask": (None, False),
+    "sampling_logprobs_mode": (None, "selected"),
+    "return_flat_raw_output_top_logprobs": (None, False),
+    "thinking": (None,),
+    "task": (None,),
+    "stream_reasoning": (None, True),
+    "max_dynamic_patch": (None,),
+    "min_dynamic_patch": (None,),
+    "use_audio_in_video": (None, False),
+    "video_config": (None,),
 }
 UNSUPPORTED_COMPLETION = {
     **_UNSUPPORTED_BOTH,
@@ -40,6 +94,8 @@ UNSUPPORTED_COMPLETION = {
 # ---------------------------------------------------------------------- OpenAI API
 class StreamOptions(StrictBody):
     include_usage: bool = False
+    # SGLang / vLLM: every chunk carries its choice's usage so far
+    continuous_usage_stats: bool = False
 
 
 class SGLangSamplingExtras(StrictBody):
@@ -159,6 +215,10 @@ class ChatCompletionRequest(OpenAISamplingFields):
         None  # missing: true, except one call under a named tool_choice
     )
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM / SGLang: the reply continues the last (assistant) message instead of opening a
+    # new turn; add_generation_prompt false renders no assistant header (openai_tools.py)
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
     reasoning_effort: str | None = None  # "none": enable_thinking false (openai_tools.py)
     separate_reasoning: bool = True  # false: reasoning stays in content
 

@@ -343,14 +343,16 @@ def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLa
     return lambda dicts: renderer.render(dicts, parsing.specs, parsing.choice)
 
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     """``chat_template_kwargs`` (such as ``enable_thinking``), minus the template's own
     arguments, which the server sets; ``reasoning_effort`` ``"none"`` sets ``enable_thinking:
     false`` (templates that think by default, such as Qwen3's, read it) unless the kwargs set
-    it; the other efforts leave the template's default."""
+    it; the other efforts leave the template's default. ``continue_final_message`` (vLLM,
+    SGLang) renders the last assistant message open, so the reply continues it;
+    ``add_generation_prompt: false`` (vLLM) renders no assistant header."""
     kwargs = dict(req.chat_template_kwargs or {})
     taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if taken:
@@ -366,6 +368,22 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
         )
     if effort == "none":
         kwargs.setdefault("enable_thinking", False)
+    if req.add_generation_prompt is False:  # default: chat_prompt.render opens the reply
+        kwargs["add_generation_prompt"] = False
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise _bad(
+                "continue_final_message continues the last message and add_generation_prompt "
+                "opens a new one; send add_generation_prompt false (or leave it out)",
+                "add_generation_prompt",
+            )
+        if req.messages[-1].role != "assistant":
+            raise _bad(
+                "continue_final_message needs the last message to be the assistant's, got "
+                f"{req.messages[-1].role!r}",
+                "continue_final_message",
+            )
+        kwargs.update(add_generation_prompt=False, continue_final_message=True)
     return kwargs
 
 

@@ -7,7 +7,8 @@ json_object}`` (newer vLLM). They become ``json_schema`` / ``regex`` / ``ebnf`` 
 check of those fields applies. Options that would change the grammar in ways this server does
 not implement (a custom whitespace pattern, no fallback) are a 400 naming them; the backend
 choice (``guided_decoding_backend``) is accepted and has no effect: this server picks its own
-grammar engine, and the output is constrained either way.
+grammar engine, and the output is constrained either way. ``include_stop_str_in_output`` is
+SGLang's ``no_stop_trim``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ def translate_vllm_fields(data: dict[str, Any]) -> None:
     twice under both names."""
     for name in IGNORED_FIELDS:
         data.pop(name, None)
+    keep = data.pop("include_stop_str_in_output", None)  # vLLM's name for no_stop_trim
+    if keep is not None:
+        if not isinstance(keep, bool):
+            raise ValueError("include_stop_str_in_output must be a boolean")
+        if data.get("no_stop_trim") not in (None, keep):
+            raise ValueError(
+                "include_stop_str_in_output and no_stop_trim are the same option and differ; "
+                "send one of them"
+            )
+        data["no_stop_trim"] = keep
     if data.get("guided_whitespace_pattern") is not None:
         raise ValueError(
             "guided_whitespace_pattern is not supported; the grammar engines use their own "
