@@ -34,6 +34,9 @@ def message_dict(msg: ChatMessage) -> dict[str, Any]:
     if isinstance(msg.content, list):
         parts = []
         for part in msg.content:
+            if part.type == "refusal" and msg.role == "assistant":  # its text is what was said
+                parts.append(part.refusal or "")
+                continue
             if part.type != "text":
                 raise GenerateError(
                     f"content parts of type {part.type!r} are not supported; send text",

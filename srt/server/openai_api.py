@@ -109,7 +109,8 @@ def model_card(request: Request) -> dict[str, Any]:
         "object": "model",
         "created": request.app.state.created,
         "owned_by": "radixlm",
-        "root": tm.info.get("model_path"),
+        # the path the operator named (never the cache path of the embedded default model)
+        "root": tm.cfg.model_path or request.app.state.served_model_name,
         "max_model_len": tm.info.get("context_length"),
     }
 
@@ -210,6 +211,20 @@ def _stream_options(body: Any) -> dict[str, bool]:
     }
 
 
+async def _prepared(tm: TokenizerManager, plan: Any, limit: str, prompt: str) -> list[Any]:
+    """``tm.prepare_all`` whose errors name the OpenAI fields: ``limit`` for the native
+    ``max_new_tokens``, ``prompt`` for a prompt that is empty or too long."""
+    try:
+        return await tm.prepare_all(plan.inputs)
+    except GenerateError as e:
+        if e.param == "max_new_tokens":
+            e.param = limit
+            e.message = e.message.replace("max_new_tokens", limit)
+        elif e.param is None and e.message.startswith("the prompt"):
+            e.param = prompt
+        raise
+
+
 def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, str]:
     state = request.app.state
     check_model(model, state.accepted_model_names, state.served_model_name)
@@ -230,7 +245,8 @@ async def chat_completions(request: Request) -> Response:
     )
     tm, model = _open_call(request, body.model)
     plan = await chat_plan(body, tm)
-    prepared = await tm.prepare_all(plan.inputs)
+    limit = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    prepared = await _prepared(tm, plan, limit, "messages")
     call = Call(
         tm,
         plan,
@@ -314,7 +330,7 @@ async def completions(request: Request) -> Response:
     )
     tm, model = _open_call(request, body.model)
     plan = await completion_plan(body, tm)
-    prepared = await tm.prepare_all(plan.inputs)
+    prepared = await _prepared(tm, plan, "max_tokens", "prompt")
     call = Call(
         tm,
         plan,

@@ -163,6 +163,7 @@ class CompletionRequest(OpenAISamplingFields):
 class ContentPart(StrictBody):
     type: str
     text: str | None = None
+    refusal: str | None = None  # an assistant's "refusal" part (a history from OpenAI)
 
 
 class FunctionCallParam(StrictBody):

@@ -235,3 +235,34 @@ def test_continue_final_message_on_the_default_model(idle_server) -> None:
 
 def test_continuation_text_is_what_the_fake_worker_sends() -> None:
     assert CONTINUATION.startswith("Hello world!")  # the stop tests above rely on it
+
+
+def test_assistant_refusal_part_is_history(idle_stack: FakeStack) -> None:
+    said = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help."}]}
+    body = {**CHAT, "messages": [*MESSAGES, said, {"role": "user", "content": "ok"}]}
+    _, msg = received_by(idle_stack, "/v1/chat/completions", body)
+    assert "<|assistant|>I can't help.\n" in idle_stack.tokenizer.decode(msg.input_ids)
+    user_refusal = {"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}
+    err = error_of(
+        post(idle_stack.url, "/v1/chat/completions", {**CHAT, "messages": [user_refusal]})
+    )
+    assert err["param"] == "messages"
+
+
+def test_errors_name_the_openai_fields(idle_stack: FakeStack) -> None:
+    chat = "/v1/chat/completions"
+    err = error_of(post(idle_stack.url, chat, {**CHAT, "max_tokens": 9000}))
+    assert err["param"] == "max_tokens" and "max_tokens" in err["message"]
+    err = error_of(post(idle_stack.url, chat, {**CHAT, "max_completion_tokens": 9000}))
+    assert err["param"] == "max_completion_tokens"
+    err = error_of(post(idle_stack.url, "/v1/completions", {**COMPLETION, "max_tokens": 9000}))
+    assert err["param"] == "max_tokens"
+    long_prompt = {**COMPLETION, "prompt": "hi " * 400, "max_tokens": 1}
+    assert error_of(post(idle_stack.url, "/v1/completions", long_prompt))["param"] == "prompt"
+    long_chat = {**CHAT, "messages": [{"role": "user", "content": "hi " * 400}], "max_tokens": 1}
+    assert error_of(post(idle_stack.url, chat, long_chat))["param"] == "messages"
+
+
+def test_model_card_root_is_not_a_cache_path(idle_stack: FakeStack) -> None:
+    card = httpx.get(idle_stack.url + "/v1/models").json()["data"][0]
+    assert card["root"] == "/models/fake-model"  # the path the operator gave
