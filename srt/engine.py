@@ -169,6 +169,23 @@ class Engine:
     def flush_cache(self) -> bool:
         return self._control("flush_cache").ok
 
+    def start_profile(self, **args) -> str:
+        """Starts a torch.profiler trace of the scheduler steps (SGLang's ProfileReq fields:
+        ``output_dir``, ``num_steps``, ``activities``, ``with_stack``, ``record_shapes``,
+        ``profile_id``, ``profile_prefix``, ``start_step``); returns the trace's path.
+        ValueError for a bad field or a profile already running."""
+        reply = self._control("start_profile", args)
+        if not reply.ok:
+            raise ValueError(reply.data.get("message", "cannot start the profile"))
+        return reply.data["path"]
+
+    def stop_profile(self) -> str | None:
+        """Ends the profile and writes its trace (srt/scheduler/profiling.py); its path."""
+        reply = self._control("stop_profile")
+        if not reply.ok:
+            raise ValueError(reply.data.get("message", "no profile is running"))
+        return reply.data["path"]
+
     def get_server_info(self) -> dict:
         return {**self.scheduler.ready_info(), **self._control("server_info").data}
 
@@ -344,11 +361,11 @@ class Engine:
             raise ValueError(reason.get("message", "invalid request"))
         return out
 
-    def _control(self, kind: str):
+    def _control(self, kind: str, args: dict | None = None):
         req_id = uuid.uuid4().hex
         q: queue.Queue = queue.Queue()
         self._replies[req_id] = q
-        self._inbox.put(ControlReq(req_id=req_id, kind=kind))
+        self._inbox.put(ControlReq(req_id=req_id, kind=kind, args=args or {}))
         return self._next(q, timeout=60)
 
     def _run_once(self) -> None:

@@ -43,7 +43,7 @@ class ControlReq:
     """A request for the scheduler's state or an action with a reply, matched by ``req_id``."""
 
     req_id: str
-    kind: str  # "flush_cache" | "server_info"
+    kind: str  # "flush_cache" | "server_info" | "load" | "start_profile" | "stop_profile"
     args: dict[str, Any] = field(default_factory=dict)
 
 

@@ -48,6 +48,7 @@ from radixlm.srt.scheduler.output import build_batch_output, record_input_logpro
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
+from radixlm.srt.scheduler.profiling import StepProfiler
 from radixlm.srt.scheduler.reports import LoadStats, load_info, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
@@ -98,6 +99,7 @@ class Scheduler:
         self.admission = PrefillAdmission(r.cfg, self.kv, self.stats)
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
+        self.profiler = StepProfiler(on_gpu=r.device.type == "cuda")  # /start_profile
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
@@ -195,6 +197,13 @@ class Scheduler:
                 return ControlReply(msg.req_id, False, {"message": "requests are running"})
             self.cache.reset()
             return ControlReply(msg.req_id, True, self.server_info())
+        if msg.kind in ("start_profile", "stop_profile"):
+            try:
+                if msg.kind == "start_profile":
+                    return ControlReply(msg.req_id, True, self.profiler.start(msg.args))
+                return ControlReply(msg.req_id, True, self.profiler.stop())
+            except (ValueError, OSError) as e:
+                return ControlReply(msg.req_id, False, {"message": str(e)})
         return ControlReply(msg.req_id, False, {"message": f"unknown control kind {msg.kind!r}"})
 
     # ---------------------------------------------------------------- state
@@ -250,6 +259,7 @@ class Scheduler:
             self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         self.stats.end_step()
+        self.profiler.step()
         out = build_batch_output(touched, self.cfg.stream_interval, self.stop_checker)
         self.finished_outside_step = []  # after the output: a failed step still reports them
         self.live.difference_update(r for r in touched if r.is_finished)

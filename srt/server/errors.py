@@ -100,6 +100,17 @@ def reject_unsupported(data: dict[str, Any], unsupported: dict[str, tuple[Any, .
             )
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object; GenerateError 400 otherwise."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise GenerateError(f"the request body is not valid JSON: {e}", 400) from None
+    if not isinstance(data, dict):
+        raise GenerateError("the request body must be a JSON object", 400)
+    return data
+
+
 def _nulls_as_defaults(data: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
     """``data`` without the nulls sent for optional fields whose default is not null: clients
     send ``"n": null`` or ``"stream": null`` for "the default" (OpenAI's types mark them
@@ -127,13 +138,7 @@ async def parse_body(
     content type, 413 (from the body-size middleware) for a body over the limit, 400 for
     malformed JSON or wrong fields."""
     check_json_content_type(request)
-    raw = await request.body()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise GenerateError(f"the request body is not valid JSON: {e}", 400) from None
-    if not isinstance(data, dict):
-        raise GenerateError("the request body must be a JSON object", 400)
+    data = json_object(await request.body())
     reject_unsupported(data, unsupported or {})
     data = _nulls_as_defaults(data, model)
     if precheck is not None:

@@ -20,7 +20,7 @@ from radixlm.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixlm.srt.sampling.params import MAX_N
-from radixlm.srt.server.errors import parse_body, sse_error
+from radixlm.srt.server.errors import check_json_content_type, json_object, parse_body, sse_error
 from radixlm.srt.server.middleware import require_admin
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.protocol import (
@@ -42,6 +42,15 @@ router = APIRouter(responses=ERROR_RESPONSES)
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
 # The most sequences (prompts x n) one request may ask for.
 MAX_SEQUENCES_PER_REQUEST = 1024
+PROFILE_WRITE_TIMEOUT_S = 120.0  # /stop_profile writes the trace before it answers
+# SGLang's ProfileReq fields; the scheduler (srt/scheduler/profiling.py) checks their values
+PROFILE_FIELDS = frozenset(
+    {
+        "output_dir", "start_step", "num_steps", "activities", "profile_by_stage", "with_stack",
+        "record_shapes", "profile_id", "merge_profiles", "profile_prefix", "profile_stages",
+        "detailed_annotations",
+    }
+)  # fmt: skip
 
 
 def json_response(obj: Any, status_code: int = 200) -> Response:
@@ -240,6 +249,41 @@ async def flush_cache(request: Request) -> Response:
         message = reply.data.get("message", "cannot flush")
         raise GenerateError(f"cache not flushed: {message}; retry when idle", 400)
     return json_response({"message": "cache flushed", "kv_pool": reply.data})
+
+
+@router.api_route("/start_profile", methods=["GET", "POST"])
+async def start_profile(request: Request) -> Response:
+    """Admin route: a torch.profiler trace of the scheduler steps (SGLang's ProfileReq body,
+    optional; srt/scheduler/profiling.py). GET too: SGLang's ``RuntimeEndpoint.start_profile``
+    sends a GET without a body (the trace then goes to the default folder)."""
+    require_admin(request)
+    args = await _optional_json_object(request)
+    reply = await get_tm(request).control("start_profile", args)
+    if not reply.ok:
+        raise GenerateError(reply.data.get("message", "cannot start the profile"), 400)
+    return json_response(reply.data)
+
+
+@router.api_route("/stop_profile", methods=["GET", "POST"])
+async def stop_profile(request: Request) -> Response:
+    """Admin route: ends the profile and writes its trace (its path in the answer)."""
+    require_admin(request)
+    reply = await get_tm(request).control("stop_profile", timeout_s=PROFILE_WRITE_TIMEOUT_S)
+    if not reply.ok:
+        raise GenerateError(reply.data.get("message", "no profile is running"), 400)
+    return json_response(reply.data)
+
+
+async def _optional_json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    check_json_content_type(request)
+    data = json_object(raw)
+    unknown = sorted(set(data) - PROFILE_FIELDS)
+    if unknown:
+        raise GenerateError(f"{unknown[0]} is not a field of /start_profile", 400, unknown[0])
+    return data
 
 
 @router.post("/abort_request", openapi_extra=json_body(AbortRequestInput))

@@ -126,7 +126,9 @@ def chat_choice(call: Call, i: int, out: dict[str, Any]) -> dict[str, Any]:
     meta = out["meta_info"]
     logprobs = None
     if call.logprobs:
-        logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
+        logprobs = chat_logprobs(
+            meta["output_token_logprobs"], meta["output_top_logprobs"], call.plan.token_bytes
+        )
     message, has_calls = chat_message(call.plan.parsing, out["text"])
     return {
         "index": i,
@@ -150,7 +152,9 @@ def chat_chunks(call: Call, i: int, out: dict[str, Any], cur: ChoiceCursor) -> l
     entries = meta.get("output_token_logprobs", [])[cur.num_logprobs :] if call.logprobs else []
     logprobs = None
     if call.logprobs:
-        logprobs = chat_logprobs(entries, meta["output_top_logprobs"][cur.num_logprobs :])
+        logprobs = chat_logprobs(
+            entries, meta["output_top_logprobs"][cur.num_logprobs :], call.plan.token_bytes
+        )
     cur.num_chars = len(out["text"])
     cur.num_logprobs += len(entries)
     if cur.parsers is None:

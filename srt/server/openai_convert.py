@@ -29,6 +29,7 @@ from radixlm.srt.server.openai_tools import (
     template_kwargs,
     with_prompt,
 )
+from radixlm.srt.server.token_bytes import TEXT_BYTES, TokenBytes, token_bytes_for
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -71,6 +72,7 @@ class OpenAIPlan:
     n: int = 1
     num_prompts: int = 1
     parsing: ChatParsing = field(default_factory=ChatParsing)  # chat: tools, reasoning
+    token_bytes: TokenBytes = TEXT_BYTES  # chat: the tokenizer's bytes, for logprobs' ``bytes``
 
     def prompt_of(self, choice: int) -> int:
         return choice // self.n
@@ -237,7 +239,9 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
         for name in raw:
             del sp[_PASSTHROUGH[name]]
     sp.update(constraint)
-    plan = OpenAIPlan(prompt_texts=[prompt], n=req.n, parsing=parsing)
+    plan = OpenAIPlan(
+        prompt_texts=[prompt], n=req.n, parsing=parsing, token_bytes=token_bytes_for(tm.tokenizer)
+    )
     _expand(plan, req, ids, sp, (req.logprobs, -1, top))
     return plan
 
@@ -311,44 +315,53 @@ def usage(outs: list[dict[str, Any]], plan: OpenAIPlan) -> dict[str, Any]:
     }
 
 
-def _bytes(text: str | None) -> list[int]:
-    return list((text or "").encode("utf-8"))
+def chat_logprobs(
+    entries: list[list[Any]], tops: list[Any], token_bytes: TokenBytes = TEXT_BYTES
+) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a chat choice from ``[logprob, token_id, text]`` entries (and
+    their rows of top entries). ``token`` is the token's display text, as SGLang and vLLM send
+    it (U+FFFD where the token holds part of a character); ``bytes`` are the token's own bytes
+    from ``token_bytes``, so that joined over the reply they are its text's UTF-8."""
 
+    def entry(lp: float, token_id: int, text: str | None) -> dict[str, Any]:
+        return {"token": text or "", "logprob": lp, "bytes": token_bytes.of(token_id, text)}
 
-def chat_logprobs(entries: list[list[Any]], tops: list[Any]) -> dict[str, Any]:
     content = []
-    for i, (lp, _, text) in enumerate(entries):
+    for i, (lp, token_id, text) in enumerate(entries):
         row = tops[i] if i < len(tops) and tops[i] else []
-        content.append(
-            {
-                "token": text or "",
-                "logprob": lp,
-                "bytes": _bytes(text),
-                "top_logprobs": [
-                    {"token": t or "", "logprob": v, "bytes": _bytes(t)} for v, _, t in row
-                ],
-            }
-        )
+        content.append({**entry(lp, token_id, text), "top_logprobs": [entry(*e) for e in row]})
     return {"content": content, "refusal": None}
 
 
 def completion_logprobs(
     entries: list[list[Any]], tops: list[Any], with_top: bool, offset: int
 ) -> dict[str, Any]:
+    """OpenAI's legacy ``logprobs`` (as vLLM sends them): per token, the token's display text,
+    its logprob, its offset in the choice's text and a dict of alternatives that always holds the
+    token itself, after the top ones when ``with_top``. A token without a logprob (the first
+    prompt token of an echo) has ``null`` in both."""
     tokens, token_logprobs, text_offset, top_logprobs = [], [], [], []
     for i, (lp, _, text) in enumerate(entries):
         tokens.append(text or "")
         token_logprobs.append(lp)
         text_offset.append(offset)
         offset += len(text or "")
-        row = tops[i] if i < len(tops) and tops[i] else []
-        top_logprobs.append({t or "": v for v, _, t in row})
+        row = tops[i] if with_top and i < len(tops) and tops[i] else []
+        top_logprobs.append(None if lp is None else _alternatives(row, text or "", lp))
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
         "text_offset": text_offset,
-        "top_logprobs": top_logprobs if with_top else None,
+        "top_logprobs": top_logprobs,
     }
+
+
+def _alternatives(row: list[list[Any]], text: str, lp: float) -> dict[str, float]:
+    """Display text -> logprob of the top entries, best first, then the token itself if it is
+    not among them (so up to ``logprobs + 1`` keys, as OpenAI documents)."""
+    alternatives = {t or "": v for v, _, t in row}
+    alternatives.setdefault(text, lp)
+    return alternatives
 
 
 def completion_entries(out: dict[str, Any], echo: bool) -> tuple[list[Any], list[Any]]:

@@ -200,7 +200,7 @@ class ResponseCall:
             entries = meta.get("output_token_logprobs", [])[self.num_logprobs :]
             tops = meta["output_top_logprobs"][self.num_logprobs :]
             self.num_logprobs += len(entries)
-            logprobs = chat_logprobs(entries, tops)["content"]
+            logprobs = chat_logprobs(entries, tops, self.plan.token_bytes)["content"]
         self.builder.feed(self.stream.feed(text), logprobs)
         if reason is not None:
             self.builder.feed(self.stream.flush(), [])

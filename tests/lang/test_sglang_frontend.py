@@ -108,10 +108,56 @@ def test_stop_regex_matches_like_re(backend) -> None:
     assert m is not None, full
     state = count.run(pattern=r"\b8\b")
     assert state["rest"] == full[: m.start()]
-    assert state.get_meta_info("rest")["finish_reason"] == {"type": "stop", "matched": "8"}
+    # SGLang reports the pattern as what matched
+    assert state.get_meta_info("rest")["finish_reason"] == {"type": "stop", "matched": r"\b8\b"}
 
 
 def test_streaming(backend) -> None:
     state = qa.run(question="Name a fruit.", stream=True)
     chunks = list(state.text_iter())
     assert len(chunks) >= 1 and "".join(chunks) == state.text()
+
+
+@sgl.function
+def chat_past_eos(s):
+    s += sgl.user("What is the capital of France?")
+    s += sgl.assistant(sgl.gen("answer", max_tokens=48, temperature=0, ignore_eos=True))
+
+
+def test_chatml_stop_ends_the_turn_even_with_ignore_eos(backend) -> None:
+    """The chatml template's stop "<|im_end|>" matches the special token (SGLang decodes the
+    tail with special tokens), so the answer ends with its turn."""
+    answer = chat_past_eos.run()["answer"]
+    assert "Paris" in answer and "system" not in answer and "<|im_end|>" not in answer
+
+
+def test_profile_routes(backend, tmp_path) -> None:
+    """RuntimeEndpoint's start_profile / stop_profile (GET, no body), and a POST with SGLang's
+    ProfileReq fields: the trace is a gzipped Chrome trace of the steps."""
+    import gzip
+    import json
+
+    import httpx
+
+    body = {"output_dir": str(tmp_path), "num_steps": 50, "profile_id": "t", "record_shapes": True}
+    started = httpx.post(backend.base_url + "/start_profile", json=body, timeout=30).json()
+    assert started["path"] == str(tmp_path / "t-TP-0.trace.json.gz")
+    assert qa.run(question="Name a fruit.")["answer"]  # reading it waits for the run
+    backend.stop_profile()
+    trace = json.loads(gzip.decompress((tmp_path / "t-TP-0.trace.json.gz").read_bytes()))
+    names = {str(e.get("name")) for e in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names), sorted(names)[:20]
+    backend.start_profile()  # the default folder
+    assert qa.run(question="Name a color.")["answer"]  # reading it waits for the run
+    stopped = httpx.post(backend.base_url + "/stop_profile", timeout=60).json()
+    path = stopped["path"]
+    assert path.endswith("-TP-0.trace.json.gz")
+    import os
+
+    os.remove(path)
+    r = httpx.post(backend.base_url + "/stop_profile", timeout=30)  # none runs now
+    assert r.status_code == 400 and "no profile" in r.json()["error"]["message"]
+    bad = httpx.post(backend.base_url + "/start_profile", json={"activities": ["GPU"]})
+    assert bad.status_code == 400 and "GPU" in bad.json()["error"]["message"]
+    bad = httpx.post(backend.base_url + "/start_profile", json={"merge_profile": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "merge_profile"

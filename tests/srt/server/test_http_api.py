@@ -367,7 +367,9 @@ def test_completions_echo_with_prompt_logprobs_raw(stack: FakeStack) -> None:
     ids = stack.tokenizer.encode("Hello world")
     body = {"model": "default", "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0}
     lp = post(stack, "/v1/completions", body).json()["choices"][0]["logprobs"]
-    assert lp["token_logprobs"][0] is None and lp["top_logprobs"] is None
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    sampled = zip(lp["tokens"][1:], lp["token_logprobs"][1:], strict=True)
+    assert lp["top_logprobs"][1:] == [{t: v} for t, v in sampled]  # logprobs 0 (vLLM's shape)
     assert lp["tokens"][: len(ids)] == [stack.tokenizer.decode([t]) for t in ids]
     assert len(lp["token_logprobs"]) == len(ids) + 1 and lp["text_offset"][0] == 0
 
