@@ -192,6 +192,16 @@ class TokenizerManager:
         self.check_token_ids(ids, "tokens")
         return await self.run_blocking(self.decode, ids, skip_special_tokens)
 
+    async def decode_rows_async(
+        self, rows: list[list[int]], skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Each row's text, decoded in one call on the tokenizer pool (not one per row)."""
+        for row in rows:
+            self.check_token_ids(row, "tokens")
+        return await self.run_blocking(
+            lambda: [self.decode(row, skip_special_tokens) for row in rows]
+        )
+
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
         if text is None:

@@ -152,11 +152,11 @@ def _to_float(key: Any, bias: Any) -> float:
 def _parse_token_id(key: Any) -> int | None:
     if _is_int(key):
         return key
-    if isinstance(key, str):
-        try:
-            return int(key)
-        except ValueError:
-            return None
+    # plain ASCII decimals only: int() would also read " 1", "+1", "1_0" and other scripts'
+    # digits, so two spellings could name one token
+    digits = key[1:] if isinstance(key, str) and key.startswith("-") else key
+    if isinstance(digits, str) and digits.isascii() and digits.isdigit() and len(digits) <= 18:
+        return int(key)
     return None
 
 

@@ -96,8 +96,9 @@ def create_app(
     app.include_router(info_api.router)
     app.include_router(openai_api.router)
     app.include_router(openai_responses.router)
-    app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/ready", health, methods=["GET"])  # SGLang's readiness route
+    # HEAD too: load balancers probe with it
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/ready", health, methods=["GET", "HEAD"])  # SGLang's readiness route
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)
     # added last = outermost: the key is checked before any body is read

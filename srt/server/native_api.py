@@ -33,6 +33,7 @@ from radixlm.srt.server.protocol import (
     OpenSessionInput,
     TokenizeInput,
     check_known_fields,
+    check_list_len,
     precheck_batch,
 )
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
@@ -63,6 +64,23 @@ def get_tm(request: Request) -> TokenizerManager:
 
 def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
     return lambda data: precheck_batch(data, MAX_SEQUENCES_PER_REQUEST, tm.context_length)
+
+
+def detokenize_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
+    """``tokens``: at most MAX_SEQUENCES_PER_REQUEST rows, each no longer than the context
+    (what /generate takes as input_ids), so one call's decoding is bounded."""
+
+    def check(data: dict[str, Any]) -> None:
+        tokens = data.get("tokens")
+        if isinstance(tokens, list) and tokens and isinstance(tokens[0], list):
+            check_list_len(tokens, MAX_SEQUENCES_PER_REQUEST, "tokens")
+            rows = tokens
+        else:
+            rows = [tokens]
+        for row in rows:
+            check_list_len(row, tm.context_length, "tokens")
+
+    return check
 
 
 def generate_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
@@ -346,11 +364,11 @@ async def tokenize(request: Request) -> Response:
 
 @router.post("/detokenize", openapi_extra=json_body(DetokenizeInput))
 async def detokenize(request: Request) -> Response:
-    body = await parse_body(request, DetokenizeInput)
     tm = get_tm(request)
+    body = await parse_body(request, DetokenizeInput, None, detokenize_precheck(tm))
     batch = bool(body.tokens) and isinstance(body.tokens[0], list)
     rows: list[list[int]] = body.tokens if batch else [body.tokens]  # type: ignore[assignment]
-    texts = [await tm.decode_async(row, body.skip_special_tokens) for row in rows]
+    texts = await tm.decode_rows_async(rows, body.skip_special_tokens)
     out = texts if batch else texts[0]
     # "text" is SGLang's key, "prompt" vLLM's (lm-eval's remote tokenizer reads that one)
     return json_response({"text": out, "prompt": out})
