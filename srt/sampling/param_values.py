@@ -239,7 +239,9 @@ def check_ranges(p: SamplingParams) -> None:
     _require(
         0.0 < p.repetition_penalty <= 2.0, "repetition_penalty", "in (0, 2]", p.repetition_penalty
     )
-    _require(0 <= p.max_new_tokens <= 2**31 - 1, "max_new_tokens", ">= 0", p.max_new_tokens)
+    _require(
+        0 <= p.max_new_tokens <= 2**31 - 1, "max_new_tokens", "in [0, 2^31 - 1]", p.max_new_tokens
+    )
     _require(
         0 <= p.min_new_tokens <= p.max_new_tokens,
         "min_new_tokens",
@@ -251,7 +253,7 @@ def check_ranges(p: SamplingParams) -> None:
     _require(
         p.stream_interval is None or 1 <= p.stream_interval <= MAX_STREAM_INTERVAL,
         "stream_interval",
-        ">= 1 (output tokens between streamed updates)",
+        "in [1, 2^31 - 1] (output tokens between streamed updates)",
         p.stream_interval,
     )
     _check_stop_lists(p)
