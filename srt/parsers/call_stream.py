@@ -9,8 +9,11 @@ text. The name's key may also be followed by ``"parameters"`` instead of ``"argu
 arguments may be a JSON object or a JSON string holding one; ``"type"`` and ``"id"`` keys are
 skipped; a call without arguments has ``{}``. The call is *committed* (its first delta is sent)
 when the arguments object starts and the name is known; from then on the arguments stream as
-they are read, up to the scanner's safe point, so an interrupted or broken object is closed
-into valid JSON. Before the commit, at most ``HEADER_LIMIT`` characters are held.
+they are read, up to the scanner's safe point, so an object that breaks (stops being JSON) is
+closed into valid JSON there. Before the commit, at most ``HEADER_LIMIT`` characters are held.
+
+Input that ends inside the call object (an output cut off by max_tokens) is not a break: see
+``CallReader.finish``. The arguments are then exactly the text written so far, never closed.
 """
 
 from __future__ import annotations
@@ -128,11 +131,46 @@ class CallReader:
         return pos
 
     def finish(self) -> bool:
-        """End of input: closes streaming arguments; whether the call was committed (its
-        pending markup is then the call's, else it is content)."""
-        if self._state == _ARGS_STREAM and self.status == RUNNING:
-            self._end_arguments(self._scanner.closing())
-        return self.committed
+        """End of input inside the object (the output was cut off); whether the pending markup
+        is the call's (not content). A call whose name is complete stands, its arguments exactly
+        the text written so far (streaming arguments get the text held after the safe point;
+        arguments not begun are ``""``): nothing is closed or invented. Markup that may still
+        become a call but has no complete name yet is dropped. Only markup that can no longer
+        be a call object (a partial key that no call key starts with) is content."""
+        if self.status != RUNNING:
+            return self.committed
+        if self.committed:
+            if self._state == _ARGS_STREAM:
+                self._end_arguments("".join(self._buffer))
+            return True
+        if not self._may_be_call():
+            return False
+        if self._name is not None:
+            self._commit(self._arguments_so_far())
+        return True
+
+    def _may_be_call(self) -> bool:
+        """Whether the markup read so far (uncommitted) may still continue into a call."""
+        decoded = "".join(self._decoded)
+        if self._state == _KEY:  # a key that no unseen key of a call object starts with fails
+            for key in ("name", *_ARGUMENT_KEYS, *_SKIPPED_KEYS):
+                group = "arguments" if key in _ARGUMENT_KEYS else key
+                if key.startswith(decoded) and group not in self._seen:
+                    return True
+            return False
+        if self._state == _ARGS_STRING:  # the string must be able to hold just an object
+            scanner = JsonScanner(object_only=True)
+            stop = scanner.scan(decoded)
+            return scanner.status != FAILED and not decoded[stop:].strip(WHITESPACE)
+        return True
+
+    def _arguments_so_far(self) -> str:
+        """The arguments read before the commit, as far as they were written."""
+        if self._arguments is not None:
+            return self._arguments
+        if self._state == _ARGS_STRING:  # a JSON string holding the object, cut inside it
+            return "".join(self._decoded).lstrip(WHITESPACE)
+        return ""
 
     def _fail(self, pos: int) -> int:
         self.status = FAILED

@@ -6,6 +6,10 @@ as with a response format's schema, is content as its JSON text). Anything else,
 that is not JSON or an object of neither shape, is plain content. Once the reply is known to
 be an answer or calls, what has been read is kept: text after the reply object that is not
 whitespace, or a call list that breaks off, continues as plain content from there.
+
+An output that ends inside the reply (cut off by max_tokens) shows none of its markup: an
+answer gives the text decoded so far; a call whose name is complete stands with its arguments
+exactly as written so far (possibly not valid JSON); a call without a complete name is dropped.
 """
 
 from __future__ import annotations
@@ -54,12 +58,10 @@ class GenericParser(CallStreamParser):
         state = self._state
         if state == _READER:
             self._finish_call()
-        elif state == _ANSWER_STRING:
-            self._em.content(self._decoder.finish())
-        elif state in (_REPLY_END, _END, _AFTER_ITEM):
-            self._em.claim()  # the reply is complete (or its calls are): the rest is markup
-        else:
-            self._em.release()
+        elif state == _START or state == _KEY_STRING and not self._is_key_start():
+            self._em.release()  # only whitespace, or an object of another shape
+        elif state != _ANSWER_STRING:  # a cut answer keeps its text, less a partial escape
+            self._em.claim()  # the reply's markup, complete or cut off: never content
         self._state = _PLAIN
         return self._em.take()
 
@@ -88,6 +90,11 @@ class GenericParser(CallStreamParser):
             return self._fail(pos)
         self._state = state
         return self._hold(text, pos, pos + 1)
+
+    def _is_key_start(self) -> bool:
+        """Whether the key read so far starts one of the reply's keys."""
+        key = "".join(self._decoded)
+        return any(k.startswith(key) for k in _KEYS)
 
     def _fail(self, pos: int) -> int:
         """Not (or no longer) the reply format: the held text and the rest are content."""

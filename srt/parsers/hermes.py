@@ -14,10 +14,12 @@ Text outside the blocks is content; whitespace right before ``<tool_call>`` (and
 block, at the end) is markup. A block may hold several call objects, and a new ``<tool_call>``
 also closes an unclosed block. A block that is not a call object (not JSON, no name, an
 unknown key before the arguments) is content, the whole block text. Once the arguments object
-has begun, the call stands (its deltas are out): arguments that break off or stop being JSON
-are closed into valid JSON where they last were, and the text after that point is content. A
-call naming a tool that was not offered is still a call (clients check names). Any JSON
-whitespace is accepted.
+has begun, the call stands (its deltas are out): arguments that stop being JSON are closed into
+valid JSON where they last were, and the text after that point is content. An output that ends
+inside a block (cut off by max_tokens) shows none of it as content: a call whose name is
+complete stands with its arguments exactly as written so far (possibly not valid JSON), one
+without a complete name is dropped. A call naming a tool that was not offered is still a call
+(clients check names). Any JSON whitespace is accepted.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class HermesParser(CallStreamParser):
             if not (self._after_block and held.strip(WHITESPACE) == ""):
                 self._em.content(held)
         elif self._state == _OPEN:
-            self._em.release()
+            self._em.claim()  # cut off right after the tag: the tag is markup
         elif self._state == _READER:
             self._finish_call()
         else:  # after a call object: the block is over

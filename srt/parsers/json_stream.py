@@ -75,7 +75,7 @@ class JsonScanner:
     so far becomes valid JSON by appending ``closing()`` alone: the position after an opening
     bracket, after a complete value, or inside a value string (never inside a key, an escape,
     a literal or an unfinished number, nor after a comma or colon). Streaming the text only up
-    to the safe point lets an interrupted value be closed into valid JSON.
+    to the safe point lets a value that breaks (stops being JSON) be closed into valid JSON.
 
     ``object_only``: the value must be an object (anything else fails at its first character).
     A number at the top level ends only at the character after it (or at ``finish``).

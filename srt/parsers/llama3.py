@@ -9,7 +9,9 @@ text before the tag is content; the tag is a special token, so it is often absen
 decoded text). Several calls are separated by ``;`` (or only by whitespace). ``"arguments"``
 is read like ``"parameters"``. An output that starts with ``{`` but is not a call object is
 content, and so is anything after the calls that is not another call. Calls naming a tool
-that was not offered stay calls (clients check names).
+that was not offered stay calls (clients check names). An output that ends inside a call (cut
+off by max_tokens): a call whose name is complete stands with its arguments exactly as written
+so far (possibly not valid JSON); without a complete name the call and the tag are dropped.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Llama3Parser(CallStreamParser):
         elif self._state == _CONTENT:
             self._em.content(self._splitter.flush())
         elif self._state == _AFTER_TAG:
-            self._em.release()
+            self._em.claim()  # cut off right after the tag: the tag is markup
         elif self._state == _READER:
             self._finish_call()
         else:

@@ -12,9 +12,12 @@ functions of text (no tokenizer, no torch):
 Invariant: for every text and every way of splitting it into deltas, a fresh parser fed the
 deltas in order and then flushed yields the same content (concatenated) and the same calls
 (names, and argument fragments concatenated per ``index``) as ``parse`` of the whole text.
-Every call's ``arguments`` is the JSON text of an object. Malformed call markup becomes content;
-no method raises on model output. Work per delta is linear in the delta plus a bounded
-hold-back, so a long output costs linear time.
+Every call's ``arguments`` is the JSON text of an object, except when the output ends inside
+the call (cut off by max_tokens): then it is exactly the text written so far, never completed
+with invented text. Malformed call markup becomes content; markup that an output ends in does
+not (a call with a complete name stands, anything less is dropped); no method raises on model
+output. Work per delta is linear in the delta plus a bounded hold-back, so a long output costs
+linear time.
 
 ``ToolChoice`` is a string: ``"none"``, ``"auto"``, ``"required"`` or ``"function:<name>"``
 (call exactly that tool). With ``"none"`` a parser renders no tool definitions and constrains
@@ -73,7 +76,8 @@ class ToolSpec:
 
 @dataclass
 class ToolCall:
-    """One call found in an output; ``arguments`` is the JSON text of an object."""
+    """One call found in an output; ``arguments`` is the JSON text of an object, or the part
+    of it that was written when the output was cut off inside the call."""
 
     name: str
     arguments: str
@@ -174,8 +178,9 @@ class ToolCallParser(ABC):
 
     @abstractmethod
     def flush(self) -> tuple[str, list[ToolCallDelta]]:
-        """End of stream: decides whatever is still held back (an unfinished call's arguments
-        are closed into a valid JSON object)."""
+        """End of stream: decides whatever is still held back. Output cut off inside call
+        markup: a call whose name is complete gets the rest of its arguments as written (not
+        closed into valid JSON); the rest of the markup is dropped, not shown as content."""
 
     @abstractmethod
     def render(

@@ -7,6 +7,7 @@ import json
 import random
 from dataclasses import dataclass
 
+from radixlm.srt.parsers.json_stream import FAILED, JsonScanner
 from radixlm.srt.parsers.registry import make_tool_parser
 from radixlm.srt.parsers.tool_base import ParseResult, ToolCall, ToolCallDelta, calls_from_deltas
 
@@ -44,6 +45,22 @@ def check_deltas(deltas: list[ToolCallDelta]) -> None:
         else:
             assert delta.name is None, delta
             assert delta.index == seen[-1], "a call's deltas are contiguous"
+
+
+def is_object_start(text: str) -> bool:
+    """Whether ``text`` is the start of the JSON text of an object (or all of it)."""
+    scanner = JsonScanner(object_only=True)
+    stop = scanner.scan(text)
+    return scanner.status != FAILED and not text[stop:].strip(" \t\n\r")
+
+
+def check_arguments(calls: list[ToolCall]) -> None:
+    """Every call's arguments are a JSON object, except the last call's when the output was
+    cut off inside it: then they are the start of one (as written, nothing closed)."""
+    for call in calls[:-1]:
+        assert isinstance(json.loads(call.arguments), dict), call
+    for call in calls[-1:]:
+        assert is_object_start(call.arguments), call
 
 
 def spaced_json(value: object, rng: random.Random) -> str:

@@ -127,7 +127,7 @@ def assert_sampled_alone(lp: dict[str, Any], echo: bool) -> None:
 
 
 # ---------------------------------------------------------------------- the default model
-AUDIT_CHAT = {
+EMOJI_CHAT = {
     "model": "default",
     "messages": [{"role": "user", "content": "Repeat exactly: 😀😀😀 你好"}],
     "logprobs": True,
@@ -139,14 +139,14 @@ AUDIT_CHAT = {
 
 @pytest.mark.slow
 def test_model_chat_bytes_rebuild_the_reply(idle_server) -> None:
-    choice = post(idle_server.url, "/v1/chat/completions", AUDIT_CHAT)["choices"][0]
+    choice = post(idle_server.url, "/v1/chat/completions", EMOJI_CHAT)["choices"][0]
     content = choice["message"]["content"]
     entries = choice["logprobs"]["content"]
     assert "\ufffd" not in content and len(entries) > 1
     assert_bytes_rebuild(entries, content, MODEL_STOP_TOKENS)
     if any(ord(ch) > 0x7FF for ch in content):  # a character split over tokens: raw bytes
         assert any(e["token"] == "\ufffd" and e["bytes"] != REPLACEMENT for e in entries)
-    chunks = strict_client(idle_server.url).chat.completions.create(**AUDIT_CHAT, stream=True)
+    chunks = strict_client(idle_server.url).chat.completions.create(**EMOJI_CHAT, stream=True)
     text, streamed = "", []
     for chunk in chunks:
         for c in chunk.choices:

@@ -315,3 +315,76 @@ def test_parse_with_a_pydantic_tool(client: openai.OpenAI) -> None:
     assert call.function.name == "Weather"
     assert isinstance(call.function.parsed_arguments, Weather)
     assert r.choices[0].finish_reason == "tool_calls"
+
+
+CITY_TOOL = _function(
+    "get_weather",
+    "The current weather in a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+
+
+def _reply(message_or_delta) -> tuple[str, list[tuple[str, str]]]:
+    calls = message_or_delta.tool_calls or ()
+    return message_or_delta.content or "", [(c.function.name, c.function.arguments) for c in calls]
+
+
+def _streamed_reply(client: openai.OpenAI, **request) -> tuple[str, list, str | None]:
+    """Content, calls (name, arguments) and finish reason of a streamed request, from its
+    deltas added up."""
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or ():
+                name, arguments = calls.get(tc.index, ("", ""))
+                if tc.function is not None:
+                    name += tc.function.name or ""
+                    arguments += tc.function.arguments or ""
+                calls[tc.index] = (name, arguments)
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+# where max_tokens cuts the default model's replies (inside the wrapper, the name, the arguments)
+CUTS = {"required": (2, 4, 10, 15, 20, 22), "auto": (2, 4, 10)}
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_replies_cut_by_max_tokens(client: openai.OpenAI, choice: str) -> None:
+    """The reply cut by max_tokens (at a few lengths and one token short of the whole; the
+    parser tests cut at every character): its JSON wrapper is never content; a call whose name
+    is complete has exactly the arguments written so far (nothing closed into valid JSON); a
+    cut answer is a prefix of the whole one; streamed and plain agree."""
+    request = {
+        "model": "default",
+        "messages": ASK,
+        "tools": [CITY_TOOL],
+        "tool_choice": choice,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**request, max_tokens=64)
+    assert whole.choices[0].finish_reason in ("stop", "tool_calls")
+    whole_content, whole_calls = _reply(whole.choices[0].message)
+    unfinished = 0  # cuts that left a call's arguments part-written (not valid JSON)
+    num_tokens = whole.usage.completion_tokens
+    for max_tokens in sorted({*(n for n in CUTS[choice] if n < num_tokens), num_tokens - 1}):
+        r = client.chat.completions.create(**request, max_tokens=max_tokens)
+        assert r.choices[0].finish_reason == "length"
+        content, calls = _reply(r.choices[0].message)
+        assert whole_content.startswith(content), (max_tokens, content)
+        assert '"tool_calls"' not in content and '{"content"' not in content, content
+        assert len(calls) <= len(whole_calls)
+        written = whole_calls[: len(calls)]
+        assert calls[:-1] == written[:-1], max_tokens  # only the last call can be cut off
+        if calls:
+            (name, arguments), (whole_name, whole_arguments) = calls[-1], written[-1]
+            assert name == whole_name and whole_arguments.startswith(arguments), max_tokens
+            unfinished += arguments != whole_arguments
+        assert _streamed_reply(client, **request, max_tokens=max_tokens) == (
+            content,
+            calls,
+            "length",
+        )
+    if whole_calls:
+        assert unfinished, "no cut fell inside the arguments: the check checked nothing"
