@@ -12,7 +12,10 @@ backend accepts gets a last try on llguidance in lenient mode, which ignores the
 does not implement (so does a structural tag llguidance rejects, for its tags' schemas). When
 every other backend rejects a spec whose outlines-core build went over budget, ``auto`` waits
 for that build after all (at most ``outlines_last_resort_s`` more): a schema only outlines-core
-accepts, just over the budget on a loaded CPU, still compiles.
+accepts, just over the budget on a loaded CPU, still compiles. A schema llguidance calls
+invalid or unsatisfiable fails at once (outlines-core would ignore the keyword at fault). Under
+contention (``CompileControl.should_yield``) outlines-core is skipped or its build killed; a
+spec nothing else compiles is deferred to the compile cache's slow lane.
 """
 
 from __future__ import annotations
@@ -22,8 +25,19 @@ import threading
 import time
 from typing import Any
 
-from radixlm.grammar.base import CompiledGrammar, GrammarBackend, GrammarCompileError, GrammarSpec
-from radixlm.grammar.llguidance_backend import GrammarTooComplexError, LLGuidanceBackend
+from radixlm.grammar.base import (
+    CompileControl,
+    CompileDeferred,
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarCompileError,
+    GrammarSpec,
+)
+from radixlm.grammar.llguidance_backend import (
+    GrammarTooComplexError,
+    InvalidSchemaError,
+    LLGuidanceBackend,
+)
 from radixlm.grammar.outlines_backend import OutlinesBackend
 from radixlm.grammar.outlines_worker import DEFAULT_MAX_MEMORY_BYTES, IndexJob, IndexWorkerPool
 from radixlm.grammar.schema_checks import (
@@ -34,6 +48,7 @@ from radixlm.grammar.schema_checks import (
 
 logger = logging.getLogger(__name__)
 
+_POLL_S = 0.05  # how often a wait on an outlines-core build asks the cache's control
 _LLGUIDANCE_ONLY_KINDS = ("ebnf", "json_object", "structural_tag")
 # JSON Schema keywords outlines-core accepts but does not (always) enforce, while llguidance
 # does. outlines-core drops an ``allOf`` next to ``properties`` in the same schema.
@@ -68,12 +83,15 @@ class AutoGrammarBackend(GrammarBackend):
         lenient_llguidance: LLGuidanceBackend | None = None,
         outlines_last_resort_s: float = 20.0,
         outlines_max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        outlines_yield_after_s: float = 0.5,
     ) -> None:
         self.outlines = outlines
         self.llguidance = llguidance
         self.lenient_llguidance = lenient_llguidance  # JSON schemas both others reject
         self.outlines_budget_s = outlines_budget_s
         self.outlines_last_resort_s = outlines_last_resort_s
+        # Under contention a build is killed after this long (the spec moves on).
+        self.outlines_yield_after_s = outlines_yield_after_s
         self.index_workers = IndexWorkerPool(
             outlines.outlines_vocabulary, outlines_max_memory_bytes
         )
@@ -85,36 +103,44 @@ class AutoGrammarBackend(GrammarBackend):
         return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient}]"
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        return self.compile_controlled(spec, CompileControl())
+
+    def compile_controlled(self, spec: GrammarSpec, control: CompileControl) -> CompiledGrammar:
+        """Tries the backends in ``_order``. While other specs wait for the worker
+        (``control.should_yield``), outlines-core is skipped (or its build killed after
+        ``outlines_yield_after_s``); if no other backend compiles the spec, ``CompileDeferred``
+        sends it to the cache's slow lane. A cancelled compilation kills its build."""
         errors: list[tuple[GrammarBackend, GrammarCompileError]] = []
         overrun: IndexJob | None = None  # an over-budget outlines-core build, still going
+        is_deferred = False
         schema = check_compilable(spec, self.outlines.limits)
         try:
             for backend in self._order(spec, schema):
-                if backend is self.lenient_llguidance and any(
-                    isinstance(e, GrammarTooComplexError) for _, e in errors
+                if backend is self.lenient_llguidance and (
+                    is_deferred or any(isinstance(e, GrammarTooComplexError) for _, e in errors)
                 ):
                     continue  # leniency does not make a grammar smaller
-                if errors:
-                    with self._lock:
-                        self.num_fallbacks += 1
-                    logger.info(
-                        "%s failed on %s (%s); trying %s",
-                        _label(errors[-1][0]),
-                        spec.describe(),
-                        errors[-1][1].reason,
-                        _label(backend),
-                    )
+                if backend is self.outlines and control.should_yield():
+                    is_deferred = True
+                    continue
+                self._log_fallback(spec, errors, backend)
                 try:
                     if backend is self.outlines:
-                        return self._compile_outlines_within_budget(spec)
+                        return self._compile_outlines_within_budget(spec, control)
                     return backend.compile(spec)
+                except _OutlinesYielded:
+                    is_deferred = True
                 except _OutlinesOverrun as error:
                     overrun = error.job
                     errors.append((backend, error))
+                except InvalidSchemaError:
+                    raise  # the schema is wrong: another backend would only ignore the fault
                 except GrammarCompileError as error:
                     errors.append((backend, error))
+            if is_deferred:
+                raise CompileDeferred(spec.describe())
             if overrun is not None:
-                grammar = self._wait_for_overrun(spec, overrun)
+                grammar = self._wait_for_overrun(spec, overrun, control)
                 if grammar is not None:
                     return grammar
         finally:
@@ -124,6 +150,19 @@ class AutoGrammarBackend(GrammarBackend):
         earlier = "; ".join(f"{_label(b)}: {e.reason}" for b, e in errors[:-1])
         reason = f"{last.reason} ({earlier})" if earlier else last.reason
         raise GrammarCompileError(spec.kind, reason) from last
+
+    def _log_fallback(self, spec: GrammarSpec, errors: list, backend: GrammarBackend) -> None:
+        if not errors:
+            return
+        with self._lock:
+            self.num_fallbacks += 1
+        logger.info(
+            "%s failed on %s (%s); trying %s",
+            _label(errors[-1][0]),
+            spec.describe(),
+            errors[-1][1].reason,
+            _label(backend),
+        )
 
     def _order(self, spec: GrammarSpec, schema: Any = None) -> list[GrammarBackend]:
         lenient = [] if self.lenient_llguidance is None else [self.lenient_llguidance]
@@ -150,17 +189,52 @@ class AutoGrammarBackend(GrammarBackend):
         backend = self.outlines if backend_name == self.outlines.name else self.llguidance
         return backend.deserialize(spec, backend_name, data)
 
-    def _compile_outlines_within_budget(self, spec: GrammarSpec) -> CompiledGrammar:
+    def _compile_outlines_within_budget(
+        self, spec: GrammarSpec, control: CompileControl
+    ) -> CompiledGrammar:
         began = time.monotonic()
         job = self.outlines.start_build(self.index_workers, spec)
-        index = job.wait(self.outlines_budget_s - (time.monotonic() - began))
+        try:
+            index = self._wait_polling(spec, job, began + self.outlines_budget_s, control, began)
+        except BaseException:
+            job.cancel()
+            raise
         if index is None:
             raise _OutlinesOverrun(
                 spec.kind, f"outlines-core did not finish within {self.outlines_budget_s:g} s", job
             )
-        return self.outlines.grammar_from_index(spec, index)
+        return self.outlines.grammar_from_index(spec, index, job.num_message_bytes)
 
-    def _wait_for_overrun(self, spec: GrammarSpec, job: IndexJob) -> CompiledGrammar | None:
+    def _wait_polling(
+        self,
+        spec: GrammarSpec,
+        job: IndexJob,
+        deadline: float,
+        control: CompileControl,
+        yield_from: float | None = None,
+    ):
+        """``job``'s index, or None at ``deadline``; asks ``control`` every ``_POLL_S``:
+        raises ``GrammarCompileError`` when cancelled and ``_OutlinesYielded`` when asked to
+        yield (after ``outlines_yield_after_s`` past ``yield_from``; never if None)."""
+        while True:
+            now = time.monotonic()
+            if control.is_cancelled():
+                raise GrammarCompileError(spec.kind, "the compilation was cancelled")
+            if (
+                yield_from is not None
+                and now - yield_from >= self.outlines_yield_after_s
+                and control.should_yield()
+            ):
+                raise _OutlinesYielded(spec.kind, "outlines-core gave way to waiting specs")
+            if now >= deadline:
+                return None
+            index = job.wait(min(_POLL_S, deadline - now))
+            if index is not None:
+                return index
+
+    def _wait_for_overrun(
+        self, spec: GrammarSpec, job: IndexJob, control: CompileControl
+    ) -> CompiledGrammar | None:
         """The over-budget outlines-core build's grammar if it finishes within the last-resort
         wait, else None."""
         if self.outlines_last_resort_s <= 0:
@@ -171,16 +245,21 @@ class AutoGrammarBackend(GrammarBackend):
             self.outlines_last_resort_s,
         )
         try:
-            index = job.wait(self.outlines_last_resort_s)
+            deadline = time.monotonic() + self.outlines_last_resort_s
+            index = self._wait_polling(spec, job, deadline, control)
         except GrammarCompileError:
             return None
         if index is None:
             return None
         logger.info("outlines-core compiled %s past its budget", spec.describe())
-        return self.outlines.grammar_from_index(spec, index)
+        return self.outlines.grammar_from_index(spec, index, job.num_message_bytes)
 
     def shutdown(self) -> None:
         self.index_workers.close()
+
+
+class _OutlinesYielded(GrammarCompileError):
+    """outlines-core gave its worker up to waiting specs; its build was killed."""
 
 
 class _OutlinesOverrun(GrammarCompileError):

@@ -211,6 +211,29 @@ class CompiledGrammar(ABC):
         """Bytes the owning backend's ``deserialize`` turns back into this grammar, or None."""
         return None
 
+    def size_bytes(self) -> int:
+        """Estimated memory the grammar holds (the compile cache's byte bound counts it)."""
+        return 0
+
+
+class CompileControl:
+    """What the compile cache tells a running compilation; a backend that waits on work it
+    can stop (``auto``'s outlines-core child) asks while it waits. This default never stops."""
+
+    def is_cancelled(self) -> bool:
+        """True when nobody wants the result any more (requests aborted, deadline passed):
+        the backend stops its work and raises ``GrammarCompileError``."""
+        return False
+
+    def should_yield(self) -> bool:
+        """True when other specs wait for this worker: the backend may give up slow work
+        and raise ``CompileDeferred``; the cache then retries it on its slow lane."""
+        return False
+
+
+class CompileDeferred(Exception):
+    """A compilation gave up its worker to waiting specs (``CompileControl.should_yield``)."""
+
 
 class GrammarBackend(ABC):
     """Compiles grammar specs against one tokenizer vocabulary."""
@@ -220,6 +243,11 @@ class GrammarBackend(ABC):
     @abstractmethod
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compiles ``spec``; raises ``GrammarCompileError`` for grammars it cannot compile."""
+
+    def compile_controlled(self, spec: GrammarSpec, control: CompileControl) -> CompiledGrammar:
+        """``compile`` as the compile cache runs it: a backend whose compilations can be slow
+        polls ``control`` while it waits (may raise ``CompileDeferred``). Default: ``compile``."""
+        return self.compile(spec)
 
     def cache_tag(self) -> str:
         """Names everything besides the spec and vocabulary that shapes compiled grammars

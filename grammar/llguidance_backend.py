@@ -15,6 +15,7 @@ rejecting the schema.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import Any
 
@@ -69,6 +70,28 @@ MAX_OPTIONAL_PROPERTIES = (MAX_ITEMS_IN_ROW - 8) // 4
 
 class GrammarTooComplexError(GrammarCompileError):
     """A grammar past a parser limit (``auto`` does not retry it on lenient llguidance)."""
+
+
+class InvalidSchemaError(GrammarCompileError):
+    """A JSON schema that is invalid or matches no document (``minimum`` above ``maximum``,
+    ``multipleOf`` 0, a bound that is not a number): ``auto`` does not retry it elsewhere, since
+    outlines-core and lenient llguidance ignore the very keyword at fault."""
+
+
+# Starts of llguidance errors that mean the schema itself is wrong, not merely unsupported.
+_INVALID_SCHEMA_ERROR = re.compile(
+    r"^(Unsatisfiable schema|invalid multiple of|Expected \S+ for '|"
+    r"Invalid schema|Invalid value for)",
+    re.IGNORECASE,
+)
+
+
+def compile_error(kind: str, message: str) -> GrammarCompileError:
+    """The error for llguidance's ``message``: ``InvalidSchemaError`` for a wrong schema."""
+    message = message.strip()
+    if _INVALID_SCHEMA_ERROR.match(message):
+        return InvalidSchemaError(kind, message)
+    return GrammarCompileError(kind, message)
 
 
 # tokens consumed at compile time to meet "too complex" before requests do
@@ -142,6 +165,10 @@ class LLGuidanceGrammar(CompiledGrammar):
     def new_matcher(self) -> LLGuidanceMatcher:
         with self._lock:
             return LLGuidanceMatcher(self, self._template.deep_copy())
+
+    def size_bytes(self) -> int:
+        # The grammar and its lazily built lexer states: small next to an outlines-core index.
+        return (64 << 10) + 16 * len(self.grammar_text)
 
     def probe(self) -> None:
         """Computes the first mask and follows up to ``PROBE_STEPS`` tokens (the lowest allowed
@@ -355,7 +382,7 @@ class LLGuidanceBackend(GrammarBackend):
             }
             return LLMatcher.grammar_from_json_schema(schema, overrides=options)
         except (ValueError, TypeError) as exc:
-            raise GrammarCompileError(spec.kind, str(exc)) from exc
+            raise compile_error(spec.kind, str(exc)) from exc
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
         schemas = [check_compilable(spec, self.limits)]
@@ -380,7 +407,7 @@ class LLGuidanceBackend(GrammarBackend):
     def _build(self, spec: GrammarSpec, grammar_text: str) -> LLGuidanceGrammar:
         template = LLMatcher(self.lltokenizer(), grammar_text, log_level=0, limits=parser_limits())
         if template.is_error():
-            raise GrammarCompileError(spec.kind, template.get_error().strip())
+            raise compile_error(spec.kind, template.get_error())
         grammar = LLGuidanceGrammar(spec, grammar_text, template, self.vocab)
         grammar.probe()  # on the compile thread, not the scheduler's
         return grammar

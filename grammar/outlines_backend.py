@@ -131,7 +131,8 @@ class OutlinesBackend(GrammarBackend):
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> OutlinesGrammar:
         if backend_name != self.name:
             raise GrammarCompileError(spec.kind, f"cannot load a {backend_name} grammar")
-        return self.grammar_from_index(spec, outlines_core.Index.from_binary(data))
+        index = outlines_core.Index.from_binary(data)
+        return self.grammar_from_index(spec, index, len(data))
 
     def start_build(self, pool: IndexWorkerPool, spec: GrammarSpec) -> IndexJob:
         """Starts building ``spec``'s index in one of ``pool``'s child processes (a JSON
@@ -142,8 +143,11 @@ class OutlinesBackend(GrammarBackend):
             )
         return pool.start(self.regex_for(spec), spec.kind)
 
-    def grammar_from_index(self, spec: GrammarSpec, index) -> OutlinesGrammar:
-        grammar = OutlinesGrammar(spec, index, self.vocab)
+    def grammar_from_index(
+        self, spec: GrammarSpec, index, serialized_bytes: int | None = None
+    ) -> OutlinesGrammar:
+        """``index``'s grammar; ``serialized_bytes``, when known, sizes it for the cache."""
+        grammar = OutlinesGrammar(spec, index, self.vocab, serialized_bytes)
         if (
             not grammar.is_final(grammar.initial_state)
             and not grammar.text_token_ids(grammar.initial_state).size

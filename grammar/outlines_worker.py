@@ -61,8 +61,13 @@ def _read_exactly(fd: int, size: int) -> bytes:
 
 
 def _read_message(fd: int) -> object:
+    return _read_sized_message(fd)[0]
+
+
+def _read_sized_message(fd: int) -> tuple[object, int]:
+    """A message and its pickled length."""
     (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size))
-    return pickle.loads(_read_exactly(fd, size))
+    return pickle.loads(_read_exactly(fd, size)), size
 
 
 def _child_main(max_memory_bytes: int) -> None:
@@ -172,6 +177,7 @@ class IndexJob:
         self._kind = kind
         self._lock = threading.Lock()
         self._outcome: tuple[bool, object] | None = None
+        self.num_message_bytes = 0  # length of the child's answer (about the index's size)
 
     def wait(self, timeout_s: float):
         """The ``Index``, or None if the build is still going after ``timeout_s``; raises
@@ -194,7 +200,7 @@ class IndexJob:
 
     def _read_outcome(self, worker: _Worker) -> tuple[bool, object]:
         try:
-            ok, value = _read_message(worker.fd_out)
+            (ok, value), self.num_message_bytes = _read_sized_message(worker.fd_out)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             worker.process.wait()  # it exited: an allocation past RLIMIT_AS aborts it
             worker.kill()

@@ -225,6 +225,7 @@ class GrammarManager:
             "jump_forward": self.jump_forward_enabled,
             "mask_prefetch": self.prefetch_enabled,
             "num_queued": len(self.queue.pending),
+            **self.queue.backlog(),
             **self.stats.as_dict(),
         }
 

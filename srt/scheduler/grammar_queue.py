@@ -151,10 +151,21 @@ class GrammarQueue:
             wait_futures(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
 
     def remove(self, hit: Callable[[Req], bool]) -> list[Req]:
-        """Takes the queued requests ``hit`` selects out of the queue (aborts)."""
-        gone = [p.req for p in self.pending if hit(p.req)]
+        """Takes the queued requests ``hit`` selects out of the queue (aborts). A compilation
+        no other request waits for is cancelled (its outlines-core build is killed)."""
+        gone = [p for p in self.pending if hit(p.req)]
         self.pending = [p for p in self.pending if not hit(p.req)]
-        return gone
+        cache = self.compile_cache
+        for item in gone:
+            if cache is not None and item.future is not None:
+                cache.release(item.spec)
+        return [p.req for p in gone]
+
+    def backlog(self) -> dict[str, int]:
+        """The compile cache's compilations in flight (aborted requests' included until they
+        are cancelled), for server info."""
+        cache = self.compile_cache
+        return cache.backlog() if cache is not None else {}
 
     @property
     def compile_cache(self) -> GrammarCompileCache | None:

@@ -196,6 +196,9 @@ class Scheduler:
             if self.has_work():
                 return ControlReply(msg.req_id, False, {"message": "requests are running"})
             self.cache.reset()
+            compiled = self.grammars.compile_cache  # finished grammars (none is in use: idle)
+            if compiled is not None:
+                compiled.clear()
             return ControlReply(msg.req_id, True, self.server_info())
         if msg.kind in ("start_profile", "stop_profile"):
             try:
