@@ -21,6 +21,7 @@ spec nothing else compiles is deferred to the compile cache's slow lane.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -44,6 +45,7 @@ from radixlm.grammar.schema_checks import (
     check_compilable,
     outlines_regex_lower_bound,
     recursive_ref,
+    schema_nodes,
 )
 
 logger = logging.getLogger(__name__)
@@ -57,17 +59,42 @@ _OUTLINES_IGNORED_KEYWORDS = frozenset(
 )
 
 
+# outlines-core also mistranslates these (its output then fails the schema, or is not JSON):
+# a pattern is pasted into the string's regex (an alternation loses its grouping, "." admits a
+# raw quote), property names are not escaped, prefixItems drops items/minItems, anyOf/oneOf or
+# $ref next to other keywords are dropped, required names outside properties are ignored, and
+# date/time formats are checked loosely (no calendar, no offset)
+_OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems"})
+_OUTLINES_LOOSE_FORMATS = frozenset({"date", "time", "date-time"})
+_REF_SIBLINGS_OK = frozenset(
+    {"$defs", "definitions", "title", "description", "$comment", "default", "examples"}
+)
+_UNESCAPED_NAME = re.compile(r'["\\\x00-\x1f]')
+
+
 def _uses_keywords_outlines_ignores(schema: Any) -> bool:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if _OUTLINES_IGNORED_KEYWORDS.intersection(node):
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
+    """Whether outlines-core would compile ``schema`` into a grammar that admits documents the
+    schema does not (llguidance enforces these): such schemas try llguidance first."""
+    return any(_outlines_misreads(node) for node in schema_nodes(schema))
+
+
+def _outlines_misreads(node: dict) -> bool:
+    if _OUTLINES_IGNORED_KEYWORDS.intersection(node) or _OUTLINES_MISREAD_KEYWORDS.intersection(
+        node
+    ):
+        return True
+    properties = node.get("properties")
+    if isinstance(properties, dict):
+        if "anyOf" in node or "oneOf" in node:
+            return True
+        if any(_UNESCAPED_NAME.search(str(name)) for name in properties):
+            return True
+        required = node.get("required")
+        if isinstance(required, list) and not set(map(str, required)) <= set(properties):
+            return True
+    if "$ref" in node and set(node) - _REF_SIBLINGS_OK - {"$ref"}:
+        return True
+    return node.get("format") in _OUTLINES_LOOSE_FORMATS
 
 
 class AutoGrammarBackend(GrammarBackend):
@@ -171,10 +198,15 @@ class AutoGrammarBackend(GrammarBackend):
         if spec.kind in _LLGUIDANCE_ONLY_KINDS:
             return [self.llguidance]
         # outlines-core unrolls recursion to a fixed depth (a dead end deep in a document).
-        if schema is not None and (
+        llguidance_first = schema is not None and (
             _uses_keywords_outlines_ignores(schema) or recursive_ref(schema) is not None
-        ):
-            order: list[GrammarBackend] = [self.llguidance, self.outlines]
+        )
+        if llguidance_first and spec.kind == "json_schema":
+            # lenient llguidance (keeps the bounds it can) before outlines-core (drops them)
+            order: list[GrammarBackend] = [self.llguidance, *lenient, self.outlines]
+            lenient = []
+        elif llguidance_first:
+            order = [self.llguidance, self.outlines]
         else:
             order = [self.outlines, self.llguidance]
         limit = self.outlines.max_regex_chars

@@ -71,21 +71,26 @@ SCHEMA_MAPS = frozenset(
 )
 
 
-def ref_nodes(schema: Any) -> Iterator[dict]:
-    """Every schema object under ``schema`` (itself included) whose ``$ref`` is a string."""
+def schema_nodes(schema: Any) -> Iterator[dict]:
+    """Every schema object under ``schema`` (itself included), never looking into data
+    (``const``, ``enum``, ``default``, ``examples``), where an object is a value, not a schema."""
     stack = [schema]
     while stack:
         item = stack.pop()
         if isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, dict):
-            if isinstance(item.get("$ref"), str):
-                yield item
+            yield item
             for key, value in item.items():
                 if key in SCHEMA_MAPS and isinstance(value, dict):
                     stack.extend(value.values())
                 elif key not in DATA_KEYWORDS:
                     stack.append(value)
+
+
+def ref_nodes(schema: Any) -> Iterator[dict]:
+    """Every schema object under ``schema`` (itself included) whose ``$ref`` is a string."""
+    return (node for node in schema_nodes(schema) if isinstance(node.get("$ref"), str))
 
 
 def unresolved_ref(schema: Any) -> str | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.grammar.schema_checks import resolve_pointer
+from radixlm.grammar.schema_checks import resolve_pointer, schema_nodes
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 
@@ -51,18 +51,10 @@ def close_objects(schema: Any) -> bool:
     ``$ref`` targets used there; whether anything changed."""
     keep_open = {id(node) for node in _all_of_nodes(schema)}
     changed = False
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
+    for node in list(schema_nodes(schema)):  # never into const / enum / default data
         if id(node) not in keep_open and _is_open_declared_object(node):
             node["additionalProperties"] = False
             changed = True
-        stack.extend(node.values())
     return changed
 
 
@@ -126,14 +118,7 @@ def _all_of_nodes(schema: Any) -> list[Any]:
 
 
 def _walk(node: Any):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, dict):
-            stack.extend(n.values())
-        elif isinstance(n, list):
-            stack.extend(n)
+    return schema_nodes(node)
 
 
 def tighten_one_of(schema_text: str) -> str:
@@ -145,17 +130,12 @@ def tighten_one_of(schema_text: str) -> str:
     return json.dumps(schema) if _visit(schema) else schema_text
 
 
-def _visit(node: Any) -> bool:
+def _visit(schema: Any) -> bool:
     changed = False
-    if isinstance(node, dict):
+    for node in list(schema_nodes(schema)):  # never into const / enum / default data
         branches = node.get("oneOf")
         if isinstance(branches, list):
             changed |= _require_shared_property(branches)
-        for value in node.values():
-            changed |= _visit(value)
-    elif isinstance(node, list):
-        for value in node:
-            changed |= _visit(value)
     return changed
 
 

@@ -143,3 +143,63 @@ def test_auto_rejects_invalid_or_unsatisfiable_schemas(auto, schema, words):
 def test_auto_still_falls_back_on_unsupported_keywords(auto):
     grammar = auto.compile(GrammarSpec.json_schema({"type": "string", "format": "color"}))
     assert grammar.new_matcher().accept_tokens(auto.llguidance.vocab.encode('"red"'))
+
+
+def _accepts(auto, grammar, text: str) -> bool:
+    """Whether the grammar takes ``text`` and then ends (accepts EOS)."""
+    vocab = auto.llguidance.vocab
+    matcher = grammar.new_matcher()
+    return matcher.accept_tokens(vocab.encode(text)) and matcher.accept_token(
+        vocab.eos_token_ids[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "schema, good, bad",
+    [
+        # names needing escapes: outlines-core wrote them raw (not JSON)
+        (
+            {
+                "type": "object",
+                "properties": {'say "hi"': {"type": "integer"}},
+                "required": ['say "hi"'],
+            },
+            '{"say \\"hi\\"": 1}',
+            '{"say "hi"": 1}',
+        ),
+        # a pattern's alternation lost its grouping in outlines-core's string regex
+        ({"type": "string", "pattern": "^(cat|dog)$"}, '"dog"', '"cat'),
+        ({"type": "string", "pattern": "cat|dog"}, '"a dog"', '"cat'),
+        # "." let a raw quote into the string
+        (
+            {
+                "type": "object",
+                "properties": {"q": {"type": "string", "pattern": "^.+$"}},
+                "required": ["q"],
+            },
+            '{"q": "yes"}',
+            '{"q": "a" "b"}',
+        ),
+        # a required name outside properties was ignored
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]},
+            '{"a": "x", "b": 2}',
+            '{"a": "x"}',
+        ),
+        # prefixItems dropped items and minItems
+        (
+            {
+                "type": "array",
+                "prefixItems": [{"type": "string"}],
+                "items": {"type": "integer"},
+                "minItems": 3,
+            },
+            '["a", 1, 2]',
+            '["a"]',
+        ),
+    ],
+)
+def test_auto_sends_what_outlines_mistranslates_to_llguidance(auto, schema, good, bad):
+    grammar = auto.compile(GrammarSpec.json_schema(schema))
+    assert _accepts(auto, grammar, good), good
+    assert not _accepts(auto, grammar, bad), bad

@@ -113,3 +113,27 @@ def test_closed_schema_admits_a_subset_of_the_original():
         jsonschema.validate({"a": 1, "extra": 2}, out)
     jsonschema.validate({"a": 1, "extra": 2}, schema)
     assert rewrite_schema(json.dumps(schema), strict_objects=False) == json.dumps(schema)
+
+
+def test_data_is_never_rewritten() -> None:
+    """``const`` / ``enum`` / ``default`` / ``examples`` hold documents, not schemas: an object
+    there that looks like a schema stays exactly as written (closing it or requiring a property
+    made the schema unsatisfiable), while a property *named* ``const`` is still a schema."""
+    data = {"properties": {"a": 1}}
+    branches = {"oneOf": [{"properties": {"e": {}}}, {"properties": {"e": {}}}]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "c": {"const": data},
+            "e": {"enum": [data, branches]},
+            "d": {"type": "object", "default": data, "examples": [branches]},
+            "const": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+        "required": ["c"],
+    }
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    props = out["properties"]
+    assert props["c"]["const"] == data and props["e"]["enum"] == [data, branches]
+    assert props["d"]["default"] == data and props["d"]["examples"] == [branches]
+    assert props["const"]["additionalProperties"] is False  # a schema under a data-like name
+    assert out["additionalProperties"] is False
