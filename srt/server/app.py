@@ -97,8 +97,10 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(openai_responses.router)
     # HEAD too: load balancers probe with it
-    app.add_api_route("/health", health, methods=["GET", "HEAD"])
-    app.add_api_route("/ready", health, methods=["GET", "HEAD"])  # SGLang's readiness route
+    # (HEAD kept out of the OpenAPI schema: one operation id per route)
+    for path in ("/health", "/ready"):  # /ready: SGLang's readiness route
+        app.add_api_route(path, health, methods=["GET"])
+        app.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)
     # added last = outermost: the key is checked before any body is read

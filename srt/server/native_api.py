@@ -269,7 +269,8 @@ async def flush_cache(request: Request) -> Response:
     return json_response({"message": "cache flushed", "kv_pool": reply.data})
 
 
-@router.api_route("/start_profile", methods=["GET", "POST"])
+@router.post("/start_profile")
+@router.get("/start_profile", include_in_schema=False)  # one operation in the schema
 async def start_profile(request: Request) -> Response:
     """Admin route: a torch.profiler trace of the scheduler steps (SGLang's ProfileReq body,
     optional; srt/scheduler/profiling.py). GET too: SGLang's ``RuntimeEndpoint.start_profile``
@@ -282,7 +283,8 @@ async def start_profile(request: Request) -> Response:
     return json_response(reply.data)
 
 
-@router.api_route("/stop_profile", methods=["GET", "POST"])
+@router.post("/stop_profile")
+@router.get("/stop_profile", include_in_schema=False)  # one operation in the schema
 async def stop_profile(request: Request) -> Response:
     """Admin route: ends the profile and writes its trace (its path in the answer)."""
     require_admin(request)

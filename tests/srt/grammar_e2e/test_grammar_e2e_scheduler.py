@@ -206,8 +206,10 @@ def test_compile_timeout_fails_the_request(tiny_llama_dir, monkeypatch):
 
     def slow_cache(config, vocab):
         cache = real_create(config, vocab)
-        compile_now = cache.backend.compile
-        cache.backend.compile = lambda spec: threading.Event().wait(2.0) or compile_now(spec)
+        compile_now = cache.backend.compile_controlled
+        cache.backend.compile_controlled = lambda spec, control: (
+            threading.Event().wait(2.0) or compile_now(spec, control)
+        )
         return cache
 
     monkeypatch.setattr(grammar_queue_module, "create_compile_cache", slow_cache)
