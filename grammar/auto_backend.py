@@ -62,10 +62,12 @@ _OUTLINES_IGNORED_KEYWORDS = frozenset(
 # outlines-core also mistranslates these (its output then fails the schema, or is not JSON):
 # a pattern is pasted into the string's regex (an alternation loses its grouping, "." admits a
 # raw quote), property names are not escaped, prefixItems drops items/minItems, anyOf/oneOf or
-# $ref next to other keywords are dropped, required names outside properties are ignored, and
-# date/time formats are checked loosely (no calendar, no offset)
+# $ref next to other keywords are dropped, required names outside properties are ignored,
+# date/time formats are checked loosely (no calendar, no offset), and the email, uri and time
+# regexes admit a raw quote, backslash or control character inside the JSON string (the output
+# is then not JSON: `{"u": "urn:a:b",,x"}`)
 _OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems"})
-_OUTLINES_LOOSE_FORMATS = frozenset({"date", "time", "date-time"})
+_OUTLINES_LOOSE_FORMATS = frozenset({"date", "time", "date-time", "email", "uri"})
 _REF_SIBLINGS_OK = frozenset(
     {"$defs", "definitions", "title", "description", "$comment", "default", "examples"}
 )

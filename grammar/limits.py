@@ -123,9 +123,9 @@ def check_json_text(name: str, text: str, max_depth: int = DEFAULT_MAX_JSON_DEPT
     except RecursionError:  # cannot happen below the depth bound; kept as a clean error
         raise ValueError(f"{name} nests too deeply") from None
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(
-            f"{name} must be a JSON object (or true / false), got {type(schema).__name__}"
-        )
+        raise ValueError(f"{name} must be a JSON object (or true), got {type(schema).__name__}")
+    if schema is False:
+        raise ValueError(f"{name} is false, a schema no value satisfies; use true for any value")
     return schema
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec
 from radixlm.grammar.limits import GrammarLimits, check_spec
@@ -32,12 +32,20 @@ _OBJECT_HINTS = ("properties", "required", "additionalProperties")
 _ARRAY_HINTS = ("items", "prefixItems", "minItems")
 
 
-def resolve_pointer(schema: Any, ref: str) -> tuple[bool, Any]:
-    """``(True, node)`` for a local reference that resolves, else ``(False, None)``."""
+def resolve_pointer(
+    schema: Any, ref: str, anchors: dict[str, str] | None = None
+) -> tuple[bool, Any]:
+    """``(True, node)`` for a local reference that resolves, else ``(False, None)``. A
+    plain-name fragment (``#name``) names an ``$anchor`` / ``$dynamicAnchor``: it resolves
+    through ``anchors`` (``anchor_pointers``; computed here when not given)."""
     if not ref.startswith("#"):
         return False, None
+    fragment = unquote(ref[1:])
+    if fragment and not fragment.startswith("/"):
+        pointer = (anchor_pointers(schema) if anchors is None else anchors).get(fragment)
+        return (False, None) if pointer is None else resolve_pointer(schema, pointer, {})
     node = schema
-    for raw in unquote(ref[1:]).split("/")[1:] if ref != "#" else []:
+    for raw in fragment.split("/")[1:]:
         part = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
@@ -88,6 +96,57 @@ def schema_nodes(schema: Any) -> Iterator[dict]:
                     stack.append(value)
 
 
+def anchor_pointers(schema: Any) -> dict[str, str]:
+    """``$anchor`` / ``$dynamicAnchor`` name -> the JSON pointer (``#/...``) of its schema
+    object, the first found of each name; data (``const``, ``enum``, ...) is never searched."""
+    found: dict[str, str] = {}
+    is_schema = {id(node) for node in schema_nodes(schema)}
+    stack: list[tuple[Any, str]] = [(schema, "#")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            if id(item) in is_schema:
+                for key in ("$anchor", "$dynamicAnchor"):
+                    name = item.get(key)
+                    if isinstance(name, str) and name not in found:
+                        found[name] = path
+            for key, value in item.items():
+                if isinstance(value, (dict, list)) and key not in DATA_KEYWORDS:
+                    # RFC 3986 fragment characters stay as written (outlines-core does
+                    # not percent-decode); others are encoded (llguidance decodes them)
+                    part = quote(key.replace("~", "~0").replace("/", "~1"), safe="~!$&'()*+,;=:@")
+                    stack.append((value, f"{path}/{part}"))
+        elif isinstance(item, list):
+            stack.extend((value, f"{path}/{i}") for i, value in enumerate(item))
+    return found
+
+
+def anchors_as_pointers(schema: Any) -> bool:
+    """Rewrites in place every ``$ref`` / ``$dynamicRef`` to a plain-name fragment (``#name``)
+    that names an anchor of ``schema`` as a ``$ref`` to its JSON pointer: the engines resolve
+    only pointers (a ``$dynamicRef`` is read as a ``$ref``: there is one document, so the
+    dynamic scope holds this one anchor). Unknown names are left for ``unresolved_ref``.
+    Whether anything changed."""
+    if not isinstance(schema, dict):
+        return False
+    anchors: dict[str, str] | None = None
+    changed = False
+    for node in list(schema_nodes(schema)):
+        for key in ("$ref", "$dynamicRef"):
+            ref = node.get(key)
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                continue
+            fragment = unquote(ref[1:])
+            if not fragment or fragment.startswith("/"):
+                continue
+            anchors = anchor_pointers(schema) if anchors is None else anchors
+            if fragment in anchors and (key == "$ref" or "$ref" not in node):
+                del node[key]
+                node["$ref"] = anchors[fragment]
+                changed = True
+    return changed
+
+
 def ref_nodes(schema: Any) -> Iterator[dict]:
     """Every schema object under ``schema`` (itself included) whose ``$ref`` is a string."""
     return (node for node in schema_nodes(schema) if isinstance(node.get("$ref"), str))
@@ -96,8 +155,9 @@ def ref_nodes(schema: Any) -> Iterator[dict]:
 def unresolved_ref(schema: Any) -> str | None:
     """The first ``$ref`` of ``schema`` that is not a local reference (``#...``) or points at
     nothing in ``schema``; None when every reference resolves."""
+    anchors = anchor_pointers(schema)
     for node in ref_nodes(schema):
-        if not resolve_pointer(schema, node["$ref"])[0]:
+        if not resolve_pointer(schema, node["$ref"], anchors)[0]:
             return node["$ref"]
     return None
 
@@ -107,11 +167,12 @@ def _ref_graph(schema: Any) -> dict[str, list[str]]:
     root (unresolvable targets have no entry)."""
     graph: dict[str, list[str]] = {}
     pending = ["#"]
+    anchors = anchor_pointers(schema)
     while pending:
         target = pending.pop()
         if target in graph:
             continue
-        ok, node = resolve_pointer(schema, target)
+        ok, node = resolve_pointer(schema, target, anchors)
         if not ok:
             continue
         graph[target] = sorted(set(_refs_in(node)))
@@ -150,7 +211,8 @@ def unsatisfiable_reason(schema: Any) -> str | None:
     if not isinstance(schema, (dict, bool)):
         return None
     graph = _ref_graph(schema) if isinstance(schema, dict) else {}
-    nodes = {t: resolve_pointer(schema, t)[1] for t in graph}
+    anchors = anchor_pointers(schema)
+    nodes = {t: resolve_pointer(schema, t, anchors)[1] for t in graph}
     known: dict[str, bool] = dict.fromkeys(graph, False)  # least fixed point: start with none
     changed = True
     while changed:
@@ -232,6 +294,7 @@ def check_compilable(spec: GrammarSpec, limits: GrammarLimits | None = None) -> 
     if spec.kind != "json_schema":
         return None
     schema = json.loads(str(spec.value))  # parses: check_spec parsed it within the depth bound
+    anchors_as_pointers(schema)
     reason = unsatisfiable_reason(schema)
     if reason is not None:
         raise GrammarCompileError(spec.kind, reason)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.grammar.schema_checks import resolve_pointer, schema_nodes
+from radixlm.grammar.schema_checks import anchors_as_pointers, resolve_pointer, schema_nodes
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 
@@ -39,7 +39,10 @@ def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
         schema = json.loads(schema_text)
     except ValueError:
         return schema_text  # the backends report the parse error
-    changed = _visit(schema)
+    if schema is True:  # the boolean schema any value satisfies: the empty schema
+        return "{}"
+    changed = anchors_as_pointers(schema)  # first: the walks below follow pointers only
+    changed |= _visit(schema)
     if strict_objects:
         changed |= close_objects(schema)
     return json.dumps(schema) if changed else schema_text
@@ -47,9 +50,9 @@ def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
 
 def close_objects(schema: Any) -> bool:
     """Sets ``additionalProperties: false`` in place on every object schema that declares
-    ``properties`` and leaves extra properties unspecified, except under ``allOf`` and in the
-    ``$ref`` targets used there; whether anything changed."""
-    keep_open = {id(node) for node in _all_of_nodes(schema)}
+    ``properties`` and leaves extra properties unspecified, except in the parts that combine
+    with other schemas (``_combined_nodes``); whether anything changed."""
+    keep_open = {id(node) for node in _combined_nodes(schema)}
     changed = False
     for node in list(schema_nodes(schema)):  # never into const / enum / default data
         if id(node) not in keep_open and _is_open_declared_object(node):
@@ -88,16 +91,23 @@ def _is_open_declared_object(node: dict) -> bool:
     return isinstance(min_properties, int) and min_properties <= len(properties)
 
 
-def _all_of_nodes(schema: Any) -> list[Any]:
-    """Every node inside an ``allOf``, and the local ``$ref`` targets (transitively) used there."""
+def _combined_nodes(schema: Any) -> list[Any]:
+    """The nodes a document must satisfy together with another schema's properties, and the
+    local ``$ref`` targets (transitively) used there: everything inside an ``allOf``; the
+    ``anyOf`` / ``oneOf`` branches of a node that declares properties itself; the target of a
+    ``$ref`` beside declared properties. Closing one of them would refuse the other's keys."""
     found: list[Any] = []
     seen: set[int] = set()
-    stack = [
-        b
-        for n in _walk(schema)
-        if isinstance(n, dict)
-        for b in (n.get("allOf") if isinstance(n.get("allOf"), list) else [])
-    ]
+    stack: list[Any] = []
+    for n in _walk(schema):
+        if not isinstance(n, dict):
+            continue
+        stack.extend(n["allOf"] if isinstance(n.get("allOf"), list) else [])
+        if "properties" in n or "required" in n:
+            for key in ("anyOf", "oneOf"):
+                stack.extend(n[key] if isinstance(n.get(key), list) else [])
+            if isinstance(n.get("$ref"), str):
+                stack.append({"$ref": n["$ref"]})
     while stack:
         node = stack.pop()
         if id(node) in seen:
@@ -110,7 +120,7 @@ def _all_of_nodes(schema: Any) -> list[Any]:
             else (list(node) if isinstance(node, list) else [])
         )
         if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-            found_target, target = resolve_pointer(schema, node["$ref"])
+            found_target, target = resolve_pointer(schema, node["$ref"], {})  # anchors: pointers
             if found_target:
                 children.append(target)
         stack.extend(c for c in children if isinstance(c, (dict, list)))

@@ -106,3 +106,47 @@ def _check_rejects_disallowed(
     before = matcher.num_accepted_tokens
     assert not matcher.accept_token(candidate), f"masked-out token {candidate} was accepted"
     assert matcher.num_accepted_tokens == before
+
+
+def closing_tokens(vocab: TokenizerVocab, closers: bytes = b'"]},') -> frozenset[int]:
+    """The tokens made only of ``closers`` bytes: what ends a JSON string, array or object."""
+    found = set()
+    for token in range(vocab.vocab_size):
+        text = vocab.decode_bytes([token])
+        if text and all(byte in closers for byte in text):
+            found.add(token)
+    return frozenset(found)
+
+
+def closing_walk(
+    matcher: GrammarMatcher,
+    vocab: TokenizerVocab,
+    rng: random.Random,
+    closers: frozenset[int],
+    max_tokens: int = 1500,
+) -> tuple[list[int], bool]:
+    """Like ``random_walk``, but a walk that ends: EOS is taken half the time it is allowed,
+    and a ``closers`` token (``closing_tokens``) more and more often as the walk grows (a
+    uniform walk over an unbounded string meets its closing quote once in ``vocab_size``
+    steps). Every token taken was allowed by the mask and must be accepted."""
+    bitmask = allocate_token_bitmask(1, vocab.vocab_size)
+    eos = set(vocab.eos_token_ids)
+    generated: list[int] = []
+    for step in range(max_tokens):
+        matcher.fill_bitmask(bitmask, 0)
+        allowed = allowed_token_ids(bitmask, 0, vocab.vocab_size)
+        assert allowed, f"dead end after {vocab.decode_bytes(generated)!r}"
+        allowed_eos = [t for t in allowed if t in eos]
+        allowed_closers = [t for t in allowed if t in closers]
+        draw = rng.random()
+        if allowed_eos and draw < 0.5:
+            token = allowed_eos[0]
+        elif allowed_closers and draw < 0.25 + min(0.5, step / 400):
+            token = rng.choice(allowed_closers)
+        else:
+            token = rng.choice(allowed)
+        assert matcher.accept_token(token), f"masked-in token {token} was rejected"
+        if matcher.is_terminated():
+            return generated, True
+        generated.append(token)
+    return generated, False

@@ -1,4 +1,5 @@
-"""oneOf branches that only describe one shared optional property: the property is required."""
+"""Schema rewrites before compiling: oneOf branches that only describe one shared optional
+property (the property is required), closing declared objects, anchors as pointers."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import jsonschema
 import pytest
 
 from radixlm.grammar.base import GrammarSpec
+from radixlm.grammar.limits import check_json_text
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
 from radixlm.grammar.outlines_backend import OutlinesBackend
+from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.grammar.schema_rewrite import rewrite_schema, tighten_one_of
 from radixlm.grammar.testing import train_byte_level_tokenizer
 from radixlm.grammar.vocab import build_vocab
@@ -137,3 +140,49 @@ def test_data_is_never_rewritten() -> None:
     assert props["d"]["default"] == data and props["d"]["examples"] == [branches]
     assert props["const"]["additionalProperties"] is False  # a schema under a data-like name
     assert out["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("where", ["anyOf", "oneOf", "$ref"])
+def test_parts_combined_with_parent_properties_stay_open(where) -> None:
+    """A branch (or ``$ref`` target) beside the parent's own properties is satisfied together
+    with them: closing it refused the parent's keys (every document was refused)."""
+    branch = {"properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    schema = {
+        "$defs": {"b": branch},
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "required": ["id"],
+    }
+    if where == "$ref":
+        schema["$ref"] = "#/$defs/b"
+    else:
+        schema[where] = [{"$ref": "#/$defs/b"}, {"required": ["y"]}]
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    assert "additionalProperties" not in out["$defs"]["b"]
+    jsonschema.validate({"id": 1, "x": 2}, out)
+
+
+def test_anchor_references_become_pointers() -> None:
+    schema = {
+        "$defs": {
+            "s": {"$anchor": "short", "type": "string", "maxLength": 4},
+            "i": {"$dynamicAnchor": "item", "type": "integer"},
+        },
+        "type": "object",
+        "properties": {
+            "v": {"$ref": "#short"},
+            "w": {"$dynamicRef": "#item"},
+            "u": {"$ref": "#no"},
+        },
+    }
+    out = json.loads(rewrite_schema(json.dumps(schema)))
+    props = out["properties"]
+    assert props["v"] == {"$ref": "#/$defs/s"} and props["w"] == {"$ref": "#/$defs/i"}
+    assert props["u"] == {"$ref": "#no"}  # unknown names stay, for unresolved_ref's 400
+    assert unresolved_ref(out) == "#no"
+
+
+def test_boolean_schemas() -> None:
+    assert rewrite_schema("true") == "{}"
+    with pytest.raises(ValueError, match="false, a schema no value satisfies"):
+        check_json_text("json_schema", "false")
