@@ -63,6 +63,7 @@ def random_walk(
     max_tokens: int = 400,
     eos_probability: float = 0.0,
     check_rejections: bool = True,
+    closers: frozenset[int] = frozenset(),
 ) -> tuple[list[int], bool]:
     """Samples allowed tokens uniformly until the matcher accepts EOS.
 
@@ -70,20 +71,26 @@ def random_walk(
     picks EOS directly, when allowed, with that probability (to bound unbounded grammars). With
     ``check_rejections``, one random masked-out token per step is offered and must be rejected
     (exact for DFA backends; llguidance masks out non-canonical tokenizations of forced text
-    that ``accept_token`` still accepts).
+    that ``accept_token`` still accepts). With ``closers``, a step that does not take EOS
+    takes one of them (when allowed) with a probability growing from 0.25 to 0.75 over 200
+    steps (``closing_walk``).
     """
     bitmask = allocate_token_bitmask(1, vocab.vocab_size)
     eos = set(vocab.eos_token_ids)
     generated: list[int] = []
-    for _ in range(max_tokens):
+    for step in range(max_tokens):
         matcher.fill_bitmask(bitmask, 0)
         allowed = allowed_token_ids(bitmask, 0, vocab.vocab_size)
         assert allowed, f"dead end after {vocab.decode_bytes(generated)!r}"
         if check_rejections:
             _check_rejects_disallowed(matcher, allowed, vocab.vocab_size, rng)
         allowed_eos = [t for t in allowed if t in eos]
-        if allowed_eos and rng.random() < eos_probability:
+        allowed_closers = [t for t in allowed if t in closers] if closers else []
+        draw = rng.random() if allowed_eos or allowed_closers else 1.0
+        if allowed_eos and draw < eos_probability:
             token = rng.choice(allowed_eos)
+        elif allowed_closers and draw < 0.25 + min(0.5, step / 400):
+            token = rng.choice(allowed_closers)
         else:
             token = rng.choice(allowed)
         assert matcher.accept_token(token), f"masked-in token {token} was rejected"
@@ -125,28 +132,7 @@ def closing_walk(
     closers: frozenset[int],
     max_tokens: int = 1500,
 ) -> tuple[list[int], bool]:
-    """Like ``random_walk``, but a walk that ends: EOS is taken half the time it is allowed,
-    and a ``closers`` token (``closing_tokens``) more and more often as the walk grows (a
-    uniform walk over an unbounded string meets its closing quote once in ``vocab_size``
-    steps). Every token taken was allowed by the mask and must be accepted."""
-    bitmask = allocate_token_bitmask(1, vocab.vocab_size)
-    eos = set(vocab.eos_token_ids)
-    generated: list[int] = []
-    for step in range(max_tokens):
-        matcher.fill_bitmask(bitmask, 0)
-        allowed = allowed_token_ids(bitmask, 0, vocab.vocab_size)
-        assert allowed, f"dead end after {vocab.decode_bytes(generated)!r}"
-        allowed_eos = [t for t in allowed if t in eos]
-        allowed_closers = [t for t in allowed if t in closers]
-        draw = rng.random()
-        if allowed_eos and draw < 0.5:
-            token = allowed_eos[0]
-        elif allowed_closers and draw < 0.25 + min(0.5, step / 400):
-            token = rng.choice(allowed_closers)
-        else:
-            token = rng.choice(allowed)
-        assert matcher.accept_token(token), f"masked-in token {token} was rejected"
-        if matcher.is_terminated():
-            return generated, True
-        generated.append(token)
-    return generated, False
+    """A ``random_walk`` that ends: EOS is taken half the time it is allowed, and a
+    ``closers`` token (``closing_tokens``) more and more often as the walk grows (a uniform walk
+    over an unbounded string meets its closing quote once in ``vocab_size`` steps)."""
+    return random_walk(matcher, vocab, rng, max_tokens, 0.5, False, closers)
