@@ -63,21 +63,22 @@ class StopChecker:
         self._regex_costs: WeakKeyDictionary[Req, _RegexCost] = WeakKeyDictionary()
 
     def suppressed_ids(self, req: Req) -> list[int]:
-        """Token ids that may not be sampled yet (EOS and stop ids before min_new_tokens)."""
-        if len(req.output_ids) >= req.params.min_new_tokens:
+        """Token ids that may not be sampled yet (EOS and stop ids before min_new_tokens;
+        none under ignore_eos, which turns both off)."""
+        if len(req.output_ids) >= req.params.min_new_tokens or req.params.ignore_eos:
             return []
-        ids = set(req.params.stop_token_ids or [])
-        if not req.params.ignore_eos:
-            ids |= self.eos_token_ids
-        return sorted(ids)
+        return sorted(set(req.params.stop_token_ids or []) | self.eos_token_ids)
 
     def check(self, req: Req) -> None:
         """Sets ``req.finish_reason`` if the token just appended ends the request."""
         p = req.params
         num_out = len(req.output_ids)
         last = req.output_ids[-1]
-        if num_out >= p.min_new_tokens and (
-            last in (p.stop_token_ids or ()) or (not p.ignore_eos and last in self.eos_token_ids)
+        # SGLang's rule: ignore_eos turns off stop_token_ids too (vLLM keeps them)
+        if (
+            num_out >= p.min_new_tokens
+            and not p.ignore_eos
+            and (last in self.eos_token_ids or last in (p.stop_token_ids or ()))
         ):
             req.finish({"type": "stop", "matched": last})
             return

@@ -134,6 +134,24 @@ def test_min_new_tokens_does_not_hold_back_stops(tok) -> None:
         assert reason == {"type": "stop", "matched": r"\d\."} and "".join(deltas) == ""
 
 
+def test_ignore_eos_turns_off_stop_token_ids_too(tok) -> None:
+    """SGLang's rule (vLLM keeps stop_token_ids under ignore_eos): fixed-length runs that
+    benchmarks ask for with ignore_eos are not cut by a stop id either."""
+    text = "one two three four five"
+    ids = tok.encode(text, add_special_tokens=False)
+    stop_id = ids[2]
+    req, _, reason = generate(tok, text, {"stop_token_ids": [stop_id], "max_new_tokens": 99})
+    assert reason == {"type": "stop", "matched": stop_id} and len(req.output_ids) == 3
+    sp = {"stop_token_ids": [stop_id], "ignore_eos": True, "max_new_tokens": len(ids)}
+    req, _, reason = generate(tok, text, sp)
+    assert reason == {"type": "length", "length": len(ids)} and req.output_ids == ids
+    sp = {"stop_token_ids": [stop_id], "ignore_eos": True, "min_new_tokens": 4}
+    stop = StopChecker(tok, {EOS}, 10**6)
+    assert stop.suppressed_ids(Req("r", [1], SamplingParams.from_dict(sp))) == []
+    params = SamplingParams.from_dict({**sp, "ignore_eos": False})
+    assert stop.suppressed_ids(Req("r", [1], params)) == sorted({EOS, stop_id})
+
+
 def test_pending_token_is_ignored(tok) -> None:
     """With overlap scheduling the last id can be a token not read back yet."""
     params = SamplingParams.from_dict({"stop_regex": r"\d+\."})
