@@ -28,7 +28,10 @@ a turn's input plus its ``max_new_tokens``; a server holds at most ``max_session
 sessions, a session at most ``max_turns`` turns and all sessions together ``max_tokens``
 stored tokens (a running turn reserves its new tokens and ``max_new_tokens``). A session opened
 with ``timeout`` is closed once it has been idle (no turn running) that many
-seconds (looked for at most once a second, at the next session operation).
+seconds (looked for at most once a second, at the next session operation). When a new session
+or turn would pass the session or token limit, the sessions idle for at least
+``min_idle_evict_s`` (60 s) are closed, least recently used first, until it fits: clients that
+open sessions and never close them cannot lock the others out for good.
 
 Each turn stores only what it adds (the tokens after the kept part of its parent's sequence,
 and its output), as 32-bit arrays; a turn's input is rebuilt from the chain of its ancestors.
@@ -59,6 +62,7 @@ MAX_TURNS_PER_SESSION = 256
 MAX_STORED_TOKENS = 16 * 2**20  # 64 MiB of token ids over all sessions
 MAX_SESSION_ID_CHARS = 256
 SWEEP_INTERVAL_S = 1.0  # expired sessions are looked for at most this often
+MIN_IDLE_EVICT_S = 60.0  # under pressure, sessions idle this long are closed (LRU first)
 NORMAL_FINISH_TYPES = frozenset({"stop", "length"})
 
 
@@ -73,11 +77,14 @@ class SessionManager:
         max_turns: int = MAX_TURNS_PER_SESSION,
         max_tokens: int = MAX_STORED_TOKENS,
         clock: Callable[[], float] = time.monotonic,
+        min_idle_evict_s: float = MIN_IDLE_EVICT_S,
     ) -> None:
         self.abort = abort
         self.max_sessions = max_sessions
         self.max_turns = max_turns
         self.max_tokens = max_tokens
+        self.min_idle_evict_s = min_idle_evict_s
+        self.num_evicted = 0
         self.clock = clock
         self.sessions: dict[str, Session] = {}
         self.num_stored_tokens = 0
@@ -108,9 +115,12 @@ class SessionManager:
                 "session_id",
             )
         if len(self.sessions) >= self.max_sessions:
+            self._evict_idle(lambda: len(self.sessions) < self.max_sessions)
+        if len(self.sessions) >= self.max_sessions:
             raise bad(
-                f"{len(self.sessions)} sessions are open, the most this server keeps; close the "
-                "sessions you no longer use",
+                f"{len(self.sessions)} sessions are open, the most this server keeps, and none "
+                f"has been idle for {self.min_idle_evict_s:g} s; close the sessions you no "
+                "longer use",
                 "session_id",
             )
         self.sessions[session_id] = Session(session_id, capacity, timeout_s, self.clock())
@@ -134,6 +144,26 @@ class SessionManager:
         for session in [s for s in self.sessions.values() if s.is_expired(now)]:
             self._drop_session(session)
 
+    def _evict_idle(self, fits: Callable[[], bool], keep: frozenset[str] = frozenset()) -> None:
+        """Closes sessions idle (no turn running) for at least ``min_idle_evict_s``, least
+        recently used first and never those in ``keep``, until ``fits()``."""
+        now = self.clock()
+        idle = sorted(
+            (
+                s
+                for s in self.sessions.values()
+                if not s.num_running
+                and s.session_id not in keep
+                and now - s.last_used_s >= self.min_idle_evict_s
+            ),
+            key=lambda s: s.last_used_s,
+        )
+        for session in idle:
+            if fits():
+                return
+            self._drop_session(session)
+            self.num_evicted += 1
+
     def _drop_session(self, session: Session) -> None:
         del self.sessions[session.session_id]
         self.num_stored_tokens -= session.num_stored_tokens
@@ -146,7 +176,8 @@ class SessionManager:
         if session is None:
             raise bad(
                 f"Invalid request: session id {session_id} does not exist (it was never opened, "
-                "was closed, or timed out); open a session with /open_session first",
+                "was closed, timed out, or was closed for room after "
+                f"{self.min_idle_evict_s:g} s idle); open a session with /open_session first",
                 param,
             )
         return session
@@ -249,8 +280,11 @@ class SessionManager:
                     f"the {self.max_turns} a session keeps; drop branches with "
                     "session_params.replace or open a new session"
                 )
-        stored = self.num_stored_tokens - sum(t.reserved for t in dropped)
-        stored += sum(p.reserved for p in plans)
+        change = sum(p.reserved for p in plans) - sum(t.reserved for t in dropped)
+        if self.num_stored_tokens + change > self.max_tokens:
+            keep = frozenset(s.session_id for s in sessions)
+            self._evict_idle(lambda: self.num_stored_tokens + change <= self.max_tokens, keep)
+        stored = self.num_stored_tokens + change
         if stored > self.max_tokens:
             raise bad(
                 f"the open sessions would store {stored} tokens, more than the {self.max_tokens} "
@@ -301,6 +335,7 @@ class SessionManager:
             "num_session_turns": sum(len(s.turns) for s in self.sessions.values()),
             "num_session_tokens": self.num_stored_tokens,
             "max_open_sessions": self.max_sessions,
+            "num_sessions_evicted": self.num_evicted,
             "max_turns_per_session": self.max_turns,
             "max_session_tokens": self.max_tokens,
         }

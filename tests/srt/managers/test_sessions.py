@@ -160,6 +160,30 @@ def test_idle_sessions_expire_after_their_timeout_but_not_while_a_turn_runs() ->
     assert m.num_stored_tokens == 0
 
 
+def test_at_a_limit_sessions_idle_long_enough_make_room_least_recently_used_first() -> None:
+    clock = Clock()
+    m = SessionManager(max_sessions=3, max_tokens=40, clock=clock, min_idle_evict_s=60.0)
+    old, mid, busy = m.open(100, "old"), m.open(100, "mid"), m.open(100, "busy")
+    turn(m, old, "a", [1] * 5, [2] * 5)
+    clock.now = 10.0
+    turn(m, mid, "b", [1] * 5, [2] * 5)
+    (running,) = m.commit([m.plan(SessionParams(busy), [1], max_new_tokens=9)], ["c"])
+    clock.now = 30.0
+    assert "none has been idle for 60 s" in error(m.open, 100).message  # nobody idle long enough
+    clock.now = 65.0
+    assert m.open(100, "new") == "new"  # "old" (idle 65 s) closed; "mid" (55 s) kept
+    assert sorted(m.sessions) == ["busy", "mid", "new"] and m.num_evicted == 1
+    assert "closed for room" in error(m.plan, SessionParams(old), [1], 4).message
+    clock.now = 500.0  # everyone idle but "busy" (a turn running) and "new", which asks
+    plan = m.plan(SessionParams("new"), [1] * 11, max_new_tokens=10)  # 10 + 10 + 21 > 40
+    m.commit([plan], ["d"])
+    assert sorted(m.sessions) == ["busy", "new"] and m.num_evicted == 2
+    plan = m.plan(SessionParams("new"), [1] * 5, max_new_tokens=5)  # 10 + 21 + 10 > 40
+    assert "would store" in error(m.commit, [plan], ["e"]).message  # running: never closed
+    m.finish(busy, running, [3])
+    m.check_integrity()
+
+
 def test_close_aborts_running_turns_and_late_finishes_are_ignored() -> None:
     m, aborted = make()
     sid = m.open(100)
