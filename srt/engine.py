@@ -261,6 +261,7 @@ class Engine:
             ids = self.door.tokenize(text, session.rid is None, param="text")
         with self._sessions_lock:
             plan = self.sessions.plan(session, ids, sp.max_new_tokens)
+        sp = sp.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved by the session
         return sp, self.door.admit(self._new_rid(), plan.input_ids, sp, **options), plan
 
     def _add_turns(self, session_id: str, msgs: list, plans: list[TurnPlan | None]) -> None:

@@ -54,6 +54,7 @@ from radixlm.srt.managers.session_state import (
     kept_len,
     replaced_turns,
 )
+from radixlm.srt.sampling.params import UP_TO_CONTEXT
 
 __all__ = ["SessionManager", "SessionParams", "Turn", "TurnPlan"]
 
@@ -185,7 +186,8 @@ class SessionManager:
     # ------------------------------------------------------------------ turns
     def plan(self, params: SessionParams, new_ids: list[int], max_new_tokens: int) -> TurnPlan:
         """The input of a new turn (its history, then ``new_ids``), checked against the
-        session; nothing changes until :meth:`commit`."""
+        session; nothing changes until :meth:`commit`. ``UP_TO_CONTEXT`` (``max_new_tokens:
+        null``) becomes what the session's capacity leaves (the plan's ``max_new_tokens``)."""
         self.sweep()
         session = self._get(params.id, "session_params.id")
         parent = self._parent(session, params)
@@ -197,6 +199,8 @@ class SessionManager:
                 history.extend(parent.output_ids or ())
         base_len = kept_len(params.offset, len(history))
         input_ids = history[:base_len] + list(new_ids)
+        if max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null = what the capacity leaves
+            max_new_tokens = max(session.capacity - len(input_ids), 1)
         needed = len(input_ids) + max_new_tokens
         if needed > session.capacity:
             raise bad(

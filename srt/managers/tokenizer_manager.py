@@ -229,6 +229,7 @@ class TokenizerManager:
         if inp.session_params is not None:
             plan = self.sessions.plan(inp.session_params, input_ids, params.max_new_tokens)
             input_ids = plan.input_ids
+            params = params.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved
         rid = uuid.uuid4().hex
         msg = door.admit(
             rid,

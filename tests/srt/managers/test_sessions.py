@@ -9,6 +9,7 @@ import pytest
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.sessions import SessionManager, SessionParams
+from radixlm.srt.sampling.params import UP_TO_CONTEXT
 
 
 class Clock:
@@ -182,6 +183,20 @@ def test_at_a_limit_sessions_idle_long_enough_make_room_least_recently_used_firs
     assert "would store" in error(m.commit, [plan], ["e"]).message  # running: never closed
     m.finish(busy, running, [3])
     m.check_integrity()
+
+
+def test_max_new_tokens_null_is_what_the_capacity_leaves() -> None:
+    m, _ = make()
+    sid = m.open(20)
+    plan = m.plan(SessionParams(sid), [1, 2, 3], max_new_tokens=UP_TO_CONTEXT)
+    assert plan.max_new_tokens == 17 and plan.reserved == 20
+    (t,) = m.commit([plan], ["a"])
+    m.finish(sid, t, [4] * 5)
+    plan = m.plan(SessionParams(sid, rid="a"), [6], max_new_tokens=UP_TO_CONTEXT)
+    assert plan.max_new_tokens == 20 - 9
+    assert (
+        "capacity_of_str_len" in error(m.plan, SessionParams(sid), [1] * 20, UP_TO_CONTEXT).message
+    )
 
 
 def test_close_aborts_running_turns_and_late_finishes_are_ignored() -> None:

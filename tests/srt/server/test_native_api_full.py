@@ -113,6 +113,11 @@ def test_session_errors_and_limits_over_the_real_server(server: ServerProcess) -
         server, "/generate", {**big, "session_params": {"id": sid, "rid": t1["meta_info"]["id"]}}
     )
     assert r.status_code == 400 and "capacity_of_str_len" in r.json()["error"]["message"]
+    # max_new_tokens null: up to what the session's capacity leaves (not the whole context)
+    rest = {"text": "Hi", "sampling_params": {"max_new_tokens": None, "ignore_eos": True}}
+    t2 = ok(post(server, "/generate", {**rest, "session_params": {"id": sid}}))
+    meta = t2["meta_info"]
+    assert meta["prompt_tokens"] + meta["completion_tokens"] == 40
     assert post(server, "/generate", {**gen, "priority": 3}).status_code == 400
     assert post(server, "/generate", {**gen, "data_parallel_rank": 0}).status_code == 200
     assert post(server, "/close_session", {"session_id": sid}).status_code == 200
