@@ -133,5 +133,7 @@ def raise_for_error_abort(finish_reason: dict[str, Any]) -> None:
     aborts (asked for by a client) are reported as ``finish_reason.type == "abort"``."""
     if finish_reason.get("type") == "abort" and "status_code" in finish_reason:
         raise GenerateError(
-            str(finish_reason.get("message", "aborted")), int(finish_reason["status_code"])
+            str(finish_reason.get("message", "aborted")),
+            int(finish_reason["status_code"]),
+            finish_reason.get("param"),
         )

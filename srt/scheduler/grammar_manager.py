@@ -182,6 +182,7 @@ class GrammarManager:
                 "type": "abort",
                 "status_code": 400,
                 "message": f"the {kind} grammar failed while decoding (simplify it): {reason}",
+                "param": kind if spec is not None else None,
             }
         )
         self.stats.num_failed += 1

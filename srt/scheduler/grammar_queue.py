@@ -216,14 +216,16 @@ class GrammarQueue:
         try:
             item.req.grammar = future.result().new_matcher()
         except GrammarCompileError as e:
-            return self._fail(item.req, str(e))
+            return self._fail(item, str(e))
         except Exception as e:  # a failed set-up (vocabulary, backend) fails the request too
             logger.exception("grammar set-up failed for %s", item.req.rid)
-            return self._fail(item.req, str(GrammarCompileError(item.spec.kind, str(e))))
+            return self._fail(item, str(GrammarCompileError(item.spec.kind, str(e))))
         self.stats.num_compiled += 1
         return True
 
-    def _fail(self, req: Req, message: str) -> bool:
-        req.finish({"type": "abort", "message": message, "status_code": 400})
+    def _fail(self, item: PendingGrammar, message: str) -> bool:
+        """A 400 whose ``param`` is the native field of the grammar (json_schema, regex, ...)."""
+        reason = {"type": "abort", "message": message, "status_code": 400, "param": item.spec.kind}
+        item.req.finish(reason)
         self.stats.num_failed += 1
         return False

@@ -20,6 +20,7 @@ from radixlm.srt.managers.tokenizer_manager import (
 from radixlm.srt.server.errors import parse_body, sse_error
 from radixlm.srt.server.native_api import batch_precheck, get_tm, json_response
 from radixlm.srt.server.openai_convert import (
+    GRAMMAR_PARAMS,
     OpenAIPlan,
     chat_logprobs,
     chat_plan,
@@ -28,6 +29,7 @@ from radixlm.srt.server.openai_convert import (
     completion_logprobs,
     completion_plan,
     finish_reason,
+    grammar_field,
     usage,
 )
 from radixlm.srt.server.openai_protocol import (
@@ -264,12 +266,11 @@ async def chat_completions(request: Request) -> Response:
     group = tm.open(prepared, request)
     if body.stream:
         call.object = "chat.completion.chunk"
-        updates = await started_updates(group)
+        updates = await _answered(group, body, stream=True)
         return ClosingStreamingResponse(
             stream_choices(call, group, chat_chunks, updates), group.close
         )
-    with group:
-        outs = await group.collect()
+    outs = await _answered(group, body, stream=False)
     choices = [chat_choice(call, i, out) for i, out in enumerate(outs)]
     return json_response(call.envelope(choices, usage=usage(outs, plan)))
 
@@ -349,14 +350,27 @@ async def completions(request: Request) -> Response:
     )
     group = tm.open(prepared, request)
     if body.stream:
-        updates = await started_updates(group)
+        updates = await _answered(group, body, stream=True)
         return ClosingStreamingResponse(
             stream_choices(call, group, completion_chunks, updates), group.close
         )
-    with group:
-        outs = await group.collect()
+    outs = await _answered(group, body, stream=False)
     choices = [completion_choice(call, i, out) for i, out in enumerate(outs)]
     return json_response(call.envelope(choices, usage=usage(outs, plan)))
+
+
+async def _answered(group: RequestGroup, body: Any, *, stream: bool) -> Any:
+    """The group's started updates (``stream``) or its collected outputs; a grammar's 400
+    (it did not compile) names the OpenAI request field it came from."""
+    try:
+        if stream:
+            return await started_updates(group)
+        with group:
+            return await group.collect()
+    except GenerateError as e:
+        if e.param in GRAMMAR_PARAMS:
+            e.param = grammar_field(body) or e.param
+        raise
 
 
 # ---------------------------------------------------------------------- streaming

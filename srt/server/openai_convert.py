@@ -372,3 +372,23 @@ def completion_entries(out: dict[str, Any], echo: bool) -> tuple[list[Any], list
         entries = list(meta.get("input_token_logprobs") or []) + entries
         tops = list(meta.get("input_top_logprobs") or []) + tops
     return entries, tops
+
+
+# the native fields a grammar error names (srt/scheduler/grammar_queue.py)
+GRAMMAR_PARAMS = frozenset(
+    {"json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag"}
+)
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "choices")
+
+
+def grammar_field(body: Any) -> str | None:
+    """The request field that asked for the output grammar: ``response_format``, an extension
+    field (``json_schema``, ``regex``, ``ebnf``, ``choices``; vLLM's ``guided_*`` arrive under
+    these names) or ``tools``; None when there is none."""
+    fmt = getattr(body, "response_format", None)
+    if fmt is not None and getattr(fmt, "type", None) not in (None, "text"):
+        return "response_format"
+    for name in _GRAMMAR_FIELDS:
+        if getattr(body, name, None) is not None:
+            return name
+    return "tools" if getattr(body, "tools", None) else None

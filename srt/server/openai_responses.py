@@ -34,7 +34,12 @@ from radixlm.srt.managers.tokenizer_manager import (
 )
 from radixlm.srt.server.errors import error_body, parse_body
 from radixlm.srt.server.native_api import get_tm, json_response
-from radixlm.srt.server.openai_convert import chat_plan, check_model
+from radixlm.srt.server.openai_convert import (
+    GRAMMAR_PARAMS,
+    chat_plan,
+    check_model,
+    grammar_field,
+)
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.responses_input import (
     UNSUPPORTED_RESPONSES,
@@ -156,8 +161,14 @@ async def create_response(request: Request) -> Response:
     conversation = history + messages
     if req.stream is True:
         return ClosingStreamingResponse(_stream(call, group, store, conversation), group.close)
-    with group:
-        (out,) = await group.collect()
+    try:
+        with group:
+            (out,) = await group.collect()
+    except GenerateError as e:  # a grammar that did not compile: the field that asked for it
+        field = grammar_field(chat) if e.param in GRAMMAR_PARAMS else None
+        if field is not None:
+            e.param = "text.format" if field == "response_format" else field
+        raise
     call.feed(out)
     body = call.body("completed", out)
     _keep(store, req, body, conversation)

@@ -103,14 +103,26 @@ BAD_TYPE_SCHEMA = '{"type": "object", "properties": {"a": {"type": "no-such-type
 def test_invalid_grammars_get_400_and_the_server_stays_healthy(
     server: ServerProcess, client: openai.OpenAI
 ) -> None:
-    with pytest.raises(openai.BadRequestError, match="Failed to compile regex grammar"):
+    with pytest.raises(openai.BadRequestError, match="Failed to compile regex grammar") as e:
         client.completions.create(
             model="default", prompt="x", max_tokens=4, extra_body={"regex": "[z-a]"}
         )
-    with pytest.raises(openai.BadRequestError, match="Failed to compile ebnf grammar"):
+    assert e.value.param == "regex"  # the 400 names the field the grammar came from
+    with pytest.raises(openai.BadRequestError, match="Failed to compile ebnf grammar") as e:
         client.chat.completions.create(
             model="default", messages=ASK, max_tokens=4, extra_body={"ebnf": "start: ("}
         )
+    assert e.value.param == "ebnf"
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": json.loads(BAD_TYPE_SCHEMA)},
+    }
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="Failed to compile json_schema") as e:
+            client.chat.completions.create(
+                model="default", messages=ASK, max_tokens=4, response_format=fmt, stream=stream
+            )
+        assert e.value.param == "response_format"
     r = httpx.post(
         server.url + "/generate",
         timeout=120,
@@ -135,6 +147,7 @@ def test_invalid_grammars_get_400_and_the_server_stays_healthy(
         events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     error = json.loads(events[0])["error"]
     assert error["message"].startswith("Failed to compile json_schema grammar")
+    assert error["param"] == "json_schema"
     assert error["code"] == 400 or error["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     ok = client.completions.create(

@@ -150,3 +150,13 @@ def test_langchain_on_the_responses_api(idle_server: ServerProcess) -> None:
     args = "".join(c["args"] or "" for chunk in chunks for c in chunk.tool_call_chunks)
     jsonschema.validate(json.loads(args), WEATHER["parameters"])
     assert isinstance(llm.with_structured_output(CityWeather).invoke("Paris: sunny."), CityWeather)
+
+
+def test_a_schema_that_does_not_compile_is_a_400_naming_text_format(
+    idle_server: ServerProcess,
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError, match="Failed to compile json_schema") as e:
+        client(idle_server).responses.create(input="hi", text=fmt, **OPTIONS)
+    assert e.value.param == "text.format"
