@@ -223,6 +223,12 @@ def unsatisfiable_reason(schema: Any) -> str | None:
     if _satisfiable(schema, known):
         return None
     stuck = sorted(t for t, ok in known.items() if not ok and t != "#")
+    if not stuck and not recursive_ref(schema):
+        return (
+            "no JSON document matches the schema: a part every document needs admits no value "
+            "(an empty enum, a false schema, or a required property that is not in properties "
+            "while additionalProperties is false)"
+        )
     where = f" (through {', '.join(repr(t) for t in stuck[:3])})" if stuck else ""
     return (
         "no finite JSON document matches the schema: every alternative refers back to "

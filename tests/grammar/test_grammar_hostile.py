@@ -162,6 +162,10 @@ def test_recursion_is_found_and_unsatisfiable_recursion_named():
     assert recursive_ref({"type": "object", "properties": {"a": {"type": "string"}}}) is None
     for schema in (SELF_REF, REQUIRED_SELF, REQUIRED_MUTUAL):
         assert "no finite JSON document" in unsatisfiable_reason(schema)
+    # no recursion: the reason says what else empties it (it blamed recursion before)
+    closed = {"properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": False}
+    for schema in (closed, {"enum": []}, {"properties": {"a": False}, "required": ["a"]}):
+        assert unsatisfiable_reason(schema).startswith("no JSON document matches the schema: ")
     for schema in (
         TREE,
         OPTIONAL_MUTUAL,
