@@ -129,7 +129,8 @@ class AutoGrammarBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = "+lenient" if self.lenient_llguidance is not None else ""
-        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient}]"
+        # route: revision of the routing rules (which spec goes to which engine first)
+        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient},route=2]"
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         return self.compile_controlled(spec, CompileControl())

@@ -338,7 +338,7 @@ class LLGuidanceBackend(GrammarBackend):
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
         version_tag = (
-            f"v={llguidance.__version__},rw=3"  # rw: rewrites (one_of, closed objects, %json ws)
+            f"v={llguidance.__version__},rw=4"  # rw: rewrites (one_of, closed objects, %json ws)
         )
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 

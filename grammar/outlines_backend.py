@@ -19,7 +19,7 @@ from radixlm.grammar.limits import GrammarLimits
 from radixlm.grammar.outlines_grammar import OutlinesGrammar
 from radixlm.grammar.outlines_worker import IndexJob, IndexWorkerPool
 from radixlm.grammar.regex_text import anchor_regex, ascii_digit_classes, choices_regex
-from radixlm.grammar.schema_checks import check_compilable
+from radixlm.grammar.schema_checks import check_compilable, schema_nodes
 from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.vocab import TokenizerVocab
 
@@ -69,15 +69,45 @@ def _source_regex(spec: GrammarSpec, whitespace_pattern: str) -> str:
         raise GrammarCompileError(spec.kind, _failure_reason(exc)) from exc
 
 
+# outlines-core's own regexes for these formats admit a raw quote, backslash or control
+# character inside the JSON string (email's quoted local part, uri's [^\s]+, time's "\\."), so
+# its output could stop being JSON; these patterns keep to characters a JSON string holds as
+# they are (email: dot-atom local parts only; time: RFC 3339, offset required)
+_NO_ESCAPES = r'[^\s"\\\x00-\x1f\x7f]'
+_NO_ESCAPES_BUT = r'[^\s{}"\\\x00-\x1f\x7f]'
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+JSON_SAFE_FORMATS = {
+    "email": rf"{_ATEXT}(\.{_ATEXT})*@({_LABEL}\.)+{_LABEL}",
+    "uri": (
+        rf"(((https?|ftp)://({_NO_ESCAPES_BUT.format(':@')}+(:{_NO_ESCAPES_BUT.format(':@')}*)?@)?"
+        r"([A-Za-z0-9.-]+\.[A-Za-z]{2,}|localhost)(:[0-9]+)?"
+        rf"(/{_NO_ESCAPES_BUT.format('?#')}*)?(\?{_NO_ESCAPES_BUT.format('#')}*)?(#{_NO_ESCAPES}*)?)"
+        rf"|(urn:[A-Za-z0-9][A-Za-z0-9-]{{0,31}}:{_NO_ESCAPES}+))"
+    ),
+    "time": r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-](2[0-3]|[01][0-9]):[0-5][0-9])",
+}
+
+
 def schema_text_for(spec: GrammarSpec) -> str:
-    """The schema text outlines-core turns into a regex (``json_schema``, ``json_object``);
+    """The schema text outlines-core turns into a regex (``json_schema``, ``json_object``):
+    the shared rewrites, then ``JSON_SAFE_FORMATS`` as patterns where no pattern is given;
     raises ``GrammarCompileError`` when it does not parse."""
     schema = ANY_JSON_OBJECT_SCHEMA if spec.kind == "json_object" else str(spec.value)
     try:
         json.loads(schema)
-        return rewrite_schema(schema)
+        rewritten = rewrite_schema(schema)
+        parsed = json.loads(rewritten)
     except (ValueError, RecursionError) as exc:
         raise GrammarCompileError(spec.kind, f"the schema is not valid JSON ({exc})") from exc
+    changed = False
+    for node in schema_nodes(parsed):
+        pattern = JSON_SAFE_FORMATS.get(node.get("format"))  # type: ignore[arg-type]
+        if pattern is not None and "pattern" not in node:
+            del node["format"]
+            node["pattern"] = pattern
+            changed = True
+    return json.dumps(parsed) if changed else rewritten
 
 
 class OutlinesBackend(GrammarBackend):
@@ -101,7 +131,7 @@ class OutlinesBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         limit = f",max={self.max_regex_chars}" if self.max_regex_chars else ""
-        version_tag = f"v={version('outlines_core')},rw=2"  # rw: schema_rewrite's revision
+        version_tag = f"v={version('outlines_core')},rw=3"  # rw: schema_rewrite's revision
         return f"outlines(ws={self.whitespace_pattern!r}{limit},{version_tag})"
 
     def outlines_vocabulary(self):

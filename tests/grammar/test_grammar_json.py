@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import jsonschema
 import pytest
 
 from radixlm.grammar.base import GrammarCompileError, GrammarSpec
 from radixlm.grammar.llguidance_backend import LLGuidanceBackend
-from radixlm.grammar.outlines_backend import OutlinesBackend
-from radixlm.grammar.testing import random_walk, train_byte_level_tokenizer
+from radixlm.grammar.outlines_backend import JSON_SAFE_FORMATS, OutlinesBackend
+from radixlm.grammar.testing import (
+    closing_tokens,
+    closing_walk,
+    random_walk,
+    train_byte_level_tokenizer,
+)
 from radixlm.grammar.vocab import build_vocab
 
 BACKENDS = {"outlines": OutlinesBackend, "llguidance": LLGuidanceBackend}
@@ -169,3 +175,26 @@ def test_canonical_form_ignores_whitespace_but_keeps_key_order():
     assert compact.canonical() == spaced.canonical()
     assert compact.canonical() != reordered.canonical()
     assert GrammarSpec("json_schema", "{not json").canonical() == "{not json"
+
+
+@pytest.mark.parametrize("fmt", sorted(JSON_SAFE_FORMATS))
+def test_outlines_formats_keep_the_output_json(vocab, fmt):
+    """outlines-core's email / uri / time regexes admit a raw quote or backslash inside the
+    string (its output was not JSON, e.g. ``{"u": "urn:a:b",,x"}``); they are replaced by
+    patterns of characters a JSON string holds as they are."""
+    schema = {"type": "object", "properties": {"u": {"type": "string", "format": fmt}}}
+    schema["required"] = ["u"]
+    grammar = OutlinesBackend(vocab).compile(GrammarSpec.json_schema(schema))
+    rng, closers = random.Random(3), closing_tokens(vocab)
+    values = []
+    for _ in range(12):
+        ids, ended = closing_walk(grammar.new_matcher(), vocab, rng, closers)
+        if ended:
+            values.append(json.loads(vocab.decode_bytes(ids).decode("utf-8"))["u"])
+    assert len(values) >= 6
+    for value in values:
+        assert re.fullmatch(JSON_SAFE_FORMATS[fmt], value), value
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    if fmt in checker.checkers:  # email; time and uri when their helpers are installed
+        for value in values:
+            checker.check(value, fmt)
