@@ -100,7 +100,10 @@ def anchor_pointers(schema: Any) -> dict[str, str]:
     """``$anchor`` / ``$dynamicAnchor`` name -> the JSON pointer (``#/...``) of its schema
     object, the first found of each name; data (``const``, ``enum``, ...) is never searched."""
     found: dict[str, str] = {}
-    is_schema = {id(node) for node in schema_nodes(schema)}
+    nodes = list(schema_nodes(schema))
+    if not any("$anchor" in node or "$dynamicAnchor" in node for node in nodes):
+        return found  # the usual case: no paths built
+    is_schema = {id(node) for node in nodes}
     stack: list[tuple[Any, str]] = [(schema, "#")]
     while stack:
         item, path = stack.pop()
