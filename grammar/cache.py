@@ -43,6 +43,7 @@ from radixlm.grammar.base import (
     GrammarCompileError,
     GrammarSpec,
 )
+from radixlm.grammar.deadlines import Deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class GrammarCompileCache:
         self._num_queued = {"fast": 0, "slow": 0}  # jobs waiting for a worker of each lane
         self._num_fast_running = 0
         self._lock = threading.Lock()
+        self._deadlines = Deadlines()  # the compile timeouts, one thread for all
         self._lanes = {
             "fast": ThreadPoolExecutor(num_workers, thread_name_prefix="grammar-compile"),
             "slow": ThreadPoolExecutor(num_slow_workers, thread_name_prefix="grammar-slow"),
@@ -158,10 +160,8 @@ class GrammarCompileCache:
             self._entries[key] = future
             job = self._jobs[key] = _Job(key, spec, future)
             self._evict_locked()
-        timer = threading.Timer(self.compile_timeout_s, self._expire, (job,))
-        timer.daemon = True
-        timer.start()
-        future.add_done_callback(lambda _: timer.cancel())
+        handle = self._deadlines.call_after(self.compile_timeout_s, lambda: self._expire(job))
+        future.add_done_callback(lambda _: self._deadlines.cancel(handle))
         self._enqueue(job, "fast")
         return future
 
