@@ -86,11 +86,23 @@ _INVALID_SCHEMA_ERROR = re.compile(
 )
 
 
+# A bound llguidance cannot turn into a regex (integers past +-2^63, huge floats): the other
+# engines would ignore the bound (output 9223372036854775807 for "minimum": 1e20), so a 400.
+_UNENFORCEABLE_RANGE = re.compile(r"^Failed to generate regex for (integer|float) range")
+
+
 def compile_error(kind: str, message: str) -> GrammarCompileError:
-    """The error for llguidance's ``message``: ``InvalidSchemaError`` for a wrong schema."""
+    """The error for llguidance's ``message``: ``InvalidSchemaError`` for a wrong schema or a
+    numeric bound no engine here enforces."""
     message = message.strip()
     if _INVALID_SCHEMA_ERROR.match(message):
         return InvalidSchemaError(kind, message)
+    if _UNENFORCEABLE_RANGE.match(message):
+        return InvalidSchemaError(
+            kind,
+            "a minimum / maximum outside the range the grammar engine enforces (integers must "
+            f"stay within +-2^63): {message}",
+        )
     return GrammarCompileError(kind, message)
 
 

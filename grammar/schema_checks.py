@@ -287,6 +287,32 @@ def _type_satisfiable(kind: Any, node: dict, known: dict[str, bool]) -> bool:
     return True
 
 
+_I64_MAX = 2**63 - 1
+
+
+def unenforceable_bound(schema: Any) -> str | None:
+    """Why an integer bound cannot be enforced: llguidance clamps integer bounds to 64 bits
+    (``"minimum": 1e20`` admitted only 9223372036854775807, which is below it) and the other
+    engines ignore bounds, so an integer schema needing values past +-(2^63 - 1) is refused."""
+    for node in schema_nodes(schema):
+        types = node.get("type")
+        if not (types == "integer" or (isinstance(types, list) and "integer" in types)):
+            continue
+        for key, sign in _LOWER_BOUNDS + _UPPER_BOUNDS:
+            value = node.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if sign * value >= _I64_MAX:
+                    return (
+                        f"integer {key} {value} is past what the grammar engines enforce "
+                        f"(integers within +-{_I64_MAX})"
+                    )
+    return None
+
+
+_LOWER_BOUNDS = (("minimum", 1), ("exclusiveMinimum", 1))
+_UPPER_BOUNDS = (("maximum", -1), ("exclusiveMaximum", -1))
+
+
 def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
@@ -304,7 +330,7 @@ def check_compilable(spec: GrammarSpec, limits: GrammarLimits | None = None) -> 
         return None
     schema = json.loads(str(spec.value))  # parses: check_spec parsed it within the depth bound
     anchors_as_pointers(schema)
-    reason = unsatisfiable_reason(schema)
+    reason = unsatisfiable_reason(schema) or unenforceable_bound(schema)
     if reason is not None:
         raise GrammarCompileError(spec.kind, reason)
     return schema

@@ -351,3 +351,24 @@ def test_unresolved_ref_finds_dangling_and_remote_references() -> None:
     assert unresolved_ref({"const": {"$ref": "#/x"}, "default": {"$ref": "#/y"}}) is None
     assert unresolved_ref({"properties": {"$ref": {"type": "string"}}}) is None
     assert unresolved_ref({"properties": {"enum": {"$ref": "#/nowhere"}}}) == "#/nowhere"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 10**20},
+        {"type": ["integer", "null"], "exclusiveMinimum": 2**63 - 1},
+        {"type": "integer", "maximum": -(10**19)},
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1e20}}},
+        {"type": "number", "minimum": 1e20},
+    ],
+)
+def test_bounds_no_engine_enforces_are_refused(auto, schema):
+    """llguidance clamps integer bounds to 64 bits and the other engines ignore bounds: such
+    schemas are refused (auto used to fall back and write 9223372036854775807 for 1e20)."""
+    with pytest.raises(GrammarCompileError, match="grammar engine"):
+        auto.compile(GrammarSpec.json_schema(schema))
+    # bounds inside the 64-bit range still compile
+    auto.compile(
+        GrammarSpec.json_schema({"type": "integer", "minimum": 2**62, "maximum": 2**63 - 2})
+    )
