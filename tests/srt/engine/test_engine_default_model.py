@@ -88,10 +88,15 @@ def test_stop_conditions(smol_engine):
     kept = smol_engine.generate(PROMPTS[3], {**base, "stop": [stop], "no_stop_trim": True})
     assert kept["text"].endswith(stop)
     tok_id = full["output_ids"][3]
-    by_id = smol_engine.generate(PROMPTS[3], {**base, "stop_token_ids": [tok_id]})
+    by_id = smol_engine.generate(
+        PROMPTS[3], {**base, "ignore_eos": False, "stop_token_ids": [tok_id]}
+    )
     first = full["output_ids"].index(tok_id)
     assert by_id["output_ids"] == full["output_ids"][: first + 1]
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok_id}
+    # SGLang's rule: ignore_eos turns stop_token_ids off too
+    ignored = smol_engine.generate(PROMPTS[3], {**base, "stop_token_ids": [tok_id]})
+    assert ignored["output_ids"] == full["output_ids"]
     length = smol_engine.generate(PROMPTS[3], {**base, "max_new_tokens": 5})
     assert length["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert length["meta_info"]["completion_tokens"] == 5

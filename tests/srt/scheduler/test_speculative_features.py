@@ -133,7 +133,7 @@ def test_stops_inside_accepted_runs(varied_llama_dir, tokenizer):
         w for t in ref["s1"].ids[9:] if len(w := tokenizer.decode([t]).strip()) >= 3 and w.isalpha()
     )
     ms = [
-        msg("s0", base[0].input_ids, max_new_tokens=40, stop_token_ids=[stop_id]),
+        msg("s0", base[0].input_ids, max_new_tokens=40, stop_token_ids=[stop_id], ignore_eos=False),
         msg("s1", base[1].input_ids, max_new_tokens=40, stop=[word]),
     ]
     want = _plain(varied_llama_dir, ms)
