@@ -291,8 +291,8 @@ def test_gpu_fp8_decode_replays_in_cuda_graph(page_size):
 @pytest.mark.parametrize("fp8", [E4M3, E5M2])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_triton_fp8_half_dot_path(fp8, num_splits):
-    """``FP8_DOT=2`` (a variant decode_tiles times; the default is 0): fp8 tiles converted to float16 and both dots
-    in float16, q pre-scaled. Same result as the float32 path and the dequantised reference
+    """``FP8_DOT=2`` (a variant decode_tiles times; the default is 0): fp8 tiles converted to
+    float16 and both dots in float16, q pre-scaled. Same result as the float32 path and the dequantised reference
     within bf16 output rounding; a q beyond float16's range saturates instead of turning inf."""
     from radixlm.kernels.attention import triton_decode as td
 
