@@ -46,6 +46,23 @@ def test_resolve_on_cpu_picks_torch_float32_and_keeps_explicit_values():
     assert explicit.dtype == "bfloat16"
 
 
+def test_mixed_chunks_follow_the_device_unless_told(monkeypatch):
+    """Mixed prefill+decode steps: on by default on a CPU, off on a GPU (measured: README,
+    "GPU serving"); --enable-mixed-chunk / --disable-mixed-chunk override either way."""
+    from radixlm.srt import config
+
+    assert config.MIXED_CHUNK_BY_DEVICE == {"cpu": True, "cuda": False}
+    assert resolve(ServerConfig(device="cpu")).disable_mixed_chunk is False
+    assert resolve(ServerConfig(device="cpu", disable_mixed_chunk=True)).disable_mixed_chunk
+    monkeypatch.setitem(config.MIXED_CHUNK_BY_DEVICE, "cpu", False)  # as on a GPU
+    off = resolve(ServerConfig(device="cpu"))
+    assert off.disable_mixed_chunk is True and resolve(off) == off
+    on = resolve(ServerConfig(device="cpu", enable_mixed_chunk=True))
+    assert on.disable_mixed_chunk is False and resolve(on) == on
+    with pytest.raises(ValueError, match="at most one of enable_mixed_chunk"):
+        config_from_kwargs(enable_mixed_chunk=True, disable_mixed_chunk=True)
+
+
 def test_resolve_rejects_a_bad_device():
     with pytest.raises(ValueError, match="device must be"):
         resolve(ServerConfig(device="tpu-ish"))

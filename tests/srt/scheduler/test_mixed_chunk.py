@@ -205,6 +205,7 @@ def test_gpu_mixed_chunks_with_overlap_give_the_unchunked_outputs(tmp_path):
             attention_backend="triton",
             dtype="float32",
             chunked_prefill_size=chunk,
+            enable_mixed_chunk=True,  # off by default on a GPU
         )
         assert s.overlap and s.admission.mixes is (chunk > 0)
         forwards = _record_forwards(s)
