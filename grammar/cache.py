@@ -218,6 +218,7 @@ class GrammarCompileCache:
         with self._lock:
             for job in self._jobs.values():
                 job.is_cancelled = True
+        self._deadlines.close()
         for lane in self._lanes.values():
             lane.shutdown(wait=False, cancel_futures=True)
         self.backend.shutdown()

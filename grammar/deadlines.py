@@ -27,12 +27,15 @@ class Deadlines:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def call_after(self, delay_s: float, callback: Callable[[], object]) -> int:
         """Runs ``callback()`` on the deadline thread about ``delay_s`` seconds from now; the
         handle returned can be given to :meth:`cancel`."""
         handle = next(self._seq)
         with self._cond:
+            if self._closed:  # shut down: nothing runs any more
+                return handle
             heapq.heappush(self._heap, (self.clock() + delay_s, handle))
             self._callbacks[handle] = callback
             if self._thread is None:
@@ -46,14 +49,23 @@ class Deadlines:
         with self._cond:
             self._callbacks.pop(handle, None)
 
+    def close(self) -> None:
+        """Drops every pending callback and ends the thread (its owner is shutting down)."""
+        with self._cond:
+            self._closed = True
+            self._callbacks.clear()
+            self._heap.clear()
+            self._cond.notify()
+
     def __len__(self) -> int:
         """Callbacks still pending."""
         with self._cond:
             return len(self._callbacks)
 
-    def _next_due(self) -> Callable[[], object]:
-        """Waits for the earliest pending deadline; its callback (under the condition)."""
-        while True:
+    def _next_due(self) -> Callable[[], object] | None:
+        """Waits for the earliest pending deadline; its callback (under the condition), or
+        None once closed."""
+        while not self._closed:
             while self._heap and self._heap[0][1] not in self._callbacks:
                 heapq.heappop(self._heap)  # cancelled
             if not self._heap:
@@ -65,11 +77,14 @@ class Deadlines:
                 heapq.heappop(self._heap)
                 return self._callbacks.pop(handle)
             self._cond.wait(wait_s)
+        return None
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 callback = self._next_due()
+            if callback is None:
+                return
             try:
                 callback()
             except Exception:  # a failing callback must not stop the others' deadlines

@@ -100,8 +100,8 @@ def compile_error(kind: str, message: str) -> GrammarCompileError:
     if _UNENFORCEABLE_RANGE.match(message):
         return InvalidSchemaError(
             kind,
-            "a minimum / maximum outside the range the grammar engine enforces (integers must "
-            f"stay within +-2^63): {message}",
+            "a minimum / maximum outside the range the grammar engine enforces (integers "
+            f"within +-2^63, numbers of moderate size): {message}",
         )
     return GrammarCompileError(kind, message)
 

@@ -288,6 +288,8 @@ def _type_satisfiable(kind: Any, node: dict, known: dict[str, bool]) -> bool:
 
 
 _I64_MAX = 2**63 - 1
+# bound keyword, and the sign that makes "past the 64-bit range" a large positive value
+_BOUNDS = (("minimum", 1), ("exclusiveMinimum", 1), ("maximum", -1), ("exclusiveMaximum", -1))
 
 
 def unenforceable_bound(schema: Any) -> str | None:
@@ -298,7 +300,7 @@ def unenforceable_bound(schema: Any) -> str | None:
         types = node.get("type")
         if not (types == "integer" or (isinstance(types, list) and "integer" in types)):
             continue
-        for key, sign in _LOWER_BOUNDS + _UPPER_BOUNDS:
+        for key, sign in _BOUNDS:
             value = node.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if sign * value >= _I64_MAX:
@@ -307,10 +309,6 @@ def unenforceable_bound(schema: Any) -> str | None:
                         f"(integers within +-{_I64_MAX})"
                     )
     return None
-
-
-_LOWER_BOUNDS = (("minimum", 1), ("exclusiveMinimum", 1))
-_UPPER_BOUNDS = (("maximum", -1), ("exclusiveMaximum", -1))
 
 
 def _as_list(value: Any) -> list:

@@ -20,7 +20,6 @@ from radixlm.srt.managers.tokenizer_manager import (
 from radixlm.srt.server.errors import parse_body, sse_error
 from radixlm.srt.server.native_api import batch_precheck, get_tm, json_response
 from radixlm.srt.server.openai_convert import (
-    GRAMMAR_PARAMS,
     OpenAIPlan,
     chat_logprobs,
     chat_plan,
@@ -29,7 +28,7 @@ from radixlm.srt.server.openai_convert import (
     completion_logprobs,
     completion_plan,
     finish_reason,
-    grammar_field,
+    name_grammar_error,
     usage,
 )
 from radixlm.srt.server.openai_protocol import (
@@ -368,8 +367,7 @@ async def _answered(group: RequestGroup, body: Any, *, stream: bool) -> Any:
         with group:
             return await group.collect()
     except GenerateError as e:
-        if e.param in GRAMMAR_PARAMS:
-            e.param = grammar_field(body) or e.param
+        name_grammar_error(e, body)
         raise
 
 

@@ -392,3 +392,12 @@ def grammar_field(body: Any) -> str | None:
         if getattr(body, name, None) is not None:
             return name
     return "tools" if getattr(body, "tools", None) else None
+
+
+def name_grammar_error(error: Any, body: Any, renames: dict[str, str] | None = None) -> None:
+    """Points a grammar's 400 (``error.param`` a native kind) at the request field of ``body``
+    that asked for the grammar (``grammar_field``), renamed through ``renames``."""
+    if error.param in GRAMMAR_PARAMS:
+        field = grammar_field(body)
+        if field is not None:
+            error.param = (renames or {}).get(field, field)

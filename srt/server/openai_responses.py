@@ -34,12 +34,7 @@ from radixlm.srt.managers.tokenizer_manager import (
 )
 from radixlm.srt.server.errors import error_body, parse_body
 from radixlm.srt.server.native_api import get_tm, json_response
-from radixlm.srt.server.openai_convert import (
-    GRAMMAR_PARAMS,
-    chat_plan,
-    check_model,
-    grammar_field,
-)
+from radixlm.srt.server.openai_convert import chat_plan, check_model, name_grammar_error
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.responses_input import (
     UNSUPPORTED_RESPONSES,
@@ -165,9 +160,7 @@ async def create_response(request: Request) -> Response:
         with group:
             (out,) = await group.collect()
     except GenerateError as e:  # a grammar that did not compile: the field that asked for it
-        field = grammar_field(chat) if e.param in GRAMMAR_PARAMS else None
-        if field is not None:
-            e.param = "text.format" if field == "response_format" else field
+        name_grammar_error(e, chat, {"response_format": "text.format"})
         raise
     call.feed(out)
     body = call.body("completed", out)

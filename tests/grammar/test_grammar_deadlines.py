@@ -60,3 +60,15 @@ def test_a_failing_callback_does_not_stop_the_others(caplog) -> None:
     time.sleep(0.05)
     deadlines.call_after(0.01, early.set)
     assert early.wait(1)
+
+
+def test_close_ends_the_thread_and_drops_what_was_pending() -> None:
+    deadlines = Deadlines(name="closing-deadlines")
+    ran = threading.Event()
+    deadlines.call_after(0.2, ran.set)
+    (thread,) = [t for t in threading.enumerate() if t.name == "closing-deadlines"]
+    deadlines.close()
+    thread.join(2)
+    assert not thread.is_alive() and len(deadlines) == 0
+    deadlines.call_after(0.0, ran.set)  # after close: ignored
+    assert not ran.wait(0.3)
