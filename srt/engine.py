@@ -260,7 +260,9 @@ class Engine:
         else:
             ids = self.door.tokenize(text, session.rid is None, param="text")
         with self._sessions_lock:
-            plan = self.sessions.plan(session, ids, sp.max_new_tokens)
+            plan = self.sessions.plan(
+                session, ids, sp.max_new_tokens, self.door.limits.context_length
+            )
         sp = sp.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved by the session
         return sp, self.door.admit(self._new_rid(), plan.input_ids, sp, **options), plan
 

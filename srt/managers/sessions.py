@@ -184,10 +184,17 @@ class SessionManager:
         return session
 
     # ------------------------------------------------------------------ turns
-    def plan(self, params: SessionParams, new_ids: list[int], max_new_tokens: int) -> TurnPlan:
+    def plan(
+        self,
+        params: SessionParams,
+        new_ids: list[int],
+        max_new_tokens: int,
+        context_length: int | None = None,
+    ) -> TurnPlan:
         """The input of a new turn (its history, then ``new_ids``), checked against the
         session; nothing changes until :meth:`commit`. ``UP_TO_CONTEXT`` (``max_new_tokens:
-        null``) becomes what the session's capacity leaves (the plan's ``max_new_tokens``)."""
+        null``) becomes what the session's capacity and ``context_length`` leave (the plan's
+        ``max_new_tokens``)."""
         self.sweep()
         session = self._get(params.id, "session_params.id")
         parent = self._parent(session, params)
@@ -199,8 +206,9 @@ class SessionManager:
                 history.extend(parent.output_ids or ())
         base_len = kept_len(params.offset, len(history))
         input_ids = history[:base_len] + list(new_ids)
-        if max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null = what the capacity leaves
-            max_new_tokens = max(session.capacity - len(input_ids), 1)
+        if max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null = what is left
+            limit = min(session.capacity, context_length or session.capacity)
+            max_new_tokens = max(limit - len(input_ids), 1)
         needed = len(input_ids) + max_new_tokens
         if needed > session.capacity:
             raise bad(

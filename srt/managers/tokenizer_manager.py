@@ -227,7 +227,9 @@ class TokenizerManager:
             input_ids = await self.tokenize_async(inp.text or "", special, param="text")
         plan = None
         if inp.session_params is not None:
-            plan = self.sessions.plan(inp.session_params, input_ids, params.max_new_tokens)
+            plan = self.sessions.plan(
+                inp.session_params, input_ids, params.max_new_tokens, door.limits.context_length
+            )
             input_ids = plan.input_ids
             params = params.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved
         rid = uuid.uuid4().hex

@@ -197,6 +197,10 @@ def test_max_new_tokens_null_is_what_the_capacity_leaves() -> None:
     assert (
         "capacity_of_str_len" in error(m.plan, SessionParams(sid), [1] * 20, UP_TO_CONTEXT).message
     )
+    # a capacity past the context: what the context leaves (a huge capacity reserved it all)
+    big = m.open(10**9)
+    plan = m.plan(SessionParams(big), [1, 2], max_new_tokens=UP_TO_CONTEXT, context_length=64)
+    assert plan.max_new_tokens == 62
 
 
 def test_close_aborts_running_turns_and_late_finishes_are_ignored() -> None:
