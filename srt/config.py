@@ -144,6 +144,11 @@ class ServerConfig:
         False, "run prefill chunks alone, without the running decodes (default on a GPU)"
     )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
+    schedule_conservativeness: float = _opt(
+        1.0,
+        "how much KV a new request must leave for the running ones' future tokens (0: admit "
+        "while the pool has room, retracting later; larger: fewer retractions, smaller batches)",
+    )
     disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
     attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
     grammar_backend: str = _opt(
@@ -272,6 +277,10 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"max_running_requests must be >= 1, got {cfg.max_running_requests}")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < 16:
         raise ValueError(f"max_total_tokens must be >= 16, got {cfg.max_total_tokens}")
+    if not 0 <= cfg.schedule_conservativeness <= 100:
+        raise ValueError(
+            f"schedule_conservativeness must be in [0, 100], got {cfg.schedule_conservativeness}"
+        )
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
     if not cfg.grammar_compile_timeout_s > 0:

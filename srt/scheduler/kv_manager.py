@@ -41,6 +41,15 @@ class KVManager:
             self.allocator.collect_freed()
         return self.allocator.available_size() >= num_tokens
 
+    def room(self) -> int:
+        """Slots a request could get now: free ones plus unlocked cached prefixes (slots freed
+        while a step is in flight count once that step is done: this never waits for it)."""
+        self.allocator.collect_freed(wait=False)
+        return self.allocator.available_size() + self.cache.evictable_size()
+
+    def free_req_slots(self) -> int:
+        return self.req_to_token_pool.available_size()
+
     def match_and_lock(self, req: Req) -> torch.Tensor:
         """Attaches and locks the longest cached prefix of the request's tokens; returns its
         KV slots."""

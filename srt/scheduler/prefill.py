@@ -34,6 +34,17 @@ if TYPE_CHECKING:
     from radixlm.srt.scheduler.reports import LoadStats
 
 
+CLIP_NEW_TOKENS = 4096  # a request's future output counted at most (max_new_tokens may be huge)
+RESERVE_RATIO_INIT = 0.7  # times --schedule-conservativeness
+RESERVE_RATIO_FLOOR = 0.14  # of the initial ratio
+RESERVE_DECAY_STEPS = 600
+
+
+def future_tokens(req: Req) -> int:
+    """Output tokens the request may still produce, clipped to ``CLIP_NEW_TOKENS``."""
+    return max(0, min(req.params.max_new_tokens - len(req.output_ids), CLIP_NEW_TOKENS))
+
+
 class AdmissionPolicy(Protocol):
     def order(self, waiting: Sequence[Req], cache) -> list[Req]: ...
 
@@ -58,6 +69,36 @@ class PrefillAdmission:
             and not cfg.disable_mixed_chunk
             and cfg.speculative_algorithm == "none"
         )
+        self.ratio_init = min(1.0, RESERVE_RATIO_INIT * cfg.schedule_conservativeness)
+        self.ratio_floor = self.ratio_init * RESERVE_RATIO_FLOOR
+        self.reserve_ratio = self.ratio_init
+
+    def on_decode_step(self) -> None:
+        """A step decoded the running requests: the reserve shrinks a little."""
+        step = (self.ratio_init - self.ratio_floor) / RESERVE_DECAY_STEPS
+        self.reserve_ratio = max(self.ratio_floor, self.reserve_ratio - step)
+
+    def on_retract(self) -> None:
+        """Decode ran out of slots: admit more carefully from now on."""
+        if self.ratio_init > 0:
+            self.reserve_ratio = min(1.0, max(self.ratio_init, 1.5 * self.reserve_ratio))
+
+    def reserve(self, running: Sequence[Req]) -> float:
+        """Slots kept free for the future output of ``running``."""
+        return self.reserve_ratio * sum(future_tokens(r) for r in running)
+
+    def _need(self, req: Req) -> float:
+        """Slots a request still wants: the rest of its prompt (beyond the slots it holds) and
+        its share of reserve for the output."""
+        return req.fill_len - req.num_kv_tokens + self.reserve_ratio * future_tokens(req)
+
+    def blocked(self, waiting: Sequence[Req], running: Sequence[Req]) -> bool:
+        """Whether no waiting request could be admitted now, judged without matching prefixes:
+        true only when certain (every prompt fully cached would still not fit)."""
+        if len(running) >= self.max_running_requests or not self.kv.free_req_slots():
+            return True
+        least = min(1 + self.reserve_ratio * future_tokens(r) for r in waiting)
+        return self.kv.room() - self.reserve(running) < least
 
     @property
     def is_chunking(self) -> bool:
@@ -74,39 +115,46 @@ class PrefillAdmission:
         self,
         waiting: deque[Req],
         chunked: Req | None,
-        num_running: int,
+        running: Sequence[Req],
         policy: AdmissionPolicy,
         num_decode_tokens: int = 0,
     ) -> ScheduledBatch | None:
         """A prefill batch: ``chunked``'s next piece first, then waiting requests in policy
-        order while the budget, the pool and ``max_running_requests`` (counting the
-        ``num_running`` requests already running) allow. Admitted requests leave ``waiting``.
-        None when nothing fits; in particular, when ``chunked`` is given, a batch always
-        starts with its piece (the scheduler then clears its ``chunked``)."""
+        order while the budget, the pool (less the reserve for ``running`` and for the batch's
+        own requests) and ``max_running_requests`` (counting ``running``) allow. Admitted
+        requests leave ``waiting``. None when nothing fits; in particular, when ``chunked`` is
+        given, a batch always starts with its piece (the scheduler then clears its
+        ``chunked``)."""
         batch = ScheduledBatch(ForwardMode.EXTEND)
         budget = self.budget(num_decode_tokens)
+        promised = self.reserve(running)
         if chunked is not None:
             used = self._add_piece(batch, chunked, budget)
             if used == 0:
                 return None
             budget -= used
+            promised += self._need(chunked)
         for req in policy.order(waiting, self.kv.cache):
             if budget <= 0 or not batch.all_complete():
                 break
-            if num_running + len(batch.reqs) >= self.max_running_requests:
+            if len(running) + len(batch.reqs) >= self.max_running_requests:
                 break
-            used = self._admit(batch, req, budget)
+            used = self._admit(batch, req, budget, promised, alone=not running and not batch.reqs)
             if used < 0:
                 break
             if used == 0:
                 continue
             waiting.remove(req)
             budget -= used
+            promised += self._need(req)
         return batch if batch.reqs else None
 
-    def _admit(self, batch: ScheduledBatch, req: Req, budget: int) -> int:
+    def _admit(
+        self, batch: ScheduledBatch, req: Req, budget: int, promised: float, alone: bool
+    ) -> int:
         """Matches and locks the request's cached prefix and adds its first piece: the piece's
-        token count, 0 to skip the request this step, -1 to stop admitting."""
+        token count, 0 to skip the request this step, -1 to stop admitting. Unless ``alone``
+        (nothing else would run), the request must fit beside the ``promised`` slots."""
         self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
         if req.req_slot < 0:
             self.kv.release(req)
@@ -114,6 +162,9 @@ class PrefillAdmission:
         if shares_uncached_prefix(req, batch):
             self.kv.release(req)  # defer: next step it finds that prefix in the cache
             return 0
+        if not alone and self._need(req) > self.kv.room() - promised:
+            self.kv.release(req)  # would take slots the running requests will need
+            return -1
         first_time = not req.output_ids  # not a retracted request coming back
         if first_time:
             req.cached_tokens = req.num_cached_prefix

@@ -85,6 +85,7 @@ class Scheduler:
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
+        self.num_retractions = 0
         self.stats = LoadStats()
         self.spec = SpeculativeStep(  # speculative decoding (a null drafter when off)
             make_drafter(cfg, r, self.cache),
@@ -296,7 +297,7 @@ class Scheduler:
                 return decode, False  # the pool is full: no admission this step
         num_decode_tokens = sum(decode.extend_lens) if decode is not None else 0
         prefill = self.admission.schedule(
-            self.waiting, self.chunked, len(self.running), self.policy, num_decode_tokens
+            self.waiting, self.chunked, self.running, self.policy, num_decode_tokens
         )
         if prefill is None:
             return decode, False
@@ -326,6 +327,7 @@ class Scheduler:
             self.running, starts, pending, all_slots, drafts, strict=True
         ):
             batch.add(req, start, num_new, slots, draft)
+        self.admission.on_decode_step()
         return batch
 
     def _decode_slots_needed(self) -> int:
@@ -342,6 +344,8 @@ class Scheduler:
                 )
                 return
             self.running.pop()
+            self.admission.on_retract()
+            self.num_retractions += 1
             logger.info(
                 "KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len
             )
@@ -360,9 +364,12 @@ class Scheduler:
 
     def _can_chain_decode(self) -> bool:
         """Whether the next step can be launched before the one in flight is read back: a
-        decode of requests that are all in flight (nothing to prefill, no retraction)."""
-        if self.waiting or self.chunked is not None or not self.running:
+        decode of requests that are all in flight (nothing that could be admitted, no
+        retraction)."""
+        if self.chunked is not None or not self.running:
             return False
+        if self.waiting and not self.admission.blocked(self.waiting, self.running):
+            return False  # resolve first: the next step may admit some
         if self.spec.enabled and any(self.spec.is_candidate(r) for r in self.running):
             return False  # their next step may speculate: it needs their tokens on the host
         in_flight = {id(r) for r in self.inflight.reqs}

@@ -125,9 +125,16 @@ def test_mixed_chunks_give_the_unchunked_outputs(tiny_llama_dir, tmp_path, refer
 
 def test_mixed_chunks_under_forced_retraction(tiny_llama_dir, tmp_path, reference, caplog):
     caplog.set_level(logging.INFO, logger="radixlm.srt.scheduler")
-    s = _scheduler(tiny_llama_dir, tmp_path, chunked_prefill_size=CHUNK, max_total_tokens=200)
+    s = _scheduler(
+        tiny_llama_dir,
+        tmp_path,
+        chunked_prefill_size=CHUNK,
+        max_total_tokens=200,
+        schedule_conservativeness=0,  # admit while the pool has room: decode must retract
+    )
     _assert_same(run(s), reference)
     assert any("retract" in r.getMessage().lower() for r in caplog.records)
+    assert s.num_retractions > 0
 
 
 def test_unmixed_chunks_give_the_unchunked_outputs(tiny_llama_dir, tmp_path, reference):

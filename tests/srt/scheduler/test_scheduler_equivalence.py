@@ -30,15 +30,17 @@ def _workload() -> list[list[int]]:
 PROMPTS = _workload()
 
 
-def run_workload(model_dir, **options) -> tuple[list[list[int]], list[int]]:
+def run_workload(model_dir, info_out=None, **options) -> tuple[list[list[int]], list[int]]:
     """Greedy outputs and cached-token counts of the workload on a fresh engine; checks that
-    the engine is idle and leak-free afterwards."""
+    the engine is idle and leak-free afterwards (its server info goes into ``info_out``)."""
     from radixlm.srt import Engine
 
     engine = Engine(model_path=str(model_dir), log_level="warning", **options)
     try:
         outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         info = engine.get_server_info()
+        if info_out is not None:
+            info_out.update(info)
         assert engine.scheduler.check_idle()
         assert info["available"] + info["evictable"] + info["protected"] == info["max_total_tokens"]
         engine.scheduler.cache.check_integrity()
@@ -86,7 +88,12 @@ def _retractions(caplog) -> int:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_forced_retraction_gives_the_same_greedy_outputs(tiny_llama_dir, reference, policy, caplog):
     caplog.set_level(logging.INFO, logger="radixlm.srt.scheduler")
-    outputs, _ = run_workload(tiny_llama_dir, max_total_tokens=RETRACT_POOL, schedule_policy=policy)
+    outputs, _ = run_workload(
+        tiny_llama_dir,
+        max_total_tokens=RETRACT_POOL,
+        schedule_policy=policy,
+        schedule_conservativeness=0,  # admit while the pool has room: decode must retract
+    )
     assert _retractions(caplog) > 0, "the pool was meant to be too small for every request at once"
     assert outputs == reference
 
@@ -100,6 +107,24 @@ def test_forced_retraction_without_cache_gives_the_same_greedy_outputs(
         max_total_tokens=RETRACT_POOL,
         disable_radix_cache=True,
         chunked_prefill_size=16,
+        schedule_conservativeness=0,
     )
     assert _retractions(caplog) > 0
     assert outputs == reference
+
+
+def test_admission_keeps_room_for_the_running_requests_output(tiny_llama_dir, reference):
+    """A pool of 400 slots for eight requests of 40 + 40 tokens (no prefix cache): admitting
+    every prompt at once (conservativeness 0) leaves decode short and retracts (their prefill
+    is computed again); the default reserve (0.7 of each running request's remaining output)
+    admits five, whose outputs fit beside each other, and retracts none. Same greedy outputs
+    either way. (With the prefix cache the shared prefixes let all eight in under the 0.7 bet,
+    and running every request to its limit retracts as often as without the reserve.)"""
+    opts = dict(max_total_tokens=400, disable_radix_cache=True)
+    greedy_info, careful_info = {}, {}
+    greedy, _ = run_workload(tiny_llama_dir, greedy_info, schedule_conservativeness=0, **opts)
+    careful, _ = run_workload(tiny_llama_dir, careful_info, **opts)
+    assert greedy == reference and careful == reference
+    assert greedy_info["num_retractions"] > 0
+    assert careful_info["num_retractions"] == 0
+    assert 0 < careful_info["new_token_ratio"] < 0.7  # decayed over the decode steps

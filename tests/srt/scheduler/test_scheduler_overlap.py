@@ -26,10 +26,9 @@ PARAMS = [
 ]
 
 
-def _scheduler(model_dir, overlap: bool) -> Scheduler:
-    s = Scheduler(
-        config_from_kwargs(model_path=str(model_dir), log_level="warning", max_total_tokens=2048)
-    )
+def _scheduler(model_dir, overlap: bool, **opts) -> Scheduler:
+    opts.setdefault("max_total_tokens", 2048)
+    s = Scheduler(config_from_kwargs(model_path=str(model_dir), log_level="warning", **opts))
     s.overlap = overlap
     return s
 
@@ -64,8 +63,8 @@ def _drain(s: Scheduler, outputs: dict, on_step=None) -> int:
     return in_flight_steps
 
 
-def _run_all(model_dir, overlap: bool, late: bool = False, logprob_rid: int | None = None):
-    s = _scheduler(model_dir, overlap)
+def _run_all(model_dir, overlap: bool, late: bool = False, logprob_rid: int | None = None, **opts):
+    s = _scheduler(model_dir, overlap, **opts)
     outputs: dict = {}
     first = 3 if late else len(PROMPTS)
     for i in range(first):
@@ -93,6 +92,28 @@ def test_overlap_gives_the_same_tokens_and_finishes(tiny_llama_dir, reference):
     for i, p in enumerate(PARAMS):
         toks, reason = outputs[f"r{i}"]
         assert len(toks) == p["max_new_tokens"] and reason["type"] == "length"
+
+
+def test_decode_chains_while_requests_wait_that_cannot_be_admitted(tiny_llama_dir, reference):
+    """Two running requests at most: the other four wait, but nothing could admit them until
+    one finishes, so the next decode step is still launched before the one in flight is read
+    back (the waiting queue alone does not stop overlap); the tokens are the same."""
+    s = _scheduler(tiny_llama_dir, overlap=True, max_running_requests=2)
+    chained_with_waiting = []
+    can_chain = s._can_chain_decode
+
+    def spy():
+        ok = can_chain()
+        chained_with_waiting.append(ok and bool(s.waiting))
+        return ok
+
+    s._can_chain_decode = spy
+    for i in range(len(PROMPTS)):
+        _submit(s, i, PARAMS[i])
+    outputs: dict = {}
+    _drain(s, outputs)
+    assert sum(chained_with_waiting) > 5
+    assert outputs == reference
 
 
 def test_overlap_with_arrivals_mid_decode(tiny_llama_dir):
