@@ -346,8 +346,11 @@ class Scheduler:
             self.running.pop()
             self.admission.on_retract()
             self.num_retractions += 1
-            logger.info(
-                "KV pool full: retracting request %s (%d tokens)", victim.rid, victim.seq_len
+            logger.warning(
+                "KV pool full: retracting request %s (%d tokens; new_token_ratio now %.3f)",
+                victim.rid,
+                victim.seq_len,
+                self.admission.reserve_ratio,
             )
             self.spec.release(victim)
             self.kv.release(victim)
