@@ -280,6 +280,7 @@ def chat_request(
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": _response_format(req.text),
         "max_completion_tokens": req.max_output_tokens,
+        "stream": req.stream,  # the updates come as they are generated, not all at the end
         "logprobs": "message.output_text.logprobs" in include,
         "top_logprobs": req.top_logprobs if "message.output_text.logprobs" in include else None,
         "chat_template_kwargs": req.chat_template_kwargs,

@@ -237,6 +237,21 @@ def test_stream_events(stack: FakeStack, client: openai.OpenAI) -> None:
     assert added == done == [0, 1]
 
 
+def test_stream_sends_the_text_as_it_is_generated(stack: FakeStack, client) -> None:
+    """The worker is asked to stream, and each of its updates becomes a delta (one delta
+    holding the whole text at the end is not a stream)."""
+    extra = reply_with(stack, "One two three four five six seven.")
+    events = list(
+        client.responses.create(model="fake-model", input="count", stream=True, extra_body=extra)
+    )
+    assert list(stack.worker.received.values())[-1].stream
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) >= 5
+    assert (
+        "".join(deltas) == events[-1].response.output_text == "One two three four five six seven."
+    )
+
+
 def test_stream_helper_accumulates(stack: FakeStack, client: openai.OpenAI) -> None:
     extra = reply_with(stack, CALL)
     with client.responses.stream(
