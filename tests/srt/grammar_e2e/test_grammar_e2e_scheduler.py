@@ -120,9 +120,24 @@ def test_streamed_and_jumped_outputs_are_valid(reference):
     assert len(reference) == 8
 
 
+def test_streamed_and_unstreamed_requests_get_the_same_tokens(tiny_llama_dir, reference):
+    """Jump-forward re-encodes only the token sampled in its step with the forced text, which no
+    stream has sent yet, so streaming changes no token (with four re-encoded tokens it did: a
+    stream's sent tokens cannot be taken back, and greedy continuations then differed)."""
+    results = {}
+    for stream in (False, True):
+        sched = _scheduler(tiny_llama_dir, max_total_tokens=8192)
+        msgs = _requests(8)
+        for m in msgs:
+            m.stream = stream
+        results[stream] = _drive(sched, msgs)
+        sched.grammars.shutdown()
+    assert results[False] == results[True]
+
+
 def test_retraction_keeps_matchers_in_step_and_outputs_equal(tiny_llama_dir, reference, caplog):
     caplog.set_level(logging.INFO, logger="radixlm.srt.scheduler.scheduler")
-    sched = _scheduler(tiny_llama_dir, max_total_tokens=RETRACT_POOL)
+    sched = _scheduler(tiny_llama_dir, max_total_tokens=RETRACT_POOL, schedule_conservativeness=0)
     results = _drive(sched, _requests(8))
     assert any("retract" in r.getMessage().lower() for r in caplog.records)
     _check_valid(sched, results)
