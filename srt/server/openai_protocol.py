@@ -63,6 +63,7 @@ _UNSUPPORTED_BOTH = {
 UNSUPPORTED_CHAT = {
     **_UNSUPPORTED_BOTH,
     "web_search_options": (None,),  # a search the server does not run: a 400, not silence
+    "verbosity": (None, "medium"),  # OpenAI's answer-length hint: no model here is trained on it
     "echo": (None, False),  # vLLM: the last message's content before the reply
     "chat_template": (None,),  # a client's own Jinja template
     "documents": (None,),

@@ -112,14 +112,56 @@ def _named_choice(raw: dict[str, Any]) -> str:
     fn = raw.get("function")
     if raw.get("type") != "function" or not isinstance(fn, dict):
         raise _bad(
-            "tool_choice must be 'none', 'auto', 'required' or "
-            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice must be 'none', 'auto', 'required', "
+            '{"type": "function", "function": {"name": ...}} or ' + ALLOWED_TOOLS_SHAPE,
             "tool_choice",
         )
     name = fn.get("name")
     if not isinstance(name, str):
         raise _bad("tool_choice.function.name must be a string", "tool_choice")
     return name
+
+
+ALLOWED_TOOLS_SHAPE = (
+    '{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": '
+    '[{"type": "function", "function": {"name": ...}}, ...]}}'
+)
+
+
+def allowed_tools(
+    raw: str | dict[str, Any] | None, specs: list[ToolSpec]
+) -> tuple[str | dict[str, Any] | None, list[ToolSpec]]:
+    """OpenAI's ``{"type": "allowed_tools", ...}`` choice: its mode and the tools it names
+    (the only ones the prompt shows and the model may call); any other choice: as it is, with
+    every tool."""
+    if not isinstance(raw, dict) or raw.get("type") != "allowed_tools":
+        return raw, specs
+    spec = raw.get("allowed_tools")
+    if set(raw) != {"type", "allowed_tools"} or not isinstance(spec, dict):
+        raise _bad(
+            f"tool_choice of type allowed_tools must be {ALLOWED_TOOLS_SHAPE}", "tool_choice"
+        )
+    mode, listed = spec.get("mode"), spec.get("tools")
+    if mode not in ("auto", "required"):
+        raise _bad(
+            f"tool_choice.allowed_tools.mode must be 'auto' or 'required', got {mode!r}",
+            "tool_choice.allowed_tools.mode",
+        )
+    if not isinstance(listed, list) or not listed or set(spec) - {"mode", "tools"}:
+        raise _bad(
+            f"tool_choice of type allowed_tools must be {ALLOWED_TOOLS_SHAPE}", "tool_choice"
+        )
+    by_name = {s.name: s for s in specs}
+    chosen: list[ToolSpec] = []
+    for i, item in enumerate(listed):
+        param = f"tool_choice.allowed_tools.tools[{i}]"
+        name = _named_choice(item) if isinstance(item, dict) else None
+        if name not in by_name:
+            known = ", ".join(by_name) or "none"
+            raise _bad(f"{param} names {name!r}, which is not one of the tools ({known})", param)
+        if by_name[name] not in chosen:
+            chosen.append(by_name[name])
+    return mode, chosen
 
 
 def tool_choice(raw: str | dict[str, Any] | None, specs: list[ToolSpec]) -> str:
@@ -317,9 +359,10 @@ def parallel_calls(sent: bool | None, choice: str) -> bool:
 def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsing:
     """The request's tools, choice and history checked; the server's parsers resolved."""
     specs = tool_specs(req.tools)
-    choice = tool_choice(req.tool_choice, specs)
-    check_tool_messages(req.messages)
     check_no_special_text(tm, tool_texts(specs))
+    raw_choice, specs = allowed_tools(req.tool_choice, specs)
+    choice = tool_choice(raw_choice, specs)
+    check_tool_messages(req.messages)
     template = getattr(tm.tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else None  # named templates: no guess
     parsing = ChatParsing(

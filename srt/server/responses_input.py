@@ -239,8 +239,19 @@ def _tool_choice(raw: str | dict[str, Any] | None) -> str | dict[str, Any] | Non
         return raw
     if raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}
+    if raw.get("type") == "allowed_tools" and isinstance(raw.get("tools"), list):
+        tools = [
+            {"type": "function", "function": {"name": t["name"]}}
+            if isinstance(t, dict) and t.get("type") == "function" and "name" in t
+            else t
+            for t in raw["tools"]
+        ]
+        inner = {k: v for k, v in raw.items() if k != "type"}
+        return {"type": "allowed_tools", "allowed_tools": {**inner, "tools": tools}}
     raise _bad(
-        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+        "tool_choice must be 'none', 'auto', 'required', {\"type\": \"function\", \"name\": ...} "
+        'or {"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type": '
+        '"function", "name": ...}, ...]}',
         "tool_choice",
     )
 
@@ -251,6 +262,12 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
         raise _bad(f"text has unsupported fields: {sorted(unknown)}", "text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise _bad(
+            "text.verbosity other than 'medium' is not supported: no model here is trained on "
+            "it; leave it out",
+            "text.verbosity",
+        )
     fmt = text.get("format")
     if fmt is None:
         return None

@@ -313,6 +313,7 @@ def test_unknown_openai_fields_are_ignored(stack: FakeStack) -> None:
         "best_of": 1,
         "suffix": None,
         "prediction": {"type": "content", "content": "x"},
+        "verbosity": "medium",
     }
     assert post(stack, "/v1/chat/completions", {**CHAT, **extra}).status_code == 200
     assert post(stack, "/v1/completions", {**COMP, **extra}).status_code == 200
@@ -326,6 +327,7 @@ def test_unknown_openai_fields_are_ignored(stack: FakeStack) -> None:
         ("/v1/completions", {"suffix": "end"}),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}),
         ("/v1/chat/completions", {"web_search_options": {}}),
+        ("/v1/chat/completions", {"verbosity": "low"}),
         ("/generate", {"lora_path": "my-adapter"}),
         ("/generate", {"image_data": "http://x/y.png"}),
     ],

@@ -59,6 +59,7 @@ BAD_REQUESTS = [
         "answers no tool call",
     ),
     ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format", "json_schema"),
+    ({"input": "hi", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice", "tool_choice"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", "at least 1"),
     ({"input": "hi", "temperature": "hot"}, "temperature", "number"),
@@ -124,6 +125,24 @@ def test_instructions_and_items_become_chat_messages(stack: FakeStack) -> None:
     positions = [prompt.index(text) for text in order]
     assert positions == sorted(positions), prompt
     assert prompt.count("<|assistant|>") == 2  # the text and the call: one message, then the reply
+
+
+def test_allowed_tools_choice_constrains_to_the_listed_tools(stack: FakeStack) -> None:
+    other = {**WEATHER, "name": "get_time"}
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "get_time"}],
+    }
+    body = {"input": "hi", "tools": [WEATHER, other], "tool_choice": choice, "max_output_tokens": 2}
+    assert post(stack, body).status_code == 200
+    tag = last_params(stack)["structural_tag"]
+    assert "get_time" in tag and "get_weather" not in tag
+    choice["tools"] = [{"type": "function", "name": "nope"}]
+    r = post(stack, body)
+    assert (
+        r.status_code == 400 and r.json()["error"]["param"] == "tool_choice.allowed_tools.tools[0]"
+    )
 
 
 def test_tools_constrain_like_the_chat_route(stack: FakeStack) -> None:

@@ -67,6 +67,11 @@ def _tool(name: str = "f", parameters: object = None, kind: str = "function") ->
     return {"type": kind, "function": fn}
 
 
+def _allowed(mode: str, *names: str) -> dict:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
 BAD_REQUESTS = [
     ({"tools": [_tool(), _tool()]}, "tools", "unique"),
     (
@@ -78,6 +83,17 @@ BAD_REQUESTS = [
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "no tools"),
     ({"tools": [_tool()], "tool_choice": "sometimes"}, "tool_choice", "'sometimes'"),
     ({"tools": [_tool()], "tool_choice": {"type": "custom"}}, "tool_choice", "tool_choice must"),
+    (
+        {"tools": [_tool()], "tool_choice": _allowed("sometimes", "f")},
+        "tool_choice.allowed_tools.mode",
+        "'auto' or 'required'",
+    ),
+    (
+        {"tools": [_tool()], "tool_choice": _allowed("auto", "g")},
+        "tool_choice.allowed_tools.tools[0]",
+        "not one of the tools",
+    ),
+    ({"tools": [_tool()], "tool_choice": _allowed("auto")}, "tool_choice", "allowed_tools"),
     (
         {"tools": [_tool(parameters={"type": "objekt"})]},
         "tools[0].function.parameters",
@@ -192,6 +208,22 @@ def test_named_choice_constraint_names_only_that_tool(stack: FakeStack) -> None:
     post(stack, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 2})
     grammar = next(str(last_params(stack)[k]) for k in GRAMMAR_PARAMS if last_params(stack).get(k))
     assert "get_time" in grammar and "get_weather" not in grammar
+
+
+def test_allowed_tools_choice_offers_and_constrains_only_those_tools(stack: FakeStack) -> None:
+    """OpenAI's allowed_tools: ``required`` constrains to calls of the listed tools only;
+    ``auto`` leaves the model free and reads its calls (the prompt lays out only the listed
+    tools; this stack's template shows none; a call of another name stays a call, as under
+    plain ``auto``)."""
+    post(stack, {"messages": USER, "tools": TOOLS, "tool_choice": _allowed("required", "get_time")})
+    grammar = next(str(last_params(stack)[k]) for k in GRAMMAR_PARAMS if last_params(stack).get(k))
+    assert "get_time" in grammar and "get_weather" not in grammar
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": _allowed("auto", "get_weather")}
+    extra = reply_with(stack, hermes_call("get_weather", CALL_ARGS))
+    r = post(stack, {**body, **extra})
+    assert all(last_params(stack).get(k) is None for k in GRAMMAR_PARAMS)
+    (call,) = r.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
 
 
 def _stops_after_first_call(stack: FakeStack, body: dict) -> bool:
