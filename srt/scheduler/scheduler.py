@@ -291,9 +291,9 @@ class Scheduler:
             return None, False
         decode = None
         if self.admission.mixes and self.running:
-            num_running = len(self.running)
+            retractions = self.num_retractions
             decode = self._schedule_decode()
-            if decode is None or len(self.running) < num_running:
+            if decode is None or self.num_retractions > retractions:
                 return decode, False  # the pool is full: no admission this step
         num_decode_tokens = sum(decode.extend_lens) if decode is not None else 0
         prefill = self.admission.schedule(
@@ -335,15 +335,20 @@ class Scheduler:
         return len(self.running) * self.kv.page_size + forced
 
     def _make_room_for_decode(self) -> None:
-        """Evicts cached prefixes, then retracts requests, until every running one gets a slot."""
+        """Evicts cached prefixes, then retracts requests (a prompt between two chunks first:
+        it has no output to lose), until every running one gets a slot."""
         while not self.kv.ensure_available(self._decode_slots_needed()):
-            victim = self.running[-1]
-            if len(self.running) == 1:
+            if self.chunked is not None:
+                victim, self.chunked = self.chunked, None
+            elif len(self.running) == 1:
+                victim = self.running[0]
                 self._finish_between_steps(
                     victim, {"type": "length", "length": len(victim.output_ids)}
                 )
                 return
-            self.running.pop()
+            else:
+                victim = self.running.pop()
+                self.spec.release(victim)
             self.admission.on_retract()
             self.num_retractions += 1
             logger.warning(
@@ -352,7 +357,6 @@ class Scheduler:
                 victim.seq_len,
                 self.admission.reserve_ratio,
             )
-            self.spec.release(victim)
             self.kv.release(victim)
             victim.status = ReqStatus.WAITING
             self.waiting.appendleft(victim)

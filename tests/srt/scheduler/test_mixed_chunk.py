@@ -219,3 +219,31 @@ def test_gpu_mixed_chunks_with_overlap_give_the_unchunked_outputs(tmp_path):
         results.append(run(s, workload))
     _assert_same(results[1], results[0])
     assert len([f for f in forwards if f[0] and f[1]]) >= (300 + 180) // 32
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_a_prompt_between_chunks_gives_its_slots_back_before_a_decode_is_cut(
+    tiny_llama_dir, tmp_path, mixed
+):
+    """A long prompt admitted while another request decodes fills the pool chunk by chunk;
+    when decode runs short, the prompt between chunks is retracted (it loses no output and
+    prefills again later), never the decoding request ended early as "length" (b stopped at
+    91 of 150 tokens before)."""
+    workload = [
+        ("b", _ids(40), {**GREEDY, "max_new_tokens": 150}, {}, 0),
+        ("a", _ids(296), {**GREEDY, "max_new_tokens": 4}, {}, 60),
+    ]
+    s = _scheduler(
+        tiny_llama_dir,
+        tmp_path,
+        chunked_prefill_size=CHUNK,
+        max_total_tokens=400,  # b alone needs 190, a alone 300; both at once do not fit
+        schedule_conservativeness=0,  # admit a while the pool has room
+        disable_mixed_chunk=not mixed,
+    )
+    got = run(s, workload)
+    assert got["b"]["reason"] == {"type": "length", "length": 150}
+    assert len(got["b"]["ids"]) == 150
+    assert got["a"]["reason"]["type"] == "length" and len(got["a"]["ids"]) == 4
+    if mixed:  # b decodes between a's chunks until the pool runs short: a gives way
+        assert s.num_retractions > 0
