@@ -152,16 +152,15 @@ def allowed_tools(
             f"tool_choice of type allowed_tools must be {ALLOWED_TOOLS_SHAPE}", "tool_choice"
         )
     by_name = {s.name: s for s in specs}
-    chosen: list[ToolSpec] = []
+    chosen: dict[str, ToolSpec] = {}  # by name: a long list of repeats stays linear
     for i, item in enumerate(listed):
         param = f"tool_choice.allowed_tools.tools[{i}]"
         name = _named_choice(item) if isinstance(item, dict) else None
         if name not in by_name:
             known = ", ".join(by_name) or "none"
             raise _bad(f"{param} names {name!r}, which is not one of the tools ({known})", param)
-        if by_name[name] not in chosen:
-            chosen.append(by_name[name])
-    return mode, chosen
+        chosen.setdefault(name, by_name[name])
+    return mode, list(chosen.values())
 
 
 def tool_choice(raw: str | dict[str, Any] | None, specs: list[ToolSpec]) -> str:
