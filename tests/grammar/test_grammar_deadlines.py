@@ -11,13 +11,19 @@ from radixlm.grammar.deadlines import Deadlines
 
 
 def test_callbacks_run_in_deadline_order_on_one_thread() -> None:
-    deadlines = Deadlines(name="test-deadlines")
+    # the clock stands still while the deadlines are set, so a slow (loaded) machine scheduling
+    # them cannot reorder them: every deadline is exactly start + delay
+    start: list[float | None] = [time.monotonic()]
+    deadlines = Deadlines(
+        name="test-deadlines", clock=lambda: start[0] if start[0] is not None else time.monotonic()
+    )
     ran: list[tuple[int, str]] = []
     done = threading.Event()
     before = threading.active_count()
     for i, delay in enumerate([0.30, 0.10, 0.20] * 100):
         deadlines.call_after(delay, lambda i=i: ran.append((i, threading.current_thread().name)))
     deadlines.call_after(0.4, done.set)
+    start[0] = None
     assert threading.active_count() <= before + 1  # 301 deadlines, one thread
     assert done.wait(5)
     assert len(ran) == 300 and {name for _, name in ran} == {"test-deadlines"}
