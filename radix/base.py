@@ -99,8 +99,14 @@ class PrefixCache(ABC):
         nothing; skipped when loading would be slower than recomputing)."""
         return self.match_prefix(token_ids, namespace)
 
-    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> None:
-        """Hint: a request with these tokens waits for admission (a disk tier starts reading)."""
+    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> Any:
+        """Hint: a request with these tokens waits for admission (a disk tier starts reading).
+        Returns a handle (or None) to give to :meth:`release_prefetch` once that request is
+        admitted or gone, so reads nobody will use are not kept."""
+        return None
+
+    def release_prefetch(self, handle: Any) -> None:
+        """The request whose :meth:`prefetch` returned ``handle`` no longer waits."""
         return None
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:

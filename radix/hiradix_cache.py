@@ -387,12 +387,16 @@ class HiRadixCache(RadixCache):
         if self.disk is not None:
             node.page_keys = self.disk.keys_after(last_key(node.parent), namespace, node.key)
 
-    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> None:
+    def prefetch(self, token_ids: Sequence[int], namespace: str | None = None) -> Any:
         if self.disk is None:
-            return
+            return None
         tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
         node, pos = self._peek(tokens, namespace)
-        self.disk.prefetch(last_key(node), namespace, tokens, pos)
+        return self.disk.prefetch(last_key(node), namespace, tokens, pos) or None
+
+    def release_prefetch(self, handle: Any) -> None:
+        if self.disk is not None and handle:
+            self.disk.release(handle)
 
     def _peek(self, tokens: tuple[int, ...], namespace: str | None) -> tuple[TreeNode, int]:
         """The deepest node whose whole key matches ``tokens`` (no split, no clock)."""
@@ -530,6 +534,8 @@ class HiRadixCache(RadixCache):
         )
         if self.storage is not None:
             info.update({f"disk_{k}": v for k, v in self.storage.stats().items()})
+        if self.disk is not None:
+            info["disk_prefetched_pages"] = self.disk.num_prefetched
         return info
 
     def host_held_tokens(self) -> int:

@@ -29,6 +29,7 @@ class DiskPages:
         self.page_size = page_size
         self.stats = stats
         self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
+        self._wanted: dict[bytes, int] = {}  # waiting requests whose prefetch named the key
 
     def keys_after(self, prev: bytes | None, namespace: str | None, tokens: Page) -> list[bytes]:
         """The keys of the whole pages of ``tokens``, chained from the key ``prev``."""
@@ -45,16 +46,42 @@ class DiskPages:
             prev = page_key(prev, namespace, page)
             yield prev, page
 
-    def prefetch(self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int) -> None:
-        """Starts reading the run of pages on disk after ``tokens[:pos]``."""
+    def prefetch(
+        self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int
+    ) -> list[bytes]:
+        """Starts reading the run of pages on disk after ``tokens[:pos]``; the keys of that run
+        (started now or before), to be given back to :meth:`release` once the request that
+        asked is admitted or gone."""
+        keys = []
         for key, page in self._pages(prev, namespace, tokens, pos):
-            if key in self._prefetched:
-                continue
-            if not self.storage.exists(key):
-                break
-            self._prefetched[key] = self.storage.submit_read(key, page)
+            if key not in self._prefetched:
+                if not self.storage.exists(key):
+                    break
+                self._prefetched[key] = self.storage.submit_read(key, page)
+            keys.append(key)
+            self._wanted[key] = self._wanted.get(key, 0) + 1
         while len(self._prefetched) > MAX_PREFETCH_PAGES:
-            self._prefetched.popitem(last=False)
+            self._prefetched.popitem(last=False)[1].cancel()
+        return keys
+
+    def release(self, keys: list[bytes]) -> None:
+        """A request that prefetched ``keys`` was admitted (its reads were used or are not
+        wanted) or ended while waiting: a page no other waiting request asked for is dropped
+        (an aborted request's pages no longer sit in memory until the cap pushes them out)."""
+        for key in keys:
+            left = self._wanted.get(key, 0) - 1
+            if left > 0:
+                self._wanted[key] = left
+                continue
+            self._wanted.pop(key, None)
+            fut = self._prefetched.pop(key, None)
+            if fut is not None:
+                fut.cancel()
+
+    @property
+    def num_prefetched(self) -> int:
+        """Pages read (or being read) ahead of admission and held until used or released."""
+        return len(self._prefetched)
 
     def find(
         self, prev: bytes | None, namespace: str | None, tokens: Page, pos: int
@@ -110,9 +137,10 @@ class DiskPages:
 
     def forget_reads(self) -> None:
         self._prefetched.clear()
+        self._wanted.clear()
 
     def close(self) -> None:
-        self._prefetched.clear()
+        self.forget_reads()
         self.storage.close()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from radixlm.srt.managers.stop_prefix import StopPrefixes
 from radixlm.srt.messages import BatchStrOut, BatchTokenOut
 from radixlm.srt.sampling.stop_regex import MATCH_FROM_END_KEY, MATCH_TEXT_KEY
 
@@ -37,10 +38,12 @@ class _DecodeState:
     read_offset: int = 0
     text: str = ""  # confirmed text (complete characters only)
     num_sent_chars: int = 0  # prefix of ``text`` already sent to the client
+    stop_prefixes: StopPrefixes | None = None  # what may start a stop string, kept up to date
 
 
 def held_back_len(text: str, stop_strs: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string (from
+    scratch; the detokenizer keeps it up to date with ``StopPrefixes``)."""
     longest = 0
     for stop in stop_strs:
         for k in range(min(len(stop) - 1, len(text)), longest, -1):
@@ -117,8 +120,10 @@ class Detokenizer:
                 state.output_ids.pop()
         self._advance(state, out.skip_special_tokens[i], force=finish is not None)
         if finish is None:
-            stops = out.stop_strs[i] if i < len(out.stop_strs) else []
-            limit = len(state.text) - held_back_len(state.text, stops)
+            if state.stop_prefixes is None:
+                stops = out.stop_strs[i] if i < len(out.stop_strs) else []
+                state.stop_prefixes = StopPrefixes(stops)
+            limit = len(state.text) - state.stop_prefixes.feed(state.text)
             return self._emit(state, limit)
         del self._states[rid]
         final = state.text

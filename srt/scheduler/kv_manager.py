@@ -59,12 +59,18 @@ class KVManager:
             match = self.cache.match_and_load(fill[:limit])
         else:  # loading from a slower tier would evict work it cannot use this step
             match = self.cache.match_prefix(fill[:limit])
+        self.drop_prefetch(req)  # what the match did not load is not waited for any more
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
         req.num_cached_prefix = num
         req.num_kv_tokens = num
         return match.kv_slots
+
+    def drop_prefetch(self, req: Req) -> None:
+        if req.prefetch is not None:
+            self.cache.release_prefetch(req.prefetch)
+            req.prefetch = None
 
     def _could_fit(self, req: Req) -> bool:
         """Whether the whole request could get device slots now (free plus evictable slots;
@@ -170,6 +176,7 @@ class KVManager:
         """Gives the request's KV back: into the prefix cache where it can be kept, else to the
         allocator; frees its table row and unlocks its cached prefix. A request holding
         nothing (released already, or never admitted) is left as it is."""
+        self.drop_prefetch(req)
         if req.req_slot < 0:
             if req.cache_node is not None:
                 self.cache.dec_lock_ref(req.cache_node)

@@ -157,7 +157,7 @@ class Scheduler:
             self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
-        self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading the prompt's pages
+        req.prefetch = self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).

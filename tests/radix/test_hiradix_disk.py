@@ -67,6 +67,35 @@ def test_disk_pages_continue_a_prefix_in_the_tree(make_world, tmp_path, page_siz
     world.check_all()
 
 
+def test_prefetched_pages_are_dropped_when_no_waiting_request_wants_them(make_world, tmp_path):
+    """Reads started for requests that then leave the queue unadmitted (aborts), or whose load
+    is not taken, are not kept: a page goes when the last request that asked for it lets go."""
+    ps = 4
+    world = make_world(ps, num_slots=16 * ps, policy="write_through", disk_dir=tmp_path)
+    tokens = seq(6 * ps)
+    world.run(tokens)
+    world.flush()
+    world.restart()
+    disk = world.cache.disk
+    first = world.cache.prefetch(tokens)
+    second = world.cache.prefetch(tokens[: 3 * ps])  # shares the first three pages
+    assert len(first) == 6 and disk.num_prefetched == 6
+    assert world.cache.tier_stats()["disk_prefetched_pages"] == 6
+    world.cache.release_prefetch(first)  # the first request is aborted while queued
+    assert disk.num_prefetched == 3  # the shared pages stay for the second
+    world.cache.release_prefetch(second)
+    assert disk.num_prefetched == 0 and not disk._wanted
+    world.cache.release_prefetch(None)  # no disk run: nothing to give back
+    # what a match did not consume goes with the release after admission
+    handle = world.cache.prefetch(tokens)
+    slow_prefill(world)
+    world.match_and_load(tokens[: 2 * ps])
+    assert disk.num_prefetched == 4
+    world.cache.release_prefetch(handle)
+    assert disk.num_prefetched == 0
+    world.check_all()
+
+
 def test_a_page_damaged_in_the_middle_ends_the_disk_hit_there(make_world, tmp_path):
     ps = 4
     world = make_world(ps, num_slots=16 * ps, policy="write_through", disk_dir=tmp_path)

@@ -3,9 +3,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from radixlm.srt.managers.detokenizer import Detokenizer, held_back_len, trim_stop_str
+from radixlm.srt.managers.stop_prefix import StopPrefixes
 from radixlm.srt.messages import BatchTokenOut, decode, encode
 
 CORPUS = [
@@ -187,6 +190,19 @@ def test_abort_without_tokens_drops_state(tok: Tokenizer) -> None:
     out = detok.handle(token_out(["r"], [[]], [{"type": "abort", "message": "client gone"}]))
     assert out.text_delta == [""]
     assert detok.num_active == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=7), max_size=4),
+    pieces=st.lists(st.text(alphabet="ab\nc", max_size=5), max_size=12),
+)
+def test_stop_prefixes_track_the_held_back_length_as_text_grows(stops, pieces) -> None:
+    tracker = StopPrefixes(stops)
+    text = ""
+    for piece in pieces:
+        text += piece
+        assert tracker.feed(text) == held_back_len(text, stops), (text, stops)
 
 
 def test_held_back_len_and_trim() -> None:
