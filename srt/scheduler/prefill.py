@@ -165,7 +165,7 @@ class PrefillAdmission:
         if not alone and self._need(req) > self.kv.room() - promised:
             self.kv.release(req)  # would take slots the running requests will need
             return -1
-        first_time = not req.output_ids  # not a retracted request coming back
+        first_time = not req.admitted  # not a retracted request (or chunked prompt) coming back
         if first_time:
             req.cached_tokens = req.num_cached_prefix
         used = self._add_piece(batch, req, budget)
@@ -173,6 +173,7 @@ class PrefillAdmission:
             self.kv.release(req)
             return -1
         if first_time:
+            req.admitted = True
             self.stats.on_admit(req.cached_tokens, len(req.prompt_ids))
         return used
 

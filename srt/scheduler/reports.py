@@ -140,7 +140,7 @@ def load_info(s: Scheduler) -> dict[str, Any]:
         "num_running_reqs": num_running,
         "num_waiting_reqs": len(waiting),
         "num_grammar_queue_reqs": len(compiling),
-        "num_retracted_reqs": sum(1 for r in s.waiting if r.output_ids),
+        "num_retracted_reqs": sum(1 for r in s.waiting if r.admitted),
         "num_used_tokens": used,
         "num_available_tokens": available,
         "num_evictable_tokens": evictable,  # held only by the prefix cache

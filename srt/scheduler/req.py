@@ -47,6 +47,7 @@ class Req:
     last_kv_slot: int = 0  # req_to_token[req_slot, num_kv_tokens - 1], kept on the host (pages > 1)
     cache_node: Any = None  # the prefix cache node locked for this request
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    admitted: bool = False  # admitted once (a retracted request coming back keeps its figures)
     prefetch: Any = None  # the prefix cache's prefetch handle while the request waits
 
     # constrained decoding (stays unset for unconstrained requests)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixlm.srt.server.protocol import StrictBody, check_list_len
 from radixlm.srt.server.vllm_compat import translate_vllm_fields
@@ -119,6 +119,13 @@ class SGLangSamplingExtras(StrictBody):
     custom_params: dict[str, Any] | None = None
     stream_interval: int | None = None
     rid: str | None = None
+
+    @field_validator("rid")
+    @classmethod
+    def _rid_not_empty(cls, rid: str | None) -> str | None:
+        if rid == "":  # /abort_request reads an empty rid as none: it could not be aborted
+            raise ValueError("rid must be a non-empty string (or left out)")
+        return rid
 
 
 class OpenAISamplingFields(SGLangSamplingExtras):

@@ -83,6 +83,7 @@ def run(s: Scheduler, workload=WORKLOAD) -> dict[str, dict]:
         step += 1
         for i, rid in enumerate(out.rids if out is not None else []):
             r = got.setdefault(rid, {"ids": [], "reason": None, "logprobs": [], "top": []})
+            r["cached"] = out.cached_tokens[i]
             r["ids"] += out.new_token_ids[i]
             r["reason"] = out.finish_reason[i] or r["reason"]
             r["logprobs"] += [lp for lp, _ in out.output_token_logprobs[i] or []]
@@ -247,3 +248,5 @@ def test_a_prompt_between_chunks_gives_its_slots_back_before_a_decode_is_cut(
     assert got["a"]["reason"]["type"] == "length" and len(got["a"]["ids"]) == 4
     if mixed:  # b decodes between a's chunks until the pool runs short: a gives way
         assert s.num_retractions > 0
+    # a's own chunks, cached when it gave way, are not prompt tokens served from the cache
+    assert got["a"]["cached"] == 0 and s.stats.totals["num_admitted_reqs"] == 2

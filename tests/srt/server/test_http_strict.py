@@ -434,6 +434,21 @@ def test_disconnect_aborts_only_its_own_request(stack: FakeStack, slow) -> None:
     assert all(len(a.rid) == 32 and not a.abort_all for a in stack.worker.aborts)
 
 
+def test_an_empty_rid_is_refused_on_every_route(stack: FakeStack) -> None:
+    """``/abort_request`` reads ``rid: ""`` as no rid, so such a request could not be aborted."""
+    for path, body in [
+        ("/generate", {"text": "hi", "rid": ""}),
+        ("/generate", {"text": ["a", "b"], "rid": ["x", ""]}),
+        ("/v1/completions", {"model": "default", "prompt": "hi", "rid": ""}),
+        (
+            "/v1/chat/completions",
+            {"model": "default", "messages": [{"role": "user", "content": "hi"}], "rid": ""},
+        ),
+    ]:
+        err = error_of(post(stack, path, body), 400)
+        assert err["param"] == "rid" and "non-empty" in err["message"], (path, err)
+
+
 def test_abort_by_rid_is_exact_and_covers_every_sample(stack: FakeStack, slow) -> None:
     lines = slow_stream(
         stack, {"text": "hi", "rid": "many", "sampling_params": {"max_new_tokens": 100, "n": 3}}
