@@ -8,7 +8,8 @@ decides how the tags combine:
 * ``"required"`` / named: calls only (``tags_with_separator``, at least one; one at most
   unless ``parallel``), arguments valid against each tool's schema;
 * ``"auto"``: free text, and once the trigger appears a call (``triggered_tags``), built only
-  when a tool is ``strict`` (non-strict tools then get any JSON object as arguments);
+  when a tool is ``strict`` (non-strict tools then get any JSON object as arguments) or when
+  an ``allowed_tools`` choice narrowed the tools (``names_only``: calls name those alone);
 * a ``response_schema`` with ``"auto"``: an answer valid against it, or calls.
 
 Formats that put a tool's schema (or the response schema) inside one bigger JSON schema move it
@@ -140,9 +141,11 @@ def choice_format(
     choice: ToolChoice,
     parallel: bool,
     response_schema: dict | None,
+    names_only: bool = False,
 ) -> dict | None:
     """The structural-tag format enforcing ``choice`` for calls written in ``form``; None
-    when nothing needs enforcing. ``ValueError`` for an invalid choice."""
+    when nothing needs enforcing (``names_only``: under ``"auto"`` calls must name one of
+    ``tools``, strict or not). ``ValueError`` for an invalid choice."""
     check_choice(tools, choice)
     if choice == "none" or not tools:
         return None
@@ -162,7 +165,7 @@ def choice_format(
     if response_schema is not None:
         answer = {"type": "json_schema", "json_schema": response_schema}
         return {"type": "or", "elements": [answer, calls_only]}
-    if not any(t.strict for t in tools):
+    if not names_only and not any(t.strict for t in tools):
         return None
     return _auto_format(form, tags, calls_only, parallel)
 

@@ -223,9 +223,11 @@ class GenericParser(CallStreamParser):
         choice: ToolChoice,
         parallel: bool,
         response_schema: dict | None,
+        names_only: bool = False,
     ) -> dict | None:
         """``{"json_schema": ...}`` of a valid reply whenever tools are offered (see
-        ``generic_prompt.reply_schema``)."""
+        ``generic_prompt.reply_schema``; it names the tools, so ``names_only`` changes
+        nothing)."""
         schema = reply_schema(tools, choice, parallel, response_schema)
         return None if schema is None else {"json_schema": schema}
 

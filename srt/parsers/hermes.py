@@ -123,8 +123,9 @@ class HermesParser(CallStreamParser):
         choice: ToolChoice,
         parallel: bool,
         response_schema: dict | None,
+        names_only: bool = False,
     ) -> dict | None:
-        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema)
+        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema, names_only)
         return None if fmt is None else structural_tag(fmt)
 
 

@@ -125,6 +125,7 @@ class Llama3Parser(CallStreamParser):
         choice: ToolChoice,
         parallel: bool,
         response_schema: dict | None,
+        names_only: bool = False,
     ) -> dict | None:
         """Structural tags, except for ``"auto"`` with a ``response_schema``: an answer and a
         call both start with ``{``, which a structural tag's ``or`` cannot tell apart early
@@ -134,7 +135,7 @@ class Llama3Parser(CallStreamParser):
             calls = [call_object_schema(t, choice, "parameters", defs) for t in tools]
             answer = placed(response_schema, "answer", defs)
             return {"json_schema": with_defs({"anyOf": [answer, *calls]}, defs)}
-        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema)
+        fmt = choice_format(CALL_FORMAT, tools, choice, parallel, response_schema, names_only)
         return None if fmt is None else structural_tag(fmt)
 
 

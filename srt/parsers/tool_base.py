@@ -198,9 +198,12 @@ class ToolCallParser(ABC):
         choice: ToolChoice,
         parallel: bool,
         response_schema: dict | None,
+        names_only: bool = False,
     ) -> dict | None:
         """A sampling-params fragment (``{"structural_tag": ...}`` or ``{"json_schema": ...}``)
         enforcing ``choice``, or None when nothing needs enforcing (the server then applies
         ``response_schema`` itself, if any). With a fragment, ``response_schema`` is already in
         it. ``"required"`` / named: calls only, arguments valid against the tool's schema,
-        exactly one call unless ``parallel``. ``ValueError`` for an invalid choice."""
+        exactly one call unless ``parallel``. ``names_only`` (an ``allowed_tools`` choice
+        narrowed ``tools``): under ``"auto"`` a call may name none but ``tools`` even when no
+        tool is strict. ``ValueError`` for an invalid choice."""

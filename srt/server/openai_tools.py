@@ -203,6 +203,7 @@ class ChatParsing:
     reasoning_parser: str = "none"
     starts_in_reasoning: bool = False
     separate_reasoning: bool = True  # false: the reasoning stays in content
+    names_only: bool = False  # allowed_tools left some tools out: calls name the rest only
 
     @property
     def parses_calls(self) -> bool:
@@ -264,7 +265,7 @@ def output_constraint(
             )
         parser = make_tool_parser(parsing.tool_parser, parsing.specs)
         fragment = parser.constraint(
-            parsing.specs, parsing.choice, parsing.parallel, response_schema
+            parsing.specs, parsing.choice, parsing.parallel, response_schema, parsing.names_only
         )
     if fragment is None and response_schema is not None:
         fragment = {"json_schema": response_schema}
@@ -359,6 +360,7 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
     """The request's tools, choice and history checked; the server's parsers resolved."""
     specs = tool_specs(req.tools)
     check_no_special_text(tm, tool_texts(specs))
+    offered = len(specs)
     raw_choice, specs = allowed_tools(req.tool_choice, specs)
     choice = tool_choice(raw_choice, specs)
     check_tool_messages(req.messages)
@@ -371,6 +373,7 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
         tool_parser=resolve_tool_parser(tm.cfg.tool_call_parser, template),
         reasoning_parser=tm.cfg.reasoning_parser,
         separate_reasoning=req.separate_reasoning,
+        names_only=len(specs) < offered,  # the other tools must not be called either
     )
     check_tools_supported(parsing)
     return parsing

@@ -77,6 +77,20 @@ def test_nothing_to_enforce_gives_none(parser: str) -> None:
 
 
 @pytest.mark.parametrize("parser", ["hermes", "llama3"])
+def test_names_only_auto_lets_answers_through_and_calls_name_the_given_tools(parser) -> None:
+    """allowed_tools narrowed the tools to CLOCK (not strict): under ``auto`` the model may
+    answer, and a call must name get_time (its arguments stay free, as under plain auto)."""
+    frag = make_tool_parser(parser, [CLOCK]).constraint([CLOCK], "auto", True, None, True)
+    check_tag(frag)
+    checker = Checker(frag)
+    assert checker.accepts("It is noon.")
+    one = call_text(parser, "get_time", '{"zone": 1}')
+    assert_accepts(checker, parser, one, [ToolCall("get_time", '{"zone": 1}')])
+    assert not checker.accepts(call_text(parser, "get_weather", GOOD_WEATHER))
+    assert not checker.accepts(call_text(parser, "other", "{}"))
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3"])
 def test_required_forces_one_schema_valid_call(parser: str) -> None:
     frag = fragment(parser, "required", parallel=False)
     check_tag(frag)

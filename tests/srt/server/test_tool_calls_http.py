@@ -212,18 +212,23 @@ def test_named_choice_constraint_names_only_that_tool(stack: FakeStack) -> None:
 
 def test_allowed_tools_choice_offers_and_constrains_only_those_tools(stack: FakeStack) -> None:
     """OpenAI's allowed_tools: ``required`` constrains to calls of the listed tools only;
-    ``auto`` leaves the model free and reads its calls (the prompt lays out only the listed
-    tools; this stack's template shows none; a call of another name stays a call, as under
-    plain ``auto``)."""
+    ``auto`` leaves the model free to answer, and a call it starts names a listed tool (the
+    prompt lays out only the listed tools; this stack's template shows none). Listing every
+    tool is plain ``auto``: no constraint."""
     post(stack, {"messages": USER, "tools": TOOLS, "tool_choice": _allowed("required", "get_time")})
     grammar = next(str(last_params(stack)[k]) for k in GRAMMAR_PARAMS if last_params(stack).get(k))
     assert "get_time" in grammar and "get_weather" not in grammar
     body = {"messages": USER, "tools": TOOLS, "tool_choice": _allowed("auto", "get_weather")}
     extra = reply_with(stack, hermes_call("get_weather", CALL_ARGS))
     r = post(stack, {**body, **extra})
-    assert all(last_params(stack).get(k) is None for k in GRAMMAR_PARAMS)
+    tag = json.loads(last_params(stack)["structural_tag"])["format"]
+    assert tag["type"] == "triggered_tags" and not tag["at_least_one"]
+    assert "get_weather" in str(tag["tags"]) and "get_time" not in str(tag["tags"])
     (call,) = r.json()["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
+    every = _allowed("auto", *(t["function"]["name"] for t in TOOLS))
+    post(stack, {"messages": USER, "tools": TOOLS, "tool_choice": every, "max_tokens": 2})
+    assert all(last_params(stack).get(k) is None for k in GRAMMAR_PARAMS)
 
 
 def _stops_after_first_call(stack: FakeStack, body: dict) -> bool:
