@@ -75,6 +75,9 @@ class ServerConfig:
     served_model_name: str | None = _opt(
         None, "model id reported by the API (default: derived from the path)"
     )
+    chat_template: str | None = _opt(
+        None, "Jinja chat template: a file's path or the template text (default: the tokenizer's)"
+    )
     load_format: str = _opt(
         "auto", "auto: read the checkpoint; dummy: random weights (benchmarks)", ("auto", "dummy")
     )
@@ -293,6 +296,8 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
     if cfg.stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
+    if cfg.chat_template is not None:
+        read_chat_template(cfg.chat_template)
     _validate_kv_cache_scales(cfg)
     _validate_hicache(cfg)
     _validate_speculative(cfg)
@@ -305,6 +310,38 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(
             f"chunked_prefill_size must be -1 (off) or > 0, got {cfg.chunked_prefill_size}"
         )
+
+
+def read_chat_template(value: str) -> str:
+    """The template text of ``--chat-template``: the file at that path, else the value itself
+    when it is Jinja text; checked to parse. ValueError naming chat_template otherwise."""
+    import os
+
+    import jinja2
+
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"chat_template: cannot read {value!r}: {e}") from e
+        where = f"the file {value!r}"
+    elif "{{" in value or "{%" in value:
+        text, where = value, "the template text"
+    else:
+        raise ValueError(
+            f"chat_template must be a Jinja template file's path or the template text; "
+            f"{value!r} is neither (no such file, no {{{{ or {{% in it)"
+        )
+    try:  # as transformers compiles it (its own tags and extensions), else plain Jinja
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        _compile_jinja_template = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse
+    try:
+        _compile_jinja_template(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template: {where} is not a valid Jinja template: {e}") from e
+    return text
 
 
 def _validate_kv_cache_scales(cfg: ServerConfig) -> None:

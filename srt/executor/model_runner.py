@@ -61,7 +61,7 @@ class ModelRunner:
         self.cfg = cfg = resolve(cfg, head_dim=self.model_config.head_dim)
         self.device = self._place_rank(cfg)
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
-        self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir)
+        self.tokenizer = load_tokenizer(cfg.tokenizer_path or self.model_dir, cfg.chat_template)
         self.model = load_model(
             self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy", tp=self.tp
         )

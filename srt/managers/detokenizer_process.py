@@ -33,7 +33,7 @@ def load_server_tokenizer(cfg: ServerConfig):
     folder = cfg.tokenizer_path or resolve_model_path(
         cfg.model_path, need_weights=cfg.load_format != "dummy"
     )
-    return load_tokenizer(folder)
+    return load_tokenizer(folder, cfg.chat_template)
 
 
 class DetokenizerLoop:

@@ -138,7 +138,11 @@ async def chat_input_ids(
     template runs; ``layout`` (tools) and the client's ``template_kwargs`` feed the template;
     templating and tokenization run on the tokenizer pool."""
     if not getattr(tm.tokenizer, "chat_template", None):
-        raise GenerateError("this model has no chat template; use /v1/completions", 400)
+        raise GenerateError(
+            "this model has no chat template; use /v1/completions, or start the server with "
+            "--chat-template FILE",
+            400,
+        )
     if len(messages) > tm.context_length:  # every template spends tokens on each message
         raise GenerateError(
             f"{len(messages)} messages cannot fit the {tm.context_length}-token context",

@@ -1,0 +1,49 @@
+"""--chat-template: a Jinja file or the template text replaces the tokenizer's template in
+every process that formats chats (the engine's runner and the HTTP process's tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm.srt.config import config_from_kwargs, read_chat_template
+from radixlm.srt.managers.detokenizer_process import load_server_tokenizer
+
+TEMPLATE = (
+    "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<<assistant>>{% endif %}"
+)
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+EXPECTED = "<<system>>Be brief.\n<<user>>Hi\n<<assistant>>"
+
+
+def test_a_file_or_the_text_is_read_and_anything_else_is_refused(tmp_path) -> None:
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    assert read_chat_template(str(path)) == TEMPLATE
+    assert read_chat_template(TEMPLATE) == TEMPLATE
+    with pytest.raises(ValueError, match="neither"):
+        read_chat_template("chatml")  # a name, no such file
+    with pytest.raises(ValueError, match="not a valid Jinja template"):
+        read_chat_template("{% for m in messages %}{{ m }}")
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ unclosed", encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.jinja"):
+        read_chat_template(str(bad))
+    with pytest.raises(ValueError, match="chat_template"):
+        config_from_kwargs(chat_template="no-such-template")
+    # transformers' own {% generation %} tag compiles
+    read_chat_template("{% for m in messages %}{% generation %}x{% endgeneration %}{% endfor %}")
+
+
+def test_the_server_tokenizer_and_the_engine_use_the_template(tiny_llama_dir, tmp_path) -> None:
+    from radixlm.srt import Engine
+
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    cfg = config_from_kwargs(model_path=str(tiny_llama_dir), chat_template=str(path))
+    tok = load_server_tokenizer(cfg)
+    assert tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == EXPECTED
+    plain = load_server_tokenizer(config_from_kwargs(model_path=str(tiny_llama_dir)))
+    assert plain.chat_template != TEMPLATE
+    with Engine(str(tiny_llama_dir), chat_template=TEMPLATE, log_level="warning") as engine:
+        assert engine.apply_chat_template(MESSAGES) == EXPECTED
