@@ -229,6 +229,13 @@ class ServerConfig:
         "none", "split <think> reasoning into reasoning_content", REASONING_PARSERS
     )
     log_level: str = _opt("info", "logging level")
+    # SGLang command lines and Engine(...) calls carry these; here they change nothing, truly:
+    enable_metrics: bool = _opt(False, "accepted (SGLang's flag): /metrics is always served")
+    trust_remote_code: bool = _opt(
+        False,
+        "accepted (SGLang's flag): no code is ever loaded from a checkpoint; the supported "
+        "architectures are built in",
+    )
 
     def replace(self, **changes: Any) -> ServerConfig:
         return dataclasses.replace(self, **changes)

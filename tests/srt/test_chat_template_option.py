@@ -47,3 +47,13 @@ def test_the_server_tokenizer_and_the_engine_use_the_template(tiny_llama_dir, tm
     assert plain.chat_template != TEMPLATE
     with Engine(str(tiny_llama_dir), chat_template=TEMPLATE, log_level="warning") as engine:
         assert engine.apply_chat_template(MESSAGES) == EXPECTED
+
+
+def test_sglang_permission_flags_are_accepted() -> None:
+    """``--trust-remote-code`` and ``--enable-metrics`` come with SGLang command lines and
+    ``sgl.Engine(...)`` calls; both describe what this server does anyway."""
+    from radixlm.srt.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--trust-remote-code", "--enable-metrics"])
+    assert args.trust_remote_code and args.enable_metrics
+    assert config_from_kwargs(trust_remote_code=True, enable_metrics=True).trust_remote_code
