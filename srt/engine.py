@@ -23,6 +23,7 @@ a new Engine. ``shutdown`` stops the followers and leaves the group.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -30,7 +31,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
@@ -95,6 +96,86 @@ class Engine:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far.
         ``session_params`` makes each prompt a turn of a session (:meth:`open_session`)."""
+        rids, is_batch = self._start(
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            rid,
+            session_params,
+        )
+        if stream:
+            return self._stream(rids[0])
+        results = self._wait_all(rids, rid if is_batch else None)
+        return results if is_batch else results[0]
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool = False,
+        rid: str | None = None,
+        session_params: dict | None = None,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """:meth:`generate` for asyncio code (SGLang's ``Engine.async_generate``; with
+        ``stream=True`` it returns an async iterator). Concurrent calls are batched together:
+        while a call waits, it runs one scheduler step at a time on the event loop's thread
+        and yields to the other coroutines between steps. A cancelled call aborts its
+        requests."""
+        rids, is_batch = self._start(
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            rid,
+            session_params,
+        )
+        if stream:
+            return self._astream(rids[0])
+        if is_batch and rid is not None:
+            self._groups[rid] = rids
+        results, error = [], None
+        try:
+            for r in rids:
+                try:
+                    results.append(await self._await_result(r))
+                except ValueError as e:
+                    error = error or e
+        finally:
+            if is_batch and rid is not None:
+                self._groups.pop(rid, None)
+            self._drop_unfinished(rids)
+        if error is not None:
+            raise error
+        return results if is_batch else results[0]
+
+    def _start(
+        self,
+        prompt,
+        sampling_params,
+        input_ids,
+        stream: bool,
+        return_logprob: bool,
+        logprob_start_len: int | None,
+        top_logprobs_num: int | None,
+        return_text_in_logprobs: bool,
+        rid: str | None,
+        session_params: dict | None,
+    ) -> tuple[list[str], bool]:
+        """Checks and submits the request(s); their rids and whether the answer is a list."""
         options = dict(
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num or 0,
@@ -111,11 +192,7 @@ class Engine:
             msgs[0].rid = rid
         if session is not None:
             self._add_turns(session.id, msgs, plans)
-        rids = [self._submit(m, return_text_in_logprobs) for m in msgs]
-        if stream:
-            return self._stream(rids[0])
-        results = self._wait_all(rids, rid if is_batch else None)
-        return results if is_batch else results[0]
+        return [self._submit(m, return_text_in_logprobs) for m in msgs], is_batch
 
     def _wait_all(self, rids: list[str], group_rid: str | None) -> list[dict]:
         """Every request's result, waiting for all even after one failed (so none is left
@@ -341,6 +418,49 @@ class Engine:
                 except queue.Empty:
                     pass
 
+    async def _anext(self, q: queue.Queue):
+        """``_next`` for coroutines: one scheduler step (or a short sleep while another caller
+        steps) between looks at ``q``, yielding to the event loop each time."""
+        while True:
+            try:
+                return q.get_nowait()
+            except queue.Empty:
+                pass
+            if self._driving.acquire(blocking=False):
+                try:
+                    self._run_once()
+                finally:
+                    self._driving.release()
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(0.002)
+
+    async def _await_result(self, rid: str) -> dict:
+        _, q = self._results[rid]
+        while await self._anext(q) is not _FINISHED:
+            pass
+        return self._finish(rid)
+
+    async def _astream(self, rid: str) -> AsyncIterator[dict]:
+        _, q = self._results[rid]
+        try:
+            while True:
+                item = await self._anext(q)
+                if item is _FINISHED:
+                    yield self._finish(rid)
+                    return
+                yield item
+        finally:
+            self._drop_unfinished([rid])
+
+    def _drop_unfinished(self, rids: list[str]) -> None:
+        """Aborts the requests a caller stopped waiting for (cancelled, or gone early)."""
+        for rid in rids:
+            if rid in self._results:
+                self.abort(rid)
+                self._results.pop(rid, None)
+                self._end_turn(rid, None)
+
     def _stream(self, rid: str) -> Iterator[dict]:
         result, q = self._results[rid]
         try:
@@ -351,10 +471,7 @@ class Engine:
                     return
                 yield item
         finally:
-            if rid in self._results:  # the consumer stopped early
-                self.abort(rid)
-                self._results.pop(rid, None)
-                self._end_turn(rid, None)
+            self._drop_unfinished([rid])  # the consumer stopped early
 
     def _finish(self, rid: str) -> dict:
         result, _ = self._results.pop(rid)

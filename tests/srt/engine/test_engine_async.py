@@ -1,0 +1,73 @@
+"""Engine.async_generate (SGLang's): concurrent coroutines are batched and give the outputs of
+the synchronous call; streaming is an async iterator; a cancelled call leaves nothing behind.
+Tiny random Llama (SmolLM2's tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from radixlm.srt import Engine
+
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+POOL = 2048
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    with Engine(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning") as e:
+        yield e
+
+
+def _idle(engine: Engine) -> None:
+    assert engine.scheduler.check_idle() and not engine._results
+    u = engine.scheduler.kv.usage()
+    assert u["available"] + u["evictable"] + u["protected"] == POOL, u
+
+
+def test_concurrent_calls_match_the_synchronous_ones(engine: Engine) -> None:
+    prompts = [f"Item {i}: the weather in city {i} is" for i in range(6)]
+    want = [engine.generate(p, GREEDY)["output_ids"] for p in prompts]
+
+    async def main():
+        return await asyncio.gather(*(engine.async_generate(p, GREEDY) for p in prompts))
+
+    got = asyncio.run(main())
+    assert [g["output_ids"] for g in got] == want
+    batch = asyncio.run(engine.async_generate(prompts[:2], GREEDY))
+    assert [b["output_ids"] for b in batch] == want[:2]
+    _idle(engine)
+
+
+def test_streaming_is_an_async_iterator(engine: Engine) -> None:
+    want = engine.generate("Once upon a time", GREEDY)
+
+    async def main():
+        chunks = []
+        async for chunk in await engine.async_generate("Once upon a time", GREEDY, stream=True):
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(main())
+    assert len(chunks) > 1 and chunks[-1]["text"] == want["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    _idle(engine)
+
+
+def test_a_cancelled_call_aborts_its_request(engine: Engine) -> None:
+    long = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}
+
+    async def main():
+        task = asyncio.create_task(engine.async_generate("Count to a million:", long))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    engine.generate("flush", {"max_new_tokens": 1})  # runs the steps that report the abort
+    _idle(engine)
+    with pytest.raises(ValueError):
+        asyncio.run(engine.async_generate("x", {"max_new_tokens": -3}))
+    _idle(engine)
