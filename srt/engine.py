@@ -96,18 +96,7 @@ class Engine:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far.
         ``session_params`` makes each prompt a turn of a session (:meth:`open_session`)."""
-        rids, is_batch = self._start(
-            prompt,
-            sampling_params,
-            input_ids,
-            stream,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            return_text_in_logprobs,
-            rid,
-            session_params,
-        )
+        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
             return self._stream(rids[0])
         results = self._wait_all(rids, rid if is_batch else None)
@@ -131,18 +120,7 @@ class Engine:
         while a call waits, it runs one scheduler step at a time on the event loop's thread
         and yields to the other coroutines between steps. A cancelled call aborts its
         requests."""
-        rids, is_batch = self._start(
-            prompt,
-            sampling_params,
-            input_ids,
-            stream,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            return_text_in_logprobs,
-            rid,
-            session_params,
-        )
+        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
             return self._astream(rids[0])
         if is_batch and rid is not None:
