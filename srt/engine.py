@@ -38,6 +38,7 @@ from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.engine_ranks import InProcessRanks
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.model_info import model_info_of, served_model_name
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
@@ -54,6 +55,52 @@ from radixlm.srt.scheduler.failures import handle_message, run_step
 logger = logging.getLogger(__name__)
 
 _FINISHED = object()
+
+# SGLang's Engine.generate keywords this engine has no use for: accepted at these defaults
+# (callers pass them explicitly), a ValueError naming them otherwise. A trace header is
+# observability only: any value is accepted.
+SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(
+        (
+            "image_data",
+            "audio_data",
+            "video_data",
+            "mm_hashes",
+            "mm_content_hashes",
+            "token_ids_logprob",
+            "lora_path",
+            "custom_logit_processor",
+            "bootstrap_host",
+            "bootstrap_port",
+            "bootstrap_room",
+            "routed_dp_rank",
+            "disagg_prefill_dp_rank",
+            "kv_hints",
+            "data_parallel_rank",
+            "priority",
+            "session_id",
+        )
+    ),
+    "require_reasoning": False,
+    "return_hidden_states": False,
+    "return_routed_experts": False,
+    "routed_experts_start_len": 0,
+}
+_ACCEPTED_ANY = ("external_trace_header",)
+
+
+def check_sglang_options(options: dict[str, Any]) -> None:
+    for name, value in options.items():
+        if name in _ACCEPTED_ANY:
+            continue
+        if name not in SGLANG_GENERATE_DEFAULTS:
+            raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
+        default = SGLANG_GENERATE_DEFAULTS[name]
+        if not (value is default or (type(value) is type(default) and value == default)):
+            raise ValueError(
+                f"{name} is not supported by this engine (text-only models, no LoRA, no "
+                f"disaggregation, no hidden-state output); leave it out or at {default!r}"
+            )
 
 
 class Engine:
@@ -92,10 +139,13 @@ class Engine:
         return_text_in_logprobs: bool = False,
         rid: str | None = None,
         session_params: dict | None = None,
+        **sglang_options: Any,
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far.
-        ``session_params`` makes each prompt a turn of a session (:meth:`open_session`)."""
+        ``session_params`` makes each prompt a turn of a session (:meth:`open_session`).
+        SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
+        defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
             return self._stream(rids[0])
@@ -114,6 +164,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         rid: str | None = None,
         session_params: dict | None = None,
+        **sglang_options: Any,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """:meth:`generate` for asyncio code (SGLang's ``Engine.async_generate``; with
         ``stream=True`` it returns an async iterator). Concurrent calls are batched together:
@@ -152,8 +203,10 @@ class Engine:
         return_text_in_logprobs: bool,
         rid: str | None,
         session_params: dict | None,
+        sglang_options: dict[str, Any],
     ) -> tuple[list[str], bool]:
         """Checks and submits the request(s); their rids and whether the answer is a list."""
+        check_sglang_options(sglang_options)
         options = dict(
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num or 0,
@@ -240,6 +293,11 @@ class Engine:
         if not reply.ok:
             raise ValueError(reply.data.get("message", "no profile is running"))
         return reply.data["path"]
+
+    def get_model_info(self) -> dict:
+        """SGLang's ``get_model_info``: the same fields as the server's ``/get_model_info``."""
+        info = self.scheduler.ready_info()
+        return model_info_of(info, self.config.tokenizer_path, served_model_name(self.config, info))
 
     def get_server_info(self) -> dict:
         return {**self.scheduler.ready_info(), **self._control("server_info").data}

@@ -8,13 +8,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.model_info import served_model_name
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server import info_api, native_api, openai_api, openai_responses
 from radixlm.srt.server.errors import error_response, install_error_handlers
@@ -28,7 +28,6 @@ from radixlm.srt.server.openapi_spec import install_openapi
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 METRICS_SCHEDULER_TIMEOUT_S = 2.0
 
 Watcher = Callable[[TokenizerManager], Awaitable[None]]
@@ -39,17 +38,6 @@ def package_version() -> str:
         return version("radixlm")
     except PackageNotFoundError:
         return "0.0.0"
-
-
-def served_model_name(cfg: ServerConfig, info: dict[str, Any]) -> str:
-    if cfg.served_model_name:
-        return cfg.served_model_name
-    if info.get("served_model_name"):
-        return str(info["served_model_name"])
-    if cfg.model_path is None:
-        return DEFAULT_MODEL_NAME
-    path = Path(cfg.model_path.rstrip("/"))
-    return path.stem if path.suffix.lower() == ".gguf" else path.name
 
 
 def accepted_model_names(cfg: ServerConfig, info: dict[str, Any], served: str) -> set[str]:

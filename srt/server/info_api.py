@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from radixlm.srt.managers.model_info import model_info_of
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server.native_api import json_response
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES
@@ -65,20 +66,7 @@ async def scheduler_load(tm: TokenizerManager) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- model and server
 def model_info(tm: TokenizerManager, served_model_name: str) -> dict[str, Any]:
-    info = tm.info
-    return {
-        "model_path": info.get("model_path"),
-        "tokenizer_path": tm.cfg.tokenizer_path or info.get("model_path"),
-        "served_model_name": served_model_name,
-        "is_generation": True,
-        "architecture": info.get("architecture"),
-        "architectures": [info["architecture"]] if info.get("architecture") else [],
-        "context_length": info.get("context_length"),
-        "vocab_size": info.get("vocab_size"),
-        "preferred_sampling_params": None,
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-    }
+    return model_info_of(tm.info, tm.cfg.tokenizer_path, served_model_name)
 
 
 @router.get("/get_model_info")

@@ -243,8 +243,9 @@ def launch_server(cfg: ServerConfig) -> None:
     ``SystemExit(EXIT_WORKER_DIED)``); children never outlive this call."""
     from tqdm import tqdm
 
+    from radixlm.srt.managers.model_info import served_model_name
     from radixlm.srt.models.default_model import resolve_model_path
-    from radixlm.srt.server.app import create_app, served_model_name
+    from radixlm.srt.server.app import create_app
     from radixlm.srt.server.metrics import ServerMetrics
 
     configure_logging(cfg.log_level)

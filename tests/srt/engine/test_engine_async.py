@@ -71,3 +71,31 @@ def test_a_cancelled_call_aborts_its_request(engine: Engine) -> None:
     with pytest.raises(ValueError):
         asyncio.run(engine.async_generate("x", {"max_new_tokens": -3}))
     _idle(engine)
+
+
+def test_sglang_keywords_at_their_defaults_are_taken_and_others_named(engine: Engine) -> None:
+    """SGLang callers pass ``lora_path=None``, ``image_data=None``... explicitly."""
+    out = engine.generate(
+        "Hello",
+        {"max_new_tokens": 2},
+        lora_path=None,
+        image_data=None,
+        return_hidden_states=False,
+        custom_logit_processor=None,
+        external_trace_header={"traceparent": "00-abc"},
+    )
+    assert out["meta_info"]["completion_tokens"] == 2
+    with pytest.raises(ValueError, match="lora_path"):
+        engine.generate("Hello", {"max_new_tokens": 2}, lora_path="adapter")
+    with pytest.raises(ValueError, match="return_hidden_states"):
+        asyncio.run(engine.async_generate("Hello", return_hidden_states=True))
+    with pytest.raises(TypeError, match="no_such_option"):
+        engine.generate("Hello", no_such_option=1)
+    _idle(engine)
+
+
+def test_model_info_has_the_server_route_fields(engine: Engine, tiny_llama_dir) -> None:
+    info = engine.get_model_info()
+    assert info["model_path"] == str(tiny_llama_dir) and info["is_generation"]
+    assert info["served_model_name"] == tiny_llama_dir.name
+    assert info["context_length"] > 0 and info["vocab_size"] > 0
