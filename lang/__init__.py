@@ -35,6 +35,7 @@ from radixlm.lang.primitives import (
     gen,
     gen_int,
     gen_string,
+    image,
     select,
     system,
     system_begin,
@@ -42,6 +43,7 @@ from radixlm.lang.primitives import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixlm.lang.program import Program, function, get_default_backend, set_default_backend
 from radixlm.lang.state import ProgramState, ProgramStateGroup
@@ -93,6 +95,7 @@ __all__ = [
     "get_default_backend",
     "greedy_token",
     "greedy_token_selection",
+    "image",
     "select",
     "set_default_backend",
     "system",
@@ -103,4 +106,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

@@ -108,13 +108,19 @@ class RuntimeEndpoint(BaseBackend):
             self._generate({"text": prompt.text, "sampling_params": PREFILL_ONLY})
 
     def generate(self, prompt: Prompt, params: GenParams) -> tuple[str, dict[str, Any]]:
-        out = self._generate({"text": prompt.text, "sampling_params": params.to_sampling_params()})
+        body = {"text": prompt.text, "sampling_params": params.to_sampling_params()}
+        out = self._generate({**body, **params.request_options()})
         return out["text"], out["meta_info"]
 
     def generate_stream(
         self, prompt: Prompt, params: GenParams
     ) -> Iterator[tuple[str, dict | None]]:
-        body = {"text": prompt.text, "sampling_params": params.to_sampling_params(), "stream": True}
+        body = {
+            "text": prompt.text,
+            "sampling_params": params.to_sampling_params(),
+            "stream": True,
+            **params.request_options(),
+        }
         r = self._request("POST", "/generate", json=body, stream=True)
         sent, meta = 0, None
         with r:

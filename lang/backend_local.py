@@ -40,7 +40,11 @@ class LocalBackend(BaseBackend):
             self._run(prompt=prompt.text, sampling_params=PREFILL_ONLY)
 
     def generate(self, prompt: Prompt, params: GenParams) -> tuple[str, dict[str, Any]]:
-        out = self._run(prompt=prompt.text, sampling_params=params.to_sampling_params())
+        out = self._run(
+            prompt=prompt.text,
+            sampling_params=params.to_sampling_params(),
+            **params.request_options(),
+        )
         return out["text"], out["meta_info"]
 
     def generate_stream(
@@ -49,7 +53,10 @@ class LocalBackend(BaseBackend):
         sent = 0
         last: dict[str, Any] | None = None
         for chunk in self.engine.generate(
-            prompt=prompt.text, stream=True, sampling_params=params.to_sampling_params()
+            prompt=prompt.text,
+            stream=True,
+            sampling_params=params.to_sampling_params(),
+            **params.request_options(),
         ):
             text = chunk["text"]
             if len(text) > sent:

@@ -76,6 +76,15 @@ class OpenAI(BaseBackend):
         return [dict(m) for m in prompt.messages]
 
     def _request(self, params: GenParams) -> dict[str, Any]:
+        if params.request_options() or params.min_new_tokens is not None:
+            names = [
+                *params.request_options(),
+                *(["min_tokens"] * (params.min_new_tokens is not None)),
+            ]
+            raise ValueError(
+                f"gen(): {', '.join(names)} cannot go over a chat API (its logprobs and "
+                "lengths are not SGLang's); use LocalBackend or RuntimeEndpoint"
+            )
         kw: dict[str, Any] = {
             "model": self.model_name,
             "max_tokens": params.max_new_tokens,

@@ -13,6 +13,14 @@ from typing import Any
 ROLES = ("system", "user", "assistant")
 
 
+REQUEST_OPTIONS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
+
+
 @dataclass(frozen=True)
 class GenParams:
     """Sampling parameters of one ``gen``; None means "inherit" (from ``run``, then the server).
@@ -33,8 +41,14 @@ class GenParams:
     presence_penalty: float | None = None
     ignore_eos: bool | None = None
     seed: int | None = None
+    min_new_tokens: int | None = None
     regex: str | None = None
     json_schema: str | None = None  # a JSON schema serialised as a string
+    # request options, not sampling parameters: the logprobs reported in the gen's meta info
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
 
     def merged_over(self, defaults: GenParams) -> GenParams:
         """These parameters, with every unset one taken from ``defaults``."""
@@ -47,10 +61,14 @@ class GenParams:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name in REQUEST_OPTIONS:
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
+
+    def request_options(self) -> dict[str, Any]:
+        """The logprob options that are set, as ``/generate`` / ``Engine.generate`` take them."""
+        return {k: getattr(self, k) for k in REQUEST_OPTIONS if getattr(self, k) is not None}
 
 
 class Expr:

@@ -104,15 +104,28 @@ def gen(
     choices_method: ChoicesMethod | str = token_length_normalized,
     dtype: type | None = None,
     stop_regex: str | Sequence[str] | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. ``choices`` makes it a :func:`select`; ``dtype``
     int or float constrains the text to a number and stores the converted value; ``regex`` and
     ``json_schema`` constrain decoding (passed to the server); generation stops where a
-    ``stop_regex`` pattern matches (the match is not kept, like a ``stop`` string)."""
+    ``stop_regex`` pattern matches (the match is not kept, like a ``stop`` string).
+    ``min_tokens``: at least that many tokens before a stop counts. ``return_logprob`` (with
+    ``top_logprobs_num``, ``logprob_start_len``, ``return_text_in_logprobs``) puts the
+    output's logprobs in ``s.get_meta_info(name)``, as SGLang's frontend does."""
     where = _where("gen", name)
+    if n not in (None, 1):
+        raise ValueError(f"{where}: n must be 1 (for several samples use s.fork(n)), got {n!r}")
     if choices is not None:
         return select(name, choices, choices_method=choices_method)
     _check_numbers(where, max_tokens, temperature, top_p)
+    if min_tokens is not None and (not isinstance(min_tokens, int) or min_tokens < 0):
+        raise ValueError(f"{where}: min_tokens must be an integer >= 0, got {min_tokens!r}")
     if dtype not in (None, str, int, float):
         raise ValueError(f"{where}: dtype must be int, float or str, got {dtype!r}")
     if regex is not None and json_schema is not None:
@@ -132,8 +145,13 @@ def gen(
         presence_penalty=presence_penalty,
         ignore_eos=ignore_eos,
         seed=seed,
+        min_new_tokens=min_tokens,
         regex=None if regex is None else _check_regex(where, regex),
         json_schema=None if json_schema is None else _schema_string(where, json_schema),
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
     )
     return Gen(name, params, None if dtype is str else dtype)
 
@@ -149,11 +167,18 @@ def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
 def select(
     name: str | None = None,
     choices: Sequence[str] | None = None,
+    temperature: float | None = None,
     choices_method: ChoicesMethod | str = token_length_normalized,
 ) -> Select:
     """Append the most likely of ``choices`` (ranked by ``choices_method`` from input-token
-    logprobs) and store it in variable ``name``."""
+    logprobs) and store it in variable ``name``. The ranking is deterministic: ``temperature``
+    (SGLang's argument) may only be 0."""
     where = _where("select", name)
+    if temperature not in (None, 0):
+        raise ValueError(
+            f"{where}: select ranks the choices deterministically; temperature must be 0, "
+            f"got {temperature!r} (sample with gen(..., regex=...) instead)"
+        )
     if isinstance(choices, str) or not choices:
         raise ValueError(f"{where}: choices must be a non-empty list of strings, got {choices!r}")
     items = tuple(choices)
@@ -166,6 +191,16 @@ def select(
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return Select(name, items, method)
+
+
+def image(expr: Any) -> Expr:
+    """SGLang's image input: refused, the supported models read text only."""
+    raise ValueError("image(): the models this runtime serves take text only")
+
+
+def video(path: Any, num_frames: int = -1) -> Expr:
+    """SGLang's video input: refused, the supported models read text only."""
+    raise ValueError("video(): the models this runtime serves take text only")
 
 
 # ---------------------------------------------------------------------- roles

@@ -66,6 +66,10 @@ def sampling_defaults(
     ignore_eos: bool | None = None,
     seed: int | None = None,
     stop_regex: Any = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
 ) -> GenParams:
     """The program-wide sampling parameters every ``gen`` inherits (None: the server's)."""
     return GenParams(
@@ -83,6 +87,10 @@ def sampling_defaults(
         presence_penalty=presence_penalty,
         ignore_eos=ignore_eos,
         seed=seed,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
     )
 
 

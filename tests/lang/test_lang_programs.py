@@ -160,6 +160,43 @@ def test_regex_and_int_constrained_gens_match(backend):
     assert f"Price: {state['price']}<|im_end|>" in state.text()
 
 
+def test_gen_logprob_options_and_min_tokens_reach_the_runtime(backend, raw):
+    """SGLang's gen(return_logprob=..., top_logprobs_num=..., min_tokens=...): the meta info
+    holds what a raw call with the same options returns (streamed runs too)."""
+
+    @rl.function
+    def qa(s):
+        s += FEW_SHOT
+        s += rl.gen("a", max_tokens=6, stop="\n", return_logprob=True, top_logprobs_num=2)
+        s += "\n" + rl.gen("b", max_tokens=6, min_tokens=5, stop=".")
+
+    for stream in (False, True):
+        state = qa.run(backend=backend, stream=stream, **GREEDY)
+        state.sync()
+        want = raw(
+            prompt=FEW_SHOT,
+            sampling_params={"max_new_tokens": 6, "stop": "\n", **GREEDY},
+            return_logprob=True,
+            top_logprobs_num=2,
+        )["meta_info"]
+        meta = state.get_meta_info("a")
+        assert [e[1] for e in meta["output_token_logprobs"]] == [
+            e[1] for e in want["output_token_logprobs"]
+        ]
+        assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+        assert (
+            "output_token_logprobs" not in state.get_meta_info("b")
+            or not state.get_meta_info("b")["output_token_logprobs"]
+        )
+        assert state.get_meta_info("b")["completion_tokens"] >= 5
+    with pytest.raises(ValueError, match="n must be 1"):
+        rl.gen("x", n=2)
+    with pytest.raises(ValueError, match="temperature must be 0"):
+        rl.select("x", ["a", "b"], temperature=0.5)
+    with pytest.raises(ValueError, match="text only"):
+        rl.image("cat.png")
+
+
 def test_streaming_yields_the_text_of_a_normal_run(backend):
     @rl.function
     def chat(s, question):
