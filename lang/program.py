@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -115,6 +115,9 @@ class Program:
         self.func = func
         self.bound = dict(bound or {})
         self._arg_names = {p.name for p in params[1:]}
+        self._positional_names = [
+            p.name for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         self._takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
         self.__name__ = getattr(func, "__name__", "program")
         self.__doc__ = func.__doc__
@@ -144,12 +147,20 @@ class Program:
         return sampling, {**self.bound, **kwargs}
 
     def run(
-        self, *args: Any, backend: BaseBackend | None = None, stream: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        backend: BaseBackend | None = None,
+        stream: bool = False,
+        n: int = 1,
+        use_thread: bool = True,
+        **kwargs: Any,
     ) -> ProgramState:
         """Run once. Keyword arguments are the program's, plus the sampling defaults
         (max_new_tokens, stop, temperature, top_p, top_k, min_p, ...). Without ``stream`` it
         returns once the program finished (raising its error); with ``stream=True`` at once:
-        read the text as it comes with ``state.text_iter()``."""
+        read the text as it comes with ``state.text_iter()``. SGLang's ``n`` must be 1 (use
+        ``s.fork``); ``use_thread`` is accepted: the state always runs on its own thread."""
+        _check_n(n)
         sampling, program_kwargs = self._split(dict(kwargs))
         backend = _resolve_backend(backend)
         executor = StreamExecutor(backend, sampling_defaults(**sampling), stream)
@@ -197,11 +208,16 @@ class Program:
         backend: BaseBackend | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
+        n: int = 1,
+        generator_style: bool = False,
         **sampling: Any,
-    ) -> list[ProgramState]:
-        """Run once per dict of arguments, ``num_threads`` at a time; the states come back in
-        the order of ``batch_kwargs``. A failed program's state holds its error
-        (``state.error()``; reading it raises)."""
+    ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run once per dict of arguments (or tuple of positional ones), ``num_threads`` at a
+        time; the states come back in the order of ``batch_kwargs`` (as a list, or with
+        ``generator_style`` one by one as they finish in that order). A failed program's state
+        holds its error (``state.error()``; reading it raises)."""
+        _check_n(n)
+        batch_kwargs = [self._as_kwargs(kw) for kw in batch_kwargs]
         unknown = sorted(set(sampling) - set(_SAMPLING_NAMES))
         if unknown:
             raise ValueError(
@@ -209,7 +225,9 @@ class Program:
                 f"in batch_kwargs, options are {list(_SAMPLING_NAMES)}"
             )
         if not all(isinstance(kw, dict) for kw in batch_kwargs):
-            raise ValueError("batch_kwargs must be a list of dicts of program arguments")
+            raise ValueError(
+                "batch_kwargs must be a list of dicts (or tuples) of program arguments"
+            )
         if not batch_kwargs:
             return []
         backend = _resolve_backend(backend)
@@ -221,13 +239,35 @@ class Program:
             self._execute(state, (), {**self.bound, **kw})
             return state
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = pool.map(one, batch_kwargs)
-            if progress_bar:
-                from tqdm import tqdm
+        def states() -> Iterator[ProgramState]:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                results = pool.map(one, batch_kwargs)
+                if progress_bar:
+                    from tqdm import tqdm
 
-                results = tqdm(results, total=len(batch_kwargs), desc=self.__name__)
-            return list(results)
+                    results = tqdm(results, total=len(batch_kwargs), desc=self.__name__)
+                yield from results
+
+        return states() if generator_style else list(states())
+
+    def _as_kwargs(self, args: Any) -> Any:
+        """SGLang also takes a batch entry as the program's positional arguments."""
+        if not isinstance(args, (list, tuple)):
+            return args
+        names = self._positional_names
+        if len(args) > len(names):
+            raise ValueError(
+                f"{self.__name__}() takes {len(names)} positional argument(s) after s, a batch "
+                f"entry gave {len(args)}: {list(args)!r}"
+            )
+        return dict(zip(names, args, strict=False))  # fewer: the rest keep their defaults
+
+
+def _check_n(n: Any) -> None:
+    if n != 1:
+        raise ValueError(
+            f"n must be 1 (for several samples use s.fork(n) in the program), got {n!r}"
+        )
 
 
 def _num_threads(num_threads: int | str, batch_size: int) -> int:
@@ -238,8 +278,11 @@ def _num_threads(num_threads: int | str, batch_size: int) -> int:
     return num_threads
 
 
-def function(func: Callable[..., Any] | None = None) -> Any:
-    """Decorator: ``@function`` (or ``@function()``) turns ``f(s, ...)`` into a Program."""
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator: ``@function`` (or ``@function()``) turns ``f(s, ...)`` into a Program.
+    SGLang's ``num_api_spec_tokens`` (speculative calls to a chat API) is not supported."""
+    if num_api_spec_tokens is not None:
+        raise ValueError("function(num_api_spec_tokens=...) is not supported; leave it out")
     if func is None:
         return Program
     return Program(func)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,6 +62,16 @@ class ProgramState:
             raise ValueError(f"fork(size) needs an integer size >= 1, got {size!r}")
         return ProgramStateGroup([ProgramState(ex) for ex in self._ex.fork(size)], self)
 
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """``with s.copy() as c: c += ...``: one branch of ``s`` (SGLang's), joined back with
+        ``gather_variable`` when the block ends."""
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
     # ------------------------------------------------------------------ reading
     def __getitem__(self, name: str) -> Any:
         return self.get_var(name)
@@ -112,6 +123,24 @@ class ProgramState:
             for text, var in chunks:
                 if var_name is None or var == var_name:
                     yield text
+            if is_ended and not chunks:
+                break
+        if self._ex.error is not None:
+            raise self._ex.error
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """:meth:`text_iter` for asyncio code (waits off the event loop); with
+        ``return_meta_data`` each piece comes as ``(text, meta_info of its variable)``."""
+        loop = asyncio.get_running_loop()
+        seen = 0
+        while True:
+            chunks, is_ended = await loop.run_in_executor(None, self._ex.wait_chunks, seen)
+            seen += len(chunks)
+            for text, var in chunks:
+                if var_name is None or var == var_name:
+                    yield (text, self._ex.meta_info.get(var)) if return_meta_data else text
             if is_ended and not chunks:
                 break
         if self._ex.error is not None:

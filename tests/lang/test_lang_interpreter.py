@@ -342,3 +342,42 @@ def test_http_select_finds_choice_tokens_that_merged_with_the_prefix():
     assert lp.cached_tokens == [5, 5]
     assert sent[1]["logprob_start_len"] == 10 - rl.backend_base.BOUNDARY_TOKENS
     assert sent[1]["text"] == ["prefix text", "prefix texta", "prefix textb"]
+
+
+# ---------------------------------------------------------------- SGLang's other entry points
+def test_sglang_run_batch_forms_copy_and_async_text_iter(backend) -> None:
+    """run_batch with tuples and generator_style, s.copy(), text_async_iter, n / use_thread /
+    num_api_spec_tokens as SGLang programs pass them."""
+    import asyncio
+
+    @rl.function
+    def greet(s, name, punct="!"):
+        s += "Hi " + name + punct
+        s += rl.gen("x", max_tokens=3)
+
+    states = greet.run_batch([("Ann",), ("Bob", "?")], backend=backend, n=1)
+    assert [st.text() for st in states] == ["Hi Ann!<7>", "Hi Bob?<7>"]
+    gen = greet.run_batch([{"name": "Cy"}, ("Di",)], backend=backend, generator_style=True)
+    assert not isinstance(gen, list)
+    assert [st.text() for st in gen] == ["Hi Cy!<6>", "Hi Di!<6>"]
+    with pytest.raises(ValueError, match="n must be 1"):
+        greet.run(name="Ann", backend=backend, n=2)
+    assert greet.run(name="Ann", backend=backend, use_thread=False).text().startswith("Hi Ann!")
+    with pytest.raises(ValueError, match="num_api_spec_tokens"):
+        rl.function(num_api_spec_tokens=64)
+
+    @rl.function
+    def branch(s):
+        s += "Root."
+        with s.copy() as c:
+            c += rl.gen("y", max_tokens=2)
+
+    st = branch.run(backend=backend)
+    assert isinstance(st["y"], list) and len(st["y"]) == 1
+
+    async def collect():
+        state = greet.run(name="Eve", backend=backend, stream=True)
+        return [piece async for piece in state.text_async_iter()], state
+
+    pieces, state = asyncio.run(collect())
+    assert "".join(pieces) == state.text()
