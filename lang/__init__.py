@@ -59,6 +59,14 @@ def flush_cache(backend: BaseBackend | None = None) -> bool:
     return target.flush_cache()
 
 
+def get_server_info(backend: BaseBackend | None = None) -> dict[str, Any]:
+    """The runtime's server info (the default backend's when none is given), as SGLang's."""
+    target = backend or get_default_backend()
+    if target is None:
+        raise ValueError("no backend to ask: pass one or call rl.set_default_backend(...)")
+    return target.get_server_info()
+
+
 def __getattr__(name: str) -> Any:
     if name == "Engine":  # imported on first use: it loads torch
         from radixlm.srt import Engine
@@ -93,6 +101,7 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_default_backend",
+    "get_server_info",
     "greedy_token",
     "greedy_token_selection",
     "image",

@@ -114,6 +114,10 @@ class BaseBackend:
     def get_model_info(self) -> dict[str, Any]:
         return {}
 
+    def get_server_info(self) -> dict[str, Any]:
+        """The runtime's ``/get_server_info`` (empty where there is none)."""
+        return {}
+
     def shutdown(self) -> None:
         """Release what the backend owns (an engine it started, connections)."""
 

@@ -192,6 +192,9 @@ class RuntimeEndpoint(BaseBackend):
     def get_model_info(self) -> dict[str, Any]:
         return dict(self.model_info)
 
+    def get_server_info(self) -> dict[str, Any]:
+        return self._get("/get_server_info")
+
     def shutdown(self) -> None:
         session = getattr(self._local, "session", None)
         if session is not None:

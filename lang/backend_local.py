@@ -103,6 +103,9 @@ class LocalBackend(BaseBackend):
         return bool(self.engine.flush_cache())
 
     def get_model_info(self) -> dict[str, Any]:
+        return self.engine.get_model_info()
+
+    def get_server_info(self) -> dict[str, Any]:
         return self.engine.get_server_info()
 
 

@@ -294,3 +294,9 @@ def test_openai_backend_gen_and_select_by_prompting(server, tok, smol_engine):
     assert state["where"] in ("Europe", "Asia")
     assert state.messages()[-1] == {"role": "assistant", "content": state["where"]}
     backend.shutdown()
+
+
+def test_server_and_model_info_through_the_backend(backend):
+    assert rl.get_server_info(backend)["max_total_tokens"] > 0
+    info = backend.get_model_info()
+    assert info["model_path"] and info["context_length"] > 0
