@@ -6,7 +6,8 @@ rl.set_default_backend(rl.LocalBackend(engine))
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.lang.backend_base import BaseBackend, Prompt, choice_start, logprob_values
@@ -125,3 +126,30 @@ class Runtime(LocalBackend):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+    # SGLang's Runtime methods, for scripts that call the runtime directly
+    def generate(self, prompt: Any, params: Any = None, **options: Any) -> Any:
+        """A program's generation (``Prompt``, ``GenParams``), or SGLang's
+        ``Runtime.generate(prompt, sampling_params, return_logprob=..., ...)``: the
+        ``/generate`` answer as JSON text."""
+        if isinstance(prompt, Prompt):
+            return super().generate(prompt, params)
+        return json.dumps(self.engine.generate(prompt, params, **options))
+
+    async def async_generate(
+        self, prompt: str, sampling_params: dict | None = None, session_id: str | None = None
+    ) -> AsyncIterator[str]:
+        """SGLang's ``Runtime.async_generate``: the new text of each streamed piece."""
+        stream = await self.engine.async_generate(
+            prompt, sampling_params, stream=True, session_id=session_id
+        )
+        sent = 0
+        async for chunk in stream:
+            if len(chunk["text"]) > sent:
+                yield chunk["text"][sent:]
+                sent = len(chunk["text"])
+
+    add_request = async_generate
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer

@@ -99,3 +99,31 @@ def test_model_info_has_the_server_route_fields(engine: Engine, tiny_llama_dir) 
     assert info["model_path"] == str(tiny_llama_dir) and info["is_generation"]
     assert info["served_model_name"] == tiny_llama_dir.name
     assert info["context_length"] > 0 and info["vocab_size"] > 0
+
+
+def test_lang_runtime_answers_sglang_runtime_calls(tiny_llama_dir) -> None:
+    """SGLang's ``Runtime``: ``generate`` returns the /generate answer as JSON text,
+    ``async_generate`` streams text pieces, ``get_tokenizer`` gives the tokenizer."""
+    import json
+
+    import radixlm.lang as rl
+
+    runtime = rl.Runtime(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning")
+    try:
+        out = json.loads(runtime.generate("Hello there", GREEDY, return_logprob=True))
+        assert len(out["meta_info"]["output_token_logprobs"]) == GREEDY["max_new_tokens"]
+
+        async def pieces():
+            return [p async for p in runtime.async_generate("Hello there", GREEDY)]
+
+        assert "".join(asyncio.run(pieces())) == out["text"]
+        assert runtime.get_tokenizer() is runtime.engine.tokenizer
+
+        @rl.function
+        def prog(s):
+            s += "Hello there" + rl.gen("x", max_tokens=4)
+
+        want = runtime.engine.generate("Hello there", {"max_new_tokens": 4, "temperature": 0})
+        assert prog.run(backend=runtime, temperature=0)["x"] == want["text"]
+    finally:
+        runtime.shutdown()
