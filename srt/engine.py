@@ -294,6 +294,44 @@ class Engine:
             raise ValueError(reply.data.get("message", "no profile is running"))
         return reply.data["path"]
 
+    def update_weights_from_disk(
+        self,
+        model_path: str,
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> tuple[bool, str, int]:
+        """SGLang's: loads another checkpoint of the same architecture and sizes into the
+        running model, in place, once the requests in flight have finished (this call runs
+        their steps meanwhile); the prefix cache is emptied unless ``flush_cache=False``.
+        ``(success, message, 0)``; a failed load leaves the previous weights."""
+        args = {
+            "model_path": model_path,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+            "weight_version": weight_version,
+        }
+        while True:
+            reply = self._control("update_weights_from_disk", args)
+            if reply.ok or not reply.data.get("busy"):
+                return reply.ok, reply.data["message"], 0
+            self._step_or_wait()
+
+    def _step_or_wait(self) -> None:
+        """One scheduler step, or a short wait while another caller runs them."""
+        if not self._try_step():
+            time.sleep(0.002)
+
+    def _try_step(self) -> bool:
+        """Runs one scheduler step unless another caller is running them (then False)."""
+        if not self._driving.acquire(blocking=False):
+            return False
+        try:
+            self._run_once()
+        finally:
+            self._driving.release()
+        return True
+
     def get_model_info(self) -> dict:
         """SGLang's ``get_model_info``: the same fields as the server's ``/get_model_info``."""
         info = self.scheduler.ready_info()
@@ -443,12 +481,7 @@ class Engine:
                 pass
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("the engine did not answer in time")
-            if self._driving.acquire(blocking=False):
-                try:
-                    self._run_once()
-                finally:
-                    self._driving.release()
-            else:
+            if not self._try_step():
                 try:
                     return q.get(timeout=0.002)
                 except queue.Empty:
@@ -462,14 +495,7 @@ class Engine:
                 return q.get_nowait()
             except queue.Empty:
                 pass
-            if self._driving.acquire(blocking=False):
-                try:
-                    self._run_once()
-                finally:
-                    self._driving.release()
-                await asyncio.sleep(0)
-            else:
-                await asyncio.sleep(0.002)
+            await asyncio.sleep(0 if self._try_step() else 0.002)
 
     async def _await_result(self, rid: str) -> dict:
         _, q = self._results[rid]

@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 4
 LOAD_QUERY_TIMEOUT_S = 5.0
+WEIGHT_LOAD_TIMEOUT_S = 600.0  # reading an 8B checkpoint from a slow disk
+DRAIN_TIMEOUT_S = 300.0  # longest wait for the requests in flight before a weight update
 T = TypeVar("T")
 
 
@@ -100,6 +102,10 @@ class TokenizerManager:
         self._send_sock.connect(endpoints.scheduler)
         self._actx: zmq.asyncio.Context | None = None
         self._recv_task: asyncio.Task[None] | None = None
+        self._resumed = asyncio.Event()  # cleared while a weight update waits and loads
+        self._resumed.set()
+        self.num_paused = 0  # requests waiting for that update to end
+        self._num_paused_in_update = 0  # requests that waited during the current update
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -214,7 +220,15 @@ class TokenizerManager:
     # ------------------------------------------------------------------ requests
     async def prepare(self, inp: GenerateInput) -> PreparedReq:
         """Tokenizes and validates one request (front_door.py); raises GenerateError (400)
-        naming the problem. Nothing is registered yet (see :meth:`open`)."""
+        naming the problem. Nothing is registered yet (see :meth:`open`). While weights are
+        being updated, new requests wait for the update to end."""
+        if not self._resumed.is_set():
+            self.num_paused += 1
+            self._num_paused_in_update += 1
+            try:
+                await self._resumed.wait()
+            finally:
+                self.num_paused -= 1
         self._check_alive()
         door = self.door
         params = door.parse_params(inp.sampling_params)
@@ -376,6 +390,45 @@ class TokenizerManager:
             raise GenerateError(f"the scheduler did not answer {kind!r} in time", 503) from None
         finally:
             self.pending_control.pop(req_id, None)
+
+    async def update_weights_from_disk(
+        self,
+        args: dict[str, Any],
+        abort_all: bool = False,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> tuple[bool, str, int]:
+        """SGLang's: new requests wait (``num_paused``), the ones in flight finish (or are
+        aborted with ``abort_all``), the scheduler loads the checkpoint, then requests flow
+        again. ``(success, message, number of requests that waited)``."""
+        if not self._resumed.is_set():
+            raise GenerateError("a weight update is already running; retry after it", 409)
+        self._resumed.clear()
+        self._num_paused_in_update = 0
+        try:
+            if abort_all:
+                self.abort_all()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + drain_timeout_s
+            while True:
+                reply = await self.control(
+                    "update_weights_from_disk", args, timeout_s=WEIGHT_LOAD_TIMEOUT_S
+                )
+                if reply.ok or not reply.data.get("busy"):
+                    return reply.ok, str(reply.data.get("message", "")), self._num_paused_in_update
+                if loop.time() > deadline:
+                    return (
+                        False,
+                        f"requests were still running after {drain_timeout_s:.0f} s; retry, or "
+                        "send abort_all_requests: true",
+                        self._num_paused_in_update,
+                    )
+                await asyncio.sleep(0.02)
+        finally:
+            self._resumed.set()
+
+    @property
+    def weight_update_pending(self) -> bool:
+        return not self._resumed.is_set()
 
     async def load(self) -> dict[str, Any]:
         """The scheduler's load figures (``Scheduler.load_info``), answered between two steps

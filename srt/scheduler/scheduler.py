@@ -31,6 +31,7 @@ import torch
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
+from radixlm.srt.executor.weight_update import update_weights_from_disk
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -86,6 +87,7 @@ class Scheduler:
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
         self.num_retractions = 0
+        self.weight_version = "default"  # SGLang's label of the loaded weights
         self.stats = LoadStats()
         self.spec = SpeculativeStep(  # speculative decoding (a null drafter when off)
             make_drafter(cfg, r, self.cache),
@@ -201,6 +203,8 @@ class Scheduler:
             if compiled is not None:
                 compiled.clear()
             return ControlReply(msg.req_id, True, self.server_info())
+        if msg.kind == "update_weights_from_disk":
+            return ControlReply(msg.req_id, *self._update_weights(msg.args))
         if msg.kind in ("start_profile", "stop_profile"):
             try:
                 if msg.kind == "start_profile":
@@ -209,6 +213,23 @@ class Scheduler:
             except (ValueError, OSError) as e:
                 return ControlReply(msg.req_id, False, {"message": str(e)})
         return ControlReply(msg.req_id, False, {"message": f"unknown control kind {msg.kind!r}"})
+
+    def _update_weights(self, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """SGLang's update_weights_from_disk, between steps and only while idle (``busy``
+        tells the caller to let the running requests finish first)."""
+        if self.has_work():
+            return False, {"message": "requests are running", "busy": True}
+        try:
+            message = update_weights_from_disk(
+                self.runner, args.get("model_path"), args.get("load_format")
+            )
+        except ValueError as e:
+            return False, {"message": str(e)}
+        if args.get("flush_cache", True):
+            self.cache.reset()  # its KV was computed with the old weights
+        if args.get("weight_version") is not None:
+            self.weight_version = str(args["weight_version"])
+        return True, {"message": message, "weight_version": self.weight_version}
 
     # ---------------------------------------------------------------- state
     def has_work(self) -> bool:

@@ -98,6 +98,9 @@ async def get_server_info(request: Request) -> Response:
             "sessions": tm.sessions.info(),
             "num_inflight_requests": tm.num_request_states,
             "num_request_states": tm.num_request_states,
+            "weight_version": reply.data.get("weight_version"),  # update_weights_from_disk's
+            "weight_update_pending": tm.weight_update_pending,  # new requests wait meanwhile
+            "num_paused_requests": tm.num_paused,
             "version": request.app.version,
         }
     )

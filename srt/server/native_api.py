@@ -32,6 +32,7 @@ from radixlm.srt.server.protocol import (
     GenerateReqInput,
     OpenSessionInput,
     TokenizeInput,
+    UpdateWeightsFromDiskInput,
     check_known_fields,
     check_list_len,
     precheck_batch,
@@ -270,6 +271,24 @@ async def flush_cache(request: Request) -> Response:
         message = reply.data.get("message", "cannot flush")
         raise GenerateError(f"cache not flushed: {message}; retry when idle", 400)
     return json_response({"message": "cache flushed", "kv_pool": reply.data})
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request) -> Response:
+    """Admin route (SGLang's): another checkpoint of the same architecture and sizes, loaded in
+    place once the requests in flight have finished (new ones wait meanwhile). SGLang's answer
+    shape ``{"success", "message", "num_paused_requests"}``, 400 when not loaded."""
+    require_admin(request)
+    body = await parse_body(request, UpdateWeightsFromDiskInput)
+    refused = body.refused()
+    if refused is not None:
+        raise GenerateError(f"{refused} is not supported; leave it out or off", 400, refused)
+    args = body.model_dump(include={"model_path", "load_format", "flush_cache", "weight_version"})
+    ok, message, paused = await get_tm(request).update_weights_from_disk(
+        args, abort_all=body.abort_all_requests
+    )
+    answer = {"success": ok, "message": message, "num_paused_requests": paused}
+    return json_response(answer, 200 if ok else 400)
 
 
 @router.post("/start_profile")

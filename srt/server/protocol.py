@@ -199,6 +199,32 @@ class AbortRequestInput(StrictBody):
     abort_all: bool = False  # needs the admin key when one is set
 
 
+class UpdateWeightsFromDiskInput(StrictBody):
+    """SGLang's ``UpdateWeightFromDiskReqInput``: its fields are all read; the ones asking for
+    what this server does not do (an asynchronous load, staying paused, a tensor manifest)
+    are refused by name unless off."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+    is_async: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False  # the graphs read the parameters in place: nothing to do
+    torch_empty_cache: bool = False  # the load allocates nothing to give back
+    token_step: int = 0  # the trainer's step number: reported back, not used
+    manifest: dict[str, Any] | None = None
+
+    def refused(self) -> str | None:
+        """The first field set to something this server does not do, if any."""
+        for name in ("is_async", "keep_pause"):
+            if getattr(self, name):
+                return name
+        return "manifest" if self.manifest is not None else None
+
+
 class TokenizeInput(StrictBody):
     prompt: str | list[str]
     add_special_tokens: bool = True

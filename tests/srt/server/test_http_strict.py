@@ -491,6 +491,9 @@ def test_admin_routes_need_the_admin_key(keyed: FakeStack) -> None:
             == "admin_key_required"
         )
         assert httpx.post(url + path, json=body, headers=auth(ADMIN)).status_code == 200
+    update = {"model_path": "/elsewhere"}  # (the fake scheduler answers any control)
+    error_of(httpx.post(url + "/update_weights_from_disk", json=update), 401)
+    error_of(httpx.post(url + "/update_weights_from_disk", json=update, headers=auth(USER)), 403)
     assert (
         httpx.post(url + "/abort_request", json={"rid": "x"}, headers=auth(USER)).status_code == 200
     )

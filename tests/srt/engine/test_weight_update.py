@@ -1,0 +1,155 @@
+"""update_weights_from_disk (SGLang's): another checkpoint of the same shape loaded in place
+gives exactly the outputs of an engine started on it; a checkpoint of another shape, or one that
+fails part-way, leaves the previous weights; the prefix cache is emptied. Tiny random Llama."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from radixlm.srt import Engine
+
+PROMPTS = ["The weather today is", "Count: one, two,", "A short story about a cat"]
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+POOL = 2048
+
+
+def _outputs(engine: Engine) -> list[list[int]]:
+    return [engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS]
+
+
+def _rewrite(folder, change) -> None:
+    (path,) = folder.glob("*.safetensors")
+    tensors = load_file(str(path))
+    save_file(change(tensors), str(path), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def other_dir(tiny_llama_dir, tmp_path_factory):
+    """The tiny model's folder with every weight perturbed (same shapes, other outputs)."""
+    folder = tmp_path_factory.mktemp("other") / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    gen = torch.Generator().manual_seed(1)
+    _rewrite(
+        folder,
+        lambda ts: {
+            k: v + 0.05 * torch.randn(v.shape, generator=gen).to(v.dtype) for k, v in ts.items()
+        },
+    )
+    return folder
+
+
+def test_weights_swap_in_place_and_back(tiny_llama_dir, other_dir, tmp_path, tiny_model_writer):
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        want_other = _outputs(fresh)
+    with Engine(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning") as engine:
+        want_first = _outputs(engine)
+        assert want_first != want_other
+        ok, message, paused = engine.update_weights_from_disk(str(other_dir), weight_version="v2")
+        assert ok and paused == 0 and str(other_dir) in message
+        assert engine.get_server_info()["weight_version"] == "v2"
+        again = engine.generate(PROMPTS[0], GREEDY)
+        assert again["meta_info"]["cached_tokens"] == 0  # the old weights' KV is gone
+        assert [again["output_ids"], *_outputs(engine)[1:]] == want_other
+
+        # another shape: refused before anything is written
+        small = tiny_model_writer(tmp_path / "small", engine.tokenizer, hidden_size=32)
+        ok, message, _ = engine.update_weights_from_disk(str(small))
+        assert not ok and "hidden_size 32" in message
+        # a checkpoint missing a tensor fails part-way: the previous weights come back
+        broken = tmp_path / "broken"
+        shutil.copytree(other_dir, broken)
+        _rewrite(broken, lambda ts: {k: v for k, v in ts.items() if "layers.1.mlp" not in k})
+        ok, message, _ = engine.update_weights_from_disk(str(broken))
+        assert not ok and "previous weights are back" in message
+        ok, message, _ = engine.update_weights_from_disk(str(tmp_path / "nowhere"))
+        assert not ok and "cannot read" in message
+        assert _outputs(engine) == want_other
+
+        ok, _, _ = engine.update_weights_from_disk(str(tiny_llama_dir))
+        assert ok and _outputs(engine) == want_first
+        assert engine.scheduler.check_idle()
+        u = engine.scheduler.kv.usage()
+        assert u["available"] + u["evictable"] + u["protected"] == POOL, u
+
+
+def test_an_update_waits_for_the_requests_in_flight(tiny_llama_dir, other_dir):
+    """A request running when the update is asked for finishes on the old weights."""
+    import threading
+
+    long = {**GREEDY, "max_new_tokens": 300}
+    with Engine(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning") as engine:
+        want = engine.generate(PROMPTS[1], long)["output_ids"]
+        box: dict = {}
+        caller = threading.Thread(target=lambda: box.update(out=engine.generate(PROMPTS[1], long)))
+        caller.start()
+        while not engine.scheduler.running and caller.is_alive():
+            caller.join(0.001)
+        ok, _, _ = engine.update_weights_from_disk(str(other_dir))
+        caller.join(60)
+        assert ok and box["out"]["output_ids"] == want
+        assert engine.scheduler.check_idle()
+
+
+@pytest.mark.slow  # starts a server
+def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
+    tiny_llama_dir, other_dir, start_server
+):
+    import threading
+
+    import httpx
+
+    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
+    url = server.url
+
+    def generate(prompt: str, max_new_tokens: int = 8) -> list[int]:
+        body = {"text": prompt, "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        want_other = _outputs(fresh)
+    before = [generate(p) for p in PROMPTS]
+    # a long request in flight: the update waits for it; a request sent meanwhile waits too
+    box: dict = {}
+    long = threading.Thread(target=lambda: box.update(long=generate(PROMPTS[1], 1500)))
+    long.start()
+    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+        time.sleep(0.01)
+    update: dict = {}
+    updater = threading.Thread(
+        target=lambda: update.update(
+            r=httpx.post(
+                url + "/update_weights_from_disk",
+                json={"model_path": str(other_dir), "weight_version": "step-7"},
+                timeout=120,
+            )
+        )
+    )
+    updater.start()
+    while not httpx.get(url + "/get_server_info").json()["weight_update_pending"]:
+        time.sleep(0.01)
+    late = generate(PROMPTS[0])  # paused until the new weights are in
+    updater.join(120)
+    long.join(120)
+    r = update["r"]
+    assert r.status_code == 200, r.text
+    assert r.json()["success"] and r.json()["num_paused_requests"] >= 1
+    assert late == want_other[0] and [generate(p) for p in PROMPTS] == want_other
+    assert box["long"][:8] == before[1]  # it ran on the old weights to its end
+    info = httpx.get(url + "/get_server_info").json()
+    assert info["weight_version"] == "step-7"
+    bad = httpx.post(url + "/update_weights_from_disk", json={"model_path": "/nowhere"}, timeout=60)
+    assert bad.status_code == 400 and not bad.json()["success"]
+    refused = httpx.post(
+        url + "/update_weights_from_disk",
+        json={"model_path": str(other_dir), "is_async": True},
+        timeout=60,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "is_async"
+    assert [generate(p) for p in PROMPTS] == want_other  # still the new weights
