@@ -514,6 +514,16 @@ class HiRadixCache(RadixCache):
         self._roots = {None: self._new_root()}
         self._evictable_tokens = 0
 
+    def replace_storage(self, storage: Any) -> None:
+        """Another disk page store (the model's weights changed: pages of the old ones must
+        neither be read nor written to any more); only on an emptied cache (:meth:`reset`)."""
+        if self._evictable_tokens or self._protected_tokens or self._pending_writes:
+            raise RuntimeError("replace_storage() needs an empty cache: reset() it first")
+        if self.disk is not None:
+            self.disk.close()  # flushes the queued writes of the old weights' pages
+        self.storage = storage
+        self.disk = None if storage is None else DiskPages(storage, self.page_size, self.stats)
+
     def close(self) -> None:
         self._progress()
         for node in self._pending_writes:

@@ -59,19 +59,7 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
     host_pool = HostKVPool(host_tokens, cfg.page_size, pin_memory=on_gpu, **shape)
     engine = CudaCopyEngine(runner.device) if on_gpu else SyncCopyEngine()
     controller = HiCacheController(*pool.transfer_buffers(), host_pool, engine)
-    storage = None
-    if cfg.hicache_storage_dir:
-        try:
-            store = DiskPageStore(
-                cfg.hicache_storage_dir,
-                model_fingerprint(cfg, runner),
-                cfg.hicache_storage_max_bytes,
-            )
-        except OSError as e:
-            raise ValueError(
-                f"hicache_storage_dir {cfg.hicache_storage_dir!r} cannot hold the disk KV tier: {e}"
-            ) from e
-        storage = StorageIO(store, num_read_threads=DISK_READ_THREADS)
+    storage = disk_storage(cfg, runner)
     logger.info(
         "hierarchical cache: host pool %d tokens (%.2f GiB), page size %d, policy %s, disk %s",
         host_pool.total_size(),
@@ -91,8 +79,25 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
     )
 
 
+def disk_storage(cfg: ServerConfig, runner: Any) -> StorageIO | None:
+    """The disk tier's page store for the runner's current weights (None without
+    ``--hicache-storage-dir``); after a weight update, a folder of its own."""
+    if not cfg.hicache_storage_dir:
+        return None
+    try:
+        store = DiskPageStore(
+            cfg.hicache_storage_dir, model_fingerprint(cfg, runner), cfg.hicache_storage_max_bytes
+        )
+    except OSError as e:
+        raise ValueError(
+            f"hicache_storage_dir {cfg.hicache_storage_dir!r} cannot hold the disk KV tier: {e}"
+        ) from e
+    return StorageIO(store, num_read_threads=DISK_READ_THREADS)
+
+
 def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
-    """What KV pages depend on: the weights (path, files and sizes), dtype, quantization, the
+    """What KV pages depend on: the weights (path, files, sizes and modification times: a
+    checkpoint rewritten in place is other weights), dtype, quantization, the
     KV cache dtype and its fp8 scales (static per process, but calibration or a scales file may
     choose others in the next one) and the KV layout. Any change starts
     an empty disk tier instead of a wrong hit."""
@@ -101,7 +106,9 @@ def model_fingerprint(cfg: ServerConfig, runner: Any) -> dict[str, object]:
     files = []
     if model_dir.is_dir():
         files = sorted(
-            (p.name, p.stat().st_size) for p in model_dir.iterdir() if p.suffix == ".safetensors"
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in model_dir.iterdir()
+            if p.suffix == ".safetensors"
         )
     return {
         "model": str(model_dir.resolve()),

@@ -41,7 +41,7 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
-from radixlm.srt.scheduler.cache_factory import make_kv_manager
+from radixlm.srt.scheduler.cache_factory import disk_storage, make_kv_manager
 from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
@@ -225,8 +225,11 @@ class Scheduler:
             )
         except ValueError as e:
             return False, {"message": str(e)}
-        if args.get("flush_cache", True):
+        disk_tier = getattr(self.cache, "storage", None) is not None
+        if args.get("flush_cache", True) or disk_tier:
             self.cache.reset()  # its KV was computed with the old weights
+        if disk_tier:  # pages of the new weights go to (and come from) a folder of their own
+            self.cache.replace_storage(disk_storage(self.runner.cfg, self.runner))
         if args.get("weight_version") is not None:
             self.weight_version = str(args["weight_version"])
         return True, {"message": message, "weight_version": self.weight_version}

@@ -18,8 +18,8 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 POOL = 2048
 
 
-def _outputs(engine: Engine) -> list[list[int]]:
-    return [engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS]
+def _outputs(engine: Engine, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    return [engine.generate(p, GREEDY)["output_ids"] for p in prompts]
 
 
 def _rewrite(folder, change) -> None:
@@ -153,3 +153,30 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "is_async"
     assert [generate(p) for p in PROMPTS] == want_other  # still the new weights
+
+
+def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other_dir, tmp_path):
+    """Pages written with one checkpoint live in that checkpoint's folder: after an update the
+    disk tier reads and writes another folder, and going back finds the first one's pages."""
+    options = dict(
+        enable_hierarchical_cache=True,
+        hicache_write_policy="write_through",
+        hicache_storage_dir=str(tmp_path / "kv"),
+        max_total_tokens=POOL,
+        log_level="warning",
+    )
+    long = [p + " " + " ".join(f"word{i}" for i in range(40)) for p in PROMPTS]  # whole pages
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        want_other = _outputs(fresh, long)
+    with Engine(str(tiny_llama_dir), **options) as engine:
+        want_first = _outputs(engine, long)
+        assert engine.scheduler.cache.storage.flush(10)
+        ok, _, _ = engine.update_weights_from_disk(str(other_dir), flush_cache=False)
+        assert ok  # (a disk tier empties the cache anyway)
+        assert _outputs(engine, long) == want_other
+        assert engine.get_server_info()["hicache"]["disk_hit_tokens"] == 0
+        ok, _, _ = engine.update_weights_from_disk(str(tiny_llama_dir))
+        assert ok and _outputs(engine, long) == want_first
+        assert engine.get_server_info()["hicache"]["disk_hit_tokens"] > 0  # the first pages
+    folders = [p for p in (tmp_path / "kv").iterdir() if p.is_dir()]
+    assert len(folders) == 2  # one per checkpoint
