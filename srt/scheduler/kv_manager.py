@@ -59,7 +59,6 @@ class KVManager:
             match = self.cache.match_and_load(fill[:limit])
         else:  # loading from a slower tier would evict work it cannot use this step
             match = self.cache.match_prefix(fill[:limit])
-        self.drop_prefetch(req)  # what the match did not load is not waited for any more
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
@@ -68,6 +67,8 @@ class KVManager:
         return match.kv_slots
 
     def drop_prefetch(self, req: Req) -> None:
+        """The request's disk reads are not waited for any more: it was admitted (the match
+        used what it could) or it ended."""
         if req.prefetch is not None:
             self.cache.release_prefetch(req.prefetch)
             req.prefetch = None
@@ -176,7 +177,8 @@ class KVManager:
         """Gives the request's KV back: into the prefix cache where it can be kept, else to the
         allocator; frees its table row and unlocks its cached prefix. A request holding
         nothing (released already, or never admitted) is left as it is."""
-        self.drop_prefetch(req)
+        if req.is_finished:  # (a request sent back to wait keeps its disk reads)
+            self.drop_prefetch(req)
         if req.req_slot < 0:
             if req.cache_node is not None:
                 self.cache.dec_lock_ref(req.cache_node)

@@ -172,6 +172,7 @@ class PrefillAdmission:
         if used == 0:
             self.kv.release(req)
             return -1
+        self.kv.drop_prefetch(req)
         if first_time:
             req.admitted = True
             self.stats.on_admit(req.cached_tokens, len(req.prompt_ids))

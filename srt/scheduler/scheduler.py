@@ -140,6 +140,7 @@ class Scheduler:
             if req in self.waiting:
                 self.waiting.remove(req)
             req.finish(internal_error(e))
+            self.kv.drop_prefetch(req)
             self.finished_outside_step.append(req)
 
     def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
@@ -305,7 +306,9 @@ class Scheduler:
         ready, failed = self.grammars.queue.poll()
         self.grammars.prefetch_first_rows(ready)
         self.waiting.extend(ready)
-        self.finished_outside_step += failed  # they hold no KV
+        for req in failed:  # they hold no KV, only disk reads started for their prompt
+            self.kv.drop_prefetch(req)
+        self.finished_outside_step += failed
 
     def _schedule_prefill(self) -> tuple[ScheduledBatch | None, bool]:
         """The step's batch when it prefills (``prefill.py``), and whether it does. A mixed step
