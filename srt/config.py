@@ -171,6 +171,11 @@ class ServerConfig:
         False, "decode text a grammar forces token by token instead of appending it at once"
     )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs")
+    cuda_graph_max_bs: int | None = _opt(
+        None,
+        "largest decode batch captured in a CUDA graph (default: max_running_requests, at most "
+        "512); larger batches run without graphs. Each captured size holds its own buffers",
+    )
     disable_overlap_schedule: bool = _opt(False, "do not prepare the next batch during the forward")
     random_seed: int = _opt(0, "seed of unseeded sampling")
     # speculative decoding
@@ -301,6 +306,8 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
     if cfg.default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
+    if cfg.cuda_graph_max_bs is not None and cfg.cuda_graph_max_bs < 1:
+        raise ValueError(f"cuda_graph_max_bs must be >= 1, got {cfg.cuda_graph_max_bs}")
     if cfg.stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
     if cfg.chat_template is not None:

@@ -44,6 +44,12 @@ CPU_DEFAULT_KV_BUDGET_GB = 2.0
 MAX_GRAPH_BATCH = 512
 
 
+def graph_max_batch(cfg: ServerConfig) -> int:
+    """The largest decode batch captured in a CUDA graph (``--cuda-graph-max-bs``, SGLang's)."""
+    limit = MAX_GRAPH_BATCH if cfg.cuda_graph_max_bs is None else cfg.cuda_graph_max_bs
+    return min(cfg.max_running_requests, limit)
+
+
 class ModelRunner:
     """Tensor parallelism (``cfg.tp_size > 1``): one runner per rank, each holding its slices of
     the weights and its KV heads. ``tp_group`` is this rank's group (joined here from
@@ -112,9 +118,7 @@ class ModelRunner:
         self.max_extra_verify_reads = 2 * weight_bytes // self._kv_bytes_per_token()
         self.graph_runner = None
         if should_capture(self.device, self.attn_backend, cfg.disable_cuda_graph):
-            self.graph_runner = CudaGraphRunner(
-                self, min(cfg.max_running_requests, MAX_GRAPH_BATCH)
-            )
+            self.graph_runner = CudaGraphRunner(self, graph_max_batch(cfg))
         self.step_sender: StepSender | None = None  # rank 0 of several: broadcasts each step
         self.step_receiver: StepReceiver | None = None  # a follower: receives them
         if self.tp.is_distributed and self.tp.is_leader:

@@ -1,5 +1,6 @@
-"""--chat-template: a Jinja file or the template text replaces the tokenizer's template in
-every process that formats chats (the engine's runner and the HTTP process's tokenizer)."""
+"""Server options SGLang users pass: --chat-template (a Jinja file or the template text
+replaces the tokenizer's template in every process that formats chats: the engine's runner and
+the HTTP process's tokenizer), --cuda-graph-max-bs, and the flags accepted as they are."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_sglang_permission_flags_are_accepted() -> None:
     args = build_parser().parse_args(["serve", "--trust-remote-code", "--enable-metrics"])
     assert args.trust_remote_code and args.enable_metrics
     assert config_from_kwargs(trust_remote_code=True, enable_metrics=True).trust_remote_code
+
+
+def test_cuda_graph_max_bs_caps_the_captured_batches() -> None:
+    from radixlm.srt.executor.model_runner import MAX_GRAPH_BATCH, graph_max_batch
+
+    assert graph_max_batch(config_from_kwargs()) == min(
+        config_from_kwargs().max_running_requests, MAX_GRAPH_BATCH
+    )
+    assert graph_max_batch(config_from_kwargs(cuda_graph_max_bs=64)) == 64
+    assert graph_max_batch(config_from_kwargs(cuda_graph_max_bs=64, max_running_requests=8)) == 8
+    with pytest.raises(ValueError, match="cuda_graph_max_bs"):
+        config_from_kwargs(cuda_graph_max_bs=0)
