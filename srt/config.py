@@ -234,6 +234,11 @@ class ServerConfig:
         "none", "split <think> reasoning into reasoning_content", REASONING_PARSERS
     )
     log_level: str = _opt("info", "logging level")
+    log_requests: bool = _opt(
+        False,
+        "log one line per finished request: rid, finish reason, token counts, latency "
+        "(no prompt or output text)",
+    )
     # SGLang command lines and Engine(...) calls carry these; here they change nothing, truly:
     enable_metrics: bool = _opt(False, "accepted (SGLang's flag): /metrics is always served")
     trust_remote_code: bool = _opt(

@@ -478,6 +478,17 @@ class TokenizerManager:
             state.event.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
+        if state.finish_reason is not None and self.cfg.log_requests:
+            r = state.result
+            logger.info(
+                "request %s finished (%s): prompt %d tokens (%d cached), completion %d, %.3f s",
+                state.req.client_rid,
+                state.finish_reason.get("type"),
+                r.prompt_tokens or len(state.req.msg.input_ids),
+                r.cached_tokens,
+                r.completion_tokens,
+                now - state.created_s,
+            )
         if self.observer is None or not state.req.inp.log_metrics:
             return
         if num_new and state.req.inp.stream:

@@ -517,3 +517,20 @@ def test_dead_worker_fails_fast(tmp_path) -> None:
         assert "exit code -9" in r.json()["error"]["message"]
     finally:
         s.close()
+
+
+def test_log_requests_writes_one_line_per_finished_request(tmp_path_factory, caplog) -> None:
+    s = FakeStack(tmp_path_factory.mktemp("logreq"), log_requests=True)
+    try:
+        with caplog.at_level("INFO", logger="radixlm.srt.managers.tokenizer_manager"):
+            body = {
+                "text": "secret words",
+                "rid": "job-1",
+                "sampling_params": {"max_new_tokens": 3},
+            }
+            assert httpx.post(s.url + "/generate", json=body, timeout=30).status_code == 200
+        lines = [r.getMessage() for r in caplog.records if "job-1" in r.getMessage()]
+        assert len(lines) == 1 and "finished (length)" in lines[0] and "completion 3" in lines[0]
+        assert "secret" not in caplog.text  # no prompt or output text
+    finally:
+        s.close()
