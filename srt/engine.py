@@ -148,7 +148,7 @@ class Engine:
         defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
-            return self._stream(rids[0])
+            return _Stream(self, rids[0], self._stream(rids[0]))
         results = self._wait_all(rids, rid if is_batch else None)
         return results if is_batch else results[0]
 
@@ -173,7 +173,7 @@ class Engine:
         requests."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
-            return self._astream(rids[0])
+            return _AsyncStream(self, rids[0], self._astream(rids[0]))
         if is_batch and rid is not None:
             self._groups[rid] = rids
         results, error = [], None
@@ -584,3 +584,50 @@ class Engine:
             if result.is_finished:
                 self._end_turn(rid, result)
             q.put(_FINISHED if result.is_finished else result.to_dict())
+
+
+class _Stream:
+    """A streamed request's chunks; dropping it unread (or part-read) aborts the request and
+    frees its state, as reading to the end or ``close()`` does."""
+
+    def __init__(self, engine: Engine, rid: str, chunks: Iterator[dict]) -> None:
+        self._engine, self._rid, self._chunks = engine, rid, chunks
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
+        self._engine._drop_unfinished([self._rid])
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # an engine already shut down: nothing left to free
+            pass
+
+
+class _AsyncStream:
+    """:class:`_Stream` for ``async for``."""
+
+    def __init__(self, engine: Engine, rid: str, chunks: AsyncIterator[dict]) -> None:
+        self._engine, self._rid, self._chunks = engine, rid, chunks
+
+    def __aiter__(self) -> _AsyncStream:
+        return self
+
+    async def __anext__(self) -> dict:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+        self._engine._drop_unfinished([self._rid])
+
+    def __del__(self) -> None:
+        try:  # the async generator's own finalizer runs its cleanup when it was started
+            self._engine._drop_unfinished([self._rid])
+        except Exception:
+            pass

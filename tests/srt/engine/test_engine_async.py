@@ -127,3 +127,23 @@ def test_lang_runtime_answers_sglang_runtime_calls(tiny_llama_dir) -> None:
         assert prog.run(backend=runtime, temperature=0)["x"] == want["text"]
     finally:
         runtime.shutdown()
+
+
+def test_streams_dropped_unread_or_part_read_leave_nothing(engine: Engine) -> None:
+    import gc
+
+    long = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}
+    unread = engine.generate("Count slowly:", long, stream=True)
+    part = engine.generate("Count again:", long, stream=True)
+    next(part)
+    del unread, part
+    gc.collect()
+
+    async def dropped():
+        stream = await engine.async_generate("Count once more:", long, stream=True)
+        del stream
+        gc.collect()
+
+    asyncio.run(dropped())
+    engine.generate("flush", {"max_new_tokens": 1})  # runs the steps that report the aborts
+    _idle(engine)
