@@ -204,6 +204,9 @@ class Scheduler:
             if compiled is not None:
                 compiled.clear()
             return ControlReply(msg.req_id, True, self.server_info())
+        if msg.kind == "set_weight_version":
+            self.weight_version = str(msg.args["weight_version"])
+            return ControlReply(msg.req_id, True, {"weight_version": self.weight_version})
         if msg.kind == "update_weights_from_disk":
             return ControlReply(msg.req_id, *self._update_weights(msg.args))
         if msg.kind in ("start_profile", "stop_profile"):

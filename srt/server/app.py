@@ -86,7 +86,7 @@ def create_app(
     app.include_router(openai_responses.router)
     # HEAD too: load balancers probe with it
     # (HEAD kept out of the OpenAPI schema: one operation id per route)
-    for path in ("/health", "/ready"):  # /ready: SGLang's readiness route
+    for path in ("/health", "/ready", "/ping"):  # SGLang's readiness and SageMaker's routes
         app.add_api_route(path, health, methods=["GET"])
         app.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
@@ -101,7 +101,7 @@ def create_app(
 
 
 async def health(request: Request) -> Response:
-    """``/health`` and ``/ready``: 200 while the server can serve (a draining server answers
+    """``/health``, ``/ready`` and ``/ping``: 200 while the server can serve (a draining server answers
     every route 503: supervisor.DrainGate); 503 once a child died, or while the launcher's probe
     (``app.state.health_problem``: process states and heartbeats) names a problem. Answered
     without the scheduler, so a long step does not make it fail."""

@@ -19,7 +19,7 @@ from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError
 from radixlm.srt.server.errors import error_body
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/metrics"})
 
 
 def bearer_token(headers: Any) -> bytes:

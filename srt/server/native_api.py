@@ -33,6 +33,7 @@ from radixlm.srt.server.protocol import (
     OpenSessionInput,
     TokenizeInput,
     UpdateWeightsFromDiskInput,
+    UpdateWeightVersionInput,
     check_known_fields,
     check_list_len,
     precheck_batch,
@@ -289,6 +290,20 @@ async def update_weights_from_disk(request: Request) -> Response:
     )
     answer = {"success": ok, "message": message, "num_paused_requests": paused}
     return json_response(answer, 200 if ok else 400)
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(request: Request) -> Response:
+    """Admin route (SGLang's): relabels the loaded weights (``weight_version`` in
+    ``/server_info``), optionally aborting every request first."""
+    require_admin(request)
+    body = await parse_body(request, UpdateWeightVersionInput)
+    tm = get_tm(request)
+    if body.abort_all_requests:
+        tm.abort_all()
+    reply = await tm.control("set_weight_version", {"weight_version": body.new_version})
+    message = f"Weight version updated to {body.new_version}"
+    return json_response({"success": reply.ok, "message": message, "new_version": body.new_version})
 
 
 @router.post("/start_profile")

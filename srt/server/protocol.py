@@ -225,6 +225,14 @@ class UpdateWeightsFromDiskInput(StrictBody):
         return "manifest" if self.manifest is not None else None
 
 
+class UpdateWeightVersionInput(StrictBody):
+    """SGLang's ``UpdateWeightVersionReqInput``: a new label for the loaded weights."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    new_version: str
+    abort_all_requests: bool = False
+
+
 class TokenizeInput(StrictBody):
     prompt: str | list[str]
     add_special_tokens: bool = True

@@ -153,6 +153,10 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "is_async"
     assert [generate(p) for p in PROMPTS] == want_other  # still the new weights
+    relabel = httpx.post(url + "/update_weight_version", json={"new_version": "step-8"})
+    assert relabel.status_code == 200 and relabel.json()["new_version"] == "step-8"
+    assert httpx.get(url + "/get_server_info").json()["weight_version"] == "step-8"
+    assert httpx.get(url + "/ping").status_code == 200
 
 
 def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other_dir, tmp_path):
