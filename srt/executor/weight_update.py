@@ -86,6 +86,8 @@ def update_weights_from_disk(
         raise ValueError(
             f"loading {model_path!r} failed, the previous weights are back: {e}"
         ) from e
+    if runner.device.type == "cuda":
+        torch.cuda.empty_cache()  # the load's transient copies go back to the driver
     previous, runner.model_dir = runner.model_dir, folder
     logger.warning("weights updated from %s (were %s)", folder, previous)
     return f"weights loaded from {folder}"

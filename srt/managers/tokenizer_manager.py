@@ -102,8 +102,10 @@ class TokenizerManager:
         self._send_sock.connect(endpoints.scheduler)
         self._actx: zmq.asyncio.Context | None = None
         self._recv_task: asyncio.Task[None] | None = None
-        self._resumed = asyncio.Event()  # cleared while a weight update waits and loads
+        self._resumed = asyncio.Event()  # cleared while a weight update or a pause lasts
         self._resumed.set()
+        self._updating = False  # a weight update is waiting or loading
+        self.paused_by_request = False  # /pause_generation until /continue_generation
         self.num_paused = 0  # requests waiting for that update to end
         self._num_paused_in_update = 0  # requests that waited during the current update
 
@@ -400,8 +402,9 @@ class TokenizerManager:
         """SGLang's: new requests wait (``num_paused``), the ones in flight finish (or are
         aborted with ``abort_all``), the scheduler loads the checkpoint, then requests flow
         again. ``(success, message, number of requests that waited)``."""
-        if not self._resumed.is_set():
+        if self._updating:
             raise GenerateError("a weight update is already running; retry after it", 409)
+        self._updating = True
         self._resumed.clear()
         self._num_paused_in_update = 0
         try:
@@ -424,11 +427,25 @@ class TokenizerManager:
                     )
                 await asyncio.sleep(0.02)
         finally:
+            self._updating = False
+            if not self.paused_by_request:
+                self._resumed.set()
+
+    def pause_generation(self) -> None:
+        """SGLang's ``/pause_generation`` in its ``abort`` mode: every request in flight is
+        aborted (answered as aborted) and new ones wait until :meth:`continue_generation`."""
+        self.paused_by_request = True
+        self._resumed.clear()
+        self.abort_all()
+
+    def continue_generation(self) -> None:
+        self.paused_by_request = False
+        if not self._updating:
             self._resumed.set()
 
     @property
     def weight_update_pending(self) -> bool:
-        return not self._resumed.is_set()
+        return self._updating
 
     async def load(self) -> dict[str, Any]:
         """The scheduler's load figures (``Scheduler.load_info``), answered between two steps

@@ -28,9 +28,11 @@ from radixlm.srt.server.protocol import (
     UNSUPPORTED_NATIVE,
     AbortRequestInput,
     CloseSessionInput,
+    ContinueGenerationInput,
     DetokenizeInput,
     GenerateReqInput,
     OpenSessionInput,
+    PauseGenerationInput,
     TokenizeInput,
     UpdateWeightsFromDiskInput,
     UpdateWeightVersionInput,
@@ -290,6 +292,33 @@ async def update_weights_from_disk(request: Request) -> Response:
     )
     answer = {"success": ok, "message": message, "num_paused_requests": paused}
     return json_response(answer, 200 if ok else 400)
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request) -> Response:
+    """Admin route (SGLang's, ``abort`` mode): aborts every request in flight; new requests
+    wait until ``/continue_generation`` (a weight update may run meanwhile)."""
+    require_admin(request)
+    body = await parse_body(request, PauseGenerationInput)
+    if body.mode != "abort":
+        raise GenerateError(
+            f"pause mode {body.mode!r} is not supported; send 'abort' (requests in flight are "
+            "aborted, new ones wait)",
+            400,
+            "mode",
+        )
+    get_tm(request).pause_generation()
+    return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request) -> Response:
+    """Admin route (SGLang's): requests flow again after ``/pause_generation``."""
+    require_admin(request)
+    if (await request.body()).strip():
+        await parse_body(request, ContinueGenerationInput)  # checked; nothing to apply
+    get_tm(request).continue_generation()
+    return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
 @router.post("/update_weight_version")

@@ -225,6 +225,22 @@ class UpdateWeightsFromDiskInput(StrictBody):
         return "manifest" if self.manifest is not None else None
 
 
+class PauseGenerationInput(StrictBody):
+    """SGLang's ``PauseGenerationReqInput``: ``abort`` only (``retract`` and ``in_place`` keep
+    requests inside a paused scheduler, which this one does not do)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    mode: str = "abort"
+
+
+class ContinueGenerationInput(StrictBody):
+    """SGLang's ``ContinueGenerationReqInput``. ``torch_empty_cache``: each weight update
+    already returns the allocator's cached blocks to the driver when it ends."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    torch_empty_cache: bool = True
+
+
 class UpdateWeightVersionInput(StrictBody):
     """SGLang's ``UpdateWeightVersionReqInput``: a new label for the loaded weights."""
 

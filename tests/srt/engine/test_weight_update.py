@@ -184,3 +184,45 @@ def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other
         assert engine.get_server_info()["hicache"]["disk_hit_tokens"] > 0  # the first pages
     folders = [p for p in (tmp_path / "kv").iterdir() if p.is_dir()]
     assert len(folders) == 2  # one per checkpoint
+
+
+@pytest.mark.slow  # starts a server
+def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_server):
+    """/pause_generation (abort mode) aborts what runs and holds new requests; a weight update
+    runs meanwhile; /continue_generation lets the held request through, on the new weights."""
+    import threading
+
+    import httpx
+
+    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
+    url = server.url
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        want_other = _outputs(fresh)[0]
+    body = {"text": PROMPTS[0], "sampling_params": GREEDY}
+    running: dict = {}
+    long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": 1500}}
+    runner = threading.Thread(
+        target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
+    )
+    runner.start()
+    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+        time.sleep(0.01)
+    assert httpx.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
+    runner.join(60)
+    assert running["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+    held: dict = {}
+    waiter = threading.Thread(
+        target=lambda: held.update(r=httpx.post(url + "/generate", json=body, timeout=120))
+    )
+    waiter.start()
+    while httpx.get(url + "/get_server_info").json()["num_paused_requests"] == 0:
+        time.sleep(0.01)
+    update = {"model_path": str(other_dir)}
+    r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert waiter.is_alive()  # still held: the pause outlasts the update
+    refused = httpx.post(url + "/pause_generation", json={"mode": "in_place"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "mode"
+    assert httpx.post(url + "/continue_generation", json={}).status_code == 200
+    waiter.join(60)
+    assert held["r"].json()["output_ids"] == want_other
