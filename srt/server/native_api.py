@@ -154,9 +154,6 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     rid) aborts all of them."""
     prompts, is_batch = _prompts(body)
     n = len(prompts)
-    if body.rid == "" or (isinstance(body.rid, list) and "" in body.rid):
-        # /abort_request reads an empty rid as "no rid": such a request could not be aborted
-        raise GenerateError("rid must be a non-empty string (or left out)", 400, "rid")
     session = body.session_params.to_params() if body.session_params is not None else None
     inputs: list[GenerateInput] = []
     for i, prompt in enumerate(prompts):

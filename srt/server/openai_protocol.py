@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from radixlm.srt.server.protocol import StrictBody, check_list_len
+from radixlm.srt.server.protocol import StrictBody, check_list_len, check_rid
 from radixlm.srt.server.vllm_compat import translate_vllm_fields
 
 _UNSUPPORTED_BOTH = {
@@ -120,12 +120,7 @@ class SGLangSamplingExtras(StrictBody):
     stream_interval: int | None = None
     rid: str | None = None
 
-    @field_validator("rid")
-    @classmethod
-    def _rid_not_empty(cls, rid: str | None) -> str | None:
-        if rid == "":  # /abort_request reads an empty rid as none: it could not be aborted
-            raise ValueError("rid must be a non-empty string (or left out)")
-        return rid
+    _rid_not_empty = field_validator("rid")(classmethod(lambda cls, rid: check_rid(rid)))
 
 
 class OpenAISamplingFields(SGLangSamplingExtras):

@@ -31,10 +31,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.sessions import SessionParams
+
+
+def check_rid(rid: Any) -> Any:
+    """A client's rid (or a batch's list of them) is never empty: ``/abort_request`` reads an
+    empty rid as none, so a request sent with one could not be aborted."""
+    if rid == "" or (isinstance(rid, list) and "" in rid):
+        raise ValueError("rid must be a non-empty string (or left out)")
+    return rid
 
 
 class StrictBody(BaseModel):
@@ -118,6 +126,7 @@ class GenerateReqInput(StrictBody):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     rid: str | list[str] | None = None
+    _rid_not_empty = field_validator("rid")(classmethod(lambda cls, rid: check_rid(rid)))
     return_logprob: bool | list[bool] | None = None
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
