@@ -68,7 +68,7 @@ class KVManager:
 
     def drop_prefetch(self, req: Req) -> None:
         """The request's disk reads are not waited for any more: it was admitted (the match
-        used what it could) or it ended."""
+        used what it could) or it finished (``Scheduler._retire``)."""
         if req.prefetch is not None:
             self.cache.release_prefetch(req.prefetch)
             req.prefetch = None
@@ -177,8 +177,6 @@ class KVManager:
         """Gives the request's KV back: into the prefix cache where it can be kept, else to the
         allocator; frees its table row and unlocks its cached prefix. A request holding
         nothing (released already, or never admitted) is left as it is."""
-        if req.is_finished:  # (a request sent back to wait keeps its disk reads)
-            self.drop_prefetch(req)
         if req.req_slot < 0:
             if req.cache_node is not None:
                 self.cache.dec_lock_ref(req.cache_node)

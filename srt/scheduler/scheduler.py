@@ -139,9 +139,7 @@ class Scheduler:
             self.grammars.queue.remove(lambda r: r is req)
             if req in self.waiting:
                 self.waiting.remove(req)
-            req.finish(internal_error(e))
-            self.kv.drop_prefetch(req)
-            self.finished_outside_step.append(req)
+            self._finish_between_steps(req, internal_error(e))
 
     def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
         try:
@@ -309,9 +307,7 @@ class Scheduler:
         ready, failed = self.grammars.queue.poll()
         self.grammars.prefetch_first_rows(ready)
         self.waiting.extend(ready)
-        for req in failed:  # they hold no KV, only disk reads started for their prompt
-            self.kv.drop_prefetch(req)
-        self.finished_outside_step += failed
+        self.finished_outside_step += self._retire(failed)  # only disk reads, if any
 
     def _schedule_prefill(self) -> tuple[ScheduledBatch | None, bool]:
         """The step's batch when it prefills (``prefill.py``), and whether it does. A mixed step
@@ -504,12 +500,14 @@ class Scheduler:
 
     def _retire(self, reqs: list[Req], keep_in_cache: bool = True) -> list[Req]:
         """The one release path: every finished request of ``reqs`` leaves the running list
-        and gives its KV back. Idempotent (a released request holds nothing), so the
-        requests of a batch can be passed whether or not an earlier path released them."""
+        and gives its KV back, and the disk reads started for its prompt. Idempotent (a
+        released request holds nothing), so the requests of a batch can be passed whether or
+        not an earlier path released them."""
         for req in reqs:
             if req.is_finished:
                 if req in self.running:
                     self.running.remove(req)
                 self.spec.release(req)
                 self.kv.release(req, keep_in_cache)
+                self.kv.drop_prefetch(req)
         return reqs
