@@ -24,6 +24,7 @@ a new Engine. ``shutdown`` stops the followers and leaves the group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -31,7 +32,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 from radixlm.srt.config import config_from_kwargs
@@ -148,7 +149,7 @@ class Engine:
         defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
-            return _Stream(self, rids[0], self._stream(rids[0]))
+            return _Stream(self, rids[0])
         results = self._wait_all(rids, rid if is_batch else None)
         return results if is_batch else results[0]
 
@@ -173,22 +174,10 @@ class Engine:
         requests."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
         if stream:
-            return _AsyncStream(self, rids[0], self._astream(rids[0]))
-        if is_batch and rid is not None:
-            self._groups[rid] = rids
-        results, error = [], None
-        try:
-            for r in rids:
-                try:
-                    results.append(await self._await_result(r))
-                except ValueError as e:
-                    error = error or e
-        finally:
-            if is_batch and rid is not None:
-                self._groups.pop(rid, None)
-            self._drop_unfinished(rids)
-        if error is not None:
-            raise error
+            return _AsyncStream(self, rids[0])
+        with self._group(rids, rid if is_batch else None):  # a cancelled call aborts them
+            outcomes = [await _outcome(self._await_result(r)) for r in rids]
+        results = _results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
     def _start(
@@ -228,21 +217,28 @@ class Engine:
     def _wait_all(self, rids: list[str], group_rid: str | None) -> list[dict]:
         """Every request's result, waiting for all even after one failed (so none is left
         behind); ``group_rid`` aborts them all meanwhile."""
-        if group_rid is not None:
-            self._groups[group_rid] = rids
-        results, error = [], None
-        try:
+        with self._group(rids, group_rid):
+            outcomes = []
             for r in rids:
                 try:
-                    results.append(self._wait(r))
+                    outcomes.append(self._wait(r))
                 except ValueError as e:
-                    error = error or e
+                    outcomes.append(e)
+        return _results_or_first_error(outcomes)
+
+    @contextlib.contextmanager
+    def _group(self, rids: list[str], group_rid: str | None) -> Iterator[None]:
+        """While waiting for ``rids``: ``group_rid`` (a batch's rid) aborts them all; on
+        leaving, the ones nobody waited for to the end (an exception, a cancellation) are
+        aborted."""
+        if group_rid is not None:
+            self._groups[group_rid] = rids
+        try:
+            yield
         finally:
             if group_rid is not None:
                 self._groups.pop(group_rid, None)
-        if error is not None:
-            raise error
-        return results
+            self._drop_unfinished(rids)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
@@ -503,18 +499,6 @@ class Engine:
             pass
         return self._finish(rid)
 
-    async def _astream(self, rid: str) -> AsyncIterator[dict]:
-        _, q = self._results[rid]
-        try:
-            while True:
-                item = await self._anext(q)
-                if item is _FINISHED:
-                    yield self._finish(rid)
-                    return
-                yield item
-        finally:
-            self._drop_unfinished([rid])
-
     def _drop_unfinished(self, rids: list[str]) -> None:
         """Aborts the requests a caller stopped waiting for (cancelled, or gone early)."""
         for rid in rids:
@@ -522,18 +506,6 @@ class Engine:
                 self.abort(rid)
                 self._results.pop(rid, None)
                 self._end_turn(rid, None)
-
-    def _stream(self, rid: str) -> Iterator[dict]:
-        result, q = self._results[rid]
-        try:
-            while True:
-                item = self._next(q)
-                if item is _FINISHED:
-                    yield self._finish(rid)
-                    return
-                yield item
-        finally:
-            self._drop_unfinished([rid])  # the consumer stopped early
 
     def _finish(self, rid: str) -> dict:
         result, _ = self._results.pop(rid)
@@ -586,21 +558,50 @@ class Engine:
             q.put(_FINISHED if result.is_finished else result.to_dict())
 
 
-class _Stream:
-    """A streamed request's chunks; dropping it unread (or part-read) aborts the request and
-    frees its state, as reading to the end or ``close()`` does."""
+async def _outcome(result: Awaitable[dict]) -> dict | ValueError:
+    try:
+        return await result
+    except ValueError as e:
+        return e
 
-    def __init__(self, engine: Engine, rid: str, chunks: Iterator[dict]) -> None:
-        self._engine, self._rid, self._chunks = engine, rid, chunks
+
+def _results_or_first_error(outcomes: list[dict | ValueError]) -> list[dict]:
+    for outcome in outcomes:
+        if isinstance(outcome, ValueError):
+            raise outcome
+    return outcomes  # type: ignore[return-value]
+
+
+class _Stream:
+    """A streamed request's chunks (dicts with the text so far, then the result). Reading it to
+    the end, ``close()``, an error while reading, or dropping it unread or part-read all free
+    the request: one not finished is aborted."""
+
+    def __init__(self, engine: Engine, rid: str) -> None:
+        self._engine, self._rid = engine, rid
+        self._queue = engine._results[rid][1]
+        self._done = False
 
     def __iter__(self) -> _Stream:
         return self
 
     def __next__(self) -> dict:
-        return next(self._chunks)
+        if self._done:
+            raise StopIteration
+        try:
+            return self._take(self._engine._next(self._queue))
+        except BaseException:
+            self.close()
+            raise
+
+    def _take(self, item: Any) -> dict:
+        if item is _FINISHED:
+            self._done = True
+            return self._engine._finish(self._rid)
+        return item
 
     def close(self) -> None:
-        self._chunks.close()
+        self._done = True
         self._engine._drop_unfinished([self._rid])
 
     def __del__(self) -> None:
@@ -610,24 +611,20 @@ class _Stream:
             pass
 
 
-class _AsyncStream:
-    """:class:`_Stream` for ``async for``."""
-
-    def __init__(self, engine: Engine, rid: str, chunks: AsyncIterator[dict]) -> None:
-        self._engine, self._rid, self._chunks = engine, rid, chunks
+class _AsyncStream(_Stream):
+    """:class:`_Stream` for ``async for`` (a cancelled read aborts the request too)."""
 
     def __aiter__(self) -> _AsyncStream:
         return self
 
     async def __anext__(self) -> dict:
-        return await self._chunks.__anext__()
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            return self._take(await self._engine._anext(self._queue))
+        except BaseException:
+            self.close()
+            raise
 
     async def aclose(self) -> None:
-        await self._chunks.aclose()
-        self._engine._drop_unfinished([self._rid])
-
-    def __del__(self) -> None:
-        try:  # the async generator's own finalizer runs its cleanup when it was started
-            self._engine._drop_unfinished([self._rid])
-        except Exception:
-            pass
+        self.close()

@@ -102,10 +102,10 @@ class TokenizerManager:
         self._send_sock.connect(endpoints.scheduler)
         self._actx: zmq.asyncio.Context | None = None
         self._recv_task: asyncio.Task[None] | None = None
-        self._resumed = asyncio.Event()  # cleared while a weight update or a pause lasts
-        self._resumed.set()
         self._updating = False  # a weight update is waiting or loading
         self.paused_by_request = False  # /pause_generation until /continue_generation
+        self._resumed = asyncio.Event()  # set unless one of those two holds new requests
+        self._resumed.set()
         self.num_paused = 0  # requests waiting for that update to end
         self._num_paused_in_update = 0  # requests that waited during the current update
 
@@ -405,7 +405,7 @@ class TokenizerManager:
         if self._updating:
             raise GenerateError("a weight update is already running; retry after it", 409)
         self._updating = True
-        self._resumed.clear()
+        self._update_gate()
         self._num_paused_in_update = 0
         try:
             if abort_all:
@@ -428,19 +428,23 @@ class TokenizerManager:
                 await asyncio.sleep(0.02)
         finally:
             self._updating = False
-            if not self.paused_by_request:
-                self._resumed.set()
+            self._update_gate()
 
     def pause_generation(self) -> None:
         """SGLang's ``/pause_generation`` in its ``abort`` mode: every request in flight is
         aborted (answered as aborted) and new ones wait until :meth:`continue_generation`."""
         self.paused_by_request = True
-        self._resumed.clear()
+        self._update_gate()
         self.abort_all()
 
     def continue_generation(self) -> None:
         self.paused_by_request = False
-        if not self._updating:
+        self._update_gate()
+
+    def _update_gate(self) -> None:
+        if self._updating or self.paused_by_request:
+            self._resumed.clear()
+        else:
             self._resumed.set()
 
     @property

@@ -222,8 +222,8 @@ class UpdateWeightsFromDiskInput(StrictBody):
     is_async: bool = False
     keep_pause: bool = False
     recapture_cuda_graph: bool = False  # the graphs read the parameters in place: nothing to do
-    torch_empty_cache: bool = False  # the load allocates nothing to give back
-    token_step: int = 0  # the trainer's step number: reported back, not used
+    torch_empty_cache: bool = False  # every update ends with torch.cuda.empty_cache() anyway
+    token_step: int = 0  # the trainer's step number, for its own bookkeeping: not used here
     manifest: dict[str, Any] | None = None
 
     def refused(self) -> str | None:
