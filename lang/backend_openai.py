@@ -76,11 +76,10 @@ class OpenAI(BaseBackend):
         return [dict(m) for m in prompt.messages]
 
     def _request(self, params: GenParams) -> dict[str, Any]:
-        if params.request_options() or params.min_new_tokens is not None:
-            names = [
-                *params.request_options(),
-                *(["min_tokens"] * (params.min_new_tokens is not None)),
-            ]
+        names = list(params.request_options())
+        if params.min_new_tokens is not None:
+            names.append("min_tokens")
+        if names:
             raise ValueError(
                 f"gen(): {', '.join(names)} cannot go over a chat API (its logprobs and "
                 "lengths are not SGLang's); use LocalBackend or RuntimeEndpoint"

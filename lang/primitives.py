@@ -70,6 +70,12 @@ def _schema_string(where: str, schema: Any) -> str:
     return json.dumps(parsed)
 
 
+def check_n(where: str, n: Any) -> None:
+    """SGLang's ``n``: one sample per gen here (``s.fork(n)`` gives several)."""
+    if n not in (None, 1):
+        raise ValueError(f"{where}: n must be 1 (for several samples use s.fork(n)), got {n!r}")
+
+
 def _check_numbers(where: str, max_tokens: Any, temperature: Any, top_p: Any) -> None:
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
         raise ValueError(f"{where}: max_tokens must be an integer >= 0, got {max_tokens!r}")
@@ -119,8 +125,7 @@ def gen(
     ``top_logprobs_num``, ``logprob_start_len``, ``return_text_in_logprobs``) puts the
     output's logprobs in ``s.get_meta_info(name)``, as SGLang's frontend does."""
     where = _where("gen", name)
-    if n not in (None, 1):
-        raise ValueError(f"{where}: n must be 1 (for several samples use s.fork(n)), got {n!r}")
+    check_n(where, n)
     if choices is not None:
         return select(name, choices, choices_method=choices_method)
     _check_numbers(where, max_tokens, temperature, top_p)

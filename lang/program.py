@@ -22,6 +22,7 @@ from radixlm.lang.backend_base import BaseBackend
 from radixlm.lang.errors import ProgramError
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import GenParams
+from radixlm.lang.primitives import check_n
 from radixlm.lang.state import ProgramState
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -160,7 +161,7 @@ class Program:
         returns once the program finished (raising its error); with ``stream=True`` at once:
         read the text as it comes with ``state.text_iter()``. SGLang's ``n`` must be 1 (use
         ``s.fork``); ``use_thread`` is accepted: the state always runs on its own thread."""
-        _check_n(n)
+        check_n(f"{self.__name__}.run()", n)
         sampling, program_kwargs = self._split(dict(kwargs))
         backend = _resolve_backend(backend)
         executor = StreamExecutor(backend, sampling_defaults(**sampling), stream)
@@ -216,7 +217,7 @@ class Program:
         time; the states come back in the order of ``batch_kwargs`` (as a list, or with
         ``generator_style`` one by one as they finish in that order). A failed program's state
         holds its error (``state.error()``; reading it raises)."""
-        _check_n(n)
+        check_n(f"{self.__name__}.run_batch()", n)
         batch_kwargs = [self._as_kwargs(kw) for kw in batch_kwargs]
         unknown = sorted(set(sampling) - set(_SAMPLING_NAMES))
         if unknown:
@@ -261,13 +262,6 @@ class Program:
                 f"entry gave {len(args)}: {list(args)!r}"
             )
         return dict(zip(names, args, strict=False))  # fewer: the rest keep their defaults
-
-
-def _check_n(n: Any) -> None:
-    if n != 1:
-        raise ValueError(
-            f"n must be 1 (for several samples use s.fork(n) in the program), got {n!r}"
-        )
 
 
 def _num_threads(num_threads: int | str, batch_size: int) -> int:
