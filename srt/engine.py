@@ -311,12 +311,8 @@ class Engine:
             reply = self._control("update_weights_from_disk", args)
             if reply.ok or not reply.data.get("busy"):
                 return reply.ok, reply.data["message"], 0
-            self._step_or_wait()
-
-    def _step_or_wait(self) -> None:
-        """One scheduler step, or a short wait while another caller runs them."""
-        if not self._try_step():
-            time.sleep(0.002)
+            if not self._try_step():  # another caller runs the steps of those requests
+                time.sleep(0.002)
 
     def _try_step(self) -> bool:
         """Runs one scheduler step unless another caller is running them (then False)."""

@@ -502,7 +502,7 @@ class TokenizerManager:
         if state.finish_reason is not None and self.cfg.log_requests:
             r = state.result
             logger.info(
-                "request %s finished (%s): prompt %d tokens (%d cached), completion %d, %.3f s",
+                "request %r finished (%s): prompt %d tokens (%d cached), completion %d, %.3f s",
                 state.req.client_rid,
                 state.finish_reason.get("type"),
                 r.prompt_tokens or len(state.req.msg.input_ids),
