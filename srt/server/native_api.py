@@ -20,7 +20,13 @@ from radixlm.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixlm.srt.sampling.params import MAX_N
-from radixlm.srt.server.errors import check_json_content_type, json_object, parse_body, sse_error
+from radixlm.srt.server.errors import (
+    check_json_content_type,
+    error_body,
+    json_object,
+    parse_body,
+    sse_error,
+)
 from radixlm.srt.server.middleware import require_admin
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.protocol import (
@@ -277,7 +283,8 @@ async def flush_cache(request: Request) -> Response:
 async def update_weights_from_disk(request: Request) -> Response:
     """Admin route (SGLang's): another checkpoint of the same architecture and sizes, loaded in
     place once the requests in flight have finished (new ones wait meanwhile). SGLang's answer
-    shape ``{"success", "message", "num_paused_requests"}``, 400 when not loaded."""
+    shape ``{"success", "message", "num_paused_requests"}``; 400 with the usual ``error``
+    object too when nothing was loaded."""
     require_admin(request)
     body = await parse_body(request, UpdateWeightsFromDiskInput)
     refused = body.refused()
@@ -288,6 +295,8 @@ async def update_weights_from_disk(request: Request) -> Response:
         args, abort_all=body.abort_all_requests
     )
     answer = {"success": ok, "message": message, "num_paused_requests": paused}
+    if not ok:  # SGLang's fields, and the error object every other 4xx here carries
+        answer.update(error_body(message, 400, "model_path"))
     return json_response(answer, 200 if ok else 400)
 
 

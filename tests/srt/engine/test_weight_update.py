@@ -146,6 +146,7 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     assert info["weight_version"] == "step-7"
     bad = httpx.post(url + "/update_weights_from_disk", json={"model_path": "/nowhere"}, timeout=60)
     assert bad.status_code == 400 and not bad.json()["success"]
+    assert bad.json()["error"]["param"] == "model_path"
     refused = httpx.post(
         url + "/update_weights_from_disk",
         json={"model_path": str(other_dir), "is_async": True},
