@@ -2,8 +2,9 @@
 
 A streaming request holds back the longest suffix of its text that is a proper prefix of one of
 its stop strings. Recomputing that from scratch each step compared every prefix of every stop
-string with the text's end: with 64 stop strings of 1,024 characters that was about 6 ms per
-token per stream. Here each stop string runs a Knuth-Morris-Pratt automaton over the new
+string with the text's end: with 64 stop strings of 1,024 characters that was about 3 ms per
+token per stream (``srt/bench/bench_stop_strings.py``). Here each stop string runs a
+Knuth-Morris-Pratt automaton over the new
 characters only (amortised O(1) per character and stop string); a stop string none of whose
 first characters has appeared is skipped at C speed.
 """
