@@ -19,7 +19,7 @@ valid JSON where they last were, and the text after that point is content. An ou
 inside a block (cut off by max_tokens) shows none of it as content: a call whose name is
 complete stands with its arguments exactly as written so far (possibly not valid JSON), one
 without a complete name is dropped. A call naming a tool that was not offered is still a call
-(clients check names). Any JSON whitespace is accepted.
+here (the chat route drops it). Any JSON whitespace is accepted.
 """
 
 from __future__ import annotations

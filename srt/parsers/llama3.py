@@ -9,7 +9,7 @@ text before the tag is content; the tag is a special token, so it is often absen
 decoded text). Several calls are separated by ``;`` (or only by whitespace). ``"arguments"``
 is read like ``"parameters"``. An output that starts with ``{`` but is not a call object is
 content, and so is anything after the calls that is not another call. Calls naming a tool
-that was not offered stay calls (clients check names). An output that ends inside a call (cut
+that was not offered stay calls here (the chat route drops them). An output that ends inside a call (cut
 off by max_tokens): a call whose name is complete stands with its arguments exactly as written
 so far (possibly not valid JSON); without a complete name the call and the tag are dropped.
 """

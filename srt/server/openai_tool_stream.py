@@ -3,15 +3,62 @@
 :func:`chat_message` turns a finished output into the assistant message (``content``,
 ``tool_calls``, ``reasoning_content``); :class:`ChoiceStream` does the same incrementally for
 one streamed choice. Each output gets its own parsers (``n > 1``: one pair per choice).
+
+A call naming a tool the request did not offer is dropped, markup and all, and the calls after
+it are numbered on (SGLang's rule); ``SGLANG_FORWARD_UNKNOWN_TOOLS=1`` (SGLang's switch) keeps
+such calls for clients that handle unknown names themselves.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import uuid
 from typing import Any
 
 from radixlm.srt.parsers.tool_base import ToolCall, ToolCallDelta
 from radixlm.srt.server.openai_tools import ChatParsing
+
+logger = logging.getLogger(__name__)
+
+
+def _forward_unknown_tools() -> bool:
+    return os.environ.get("SGLANG_FORWARD_UNKNOWN_TOOLS", "").lower() in ("1", "true", "yes")
+
+
+class OfferedCalls:
+    """Keeps the calls that name an offered tool, renumbered densely from 0 in output order.
+
+    Streamed deltas come per parser index; a call's first delta carries its name, so the
+    decision is taken there and applies to the rest of that call's deltas."""
+
+    def __init__(self, parsing: ChatParsing) -> None:
+        self.names = None if _forward_unknown_tools() else {s.name for s in parsing.specs}
+        self.kept: dict[int, int] = {}  # parser index -> output index
+        self.dropped: set[int] = set()
+
+    def _keeps(self, name: str | None) -> bool:
+        if self.names is None or name in self.names:
+            return True
+        logger.warning("dropped a call of %r: the request offered no tool of that name", name)
+        return False
+
+    def calls(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return [c for c in calls if self._keeps(c.name)]
+
+    def deltas(self, deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+        out = []
+        for d in deltas:
+            if d.index in self.dropped:
+                continue
+            if d.index not in self.kept:
+                if not self._keeps(d.name):
+                    self.dropped.add(d.index)
+                    continue
+                self.kept[d.index] = len(self.kept)
+            out.append(dataclasses.replace(d, index=self.kept[d.index]))
+        return out
 
 
 def new_call_id() -> str:
@@ -37,7 +84,7 @@ def chat_message(parsing: ChatParsing, text: str) -> tuple[dict[str, Any], bool]
     tool_parser = parsing.new_tool_parser()
     if tool_parser is not None:
         result = tool_parser.parse(text)
-        text, calls = result.content, result.calls
+        text, calls = result.content, OfferedCalls(parsing).calls(result.calls)
     content = None if calls and not text.strip() else text
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
     if calls:
@@ -56,6 +103,7 @@ class ChoiceStream:
     def __init__(self, parsing: ChatParsing) -> None:
         self.reasoning = parsing.output_reasoning_parser()
         self.tools = parsing.new_tool_parser()
+        self.offered = OfferedCalls(parsing)
         self.call_ids: dict[int, str] = {}
         self.held_space = ""
 
@@ -90,7 +138,9 @@ class ChoiceStream:
         delta: dict[str, Any] = {}
         if reasoning:
             delta["reasoning_content"] = reasoning
-        call_deltas = [self._call_delta(c) for c in calls]  # first: they decide has_calls
+        call_deltas = [
+            self._call_delta(c) for c in self.offered.deltas(calls)
+        ]  # first: they decide has_calls
         content = self._release_content(content, is_last)
         if content:
             delta["content"] = content

@@ -1,0 +1,108 @@
+"""SGLang's text-parsing routes: ``/parse_function_call`` and ``/separate_reasoning``.
+
+They run the server's own output parsers over a text a client already has (an output of
+``/generate``, say), with no generation:
+
+- ``/parse_function_call`` ``{"text", "tools", "tool_call_parser"}`` ->
+  ``{"normal_text", "calls": [{"tool_index", "name", "parameters"}]}``: ``tool_index`` is the
+  tool's place in ``tools``, ``parameters`` the arguments' JSON text; calls naming a tool that
+  is not in ``tools`` are dropped (as on the chat route). Without ``tool_call_parser`` the
+  server's parser is used (``--tool-call-parser``, ``auto`` read from the chat template).
+- ``/separate_reasoning`` ``{"text", "reasoning_parser", "return_blocks"}`` ->
+  ``{"reasoning_text", "text"}``, plus ``reasoning_blocks`` / ``text_blocks`` / ``blocks``
+  when ``return_blocks`` is true.
+
+An unknown parser name is a 400 that lists the known ones; so is a field the route does not take.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ConfigDict
+
+from radixlm.srt.managers.tokenizer_manager import GenerateError
+from radixlm.srt.parsers.reasoning import REASONING_PARSERS, ReasoningParser
+from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.server.errors import parse_body
+from radixlm.srt.server.native_api import get_tm, json_response
+from radixlm.srt.server.openai_protocol import ToolDef
+from radixlm.srt.server.openai_tool_stream import OfferedCalls
+from radixlm.srt.server.openai_tools import ChatParsing, tool_specs
+from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, json_body
+from radixlm.srt.server.protocol import StrictBody
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+
+class ParseFunctionCallInput(StrictBody):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str | None = None  # SGLang's request base; nothing is generated, so nothing to name
+    text: str
+    tools: list[ToolDef] = []
+    tool_call_parser: str | None = None
+
+
+class SeparateReasoningInput(StrictBody):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str | None = None
+    text: str
+    reasoning_parser: str
+    return_blocks: bool = False
+
+
+def _tool_parser_name(requested: str | None, request: Request) -> str:
+    tm = get_tm(request)
+    template = getattr(tm.tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    try:
+        name = resolve_tool_parser(requested or tm.cfg.tool_call_parser, template)
+    except ValueError as e:
+        raise GenerateError(str(e), 400, "tool_call_parser") from None
+    if name == "none":
+        raise GenerateError(
+            "no tool-call parser: this server runs with --tool-call-parser none; name one "
+            "in tool_call_parser",
+            400,
+            "tool_call_parser",
+        )
+    return name
+
+
+@router.post("/parse_function_call", openapi_extra=json_body(ParseFunctionCallInput))
+async def parse_function_call(request: Request) -> Response:
+    body = await parse_body(request, ParseFunctionCallInput)
+    name = _tool_parser_name(body.tool_call_parser, request)
+    specs = tool_specs(body.tools)
+    result = make_tool_parser(name, specs).parse(body.text)
+    calls = OfferedCalls(ChatParsing(specs=specs)).calls(result.calls)
+    index = {spec.name: i for i, spec in enumerate(specs)}
+    return json_response(
+        {
+            "normal_text": result.content,
+            "calls": [
+                {"tool_index": index.get(c.name, -1), "name": c.name, "parameters": c.arguments}
+                for c in calls
+            ],
+        }
+    )
+
+
+@router.post("/separate_reasoning", openapi_extra=json_body(SeparateReasoningInput))
+async def separate_reasoning(request: Request) -> Response:
+    body = await parse_body(request, SeparateReasoningInput)
+    if body.reasoning_parser not in REASONING_PARSERS:
+        raise GenerateError(
+            f"unknown reasoning parser {body.reasoning_parser!r}; known: {list(REASONING_PARSERS)}",
+            400,
+            "reasoning_parser",
+        )
+    reasoning, text = ReasoningParser(body.reasoning_parser, False).split(body.text)
+    out: dict = {"reasoning_text": reasoning or "", "text": text}
+    if body.return_blocks:
+        blocks = [{"type": "reasoning", "text": reasoning}] if reasoning else []
+        blocks.append({"type": "text", "text": text})
+        out["reasoning_blocks"] = [b["text"] for b in blocks if b["type"] == "reasoning"]
+        out["text_blocks"] = [b["text"] for b in blocks if b["type"] == "text"]
+        out["blocks"] = blocks
+    return json_response(out)
