@@ -314,6 +314,15 @@ class Engine:
             if not self._try_step():  # another caller runs the steps of those requests
                 time.sleep(0.002)
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """SGLang's: the running weight of checkpoint tensor ``name`` (Hugging Face names,
+        such as ``model.layers.0.mlp.up_proj.weight``) as float32 values, its first
+        ``truncate_size`` rows; ValueError for a name the model lacks."""
+        reply = self._control("get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+        if not reply.ok:
+            raise ValueError(reply.data["message"])
+        return reply.data["parameter"]
+
     def _try_step(self) -> bool:
         """Runs one scheduler step unless another caller is running them (then False)."""
         if not self._driving.acquire(blocking=False):

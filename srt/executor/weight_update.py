@@ -93,6 +93,36 @@ def update_weights_from_disk(
     return f"weights loaded from {folder}"
 
 
+# what one get_weights_by_name answer may carry (a float each): 100 rows of an 8B model's
+# embedding are 409,600; the whole of it would be half a billion
+MAX_WEIGHT_VALUES = 1 << 22
+
+
+@torch.inference_mode()
+def weights_by_name(runner: ModelRunner, name: str, truncate_size: int = 100) -> list:
+    """SGLang's ``get_weights_by_name``: the running weight of checkpoint tensor ``name`` as
+    float32 values, its first ``truncate_size`` rows (a vector: its first values). ValueError
+    for a name the model lacks, a truncate_size under 1 or an answer over MAX_WEIGHT_VALUES."""
+    if runner.tp.is_distributed:
+        raise ValueError("reading weights is not supported with tensor parallelism yet")
+    if runner.cfg.quantization != "none":
+        raise ValueError(
+            f"reading weights is not supported with --quantization {runner.cfg.quantization}"
+        )
+    if isinstance(truncate_size, bool) or not isinstance(truncate_size, int) or truncate_size < 1:
+        raise ValueError(f"truncate_size must be an integer >= 1, got {truncate_size!r}")
+    try:
+        rows = runner.model.checkpoint_tensor(name)[:truncate_size]
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    if rows.numel() > MAX_WEIGHT_VALUES:
+        raise ValueError(
+            f"truncate_size {truncate_size} asks for {rows.numel():,} values of {name!r}, over "
+            f"the {MAX_WEIGHT_VALUES:,} one answer carries; ask for fewer rows"
+        )
+    return rows.float().cpu().tolist()
+
+
 def _restore(runner: ModelRunner) -> None:
     if runner.cfg.load_format == "dummy":
         init_dummy_weights(runner.model)

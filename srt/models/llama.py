@@ -274,6 +274,25 @@ class LlamaForCausalLM(nn.Module):
             loaded["lm_head.weight"] = {None}
         _check_all_loaded(params, loaded)
 
+    def checkpoint_tensor(self, ckpt_name: str) -> torch.Tensor:
+        """The running weight a checkpoint tensor of Hugging Face name ``ckpt_name`` was loaded
+        into (a view: the rows of a merged projection; the embedding for a tied
+        ``lm_head.weight``). ``KeyError`` naming an example when the model has no such tensor."""
+        name, shard_id = _param_name(ckpt_name)
+        params = dict(self.named_parameters(remove_duplicate=False))
+        if ckpt_name.endswith(IGNORED_SUFFIXES) or name not in params:
+            raise KeyError(
+                f"the model has no weight named {ckpt_name!r} (names are the checkpoint's, such "
+                "as 'model.layers.0.self_attn.q_proj.weight' or 'model.embed_tokens.weight')"
+            )
+        weight = params[name].data
+        if shard_id is None:
+            return weight
+        merged = self.get_submodule(name.rsplit(".", 1)[0])
+        index = merged.SHARDS.index(shard_id) if isinstance(shard_id, str) else shard_id
+        offset = sum(merged.output_sizes[:index])
+        return weight.narrow(0, offset, merged.output_sizes[index])
+
 
 def _param_name(ckpt_name: str) -> tuple[str, str | int | None]:
     for merged, part, shard_id in STACKED_PARAMS:

@@ -31,7 +31,7 @@ import torch
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
-from radixlm.srt.executor.weight_update import update_weights_from_disk
+from radixlm.srt.executor.weight_update import update_weights_from_disk, weights_by_name
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -207,6 +207,14 @@ class Scheduler:
             return ControlReply(msg.req_id, True, {"weight_version": self.weight_version})
         if msg.kind == "update_weights_from_disk":
             return ControlReply(msg.req_id, *self._update_weights(msg.args))
+        if msg.kind == "get_weights_by_name":
+            try:
+                values = weights_by_name(
+                    self.runner, msg.args.get("name"), msg.args.get("truncate_size", 100)
+                )
+            except ValueError as e:
+                return ControlReply(msg.req_id, False, {"message": str(e)})
+            return ControlReply(msg.req_id, True, {"parameter": values})
         if msg.kind in ("start_profile", "stop_profile"):
             try:
                 if msg.kind == "start_profile":

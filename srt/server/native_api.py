@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
@@ -22,6 +23,7 @@ from radixlm.srt.managers.tokenizer_manager import (
 from radixlm.srt.sampling.params import MAX_N
 from radixlm.srt.server.errors import (
     check_json_content_type,
+    describe_validation_error,
     error_body,
     json_object,
     parse_body,
@@ -37,6 +39,7 @@ from radixlm.srt.server.protocol import (
     ContinueGenerationInput,
     DetokenizeInput,
     GenerateReqInput,
+    GetWeightsByNameInput,
     OpenSessionInput,
     PauseGenerationInput,
     TokenizeInput,
@@ -298,6 +301,38 @@ async def update_weights_from_disk(request: Request) -> Response:
     if not ok:  # SGLang's fields, and the error object every other 4xx here carries
         answer.update(error_body(message, 400, "model_path"))
     return json_response(answer, 200 if ok else 400)
+
+
+@router.post("/get_weights_by_name", openapi_extra=json_body(GetWeightsByNameInput))
+@router.get("/get_weights_by_name", include_in_schema=False)  # one operation in the schema
+async def get_weights_by_name(request: Request) -> Response:
+    """Admin route (SGLang's): the running weight of a checkpoint tensor (Hugging Face name)
+    as float32 values, its first ``truncate_size`` rows; RL loops check a weight sync with it.
+    A GET may send the fields as query parameters instead of a body."""
+    require_admin(request)
+    if request.method == "GET" and not (await request.body()).strip():
+        query = dict(request.query_params)
+        if "truncate_size" in query:
+            try:
+                query["truncate_size"] = int(query["truncate_size"])
+            except ValueError:
+                raise GenerateError(
+                    "truncate_size must be an integer", 400, "truncate_size"
+                ) from None
+        try:
+            body = GetWeightsByNameInput.model_validate(query)
+        except ValidationError as e:
+            message, param = describe_validation_error(e)
+            raise GenerateError(message, 400, param) from None
+    else:
+        body = await parse_body(request, GetWeightsByNameInput)
+    reply = await get_tm(request).control(
+        "get_weights_by_name", {"name": body.name, "truncate_size": body.truncate_size}
+    )
+    if not reply.ok:
+        message = str(reply.data.get("message", ""))
+        raise GenerateError(message, 400, "truncate_size" if "truncate_size" in message else "name")
+    return json_response(reply.data["parameter"])
 
 
 @router.post("/pause_generation")

@@ -258,6 +258,15 @@ class UpdateWeightVersionInput(StrictBody):
     abort_all_requests: bool = False
 
 
+class GetWeightsByNameInput(StrictBody):
+    """SGLang's ``GetWeightsByNameReqInput``: a checkpoint tensor's name, rows to return."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str | None = None  # SGLang's request base; a read has nothing to name
+    name: str
+    truncate_size: int = 100
+
+
 class TokenizeInput(StrictBody):
     prompt: str | list[str]
     add_special_tokens: bool = True

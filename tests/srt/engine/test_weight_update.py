@@ -227,3 +227,49 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
     assert httpx.post(url + "/continue_generation", json={}).status_code == 200
     waiter.join(60)
     assert held["r"].json()["output_ids"] == want_other
+
+
+def test_get_weights_by_name_reads_the_running_weights(tiny_llama_dir, other_dir):
+    """SGLang's get_weights_by_name: checkpoint names (merged projections' rows included, a tied
+    lm_head through the embedding), the first truncate_size rows, the new values after an
+    update; bad names and sizes are ValueErrors naming them."""
+    (path,) = tiny_llama_dir.glob("*.safetensors")
+    first = load_file(str(path))
+    (path,) = other_dir.glob("*.safetensors")
+    other = load_file(str(path))
+    names = [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.1.mlp.gate_proj.weight",
+        "model.layers.1.mlp.up_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.norm.weight",
+    ]
+    with Engine(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning") as engine:
+        dtype = next(engine.scheduler.runner.model.parameters()).dtype
+
+        def want(tensors, name, rows):
+            return tensors[name][:rows].to(dtype).float()
+
+        for name in names:
+            got = torch.tensor(engine.get_weights_by_name(name, truncate_size=3))
+            assert torch.equal(got, want(first, name, 3)), name
+        assert len(engine.get_weights_by_name("model.norm.weight")) == min(
+            100, first["model.norm.weight"].numel()
+        )
+        head = "lm_head.weight" if "lm_head.weight" in first else "model.embed_tokens.weight"
+        got = torch.tensor(engine.get_weights_by_name("lm_head.weight", 2))
+        assert torch.equal(got, want(first, head, 2))
+        ok, message, _ = engine.update_weights_from_disk(str(other_dir))
+        assert ok, message
+        name = "model.layers.1.mlp.up_proj.weight"
+        assert torch.equal(torch.tensor(engine.get_weights_by_name(name, 2)), want(other, name, 2))
+        with pytest.raises(ValueError, match="no weight named 'model.layers.9.mlp.up_proj"):
+            engine.get_weights_by_name("model.layers.9.mlp.up_proj.weight")
+        with pytest.raises(ValueError, match="no weight named"):
+            engine.get_weights_by_name("model.layers.0.self_attn.rotary_emb.inv_freq")
+        with pytest.raises(ValueError, match="truncate_size"):
+            engine.get_weights_by_name(name, 0)
+        assert engine.scheduler.check_idle()

@@ -102,7 +102,12 @@ def test_separate_reasoning_refusals(stack: FakeStack) -> None:
 def test_chat_drops_calls_of_tools_not_offered(stack: FakeStack, client: openai.OpenAI) -> None:
     text = hermes_call("rm_rf", {}) + "\n" + hermes_call("get_weather", {"city": "Rome"})
     extra = reply_with(stack, text)
-    kwargs = dict(model="fake-model", max_tokens=200, messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
+    kwargs = dict(
+        model="fake-model",
+        max_tokens=200,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS,
+    )
     choice = client.chat.completions.create(**kwargs, extra_body=extra).choices[0]
     assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
     assert choice.finish_reason == "tool_calls"
