@@ -45,6 +45,9 @@ class ControlReq:
     req_id: str
     kind: str  # "flush_cache" | "server_info" | "load" | "start_profile" | "stop_profile"
     args: dict[str, Any] = field(default_factory=dict)
+    # wall-clock time (time.time()) after which nobody waits for the answer: an action that
+    # reaches the scheduler later (it was in a long step) is not carried out
+    expires_at: float | None = None
 
 
 @dataclass

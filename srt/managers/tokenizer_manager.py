@@ -67,7 +67,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 4
-LOAD_QUERY_TIMEOUT_S = 5.0
+CONTROL_TIMEOUT_S = 5.0  # how long a query or action waits for the scheduler by default
+READ_ONLY = ("server_info", "load")  # queries answered from the last reply when a step is long
 WEIGHT_LOAD_TIMEOUT_S = 600.0  # reading an 8B checkpoint from a slow disk
 DRAIN_TIMEOUT_S = 300.0  # longest wait for the requests in flight before a weight update
 T = TypeVar("T")
@@ -89,6 +90,9 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}  # internal rid -> state
         self.client_rids: dict[str, list[str]] = {}  # client rid -> internal rids
         self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
+        # the last answer to each read-only query, with when it came (see control)
+        self._last_read: dict[str, tuple[float, ControlReply]] = {}
+        self.control_timeout_s = CONTROL_TIMEOUT_S
         self.sessions = SessionManager(abort=self.abort)
         self._load_query: asyncio.Task[ControlReply] | None = None
         self.dead_reason: str | None = None
@@ -102,6 +106,7 @@ class TokenizerManager:
         self._send_sock.connect(endpoints.scheduler)
         self._actx: zmq.asyncio.Context | None = None
         self._recv_task: asyncio.Task[None] | None = None
+        self._prime_task: asyncio.Task[None] | None = None
         self._updating = False  # a weight update is waiting or loading
         self.paused_by_request = False  # /pause_generation until /continue_generation
         self._resumed = asyncio.Event()  # set unless one of those two holds new requests
@@ -116,8 +121,19 @@ class TokenizerManager:
         sock = self._actx.socket(zmq.PULL)
         sock.bind(self.endpoints.tokenizer)
         self._recv_task = asyncio.create_task(self._recv_loop(sock), name="tokenizer-recv")
+        # a first answer to each read-only query, so a long first step cannot make them 503s
+        self._prime_task = asyncio.create_task(self._prime_reads(), name="tokenizer-prime")
+
+    async def _prime_reads(self) -> None:
+        for kind in READ_ONLY:
+            try:
+                await self.control(kind)
+            except GenerateError:
+                pass  # the scheduler was busy or gone: the next query tries again
 
     async def close(self) -> None:
+        if self._prime_task is not None:
+            self._prime_task.cancel()
         if self._recv_task is not None:
             self._recv_task.cancel()
             await asyncio.gather(self._recv_task, return_exceptions=True)
@@ -379,19 +395,34 @@ class TokenizerManager:
             logger.warning("could not send the abort of %s", rid)
 
     async def control(
-        self, kind: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0
+        self, kind: str, args: dict[str, Any] | None = None, timeout_s: float | None = None
     ) -> ControlReply:
+        """One query or action, answered by the scheduler between two steps. A step can take
+        longer than ``timeout_s`` (a long prompt on a CPU): a read-only query (READ_ONLY) then
+        gets the last answer the scheduler gave (its ``data["age_s"]`` says how old); an
+        action is a 503 and expires unread, so it is not carried out after the caller gave up."""
         self._check_alive()
+        timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
         req_id = uuid.uuid4().hex
         fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
         self.pending_control[req_id] = fut
-        self._send(ControlReq(req_id, kind, args or {}))
+        self._send(ControlReq(req_id, kind, args or {}, expires_at=time.time() + timeout_s))
         try:
-            return await asyncio.wait_for(fut, timeout_s)
+            reply = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
-            raise GenerateError(f"the scheduler did not answer {kind!r} in time", 503) from None
+            last = self._last_read.get(kind) if not args else None
+            if last is None:
+                raise GenerateError(
+                    f"the scheduler did not answer {kind!r} in time (a step is running); retry",
+                    503,
+                ) from None
+            at, reply = last
+            return ControlReply(reply.req_id, reply.ok, {**reply.data, "age_s": time.time() - at})
         finally:
             self.pending_control.pop(req_id, None)
+        if kind in READ_ONLY and not args and reply.ok:
+            self._last_read[kind] = (time.time(), reply)
+        return reply
 
     async def update_weights_from_disk(
         self,
@@ -456,7 +487,7 @@ class TokenizerManager:
         without waiting for the step in flight; concurrent callers share one query, so load
         polling costs the scheduler at most one answer at a time."""
         if self._load_query is None or self._load_query.done():
-            query = asyncio.ensure_future(self.control("load", timeout_s=LOAD_QUERY_TIMEOUT_S))
+            query = asyncio.ensure_future(self.control("load"))
             query.add_done_callback(lambda q: q.cancelled() or q.exception())  # seen if unread
             self._load_query = query
         reply = await asyncio.shield(self._load_query)

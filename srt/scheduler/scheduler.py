@@ -190,6 +190,10 @@ class Scheduler:
         self.finished_outside_step.append(req)
 
     def control(self, msg: ControlReq) -> ControlReply:
+        if msg.expires_at is not None and time.time() > msg.expires_at:
+            # the caller has answered its client already (a timeout): acting now would do
+            # what the client was told did not happen
+            return ControlReply(msg.req_id, False, {"message": "expired before it was read"})
         if msg.kind == "load":
             return ControlReply(msg.req_id, True, load_info(self))
         if msg.kind == "server_info":

@@ -107,7 +107,7 @@ async def get_server_info(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- load
-def rank_load(load: dict[str, Any], sections: set[str]) -> dict[str, Any]:
+def rank_load(load: dict[str, Any], sections: set[str], paused: int = 0) -> dict[str, Any]:
     """One rank's entry of ``/v1/loads`` from the scheduler's figures."""
     used, pending = load["num_used_tokens"], load["num_pending_tokens"]
     out = {
@@ -129,7 +129,7 @@ def rank_load(load: dict[str, Any], sections: set[str]) -> dict[str, Any]:
         out["queues"] = {
             "waiting": load["num_waiting_reqs"] - load["num_grammar_queue_reqs"],
             "grammar": load["num_grammar_queue_reqs"],
-            "paused": 0,  # this server never pauses generation
+            "paused": paused,  # held by /pause_generation or a weight update
             "retracted": load["num_retracted_reqs"],
         }
     return out
@@ -181,7 +181,8 @@ async def get_loads(
     if format not in LOAD_FORMATS:
         raise GenerateError(f"format must be one of {list(LOAD_FORMATS)}, got {format!r}", 400)
     load = await scheduler_load(get_tm(request))
-    loads = [rank_load(load, sections)] if dp_rank in (None, DP_RANK) else []
+    tm = get_tm(request)
+    loads = [rank_load(load, sections, tm.num_paused)] if dp_rank in (None, DP_RANK) else []
     if format == "prometheus":
         return PlainTextResponse(prometheus_text(loads), media_type="text/plain; version=0.0.4")
     return json_response(

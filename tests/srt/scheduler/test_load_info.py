@@ -129,3 +129,19 @@ def test_windowed_sum_rate_and_pruning() -> None:
         clock.now += 0.5
         w.add(1)
     assert len(w.buckets) <= 11  # bounded by window / bucket
+
+
+def test_an_expired_action_is_not_carried_out(engine) -> None:
+    """A control message read after its caller gave up (the scheduler was in a long step) is
+    answered "expired" and does nothing: the client was told it did not happen."""
+    import time
+
+    engine.generate(input_ids=[5, 6, 7, 8, 9, 10], sampling_params={"max_new_tokens": 2})
+    cached = engine.scheduler.kv.usage()["evictable"]
+    assert cached > 0
+    late = ControlReq("late", "flush_cache", expires_at=time.time() - 1)
+    reply = engine.scheduler.handle(late)
+    assert not reply.ok and "expired" in reply.data["message"]
+    assert engine.scheduler.kv.usage()["evictable"] == cached
+    reply = engine.scheduler.handle(ControlReq("ok", "flush_cache", expires_at=time.time() + 60))
+    assert reply.ok and engine.scheduler.kv.usage()["evictable"] == 0

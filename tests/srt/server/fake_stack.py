@@ -82,6 +82,7 @@ class FakeWorker(threading.Thread):
         self.seen_prompts: set[tuple[int, ...]] = set()
         self.stopped = threading.Event()
         self.ready = threading.Event()
+        self.stall_s = 0.0  # the next tick takes this long (a long scheduler step)
 
     def expected_ids(self, n: int) -> list[int]:
         return [self.cont_ids[i % len(self.cont_ids)] for i in range(n)]
@@ -169,6 +170,9 @@ class FakeWorker(threading.Thread):
             req.finish = {"type": "length", "length": p.max_new_tokens}
 
     def tick(self) -> None:
+        if self.stall_s:
+            stall, self.stall_s = self.stall_s, 0.0
+            time.sleep(stall)
         for req in self.active.values():
             self._advance(req)
         chosen = [
