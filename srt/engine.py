@@ -532,7 +532,7 @@ class Engine:
         Raises RuntimeError once the tensor-parallel group cannot run."""
         self._ranks.check()
         self._drain_inbox()
-        if not self.scheduler.has_work():
+        if not self.scheduler.wants_step():
             return
         out = run_step(self.scheduler)  # never raises; a failed step reports what it held
         if out is not None:

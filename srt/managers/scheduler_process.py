@@ -144,8 +144,10 @@ class SchedulerLoop:
 
     def run(self) -> None:
         while not self._should_exit():
-            self.receive(block=not self.scheduler.has_work())
-            if self.scheduler.has_work():
+            if self.life.term_requested.is_set():
+                self.scheduler.paused = None  # a drain runs paused requests to their end
+            self.receive(block=not self.scheduler.wants_step())
+            if self.scheduler.wants_step():
                 self.run_step()
         logger.info("scheduler loop exits")
         self.scheduler.close()  # a disk KV tier flushes its writes

@@ -67,7 +67,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 4
-CONTROL_TIMEOUT_S = 5.0  # how long a query or action waits for the scheduler by default
+CONTROL_TIMEOUT_S = 5.0
+PAUSE_TIMEOUT_S = 120.0  # a pause waits for the step running now  # how long a query or action waits for the scheduler by default
 READ_ONLY = ("server_info", "load")  # queries answered from the last reply when a step is long
 WEIGHT_LOAD_TIMEOUT_S = 600.0  # reading an 8B checkpoint from a slow disk
 DRAIN_TIMEOUT_S = 300.0  # longest wait for the requests in flight before a weight update
@@ -461,14 +462,26 @@ class TokenizerManager:
             self._updating = False
             self._update_gate()
 
-    def pause_generation(self) -> None:
-        """SGLang's ``/pause_generation`` in its ``abort`` mode: every request in flight is
-        aborted (answered as aborted) and new ones wait until :meth:`continue_generation`."""
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's ``/pause_generation``: new requests wait until :meth:`continue_generation`;
+        the ones in flight are aborted (``abort``), or stay in the paused scheduler with their
+        KV (``in_place``) or back in its waiting queue without it (``retract``)."""
         self.paused_by_request = True
         self._update_gate()
-        self.abort_all()
+        if mode == "abort":
+            self.abort_all()
+            return
+        try:  # the scheduler pauses after the step it runs now, however long that is
+            reply = await self.control("pause", {"mode": mode}, timeout_s=PAUSE_TIMEOUT_S)
+        except GenerateError:
+            self.paused_by_request = False
+            self._update_gate()
+            raise
+        if not reply.ok:
+            raise GenerateError(str(reply.data.get("message")), 400, "mode")
 
-    def continue_generation(self) -> None:
+    async def continue_generation(self) -> None:
+        await self.control("continue", timeout_s=PAUSE_TIMEOUT_S)  # the scheduler runs again
         self.paused_by_request = False
         self._update_gate()
 

@@ -113,6 +113,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         num_forward_steps=s.num_forward_steps,
         num_retractions=s.num_retractions,  # cumulative: requests sent back to wait for KV
         weight_version=s.weight_version,  # update_weights_from_disk's label
+        paused=s.paused,  # /pause_generation's in_place or retract; None while running
         new_token_ratio=round(s.admission.reserve_ratio, 4),  # prefill.py: room kept for decode
         grammar=s.grammars.info(),
         prefix_cache=dict(s.stats.totals),  # cumulative; bench_serving reads it per worker

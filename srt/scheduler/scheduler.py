@@ -4,7 +4,12 @@ Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, 
 with chunked prefill it also carries every running request's decode token, see ``prefill.py``),
 otherwise a decode batch of every running request; one forward; sampling; finish checks.
 The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
-``handle`` for incoming messages and ``step`` while ``has_work()``.
+``handle`` for incoming messages and ``step`` while ``wants_step()``.
+
+Pausing (SGLang's ``/pause_generation`` modes ``in_place`` and ``retract``): no batch runs until
+``continue``; requests stay where they are (``in_place``: their KV too) or go back to the
+waiting queue with their KV released (``retract``: re-admitted on continue, their prompt and
+output so far prefilled again). Aborts are still reported while paused.
 
 Overlap scheduling (on a GPU, unless ``--disable-overlap-schedule``): a decode step of plain
 requests is launched without waiting for its tokens (``launch_decode``); the next step builds
@@ -88,6 +93,7 @@ class Scheduler:
         self.num_forward_steps = 0
         self.num_retractions = 0
         self.weight_version = "default"  # SGLang's label of the loaded weights
+        self.paused: str | None = None  # "in_place" | "retract" while paused (see above)
         self.stats = LoadStats()
         self.spec = SpeculativeStep(  # speculative decoding (a null drafter when off)
             make_drafter(cfg, r, self.cache),
@@ -211,6 +217,11 @@ class Scheduler:
             return ControlReply(msg.req_id, True, {"weight_version": self.weight_version})
         if msg.kind == "update_weights_from_disk":
             return ControlReply(msg.req_id, *self._update_weights(msg.args))
+        if msg.kind == "pause":
+            return ControlReply(msg.req_id, *self._pause(msg.args.get("mode")))
+        if msg.kind == "continue":
+            self.paused = None
+            return ControlReply(msg.req_id, True, {"paused": None})
         if msg.kind == "get_weights_by_name":
             try:
                 values = weights_by_name(
@@ -228,10 +239,38 @@ class Scheduler:
                 return ControlReply(msg.req_id, False, {"message": str(e)})
         return ControlReply(msg.req_id, False, {"message": f"unknown control kind {msg.kind!r}"})
 
+    def _pause(self, mode: Any) -> tuple[bool, dict[str, Any]]:
+        """Stops running batches (the step in flight was read back by ``handle``)."""
+        if mode not in ("in_place", "retract"):
+            return False, {"message": f"pause mode {mode!r}: send in_place or retract"}
+        if mode == "retract":
+            victims = ([self.chunked] if self.chunked is not None else []) + self.running[::-1]
+            self.chunked, self.running = None, []
+            for req in victims:  # the first running request ends up first in the queue
+                self.spec.release(req)
+                self.kv.release(req)
+                req.status = ReqStatus.WAITING
+                self.waiting.appendleft(req)
+        self.paused = mode if self.paused != "retract" else "retract"
+        return True, {"paused": self.paused, "num_requests": len(self.waiting) + len(self.running)}
+
     def _update_weights(self, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        """SGLang's update_weights_from_disk, between steps and only while idle (``busy``
-        tells the caller to let the running requests finish first)."""
-        if self.has_work():
+        """SGLang's update_weights_from_disk, between steps, while idle (``busy`` tells the
+        caller to let the running requests finish first) or paused: after a ``retract`` pause
+        no request holds KV; after an ``in_place`` one the running requests keep the KV of
+        the old weights, so the prefix cache cannot be emptied and ``flush_cache`` must be
+        false."""
+        if self.paused == "in_place" and self.has_work():
+            disk_tier = getattr(self.cache, "storage", None) is not None
+            if args.get("flush_cache", True) or disk_tier:
+                return False, {
+                    "message": "requests are paused in place and hold KV of the current "
+                    "weights, so the prefix cache cannot be emptied: send flush_cache: false "
+                    "to keep it (their KV and the cache's stay from the old weights), or pause "
+                    "with mode retract"
+                    + (" (a disk KV tier always needs retract)" if disk_tier else "")
+                }
+        elif self.has_work() and self.paused is None:
             return False, {"message": "requests are running", "busy": True}
         try:
             message = update_weights_from_disk(
@@ -249,6 +288,13 @@ class Scheduler:
         return True, {"message": message, "weight_version": self.weight_version}
 
     # ---------------------------------------------------------------- state
+    def wants_step(self) -> bool:
+        """Whether the loop should call ``step`` now: work to do, and not paused (a paused
+        scheduler still steps to report requests that ended meanwhile)."""
+        if self.paused is not None:
+            return bool(self.finished_outside_step)
+        return self.has_work()
+
     def has_work(self) -> bool:
         return bool(
             self.waiting
@@ -285,8 +331,11 @@ class Scheduler:
         touched: list[Req] = []
         if self.inflight is not None and not self._can_chain_decode():
             touched += self._resolve_inflight()
-        batch, is_prefill = self._schedule_prefill() if self.inflight is None else (None, False)
-        batch = batch or self._schedule_decode()
+        batch, is_prefill = None, False
+        if self.paused is None:
+            if self.inflight is None:
+                batch, is_prefill = self._schedule_prefill()
+            batch = batch or self._schedule_decode()
         if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
             self.num_forward_steps += 1
@@ -297,7 +346,7 @@ class Scheduler:
             self.inflight = launched
         elif batch is not None:
             touched += self._run(batch, is_prefill=is_prefill)
-        elif not self.finished_outside_step and not touched:
+        elif not self.finished_outside_step and not touched and self.paused is None:
             self.grammars.queue.wait(GRAMMAR_WAIT_S)  # only compilations are pending
         touched += self.finished_outside_step
         self.stats.end_step()

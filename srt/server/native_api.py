@@ -52,6 +52,7 @@ from radixlm.srt.server.protocol import (
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
 router = APIRouter(responses=ERROR_RESPONSES)
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
 # The most sequences (prompts x n) one request may ask for.
@@ -337,18 +338,16 @@ async def get_weights_by_name(request: Request) -> Response:
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request) -> Response:
-    """Admin route (SGLang's, ``abort`` mode): aborts every request in flight; new requests
-    wait until ``/continue_generation`` (a weight update may run meanwhile)."""
+    """Admin route (SGLang's): new requests wait until ``/continue_generation`` (a weight
+    update may run meanwhile); the ones in flight are aborted (``mode: abort``), kept with
+    their KV (``in_place``) or sent back to the waiting queue without it (``retract``)."""
     require_admin(request)
     body = await parse_body(request, PauseGenerationInput)
-    if body.mode != "abort":
+    if body.mode not in PAUSE_MODES:
         raise GenerateError(
-            f"pause mode {body.mode!r} is not supported; send 'abort' (requests in flight are "
-            "aborted, new ones wait)",
-            400,
-            "mode",
+            f"pause mode {body.mode!r} is not one of {list(PAUSE_MODES)}", 400, "mode"
         )
-    get_tm(request).pause_generation()
+    await get_tm(request).pause_generation(body.mode)
     return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 
@@ -358,7 +357,7 @@ async def continue_generation(request: Request) -> Response:
     require_admin(request)
     if (await request.body()).strip():
         await parse_body(request, ContinueGenerationInput)  # checked; nothing to apply
-    get_tm(request).continue_generation()
+    await get_tm(request).continue_generation()
     return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 

@@ -235,8 +235,7 @@ class UpdateWeightsFromDiskInput(StrictBody):
 
 
 class PauseGenerationInput(StrictBody):
-    """SGLang's ``PauseGenerationReqInput``: ``abort`` only (``retract`` and ``in_place`` keep
-    requests inside a paused scheduler, which this one does not do)."""
+    """SGLang's ``PauseGenerationReqInput``: ``abort``, ``retract`` or ``in_place``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     mode: str = "abort"

@@ -190,7 +190,8 @@ def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other
 @pytest.mark.slow  # starts a server
 def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_server):
     """/pause_generation (abort mode) aborts what runs and holds new requests; a weight update
-    runs meanwhile; /continue_generation lets the held request through, on the new weights."""
+    runs meanwhile; /continue_generation lets the held request through, on the new weights.
+    In retract mode the running request waits without KV through an update and then ends."""
     import threading
 
     import httpx
@@ -222,11 +223,33 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
     r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
     assert r.status_code == 200 and r.json()["success"], r.text
     assert waiter.is_alive()  # still held: the pause outlasts the update
-    refused = httpx.post(url + "/pause_generation", json={"mode": "in_place"})
+    refused = httpx.post(url + "/pause_generation", json={"mode": "freeze"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "mode"
     assert httpx.post(url + "/continue_generation", json={}).status_code == 200
     waiter.join(60)
     assert held["r"].json()["output_ids"] == want_other
+
+    # retract mode: the running request waits without its KV through an update, then ends
+    long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": 400}}
+    runner = threading.Thread(
+        target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
+    )
+    runner.start()
+    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+        time.sleep(0.01)
+    assert httpx.post(url + "/pause_generation", json={"mode": "retract"}).status_code == 200
+    info = httpx.get(url + "/get_server_info").json()["kv_pool"]
+    assert info["num_running"] == 0 and info["num_waiting"] == 1, info
+    assert info["paused"] == "retract"
+    assert info["available"] + info["evictable"] == info["max_total_tokens"], info
+    update = {"model_path": str(tiny_llama_dir)}
+    r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert runner.is_alive()
+    assert httpx.post(url + "/continue_generation").status_code == 200
+    runner.join(60)
+    meta = running["r"].json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 400
 
 
 def test_get_weights_by_name_reads_the_running_weights(tiny_llama_dir, other_dir):

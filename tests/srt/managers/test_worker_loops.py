@@ -51,6 +51,9 @@ class FakeScheduler:
     def has_work(self) -> bool:
         return bool(self.pending)
 
+    paused = None  # never paused: it steps whenever it has work
+    wants_step = has_work
+
     def close(self) -> None:
         self.closed = True
 
