@@ -202,13 +202,19 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
         want_other = _outputs(fresh)[0]
     body = {"text": PROMPTS[0], "sampling_params": GREEDY}
     running: dict = {}
-    long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": 1500}}
-    runner = threading.Thread(
-        target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
-    )
-    runner.start()
-    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
-        time.sleep(0.01)
+
+    def start_running(max_new_tokens: int) -> threading.Thread:
+        """A /generate of that length in a thread, returned once the scheduler runs it."""
+        long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}
+        runner = threading.Thread(
+            target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
+        )
+        runner.start()
+        while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+            time.sleep(0.01)
+        return runner
+
+    runner = start_running(1500)
     assert httpx.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
     runner.join(60)
     assert running["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
@@ -230,13 +236,7 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
     assert held["r"].json()["output_ids"] == want_other
 
     # retract mode: the running request waits without its KV through an update, then ends
-    long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": 400}}
-    runner = threading.Thread(
-        target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
-    )
-    runner.start()
-    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
-        time.sleep(0.01)
+    runner = start_running(400)
     assert httpx.post(url + "/pause_generation", json={"mode": "retract"}).status_code == 200
     info = httpx.get(url + "/get_server_info").json()["kv_pool"]
     assert info["num_running"] == 0 and info["num_waiting"] == 1, info
