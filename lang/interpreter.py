@@ -23,11 +23,13 @@ from radixlm.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Text,
     VarScopeBegin,
     VarScopeEnd,
     flatten,
 )
+from radixlm.srt.parsers.reasoning import ReasoningParser
 
 _END = object()
 
@@ -215,6 +217,8 @@ class StreamExecutor:
             self._set(expr.name, self.text[self.scopes.pop(expr.name) :])
         elif isinstance(expr, CommitPrefix):
             self.backend.cache_prefix(self._prompt())
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr)
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")
 
@@ -244,6 +248,47 @@ class StreamExecutor:
         result = self.backend.select(prompt, list(expr.choices), expr.method)
         self._append(result.decision, expr.name)
         self._set(expr.name, result.decision, {**result.meta_info, "scores": result.scores})
+
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        for name in expr.names:
+            value = self.variables.get(name)
+            if not isinstance(value, str):
+                raise ValueError(f"variable {name!r} holds no generated text to separate")
+            reasoning, content = ReasoningParser(expr.model_type, False).split(value)
+            self._set(name, content)
+            self._set(f"{name}_reasoning_content", reasoning or "")
+            start = self.text.rfind(value)
+            if not self.stream and value and start >= self.fork_start:
+                self._replace(start, len(value), content, name)
+                for message in reversed(self.messages):  # the role may have ended already
+                    at = message["content"].rfind(value)
+                    if at >= 0:
+                        text = message["content"]
+                        message["content"] = text[:at] + content + text[at + len(value) :]
+                        break
+
+    def _replace(self, start: int, length: int, new: str, var: str) -> None:
+        """The text's ``[start, start + length)`` becomes ``new``; the chunks follow suit."""
+        end = start + length
+        chunks: list[tuple[str, str | None]] = []
+        inserted = False
+        pos = self.fork_start
+        for piece, owner in self.chunks:
+            a, b = pos, pos + len(piece)
+            pos = b
+            if a < start:
+                chunks.append((piece[: min(b, start) - a], owner))
+            if b > start and not inserted:  # the first piece reaching the replaced span
+                chunks.append((new, var))
+                inserted = True
+            if b > end:
+                chunks.append((piece[max(end, a) - a :], owner))
+        if not inserted:
+            chunks.append((new, var))
+        with self._cond:
+            self.text = self.text[:start] + new + self.text[end:]
+            self.chunks = [c for c in chunks if c[0]]
+            self._cond.notify_all()
 
     def _role_begin(self, role: str) -> None:
         if self.role is not None:

@@ -121,6 +121,16 @@ class VarScopeEnd(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class SeparateReasoning(Expr):
+    """After the gens/selects ``names`` ran: each variable keeps only the text after its
+    reasoning block, the block goes to ``<name>_reasoning_content``, and so does the state's
+    text (the reasoning leaves the conversation)."""
+
+    names: tuple[str, ...]
+    model_type: str
+
+
+@dataclass(frozen=True, eq=False)
 class CommitPrefix(Expr):
     """Send the text so far as a prefill-only request, so that what follows hits the cache."""
 

@@ -12,7 +12,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlm.lang.choices import ChoicesMethod, resolve_method, token_length_normalized
-from radixlm.lang.ir import ROLES, Concat, Expr, Gen, GenParams, RoleBegin, RoleEnd, Select, to_expr
+from radixlm.lang.ir import (
+    ROLES,
+    Concat,
+    Expr,
+    Gen,
+    GenParams,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    flatten,
+    to_expr,
+)
+from radixlm.srt.parsers.reasoning import REASONING_PARSERS
 
 INT_REGEX = r"-?[0-9]+"
 FLOAT_REGEX = r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?"
@@ -250,3 +263,23 @@ def assistant_begin() -> RoleBegin:
 
 def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    """SGLang's ``separate_reasoning``: runs ``expr`` (gens or selects, possibly in a list),
+    then moves each one's ``<think>`` block out: the variable keeps the answer, the block goes
+    to ``<name>_reasoning_content`` and leaves the state's text, so later turns do not carry
+    it. ``model_type``: a reasoning parser (``qwen3``, ``deepseek-r1``: its outputs start
+    inside the block). Streamed states split the variables and leave the streamed text."""
+    if model_type not in REASONING_PARSERS:
+        raise ValueError(
+            f"separate_reasoning(): model_type must be one of {list(REASONING_PARSERS)}, "
+            f"got {model_type!r}"
+        )
+    if expr is None:
+        return Concat(())
+    expr = to_expr(expr)
+    names = tuple(e.name for e in flatten(expr) if isinstance(e, (Gen, Select)) and e.name)
+    if not names:
+        raise ValueError("separate_reasoning(): expr must hold a named gen or select")
+    return Concat((expr, SeparateReasoning(names, model_type)))

@@ -381,3 +381,75 @@ def test_sglang_run_batch_forms_copy_and_async_text_iter(backend) -> None:
 
     pieces, state = asyncio.run(collect())
     assert "".join(pieces) == state.text()
+
+
+class ThinkingBackend(ScriptedBackend):
+    """Answers a reasoning block, then the scripted answer."""
+
+    def __init__(self, opened_by_template: bool = False) -> None:
+        super().__init__()
+        self.opened_by_template = opened_by_template
+
+    def generate(self, prompt: Prompt, params: GenParams) -> tuple[str, dict]:
+        answer, meta = super().generate(prompt, params)
+        block = "mull it over\n</think>\n\n"
+        return (block if self.opened_by_template else "<think>\n" + block) + answer, meta
+
+
+def test_separate_reasoning_moves_the_block_out_of_variables_text_and_history():
+    backend = ThinkingBackend()
+
+    @rl.function
+    def prog(s):
+        s += rl.user("Q1?")
+        s += rl.assistant("A: " + rl.separate_reasoning(rl.gen("a"), model_type="qwen3"))
+        s += rl.user("Q2?")
+        s += rl.assistant(rl.gen("b"))
+
+    state = prog.run(backend=backend)
+    assert state["a"].startswith("<") and "think" not in state["a"]
+    assert state["a_reasoning_content"] == "mull it over"
+    assert state.text().count("mull") == 1 and "A: " + state["a"] in state.text()  # b's only
+    assert state.messages()[1] == {"role": "assistant", "content": "A: " + state["a"]}
+    second_prompt = backend.calls[1][1]
+    assert "mull" not in second_prompt and "A: " + state["a"] in second_prompt
+    assert "mull" in state["b"]  # not separated
+    assert state._ex.check_integrity()
+
+
+def test_separate_reasoning_after_the_role_and_for_deepseek_r1():
+    backend = ThinkingBackend(opened_by_template=True)
+
+    @rl.function
+    def prog(s):
+        s += rl.user("Q?")
+        s += rl.separate_reasoning(
+            rl.assistant(rl.gen("a")) + rl.assistant(rl.gen("b")), model_type="deepseek-r1"
+        )
+
+    state = prog.run(backend=backend)
+    assert state["a_reasoning_content"] == state["b_reasoning_content"] == "mull it over"
+    assert "mull" not in state.text() and "mull" not in str(state.messages())
+    assert state._ex.check_integrity()
+
+
+def test_separate_reasoning_streamed_splits_the_variables_only():
+    backend = ThinkingBackend()
+    prog = rl.function(
+        lambda s: s.__iadd__(
+            rl.user("Q?") + rl.assistant(rl.separate_reasoning(rl.gen("a"), model_type="qwen3"))
+        )
+    )
+    state = prog.run(backend=backend, stream=True)
+    pieces = "".join(state.text_iter("a"))
+    assert "mull" in pieces and "mull" in state.text()  # what was streamed stays streamed
+    assert state["a_reasoning_content"] == "mull it over" and "mull" not in state["a"]
+
+
+def test_separate_reasoning_refusals():
+    with pytest.raises(ValueError, match="model_type must be one of"):
+        rl.separate_reasoning(rl.gen("a"), model_type="glm45")
+    with pytest.raises(ValueError, match="model_type must be one of"):
+        rl.separate_reasoning(rl.gen("a"))
+    with pytest.raises(ValueError, match="named gen or select"):
+        rl.separate_reasoning(rl.gen(), model_type="qwen3")
