@@ -241,6 +241,8 @@ def _open_call(request: Request, model: str | None) -> tuple[TokenizerManager, s
     openapi_extra=json_body(ChatCompletionRequest),
     responses=STREAM_RESPONSE,
 )
+# SageMaker's inference route (SGLang serves chat completions there too)
+@router.post("/invocations", include_in_schema=False)
 async def chat_completions(request: Request) -> Response:
     body = await parse_body(
         request,

@@ -1,4 +1,4 @@
-"""SGLang's /parse_function_call and /separate_reasoning over the real HTTP process (fake_stack's
+"""SGLang's /parse_function_call, /separate_reasoning and /invocations over the real HTTP process (fake_stack's
 worker: nothing is generated), and the chat route dropping calls of tools it was not offered,
 streamed and not. Fast: no model runs."""
 
@@ -121,3 +121,23 @@ def test_chat_drops_calls_of_tools_not_offered(stack: FakeStack, client: openai.
     only_unknown = reply_with(stack, hermes_call("rm_rf", {}))
     choice = client.chat.completions.create(**kwargs, extra_body=only_unknown).choices[0]
     assert choice.message.tool_calls is None and choice.finish_reason == "stop"
+
+
+def test_invocations_is_chat_completions(stack: FakeStack) -> None:
+    """SageMaker's /invocations answers as /v1/chat/completions (SGLang's alias)."""
+    body = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "temperature": 0,
+    }
+    r = post(stack, "/invocations", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "chat.completion" and out["usage"]["completion_tokens"] == 5
+    assert (
+        out["choices"][0]["message"]["content"]
+        == post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    )
+    bad = post(stack, "/invocations", {"messages": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
