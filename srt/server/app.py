@@ -16,7 +16,14 @@ from fastapi.responses import PlainTextResponse, Response
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.model_info import served_model_name
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server import info_api, native_api, openai_api, openai_responses, parse_api
+from radixlm.srt.server import (
+    anthropic_api,
+    info_api,
+    native_api,
+    openai_api,
+    openai_responses,
+    parse_api,
+)
 from radixlm.srt.server.errors import error_response, install_error_handlers
 from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixlm.srt.server.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
@@ -85,6 +92,7 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(openai_responses.router)
     app.include_router(parse_api.router)
+    app.include_router(anthropic_api.router)
     # HEAD too: load balancers probe with it
     # (HEAD kept out of the OpenAPI schema: one operation id per route)
     for path in ("/health", "/ready", "/ping"):  # SGLang's readiness and SageMaker's routes

@@ -169,15 +169,32 @@ async def parse_body(
         raise GenerateError(message, 400, param) from None
 
 
+ANTHROPIC_PATHS = "/v1/messages"  # Anthropic's clients read {"type": "error", "error": {...}}
+
+
+def _answer(
+    request: Request,
+    message: str,
+    status_code: int,
+    param: str | None = None,
+    code: str | int | None = None,
+) -> JSONResponse:
+    """The OpenAI error shape; on Anthropic's routes with its ``"type": "error"`` beside."""
+    body = error_body(message, status_code, param, code)
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        body = {"type": "error", **body}
+    return JSONResponse(body, status_code=status_code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(exc)
-        return error_response(message, 400, param)
+        return _answer(request, message, 400, param)
 
     @app.exception_handler(GenerateError)
-    async def _generate(_: Request, exc: GenerateError) -> JSONResponse:
-        return error_response(exc.message, exc.status_code, exc.param, exc.code)
+    async def _generate(request: Request, exc: GenerateError) -> JSONResponse:
+        return _answer(request, exc.message, exc.status_code, exc.param, exc.code)
 
     @app.exception_handler(ClientDisconnect)
     async def _body_cut(_: Request, exc: ClientDisconnect) -> Response:
@@ -190,8 +207,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _answer(request, str(exc.detail), exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

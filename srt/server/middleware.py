@@ -1,6 +1,7 @@
 """ASGI middleware and checks in front of the routes: API keys, the admin key, body size.
 
-Keys (``Authorization: Bearer <key>``, constant-time comparison, never logged):
+Keys (``Authorization: Bearer <key>``, or ``x-api-key: <key>`` as Anthropic's clients send;
+constant-time comparison, never logged):
 - ``--api-key`` guards every route except OPEN_PATHS;
 - ``--admin-api-key`` guards the admin routes (``/flush_cache``, ``abort_all``); it is accepted
   on the other routes too. Without it, the API key (when set) guards the admin routes as well.
@@ -23,9 +24,14 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/metrics"})
 
 
 def bearer_token(headers: Any) -> bytes:
-    auth = headers.get(b"authorization", b"") if isinstance(headers, dict) else b""
-    scheme, _, token = auth.partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else b""
+    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key: <key>`` (what
+    Anthropic's clients send)."""
+    if not isinstance(headers, dict):
+        return b""
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() == b"bearer":
+        return token.strip()
+    return headers.get(b"x-api-key", b"").strip()
 
 
 def _matches(token: bytes, key: str | None) -> bool:

@@ -178,3 +178,43 @@ def test_tool_loop_on_the_hermes_template(client: openai.OpenAI) -> None:
     # the call and its result are in the prompt: the call's JSON and the result's text
     extra = len(call.function.arguments) // 4 + 4
     assert second.usage.prompt_tokens > alone.usage.prompt_tokens + extra
+
+
+def test_anthropic_client_gets_tool_use_blocks(server: ServerProcess) -> None:
+    """Anthropic's Messages API on the same server: ``any`` forces a call, its ``input`` fits
+    the tool's schema, streamed and not; the answer to it goes back as a tool_result."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    kwargs = dict(
+        model=MODEL,
+        max_tokens=60,
+        messages=ASK,
+        tools=tools,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body={"temperature": 0},
+    )
+    msg = claude.messages.create(**kwargs)
+    (call,) = [b for b in msg.content if b.type == "tool_use"]
+    jsonschema.validate(call.input, SCHEMAS[call.name])
+    assert msg.stop_reason == "tool_use"
+    with claude.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [b.input for b in final.content if b.type == "tool_use"] == [call.input]
+    follow = claude.messages.create(
+        model=MODEL,
+        max_tokens=8,
+        tools=tools,
+        messages=ASK
+        + [
+            {"role": "assistant", "content": [call.model_dump()]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}],
+            },
+        ],  # fmt: skip
+    )
+    assert follow.usage.output_tokens > 0
