@@ -569,3 +569,14 @@ def test_long_token_id_prompt_is_refused_before_validation(stack: FakeStack) -> 
         t0 = time.monotonic()
         err = error_of(post(stack, path, body), 400)
         assert time.monotonic() - t0 < 1.5 and "context" in err["message"], err
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(keyed: FakeStack) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+    url = keyed.url + "/v1/messages/count_tokens"
+    assert httpx.post(url, json=body, headers={"x-api-key": USER}).status_code == 200
+    denied = httpx.post(url, json=body, headers={"x-api-key": "wrong"})
+    assert denied.status_code == 401
+    assert httpx.post(url, json=body).status_code == 401
+    admin = httpx.post(keyed.url + "/flush_cache", headers={"x-api-key": ADMIN})
+    assert admin.status_code == 200
