@@ -29,7 +29,12 @@ from radixlm.srt.server.anthropic_input import CountTokensRequest, MessagesReque
 from radixlm.srt.server.errors import parse_body
 from radixlm.srt.server.native_api import get_tm, json_response
 from radixlm.srt.server.openai_api import started_updates
-from radixlm.srt.server.openai_convert import chat_plan, check_model, finish_reason
+from radixlm.srt.server.openai_convert import (
+    chat_plan,
+    check_model,
+    finish_reason,
+    name_grammar_error,
+)
 from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.streaming import ClosingStreamingResponse
@@ -74,26 +79,34 @@ def _stop(out: dict[str, Any], req: MessagesRequest, has_calls: bool) -> tuple[s
     return "end_turn", None
 
 
+RENAMES = {"response_format": "output_config.format"}  # the chat field -> the Messages one
+
+
 async def _plan(request: Request, req: CountTokensRequest):
     state = request.app.state
     check_model(req.model, state.accepted_model_names, state.served_model_name)
     tm = get_tm(request)
-    return tm, await chat_plan(chat_request(req), tm)
+    chat = chat_request(req)
+    return tm, chat, await chat_plan(chat, tm)
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest), responses=STREAM_RESPONSE)
 async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest)
-    tm, plan = await _plan(request, req)
+    tm, chat, plan = await _plan(request, req)
     prepared = await tm.prepare_all(plan.inputs)
     group = tm.open(prepared, request)
     message_id = f"msg_{uuid.uuid4().hex}"
-    if req.stream:
-        updates = await started_updates(group)
-        stream = MessageStream(req, plan.parsing, message_id)
-        return ClosingStreamingResponse(stream.events(group, updates), group.close)
-    with group:
-        (out,) = await group.collect()
+    try:  # a grammar that does not compile: a 400 naming the field that asked for it
+        if req.stream:
+            updates = await started_updates(group)
+            stream = MessageStream(req, plan.parsing, message_id)
+            return ClosingStreamingResponse(stream.events(group, updates), group.close)
+        with group:
+            (out,) = await group.collect()
+    except GenerateError as e:
+        name_grammar_error(e, chat, RENAMES)
+        raise
     message, has_calls = chat_message(plan.parsing, out["text"])
     blocks: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -131,7 +144,7 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as the Messages route would send it (template, tools, system)."""
     req = await parse_body(request, CountTokensRequest)
-    tm, plan = await _plan(request, req)
+    tm, _, plan = await _plan(request, req)
     (prepared,) = await tm.prepare_all(plan.inputs)
     return json_response({"input_tokens": len(prepared.msg.input_ids)})
 

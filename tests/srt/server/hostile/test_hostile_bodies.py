@@ -293,7 +293,9 @@ def test_api_key_on_every_route(keyed: LiveServer) -> None:
         {"Authorization": f"Basic {API_KEY}"},
         {"Authorization": f"Bearer {API_KEY}x"},
         {"Authorization": f"Bearer {API_KEY[:-1]}"},
-        {"X-API-Key": API_KEY},
+        {"X-API-Key": f"{API_KEY}x"},  # Anthropic's clients send the key here: checked too
+        {"X-API-Key": ""},
+        {"Authorization": "Bearer wrong", "X-API-Key": API_KEY},  # the bearer key counts
     ]
     failures = Failures()
     for method, path in routes:
