@@ -153,7 +153,16 @@ async def parse_body(
     content type, 413 (from the body-size middleware) for a body over the limit, 400 for
     malformed JSON or wrong fields."""
     check_json_content_type(request)
-    data = json_object(await request.body())
+    return validate_data(json_object(await request.body()), model, unsupported, precheck)
+
+
+def validate_data(
+    data: dict[str, Any],
+    model: type[BaseModel],
+    unsupported: dict[str, tuple[Any, ...]] | None = None,
+    precheck: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    """``parse_body``'s checks of a JSON object already read (a body built from another)."""
     reject_unsupported(data, unsupported or {})
     data = _nulls_as_defaults(data, model)
     if precheck is not None:

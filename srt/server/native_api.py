@@ -5,6 +5,7 @@ routers are in info_api.py."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from radixlm.srt.server.errors import (
     json_object,
     parse_body,
     sse_error,
+    validate_data,
 )
 from radixlm.srt.server.middleware import require_admin
 from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
@@ -232,6 +234,46 @@ async def generate(request: Request) -> Response:
     body = await parse_body(
         request, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))
     )
+    return await _generate(request, body)
+
+
+# Vertex AI's prediction route (its AIP_PREDICT_ROUTE, SGLang's default otherwise)
+VERTEX_ROUTE = os.environ.get("AIP_PREDICT_ROUTE") or "/vertex_generate"
+VERTEX_INPUTS = ("text", "input_ids")
+
+
+@router.post(VERTEX_ROUTE, include_in_schema=False)
+async def vertex_generate(request: Request) -> Response:
+    """Vertex AI's ``{"instances": [...], "parameters": {...}}``: the first instance's input
+    field (``text`` or ``input_ids``) taken from every instance makes a /generate batch, the
+    parameters its other fields; the answer is ``{"predictions": [...]}``."""
+    check_json_content_type(request)
+    data = json_object(await request.body())
+    unknown = sorted(set(data) - {"instances", "parameters"})
+    if unknown:
+        raise GenerateError(f"{unknown[0]} is not a field of a prediction request", 400, unknown[0])
+    instances, parameters = data.get("instances"), data.get("parameters") or {}
+    if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
+        raise GenerateError("instances must be a list of objects", 400, "instances")
+    if not isinstance(parameters, dict) or set(parameters) & {*VERTEX_INPUTS, "stream"}:
+        raise GenerateError(
+            "parameters must be an object of /generate fields other than the input and stream",
+            400,
+            "parameters",
+        )
+    if not instances:
+        return json_response({"predictions": []})
+    key = next((k for k in VERTEX_INPUTS if instances[0].get(k) is not None), None)
+    if key is None:
+        raise GenerateError("instances[0] has no text or input_ids", 400, "instances")
+    fields = {key: [inst.get(key) for inst in instances], **parameters}
+    body = validate_data(
+        fields, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))
+    )
+    return json_response({"predictions": orjson.loads((await _generate(request, body)).body)})
+
+
+async def _generate(request: Request, body: GenerateReqInput) -> Response:
     body.check()
     check_model_name(request, body.model)
     tm = get_tm(request)

@@ -1,4 +1,4 @@
-"""SGLang's /parse_function_call, /separate_reasoning and /invocations over the real HTTP
+"""SGLang's /parse_function_call, /separate_reasoning, /invocations and the Vertex route over the real HTTP
 process (fake_stack's worker: nothing is generated), and the chat route dropping calls of tools
 it was not offered, streamed and not. Fast: no model runs."""
 
@@ -141,3 +141,29 @@ def test_invocations_is_chat_completions(stack: FakeStack) -> None:
     )
     bad = post(stack, "/invocations", {"messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_vertex_prediction_route(stack: FakeStack) -> None:
+    """Vertex AI's instances/parameters body runs as a /generate batch (SGLang's route)."""
+    body = {
+        "instances": [{"text": "a"}, {"text": "b b"}],
+        "parameters": {"sampling_params": {"max_new_tokens": 3}},
+    }
+    r = post(stack, "/vertex_generate", body)
+    assert r.status_code == 200, r.text
+    predictions = r.json()["predictions"]
+    assert [p["meta_info"]["completion_tokens"] for p in predictions] == [3, 3]
+    ids = post(stack, "/vertex_generate", {"instances": [{"input_ids": [5, 6]}]})
+    assert len(ids.json()["predictions"]) == 1
+    assert post(stack, "/vertex_generate", {"instances": []}).json() == {"predictions": []}
+    for bad, param in [
+        ({"instances": "a"}, "instances"),
+        ({"instances": [{"image": "x"}]}, "instances"),
+        ({"instances": [{"text": "a"}], "parameters": {"stream": True}}, "parameters"),
+        ({"instances": [{"text": "a"}], "deployed_model": "x"}, "deployed_model"),
+        ({"instances": [{"text": "a"}], "parameters": {"sampling_params": {"bogus": 1}}}, None),
+    ]:
+        r = post(stack, "/vertex_generate", bad)
+        assert r.status_code == 400, (bad, r.text)
+        if param:
+            assert r.json()["error"]["param"] == param
