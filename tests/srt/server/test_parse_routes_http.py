@@ -1,6 +1,6 @@
-"""SGLang's /parse_function_call, /separate_reasoning, /invocations and the Vertex route over the real HTTP
-process (fake_stack's worker: nothing is generated), and the chat route dropping calls of tools
-it was not offered, streamed and not. Fast: no model runs."""
+"""SGLang's /parse_function_call, /separate_reasoning, /invocations and the Vertex route over
+the real HTTP process (fake_stack's worker: nothing is generated), and the chat route dropping
+calls of tools it was not offered, streamed and not. Fast: no model runs."""
 
 from __future__ import annotations
 
