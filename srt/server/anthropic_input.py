@@ -119,11 +119,11 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise _bad(f"{where} needs a string id and name", where)
     if not isinstance(args, dict):
         raise _bad(f"{where}.input must be an object", f"{where}.input")
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args)},
-    }
+    try:
+        arguments = json.dumps(args)
+    except (RecursionError, ValueError) as e:  # nested past what the encoder takes
+        raise _bad(f"{where}.input cannot be read: {e}", f"{where}.input") from None
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _message(msg: Any, where: str) -> list[dict[str, Any]]:

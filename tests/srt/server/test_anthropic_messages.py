@@ -185,3 +185,44 @@ def test_refusals_in_anthropic_envelope(stack: FakeStack, body: dict, param: str
 def test_sdk_raises_bad_request(claude) -> None:
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.messages.create(model=MODEL, max_tokens=0, messages=ASK)
+
+
+def test_hostile_history_is_a_400(stack: FakeStack) -> None:
+    """A tool_use input nested past the JSON encoder's depth, a tool_result without its id,
+    thousands of blocks: 400s or answers, never a 500; the server stays idle afterwards."""
+    deep = '{"a":' * 1000 + "1" + "}" * 1000  # the client's own json module cannot write it
+    call = '{"type": "tool_use", "id": "t", "name": "f", "input": ' + deep + "}"
+    turns = [
+        '{"role": "assistant", "content": [' + call + "]}",
+        json.dumps({"role": "user", "content": [{"type": "tool_result", "content": "x"}]}),
+    ]
+    for turn in turns:
+        head = json.dumps({"model": MODEL, "max_tokens": 4})[:-1]
+        body = head + ', "messages": [' + json.dumps(ASK[0]) + ", " + turn + "]}"
+        r = httpx.post(
+            stack.url + "/v1/messages",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert r.status_code == 400, r.text
+    schema = '{"type": "object", "properties": {"a": ' + deep + "}}"
+    for extra in (
+        '"tools": [{"name": "f", "input_schema": ' + schema + "}]",
+        '"output_config": {"format": {"type": "json_schema", "schema": ' + schema + "}}",
+    ):
+        body = json.dumps({"model": MODEL, "max_tokens": 4, "messages": ASK})[:-1]
+        r = httpx.post(
+            stack.url + "/v1/messages",
+            content=body + ", " + extra + "}",
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert r.status_code == 400, r.text
+    many = [{"type": "text", "text": "a"}] * 5000
+    r = httpx.post(
+        stack.url + "/v1/messages",
+        json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": many}]},
+        timeout=30,
+    )
+    assert r.status_code in (200, 400), r.text
