@@ -266,6 +266,14 @@ async def vertex_generate(request: Request) -> Response:
     key = next((k for k in VERTEX_INPUTS if instances[0].get(k) is not None), None)
     if key is None:
         raise GenerateError("instances[0] has no text or input_ids", 400, "instances")
+    for i, inst in enumerate(instances):
+        other = sorted(set(inst) - {key})
+        if other:
+            raise GenerateError(
+                f"instances[{i}].{other[0]}: every instance holds only {key!r}, as the first",
+                400,
+                f"instances[{i}].{other[0]}",
+            )
     fields = {key: [inst.get(key) for inst in instances], **parameters}
     body = validate_data(
         fields, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))

@@ -161,6 +161,10 @@ def test_vertex_prediction_route(stack: FakeStack) -> None:
         ({"instances": [{"image": "x"}]}, "instances"),
         ({"instances": [{"text": "a"}], "parameters": {"stream": True}}, "parameters"),
         ({"instances": [{"text": "a"}], "deployed_model": "x"}, "deployed_model"),
+        (
+            {"instances": [{"text": "a"}, {"text": "b", "image_data": "x"}]},
+            "instances[1].image_data",
+        ),
         ({"instances": [{"text": "a"}], "parameters": {"sampling_params": {"bogus": 1}}}, None),
     ]:
         r = post(stack, "/vertex_generate", bad)
