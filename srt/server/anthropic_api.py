@@ -80,6 +80,12 @@ def _stop(out: dict[str, Any], req: MessagesRequest, has_calls: bool) -> tuple[s
 
 
 RENAMES = {"response_format": "output_config.format"}  # the chat field -> the Messages one
+FIELD_NAMES = (
+    (".function.parameters", ".input_schema"),
+    (".function.name", ".name"),
+    ("response_format", "output_config.format"),
+    ("reasoning_effort", "output_config.effort"),
+)
 
 
 async def _plan(request: Request, req: CountTokensRequest):
@@ -87,7 +93,14 @@ async def _plan(request: Request, req: CountTokensRequest):
     check_model(req.model, state.accepted_model_names, state.served_model_name)
     tm = get_tm(request)
     chat = chat_request(req)
-    return tm, chat, await chat_plan(chat, tm)
+    try:
+        return tm, chat, await chat_plan(chat, tm)
+    except GenerateError as e:  # the chat form's field names, told as the request's
+        for chat_name, name in FIELD_NAMES:
+            if e.param and chat_name in e.param:
+                e.param = e.param.replace(chat_name, name)
+                e.message = e.message.replace(chat_name, name)
+        raise
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest), responses=STREAM_RESPONSE)

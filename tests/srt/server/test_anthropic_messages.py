@@ -172,6 +172,10 @@ def test_count_tokens(stack: FakeStack, claude) -> None:
          "thinking.budget_tokens"),
         ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "maybe"}}, "tool_choice.type"),
         ({"max_tokens": 0, "messages": ASK}, "max_tokens"),
+        ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "a b", "input_schema": {}}]},
+         "tools[0].name"),
+        ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "f", "input_schema":
+          {"type": "array"}}]}, "tools[0].input_schema"),
     ],
 )  # fmt: skip
 def test_refusals_in_anthropic_envelope(stack: FakeStack, body: dict, param: str) -> None:
@@ -179,7 +183,7 @@ def test_refusals_in_anthropic_envelope(stack: FakeStack, body: dict, param: str
     assert r.status_code == 400, r.text
     out = r.json()
     assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
-    assert param in (out["error"]["param"] or "") or param in out["error"]["message"]
+    assert out["error"]["param"] == param, out
 
 
 def test_sdk_raises_bad_request(claude) -> None:
