@@ -67,8 +67,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 4
-CONTROL_TIMEOUT_S = 5.0
-PAUSE_TIMEOUT_S = 120.0  # a pause waits for the step running now  # how long a query or action waits for the scheduler by default
+CONTROL_TIMEOUT_S = 5.0  # how long a query or action waits for the scheduler by default
+PAUSE_TIMEOUT_S = 120.0  # a pause waits for the step running now
 READ_ONLY = ("server_info", "load")  # queries answered from the last reply when a step is long
 WEIGHT_LOAD_TIMEOUT_S = 600.0  # reading an 8B checkpoint from a slow disk
 DRAIN_TIMEOUT_S = 300.0  # longest wait for the requests in flight before a weight update
