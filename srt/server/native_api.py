@@ -255,7 +255,8 @@ async def vertex_generate(request: Request) -> Response:
     instances, parameters = data.get("instances"), data.get("parameters") or {}
     if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
         raise GenerateError("instances must be a list of objects", 400, "instances")
-    if not isinstance(parameters, dict) or set(parameters) & {*VERTEX_INPUTS, "stream"}:
+    streamed = isinstance(parameters, dict) and parameters.get("stream") not in (None, False)
+    if not isinstance(parameters, dict) or set(parameters) & set(VERTEX_INPUTS) or streamed:
         raise GenerateError(
             "parameters must be an object of /generate fields other than the input and stream",
             400,
