@@ -9,8 +9,10 @@ same plan, tool-call and reasoning parsers; the reply is a Messages ``message``:
 sequence: ``message_start``, per block ``content_block_start`` / ``content_block_delta``
 (``thinking_delta``, ``text_delta``, ``input_json_delta``) / ``content_block_stop``, then
 ``message_delta`` (stop reason, output tokens) and ``message_stop``; an error after the
-stream started is an ``error`` event. Errors on these routes carry Anthropic's
-``{"type": "error", "error": {...}}`` envelope (the OpenAI fields are inside too).
+stream started is an ``error`` event. ``max_tokens`` (required, and a cap: clients send their
+model's output limit) past what the context leaves means "up to the context". Errors on these
+routes carry Anthropic's ``{"type": "error", "error": {...}}`` envelope (the OpenAI fields are
+inside too).
 """
 
 from __future__ import annotations
@@ -107,7 +109,16 @@ async def _plan(request: Request, req: CountTokensRequest):
 async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest)
     tm, chat, plan = await _plan(request, req)
-    prepared = await tm.prepare_all(plan.inputs)
+    try:
+        prepared = await tm.prepare_all(plan.inputs)
+    except GenerateError as e:
+        if e.param != "max_new_tokens" or "context length" not in e.message:
+            raise
+        # Anthropic's max_tokens is required and a cap: clients send their model's output
+        # limit (16K, 32K); here it means "up to the context" once it passes what is left
+        for inp in plan.inputs:
+            inp.sampling_params = {**(inp.sampling_params or {}), "max_new_tokens": None}
+        prepared = await tm.prepare_all(plan.inputs)
     group = tm.open(prepared, request)
     message_id = f"msg_{uuid.uuid4().hex}"
     try:  # a grammar that does not compile: a 400 naming the field that asked for it

@@ -230,3 +230,12 @@ def test_hostile_history_is_a_400(stack: FakeStack) -> None:
         timeout=30,
     )
     assert r.status_code in (200, 400), r.text
+
+
+def test_max_tokens_past_the_context_is_a_cap(stack: FakeStack, claude) -> None:
+    """Clients send their model's output limit as max_tokens (pydantic-ai: 16,384); past what
+    the context leaves it means "up to the context", not a 400."""
+    msg = claude.messages.create(model=MODEL, max_tokens=32000, messages=ASK, timeout=60)
+    assert msg.stop_reason == "max_tokens"
+    total = msg.usage.input_tokens + msg.usage.cache_read_input_tokens + msg.usage.output_tokens
+    assert total == 256  # the fake stack's context length

@@ -187,3 +187,19 @@ def test_tool_loop_ends_with_text(model, transport) -> None:
     # get_weather is the only tool sent, so forcing it by name goes out as "required".
     assert_weather_called(calls, transport.bodies, "required")
     assert transport.bodies[-1]["tool_choice"] == "none"
+
+
+# ---------------------------------------------------------------------- Anthropic's API
+def test_structured_output_over_anthropic_messages(server: ServerProcess) -> None:
+    """pydantic-ai's AnthropicModel on /v1/messages: the output tool comes back as a tool_use
+    block whose input validates as the output type (its default max_tokens, far past this
+    model's context, reads as "up to the context")."""
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    served = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    model = AnthropicModel(served, provider=AnthropicProvider(base_url=server.url, api_key="x"))
+    settings = ModelSettings(temperature=0, max_retries=0)  # greedy: one reply, no retry
+    agent = make_agent(model, output_type=City, model_settings=settings)
+    result = agent.run_sync("Name the capital of France and its country.", usage_limits=LIMITS)
+    assert isinstance(result.output, City) and result.output.name and result.output.country
