@@ -14,7 +14,7 @@ parsers as ``/v1/chat/completions``.
 - ``thinking`` ``enabled`` / ``adaptive`` / ``disabled`` set the template's ``enable_thinking``
   (``budget_tokens`` is checked as Anthropic does but caps nothing: ``max_tokens`` does);
   ``output_config.effort`` is the chat route's ``reasoning_effort``, ``output_config.format``
-  (``json_schema``) its ``response_format``.
+  (``json_schema``; ``output_format``, the beta's name for it) its ``response_format``.
 - ``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` as sampling (the
   newest clients send the last three only through ``extra_body``); ``metadata``, ``betas``,
   ``service_tier``, ``cache_control``, ``inference_geo``, ``user_profile_id``,
@@ -54,7 +54,13 @@ class CountTokensRequest(StrictBody):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's name of format
     betas: list[str] | None = None
+    # hints of Anthropic's own service: prompt caching (every prefix is cached here anyway),
+    # on whose behalf
+    cache_control: dict[str, Any] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
 
 class MessagesRequest(CountTokensRequest, SGLangSamplingExtras):
@@ -69,12 +75,7 @@ class MessagesRequest(CountTokensRequest, SGLangSamplingExtras):
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
-    # hints of Anthropic's own service: prompt caching (every prefix is cached here anyway),
-    # where to run, on whose behalf
-    cache_control: dict[str, Any] | None = None
-    inference_geo: str | None = None
-    user_profile_id: str | None = None
-    workspace_id: str | None = None
+    inference_geo: str | None = None  # where Anthropic would run it: a hint
 
 
 def _bad(message: str, param: str) -> GenerateError:
@@ -236,24 +237,30 @@ def _thinking(thinking: dict[str, Any] | None) -> bool | None:
     return kind != "disabled"
 
 
-def _output_config(config: dict[str, Any] | None) -> tuple[str | None, dict | None]:
-    """(reasoning_effort, response_format)."""
-    if config is None:
-        return None, None
+def _format(fmt: Any, where: str) -> dict | None:
+    """A ``{"type": "json_schema", "schema": ...}`` format as the chat route's response_format."""
+    if fmt is None:
+        return None
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or set(fmt) - {"type", "schema"}
+    ):
+        raise _bad(f"{where} must be {{'type': 'json_schema', 'schema': {{...}}}}", where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+
+
+def _output_config(req: CountTokensRequest) -> tuple[str | None, dict | None]:
+    """(reasoning_effort, response_format) from ``output_config`` and ``output_format``."""
+    config = req.output_config or {}
     unknown = set(config) - {"effort", "format", "task_budget"}
     if unknown:
         raise _bad(f"output_config has unknown fields {sorted(unknown)}", "output_config")
-    fmt = config.get("format")
-    response_format = None
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-            raise _bad("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
-                       "output_config.format")  # fmt: skip
-        schema = fmt.get("schema")
-        response_format = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": schema},
-        }
+    if config.get("format") is not None and req.output_format is not None:
+        raise _bad("send output_config.format or output_format, not both", "output_format")
+    response_format = _format(config.get("format"), "output_config.format") or _format(
+        req.output_format, "output_format"
+    )
     return config.get("effort"), response_format
 
 
@@ -267,7 +274,7 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     for i, msg in enumerate(req.messages):
         messages += _message(msg, f"messages[{i}]")
     choice, parallel = _tool_choice(req.tool_choice)
-    effort, response_format = _output_config(req.output_config)
+    effort, response_format = _output_config(req)
     thinking = _thinking(req.thinking)
     body: dict[str, Any] = {
         "model": req.model,

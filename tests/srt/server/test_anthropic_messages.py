@@ -239,3 +239,26 @@ def test_max_tokens_past_the_context_is_a_cap(stack: FakeStack, claude) -> None:
     assert msg.stop_reason == "max_tokens"
     total = msg.usage.input_tokens + msg.usage.cache_read_input_tokens + msg.usage.output_tokens
     assert total == 256  # the fake stack's context length
+
+
+def test_output_format_constrains_the_reply(stack: FakeStack) -> None:
+    """output_config.format (and the beta's output_format) become a JSON-schema grammar."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "schema": schema}
+    for extra in ({"output_config": {"format": fmt, "effort": "high"}}, {"output_format": fmt}):
+        body = {"model": MODEL, "max_tokens": 5, "messages": ASK, **extra}
+        r = httpx.post(stack.url + "/v1/messages", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        params = last_params(stack)  # (the reasoning parser wraps the schema in a grammar)
+        grammar = next(params[k] for k in ("json_schema", "ebnf", "structural_tag") if params[k])
+        assert "integer" in grammar
+    both = {"model": MODEL, "max_tokens": 5, "messages": ASK, "output_format": fmt}
+    both["output_config"] = {"format": fmt}
+    r = httpx.post(stack.url + "/v1/messages", json=both, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "output_format"
+    counted = httpx.post(
+        stack.url + "/v1/messages/count_tokens",
+        json={"model": MODEL, "messages": ASK, "cache_control": {"type": "ephemeral"}},
+        timeout=30,
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
