@@ -180,13 +180,13 @@ def test_plain_requests_flow_while_a_grammar_compiles(tiny_llama_dir, monkeypatc
 
     def gated_cache(config, vocab):
         cache = real_create(config, vocab)
-        compile_now = cache.backend.compile
+        compile_now = cache.backend.compile_controlled  # what the cache's workers call
 
-        def compile_when_released(spec):
+        def compile_when_released(spec, control):
             assert release.wait(60)
-            return compile_now(spec)
+            return compile_now(spec, control)
 
-        cache.backend.compile = compile_when_released
+        cache.backend.compile_controlled = compile_when_released
         return cache
 
     monkeypatch.setattr(grammar_queue_module, "create_compile_cache", gated_cache)
