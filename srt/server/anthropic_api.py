@@ -81,13 +81,22 @@ def _stop(out: dict[str, Any], req: MessagesRequest, has_calls: bool) -> tuple[s
     return "end_turn", None
 
 
-RENAMES = {"response_format": "output_config.format"}  # the chat field -> the Messages one
+# the chat form's field names, as the Messages request spells them
 FIELD_NAMES = (
     (".function.parameters", ".input_schema"),
     (".function.name", ".name"),
     ("response_format", "output_config.format"),
     ("reasoning_effort", "output_config.effort"),
 )
+
+
+def _messages_fields(e: GenerateError) -> GenerateError:
+    """``e`` naming the Messages field where it names the chat route's."""
+    for chat_name, name in FIELD_NAMES:
+        if e.param and chat_name in e.param:
+            e.param = e.param.replace(chat_name, name)
+            e.message = e.message.replace(chat_name, name)
+    return e
 
 
 async def _plan(request: Request, req: CountTokensRequest):
@@ -97,12 +106,23 @@ async def _plan(request: Request, req: CountTokensRequest):
     chat = chat_request(req)
     try:
         return tm, chat, await chat_plan(chat, tm)
-    except GenerateError as e:  # the chat form's field names, told as the request's
-        for chat_name, name in FIELD_NAMES:
-            if e.param and chat_name in e.param:
-                e.param = e.param.replace(chat_name, name)
-                e.message = e.message.replace(chat_name, name)
-        raise
+    except GenerateError as e:
+        raise _messages_fields(e) from None
+
+
+def _message_body(
+    message_id: str, req: MessagesRequest, content: list, stop: tuple, usage: dict
+) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": usage,
+    }
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest), responses=STREAM_RESPONSE)
@@ -112,10 +132,11 @@ async def messages(request: Request) -> Response:
     try:
         prepared = await tm.prepare_all(plan.inputs)
     except GenerateError as e:
-        if e.param != "max_new_tokens" or "context length" not in e.message:
+        if e.param != "max_new_tokens":
             raise
         # Anthropic's max_tokens is required and a cap: clients send their model's output
-        # limit (16K, 32K); here it means "up to the context" once it passes what is left
+        # limit (16K, 32K); past what the context leaves it means "up to the context" (any
+        # other fault of the request is raised again by the second try)
         for inp in plan.inputs:
             inp.sampling_params = {**(inp.sampling_params or {}), "max_new_tokens": None}
         prepared = await tm.prepare_all(plan.inputs)
@@ -129,8 +150,8 @@ async def messages(request: Request) -> Response:
         with group:
             (out,) = await group.collect()
     except GenerateError as e:
-        name_grammar_error(e, chat, RENAMES)
-        raise
+        name_grammar_error(e, chat)
+        raise _messages_fields(e) from None
     message, has_calls = chat_message(plan.parsing, out["text"])
     blocks: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -149,19 +170,8 @@ async def messages(request: Request) -> Response:
                 "input": _input_of(function["arguments"]),
             }
         )
-    stop_reason, stop_sequence = _stop(out, req, has_calls)
-    return json_response(
-        {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": req.model,
-            "content": blocks,
-            "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": _usage(out),
-        }
-    )
+    stop = _stop(out, req, has_calls)
+    return json_response(_message_body(message_id, req, blocks, stop, _usage(out)))
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
@@ -239,16 +249,7 @@ class MessageStream:
             async for _, out in updates:
                 if not started:
                     usage = {**_usage(out), "output_tokens": 0}
-                    message = {
-                        "id": self.message_id,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": self.req.model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": usage,
-                    }
+                    message = _message_body(self.message_id, self.req, [], (None, None), usage)
                     yield _event("message_start", message=message)
                     started = True
                 text = out["text"][self.num_chars :]

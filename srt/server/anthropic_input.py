@@ -71,8 +71,7 @@ class MessagesRequest(CountTokensRequest, SGLangSamplingExtras):
     stop_sequences: list[str] | None = None
     stream: bool | None = False
     temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    top_p: float | None = None  # (top_k is one of the SGLang extras)
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     inference_geo: str | None = None  # where Anthropic would run it: a hint
@@ -210,6 +209,9 @@ def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
     """(the chat route's tool_choice, parallel_tool_calls)."""
     if choice is None:
         return None, None
+    unknown = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
+    if unknown:
+        raise _bad(f"tool_choice has unknown fields {unknown}", f"tool_choice.{unknown[0]}")
     kind = choice.get("type")
     parallel = False if choice.get("disable_parallel_tool_use") else None
     if kind == "tool":
@@ -227,6 +229,9 @@ def _thinking(thinking: dict[str, Any] | None) -> bool | None:
     """The template's ``enable_thinking``, after Anthropic's own checks of the block."""
     if thinking is None:
         return None
+    unknown = sorted(set(thinking) - {"type", "budget_tokens", "display"})
+    if unknown:
+        raise _bad(f"thinking has unknown fields {unknown}", f"thinking.{unknown[0]}")
     kind, budget = thinking.get("type"), thinking.get("budget_tokens")
     if kind not in THINKING_TYPES:
         raise _bad(f"thinking.type must be one of {list(THINKING_TYPES)}", "thinking.type")

@@ -220,9 +220,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return _answer(request, str(exc.detail), exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         # the details go to the log only: they may name local paths or internals
         logger.exception("unhandled error")
-        return error_response(
-            f"internal server error ({type(exc).__name__}); see the server log", 500
+        return _answer(
+            request, f"internal server error ({type(exc).__name__}); see the server log", 500
         )

@@ -279,16 +279,23 @@ async def vertex_generate(request: Request) -> Response:
     body = validate_data(
         fields, GenerateReqInput, UNSUPPORTED_NATIVE, generate_precheck(get_tm(request))
     )
-    return json_response({"predictions": orjson.loads((await _generate(request, body)).body)})
+    group, _ = await _open(request, body)
+    with group:
+        return json_response({"predictions": await group.collect()})
 
 
-async def _generate(request: Request, body: GenerateReqInput) -> Response:
+async def _open(request: Request, body: GenerateReqInput) -> tuple[RequestGroup, bool]:
+    """The checked body's requests sent; their group, and whether the body was a batch."""
     body.check()
     check_model_name(request, body.model)
     tm = get_tm(request)
     inputs, is_batch = split_batch(body)
     prepared = await tm.prepare_all(inputs)
-    group = tm.open(prepared, request)
+    return tm.open(prepared, request), is_batch
+
+
+async def _generate(request: Request, body: GenerateReqInput) -> Response:
+    group, is_batch = await _open(request, body)
     if body.stream:
         return ClosingStreamingResponse(stream_native(group, is_batch), group.close)
     with group:

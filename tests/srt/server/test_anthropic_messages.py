@@ -172,6 +172,10 @@ def test_count_tokens(stack: FakeStack, claude) -> None:
          "thinking.budget_tokens"),
         ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "maybe"}}, "tool_choice.type"),
         ({"max_tokens": 0, "messages": ASK}, "max_tokens"),
+        ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "auto", "x": 1}},
+         "tool_choice.x"),
+        ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "disabled", "y": 1}},
+         "thinking.y"),
         ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "a b", "input_schema": {}}]},
          "tools[0].name"),
         ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "f", "input_schema":
