@@ -251,7 +251,8 @@ class Scheduler:
                 self.kv.release(req)
                 req.status = ReqStatus.WAITING
                 self.waiting.appendleft(req)
-        self.paused = mode if self.paused != "retract" else "retract"
+        if self.paused != "retract":  # retracted requests stay retracted until continue
+            self.paused = mode
         return True, {"paused": self.paused, "num_requests": len(self.waiting) + len(self.running)}
 
     def _update_weights(self, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
