@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from radixlm.kernels import fused
+from radixlm.kernels import fused, gemv
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import (
     RMSNorm,
@@ -105,7 +105,13 @@ class LlamaAttention(nn.Module):
         self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         """``rope``: the batch's ``RotaryEmbedding.cos_sin``, shared by every layer."""
-        qkv = self.qkv_proj(hidden)
+        return self.o_proj(self.attend(rope, self.qkv_proj(hidden), fb))
+
+    def attend(
+        self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        """The projected ``qkv`` -> the attention output ``[T, heads * head_dim]`` (before
+        ``o_proj``); the new tokens' K/V are written into the pool on the way."""
         t, q_size, kv_size = qkv.shape[0], self.qkv_proj.q_size, self.qkv_proj.kv_size
         if self.qk_norm:
             q, k, v = self.qkv_proj.split(qkv)
@@ -140,8 +146,7 @@ class LlamaAttention(nn.Module):
             v = qkv[:, q_size + kv_size :].contiguous()
         if k is not None:
             k = k.reshape(t, kv_size)
-        out = fb.attn_backend.forward(q.reshape(t, q_size), k, v, self, fb)
-        return self.o_proj(out)
+        return fb.attn_backend.forward(q.reshape(t, q_size), k, v, self, fb)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -165,8 +170,12 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         fb: ForwardBatch,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(mlp output, residual)``; their sum is this layer's output."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns ``(mlp output, residual)``; their sum is this layer's output. A ``residual``
+        of None means ``hidden`` is the whole output (the embeddings entering the first layer,
+        or what the streaming path returns)."""
+        if self._streams(hidden):
+            return self._forward_streaming(rope, hidden, residual, fb), None
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
@@ -174,6 +183,43 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(rope, hidden, fb)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def _streams(self, hidden: torch.Tensor) -> bool:
+        """Whether this batch takes the weight-streaming path: a few rows on a GPU, one rank,
+        dense weights of the activations' dtype without biases (``kernels/gemv.py``)."""
+        return hidden.is_cuda and self.can_stream(hidden)
+
+    def can_stream(self, hidden: torch.Tensor) -> bool:
+        """``_streams`` on any device the kernels run on (the Triton interpreter's included)."""
+        if hidden.shape[0] > gemv.MAX_ROWS or not gemv.ENABLED:
+            return False
+        attn, mlp = self.self_attn, self.mlp
+        if attn.qk_norm or not attn.fused_rope or mlp.down_proj.tp.size != 1:
+            return False
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return all(
+            m.bias is None and "forward" not in m.__dict__ and gemv.supported(hidden, m.weight)
+            for m in linears
+        )
+
+    def _forward_streaming(
+        self,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        fb: ForwardBatch,
+    ) -> torch.Tensor:
+        """The layer in four weight-streaming kernels plus attention: each norm is folded into
+        the projection after it, silu*mul into the down projection, each residual add into the
+        projection before it. Returns the layer's output (the residual stream)."""
+        attn, mlp = self.self_attn, self.mlp
+        stream = hidden if residual is None else hidden + residual
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv = gemv.gemv_rmsnorm(stream, norm1.weight, norm1.eps, attn.qkv_proj.weight)
+        out = attn.attend(rope, qkv, fb)
+        stream = gemv.gemv(out, attn.o_proj.weight, residual=stream)
+        gate_up = gemv.gemv_rmsnorm(stream, norm2.weight, norm2.eps, mlp.gate_up_proj.weight)
+        return gemv.gemv_silu_mul(gate_up, mlp.down_proj.weight, residual=stream)
 
 
 class LlamaModel(nn.Module):
@@ -196,6 +242,8 @@ class LlamaModel(nn.Module):
         rope = self.rotary_emb.cos_sin(positions, hidden.dtype)
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual, fb)
+        if residual is None:
+            return self.norm(hidden)
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 

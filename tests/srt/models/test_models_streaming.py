@@ -1,0 +1,74 @@
+"""The weight-streaming decoder layer (``kernels/gemv.py``: norms, silu*mul and residual adds
+folded into the projections) gives the layer-by-layer path's logits. On a CPU the kernels run
+under the Triton interpreter, so the path is forced on here; on a GPU it is taken by itself for
+batches of up to ``gemv.MAX_ROWS`` rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_batches import KVSession, max_rel_err, run_logits
+from tiny_checkpoints import VOCAB, write_checkpoint
+
+from radixlm.kernels import gemv
+from radixlm.srt.executor.forward_batch import ForwardMode
+from radixlm.srt.models import llama
+from radixlm.srt.models.loader import load_model
+
+pytestmark = pytest.mark.skipif(gemv.triton is None, reason="needs triton")
+
+EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = write_checkpoint("llama3_rope_sharded", tmp_path_factory.mktemp("stream"))
+    return load_model(folder, torch.float32, "cpu")
+
+
+def _decode(model, prompts: list[list[int]], steps: int, streaming: bool) -> list[torch.Tensor]:
+    """Logits of ``steps`` decode steps of the batch after a (layer-by-layer) prefill."""
+    session = KVSession(model.config)
+    reqs = [session.new_request() for _ in prompts]
+    run_logits(model, session, EXTEND, [(r, p[:-1]) for r, p in zip(reqs, prompts, strict=True)])
+    nxt = [p[-1] for p in prompts]
+    out, calls = [], []
+    original = llama.LlamaDecoderLayer._streams
+    llama.LlamaDecoderLayer._streams = (
+        (lambda self, h: calls.append(1) or self.can_stream(h)) if streaming else original
+    )
+    try:
+        for _ in range(steps):
+            logits = run_logits(
+                model, session, DECODE, list(zip(reqs, [[t] for t in nxt], strict=True))
+            )
+            out.append(logits)
+            nxt = logits.argmax(-1).tolist()
+    finally:
+        llama.LlamaDecoderLayer._streams = original
+    assert not streaming or calls, "the streaming path was not asked"
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_streaming_decode_matches_layer_by_layer(model, rows):
+    g = torch.Generator().manual_seed(rows)
+    prompts = [torch.randint(3, VOCAB, (9 + 4 * i,), generator=g).tolist() for i in range(rows)]
+    layer = model.model.layers[0]
+    assert layer.can_stream(torch.zeros(rows, model.config.hidden_size))
+    ref = _decode(model, prompts, 3, streaming=False)
+    got = _decode(model, prompts, 3, streaming=True)
+    for step, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert max_rel_err(a, b) < 1e-5, f"decode step {step}"
+
+
+def test_streaming_refuses_what_it_cannot_fold(model):
+    layer = model.model.layers[0]
+    assert not layer.can_stream(torch.zeros(gemv.MAX_ROWS + 1, model.config.hidden_size))
+    assert not layer._streams(torch.zeros(1, model.config.hidden_size))  # a CPU tensor
+    bias = torch.nn.Parameter(torch.zeros(layer.self_attn.o_proj.out_features))
+    layer.self_attn.o_proj.bias = bias
+    try:
+        assert not layer.can_stream(torch.zeros(1, model.config.hidden_size))
+    finally:
+        layer.self_attn.o_proj.bias = None
