@@ -40,8 +40,15 @@ from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.engine_ranks import InProcessRanks
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.model_info import model_info_of, served_model_name
+from radixlm.srt.managers.request_checks import token_ids_logprob_per_prompt
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
+from radixlm.srt.managers.scoring import (
+    SCORE_SAMPLING_PARAMS,
+    ScoreJob,
+    ScoreResult,
+    plan_scores,
+)
 from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
 from radixlm.srt.managers.tp_ranks import with_rendezvous
 from radixlm.srt.messages import (
@@ -68,7 +75,6 @@ SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
             "video_data",
             "mm_hashes",
             "mm_content_hashes",
-            "token_ids_logprob",
             "lora_path",
             "custom_logit_processor",
             "bootstrap_host",
@@ -88,6 +94,15 @@ SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
     "routed_experts_start_len": 0,
 }
 _ACCEPTED_ANY = ("external_trace_header",)
+# SGLang's Engine.score keywords for what this engine does not do, with their off values
+SCORE_OFF_OPTIONS: dict[str, Any] = {
+    "embed_override_token_id": None,
+    "query_embed_overrides": None,
+    "item_embed_overrides": None,
+    "stacked_query_item_embed_overrides": None,
+    "return_pooled_hidden_states": False,
+    "score_extraction_token_id": None,
+}
 
 
 def check_sglang_options(options: dict[str, Any]) -> None:
@@ -140,11 +155,14 @@ class Engine:
         return_text_in_logprobs: bool = False,
         rid: str | None = None,
         session_params: dict | None = None,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
         **sglang_options: Any,
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
         or ``n > 1``); with ``stream=True`` an iterator of dicts with the text so far.
         ``session_params`` makes each prompt a turn of a session (:meth:`open_session`).
+        ``token_ids_logprob`` (with ``return_logprob``; one list, or one per prompt) adds
+        ``input_token_ids_logprobs`` and ``output_token_ids_logprobs`` to ``meta_info``.
         SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
         defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
         rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
@@ -165,6 +183,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         rid: str | None = None,
         session_params: dict | None = None,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
         **sglang_options: Any,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """:meth:`generate` for asyncio code (SGLang's ``Engine.async_generate``; with
@@ -192,6 +211,7 @@ class Engine:
         return_text_in_logprobs: bool,
         rid: str | None,
         session_params: dict | None,
+        token_ids_logprob: list[int] | list[list[int]] | None,
         sglang_options: dict[str, Any],
     ) -> tuple[list[str], bool]:
         """Checks and submits the request(s); their rids and whether the answer is a list."""
@@ -200,6 +220,7 @@ class Engine:
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num or 0,
             logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+            token_ids_logprob=token_ids_logprob,
             stream=stream,
         )
         session = self._call(SessionParams.from_dict, session_params or {})
@@ -239,6 +260,69 @@ class Engine:
             if group_rid is not None:
                 self._groups.pop(group_rid, None)
             self._drop_unfinished(rids)
+
+    def score(
+        self,
+        query: str | list[int] | None = None,
+        items: str | list[str] | list[list[int]] | None = None,
+        label_token_ids: list[int] | list[list[int]] | None = None,
+        apply_softmax: bool = False,
+        item_first: bool = False,
+        *,
+        temperature: float = 1.0,
+        return_token_logprobs: bool = False,
+        **sglang_options: Any,
+    ) -> ScoreResult:
+        """SGLang's ``Engine.score``: for each item, the probability of each label token right
+        after ``query + item`` (``item + query`` with ``item_first``), or with
+        ``apply_softmax`` their softmax over the labels (managers/scoring.py). SGLang's
+        embedding-override, pooled-hidden-state and setwise keywords are accepted (by name)
+        at their off values only (:data:`SCORE_OFF_OPTIONS`)."""
+        job, ids = self._score_job(locals())
+        outs = self.generate(**_score_generate_args(job, ids)) if ids else []
+        return self._call(job.result, outs)
+
+    async def async_score(
+        self,
+        query: str | list[int] | None = None,
+        items: str | list[str] | list[list[int]] | None = None,
+        label_token_ids: list[int] | list[list[int]] | None = None,
+        apply_softmax: bool = False,
+        item_first: bool = False,
+        *,
+        temperature: float = 1.0,
+        return_token_logprobs: bool = False,
+        **sglang_options: Any,
+    ) -> ScoreResult:
+        """:meth:`score` for asyncio code (SGLang's ``Engine.async_score``)."""
+        job, ids = self._score_job(locals())
+        outs = await self.async_generate(**_score_generate_args(job, ids)) if ids else []
+        return self._call(job.result, outs)
+
+    def _score_job(self, args: dict[str, Any]) -> tuple[ScoreJob, list[list[int]]]:
+        """The checked scoring job of :meth:`score`'s arguments and its prompts' token ids."""
+        for name, value in args["sglang_options"].items():
+            if name not in SCORE_OFF_OPTIONS:
+                raise TypeError(f"score() got an unexpected keyword argument {name!r}")
+            if value is not None and value is not SCORE_OFF_OPTIONS[name]:
+                raise ValueError(f"{name} is not supported by this engine; leave it out")
+        keys = ("apply_softmax", "item_first", "temperature", "return_token_logprobs")
+        job = self._call(
+            lambda: plan_scores(
+                args["query"],
+                args["items"],
+                args["label_token_ids"],
+                vocab_size=self.vocab_size,
+                **{k: args[k] for k in keys},
+            )
+        )
+        self._call(job.check_text_size, self.door.max_token_chars)
+        ids = [
+            self._call(self.door.tokenize, p, True, "items") if job.is_text else p
+            for p in job.prompts
+        ]
+        self._call(job.check_size, ids)
+        return job, ids
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
@@ -385,8 +469,10 @@ class Engine:
         msgs: list[TokenizedGenerateReq] = []
         plans: list[TurnPlan | None] = []
         try:
-            for (text, ids), p in zip(prompts, params, strict=True):
-                sp, msg, plan = self._prepare(text, ids, p, options, session)
+            token_ids = token_ids_logprob_per_prompt(options.get("token_ids_logprob"), len(prompts))
+            for (text, ids), p, lp_ids in zip(prompts, params, token_ids, strict=True):
+                one = {**options, "token_ids_logprob": lp_ids}
+                sp, msg, plan = self._prepare(text, ids, p, one, session)
                 msgs += [msg] + [
                     dataclasses.replace(msg, rid=self._new_rid()) for _ in range(sp.n - 1)
                 ]
@@ -461,7 +547,12 @@ class Engine:
         return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
 
     def _submit(self, msg: TokenizedGenerateReq, return_text_in_logprobs: bool) -> str:
-        result = RequestResult(msg.rid, msg.return_logprob, return_text_in_logprobs)
+        result = RequestResult(
+            msg.rid,
+            msg.return_logprob,
+            return_text_in_logprobs,
+            return_token_ids_logprob=msg.token_ids_logprob is not None,
+        )
         self._results[msg.rid] = (result, queue.Queue())
         self._inbox.put(msg)
         return msg.rid
@@ -561,6 +652,16 @@ class Engine:
             if result.is_finished:
                 self._end_turn(rid, result)
             q.put(_FINISHED if result.is_finished else result.to_dict())
+
+
+def _score_generate_args(job: ScoreJob, ids: list[list[int]]) -> dict[str, Any]:
+    """The prefill-only requests that score a job's items (managers/scoring.py)."""
+    return dict(
+        input_ids=ids,
+        sampling_params=SCORE_SAMPLING_PARAMS,
+        return_logprob=True,
+        token_ids_logprob=job.labels,
+    )
 
 
 async def _outcome(result: Awaitable[dict]) -> dict | ValueError:

@@ -23,6 +23,9 @@ class TokenizedGenerateReq:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no input logprobs; else from this prompt position on
     top_logprobs_num: int = 0
+    # token ids whose logprobs are returned at every logprob position (SGLang's
+    # token_ids_logprob; None: none); only with return_logprob
+    token_ids_logprob: list[int] | None = None
     stream: bool = False
     # the GrammarSpec kind, decided once by the front door ("json_object" for the any-object
     # schema, which has no text to compile); None: no grammar, or a sender that left it to
@@ -65,8 +68,9 @@ class BatchTokenOut:
     previous message for that rid. ``finish_reason`` is None while running, else a dict such as
     ``{"type": "stop", "matched": 2}``, ``{"type": "stop", "matched": "\\n"}``,
     ``{"type": "length", "length": 16}`` or ``{"type": "abort", "message": "..."}``.
-    Logprob lists hold ``[logprob, token_id]`` pairs; top-logprob lists hold one list of pairs
-    per position.
+    Logprob lists hold ``[logprob, token_id]`` pairs; top-logprob and token-ids-logprob lists
+    hold one list of pairs per position. The token-ids-logprob lists are empty when no request
+    of the message asked for them (``token_ids_logprob``), else parallel to ``rids`` as well.
     """
 
     rids: list[str]
@@ -83,6 +87,8 @@ class BatchTokenOut:
     input_top_logprobs: list[list[list[list[float]]] | None]
     # the stop strings of each request, so the detokenizer can hold back a partial match
     stop_strs: list[list[str]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
 
 
 @dataclass

@@ -25,6 +25,8 @@ from typing import Any
 from radixlm.srt.managers.request_checks import (
     check_lengths,
     check_logprob_args,
+    check_token_ids_logprob,
+    check_vocab_ids,
     sampling_param_named,
 )
 from radixlm.srt.managers.request_group import GenerateError
@@ -105,12 +107,7 @@ class FrontDoor:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def check_token_ids(self, ids: list[Any], param: str) -> None:
-        vocab_size = self.limits.vocab_size
-        bad = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]
-        if bad:
-            raise GenerateError(
-                f"{param} must be token ids in [0, {vocab_size}), got {bad[:5]}", 400, param
-            )
+        check_vocab_ids(ids, self.limits.vocab_size, param)
 
     def check_input_ids(self, ids: list[Any], param: str = "input_ids") -> list[int]:
         """A copy of client token ids, checked against the vocabulary; a prompt too long for
@@ -146,6 +143,7 @@ class FrontDoor:
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
+        token_ids_logprob: list[int] | None = None,
         stream: bool = False,
     ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
@@ -159,6 +157,12 @@ class FrontDoor:
             params = params.replace(max_new_tokens=max(left, params.min_new_tokens))
         check_lengths(len(input_ids), params, limits.context_length, limits.max_total_tokens)
         check_logprob_args(logprob_start_len, top_logprobs_num, len(input_ids))
+        num_input_positions = len(input_ids) - logprob_start_len if logprob_start_len >= 0 else 0
+        token_ids = check_token_ids_logprob(
+            token_ids_logprob,
+            limits.vocab_size,
+            num_input_positions + max(params.max_new_tokens, 1),
+        )
         return TokenizedGenerateReq(
             rid=rid,
             input_ids=input_ids,
@@ -166,6 +170,7 @@ class FrontDoor:
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len if return_logprob else -1,
             top_logprobs_num=top_logprobs_num if return_logprob else 0,
+            token_ids_logprob=token_ids if return_logprob else None,
             stream=stream,
             grammar_kind=grammar_kind(params),
         )

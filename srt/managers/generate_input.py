@@ -31,6 +31,7 @@ class GenerateInput:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None  # checked by the front door
     return_text_in_logprobs: bool = False
     stream: bool = False
     session_params: SessionParams | None = None  # a turn of a session (sessions.py)

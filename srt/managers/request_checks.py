@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.sampling.params import MAX_SEED, OFF_ONLY, SEED_ALIAS, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
+MAX_TOKEN_IDS_LOGPROB = 1024  # token ids one request may ask the logprobs of
+# logprob values (positions x token ids) the token_ids_logprob of one request may return
+MAX_TOKEN_IDS_LOGPROB_VALUES = 4_194_304
 
 
 def check_lengths(
@@ -46,6 +50,60 @@ def check_logprob_args(logprob_start_len: int, top_logprobs_num: int, num_input:
             400,
             "top_logprobs_num",
         )
+
+
+def check_vocab_ids(ids: list[Any], vocab_size: int, param: str) -> None:
+    """Every entry is an integer token id of the vocabulary (a bool is not)."""
+    bad = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]
+    if bad:
+        raise GenerateError(
+            f"{param} must be token ids in [0, {vocab_size}), got {bad[:5]}", 400, param
+        )
+
+
+def check_token_ids_logprob(
+    ids: Any, vocab_size: int, num_positions: int, param: str = "token_ids_logprob"
+) -> list[int] | None:
+    """SGLang's ``token_ids_logprob`` of one sequence: a flat list of token ids of the
+    vocabulary (an empty list or None: none), at most MAX_TOKEN_IDS_LOGPROB of them, whose
+    logprobs at ``num_positions`` positions stay within MAX_TOKEN_IDS_LOGPROB_VALUES."""
+    if ids is None or (isinstance(ids, list) and not ids):
+        return None
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise GenerateError(f"{param} must be a flat list of token ids (integers)", 400, param)
+    if len(ids) > MAX_TOKEN_IDS_LOGPROB:
+        raise GenerateError(
+            f"{param} has {len(ids)} token ids; at most {MAX_TOKEN_IDS_LOGPROB} per request "
+            "(use top_logprobs_num for the most likely tokens)",
+            400,
+            param,
+        )
+    check_vocab_ids(ids, vocab_size, param)
+    if len(ids) * num_positions > MAX_TOKEN_IDS_LOGPROB_VALUES:
+        raise GenerateError(
+            f"{param} asks for {len(ids)} logprobs at each of {num_positions} positions "
+            f"(prompt from logprob_start_len, and max_new_tokens): more than "
+            f"{MAX_TOKEN_IDS_LOGPROB_VALUES} values; send fewer ids, a later "
+            "logprob_start_len or a lower max_new_tokens",
+            400,
+            param,
+        )
+    return list(ids)
+
+
+def token_ids_logprob_per_prompt(value: Any, num_prompts: int) -> list[Any]:
+    """SGLang's batch forms of ``token_ids_logprob``: one flat list shared by every prompt, or
+    one list (or null) per prompt; each entry is checked by :func:`check_token_ids_logprob`."""
+    if isinstance(value, list) and value and (value[0] is None or isinstance(value[0], list)):
+        if len(value) != num_prompts:
+            raise GenerateError(
+                f"token_ids_logprob has {len(value)} lists for {num_prompts} prompts; send one "
+                "list per prompt, or one flat list for all",
+                400,
+                "token_ids_logprob",
+            )
+        return list(value)
+    return [value] * num_prompts
 
 
 _PARAM_IN_MESSAGE = re.compile(

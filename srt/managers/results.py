@@ -13,6 +13,7 @@ class RequestResult:
     rid: str
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
+    return_token_ids_logprob: bool = False  # the request sent token_ids_logprob
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
@@ -23,6 +24,8 @@ class RequestResult:
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
     input_token_logprobs: list[list[Any]] = field(default_factory=list)
     input_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
 
     @property
     def is_finished(self) -> bool:
@@ -45,6 +48,10 @@ class RequestResult:
             self.input_token_logprobs = t.input_token_logprobs[i]
         if t.input_top_logprobs[i]:
             self.input_top_logprobs = t.input_top_logprobs[i]
+        if t.output_token_ids_logprobs and t.output_token_ids_logprobs[i]:
+            self.output_token_ids_logprobs += t.output_token_ids_logprobs[i]
+        if t.input_token_ids_logprobs and t.input_token_ids_logprobs[i]:
+            self.input_token_ids_logprobs = t.input_token_ids_logprobs[i]
 
     def to_dict(self, decode=None) -> dict[str, Any]:
         """The response body. ``decode(token_id) -> str`` adds token texts to logprob entries
@@ -58,10 +65,17 @@ class RequestResult:
         }
         if self.return_logprob:
             fmt = self._format_entries(decode)
+
+            def rows(positions: list[list[list[Any]]]) -> list[list[list[Any]] | None]:
+                return [fmt(p) if p else None for p in positions]
+
             meta["input_token_logprobs"] = fmt(self.input_token_logprobs)
             meta["output_token_logprobs"] = fmt(self.output_token_logprobs)
-            meta["input_top_logprobs"] = [fmt(p) if p else None for p in self.input_top_logprobs]
-            meta["output_top_logprobs"] = [fmt(p) if p else None for p in self.output_top_logprobs]
+            meta["input_top_logprobs"] = rows(self.input_top_logprobs)
+            meta["output_top_logprobs"] = rows(self.output_top_logprobs)
+            if self.return_token_ids_logprob:  # SGLang's keys, only when asked for
+                meta["input_token_ids_logprobs"] = rows(self.input_token_ids_logprobs)
+                meta["output_token_ids_logprobs"] = rows(self.output_token_ids_logprobs)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def _format_entries(self, decode):

@@ -273,6 +273,7 @@ class TokenizerManager:
             return_logprob=inp.return_logprob,
             logprob_start_len=inp.logprob_start_len,
             top_logprobs_num=inp.top_logprobs_num,
+            token_ids_logprob=inp.token_ids_logprob,
             stream=inp.stream,
         )
         return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid, plan)
@@ -344,7 +345,12 @@ class TokenizerManager:
 
     def _register(self, group: RequestGroup, p: PreparedReq, keys: tuple[str, ...]) -> None:
         inp = p.inp
-        result = RequestResult(p.client_rid, inp.return_logprob, inp.return_text_in_logprobs)
+        result = RequestResult(
+            p.client_rid,
+            inp.return_logprob,
+            inp.return_text_in_logprobs,
+            return_token_ids_logprob=p.msg.token_ids_logprob is not None,
+        )
         state = ReqState(p, time.perf_counter(), result, group.event)
         assert p.rid not in self.states, "internal rids are unique"
         self.states[p.rid] = state

@@ -33,6 +33,24 @@ def top_logprobs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, ids
 
 
+def top_logprob_rows(logits: Tensor, k: int) -> list[list[list[float]]]:
+    """:func:`top_logprobs` as lists: per row, ``[logprob, token_id]`` pairs, best first."""
+    values, ids = top_logprobs(logits, k)
+    return [
+        [[v, t] for v, t in zip(vals, tids, strict=True)]
+        for vals, tids in zip(values.tolist(), ids.tolist(), strict=True)
+    ]
+
+
+def token_ids_logprob_rows(logits: Tensor, token_ids: Sequence[int]) -> list[list[list[float]]]:
+    """SGLang's ``token_ids_logprob``: per row of ``logits`` (``[N, V]``), the
+    ``[logprob, token_id]`` pair of each of ``token_ids``, in the order given."""
+    ids = list(token_ids)
+    index = torch.tensor(ids, dtype=torch.int64, device=logits.device)
+    values = torch.log_softmax(logits.float(), dim=-1).index_select(1, index)
+    return [[[v, t] for v, t in zip(row, ids, strict=True)] for row in values.tolist()]
+
+
 def input_token_logprobs(
     prompt_logits: Tensor, prompt_ids: Sequence[int] | Tensor, start: int = 0, logits_start: int = 0
 ) -> list[float | None]:

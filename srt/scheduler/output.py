@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.srt.messages import BatchTokenOut
-from radixlm.srt.sampling.logprobs import top_logprobs
+from radixlm.srt.sampling.logprobs import token_ids_logprob_rows, top_logprob_rows
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.stop import StopChecker
@@ -35,15 +35,30 @@ def record_input_logprobs(
             vals = lp.gather(1, ids[:, None])[:, 0].tolist()
             req.partial_input_logprobs += [[v, t] for v, t in zip(vals, targets, strict=True)]
             if req.top_logprobs_num > 0:
-                tv, ti = top_logprobs(logits[rows], req.top_logprobs_num)
-                req.partial_input_top += [
-                    [[v, t] for v, t in zip(a, b, strict=True)]
-                    for a, b in zip(tv.tolist(), ti.tolist(), strict=True)
-                ]
+                req.partial_input_top += top_logprob_rows(logits[rows], req.top_logprobs_num)
+            if req.token_ids_logprob:
+                req.partial_input_token_ids += token_ids_logprob_rows(
+                    logits[rows], req.token_ids_logprob
+                )
         if batch.completes_fill(i):
             head = [[None, req.prompt_ids[0]]] if req.logprob_start_len == 0 else []
             req.input_token_logprobs = head + req.partial_input_logprobs
             req.input_top_logprobs = ([[]] if head else []) + req.partial_input_top
+            req.input_token_ids_logprobs = ([[]] if head else []) + req.partial_input_token_ids
+
+
+def record_prefill_only_logprobs(req: Req, last_row: torch.Tensor) -> None:
+    """A request with ``max_new_tokens`` 0 samples nothing; as in SGLang, its top and
+    token-ids logprobs still get one output row: the next token's distribution after the
+    prompt (``last_row``: ``[V]``, the logits of the prompt's last position). ``/v1/score``
+    reads it."""
+    if not req.return_logprob:
+        return
+    logits = last_row.unsqueeze(0)
+    if req.top_logprobs_num > 0:
+        req.output_top_logprobs += top_logprob_rows(logits, req.top_logprobs_num)
+    if req.token_ids_logprob:
+        req.output_token_ids_logprobs += token_ids_logprob_rows(logits, req.token_ids_logprob)
 
 
 def is_stream_due(req: Req, stream_interval: int = 1) -> bool:
@@ -70,6 +85,7 @@ def build_batch_output(
     ]
     if not chosen:
         return None
+    with_ids = any(r.token_ids_logprob for r in chosen)  # else their lists stay empty
     out = BatchTokenOut(
         rids=[],
         new_token_ids=[],
@@ -105,6 +121,13 @@ def build_batch_output(
         out.input_top_logprobs.append(
             r.input_top_logprobs if first_input and r.top_logprobs_num else None
         )
+        if with_ids:
+            out.output_token_ids_logprobs.append(
+                r.output_token_ids_logprobs[sent:] if r.token_ids_logprob else None
+            )
+            out.input_token_ids_logprobs.append(
+                r.input_token_ids_logprobs if first_input and r.token_ids_logprob else None
+            )
         if first_input:
             r.sent_input_logprobs = True
         out.stop_strs.append(r.params.stop_strs)

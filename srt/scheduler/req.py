@@ -32,6 +32,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None  # logprobs of these ids at each position
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
@@ -62,6 +63,10 @@ class Req:
     partial_input_top: list[list[list[float]]] = field(default_factory=list)
     input_token_logprobs: list[list[float | None]] | None = None
     input_top_logprobs: list[list[list[float]]] | None = None
+    # rows of [logprob, token_id] pairs of token_ids_logprob, as the top-logprob rows
+    output_token_ids_logprobs: list[list[list[float]]] = field(default_factory=list)
+    partial_input_token_ids: list[list[list[float]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[list[float]]] | None = None
 
     @property
     def fill_ids(self) -> list[int]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels.bitmask import apply_token_bitmask_inplace
-from radixlm.srt.sampling.logprobs import token_logprobs, top_logprobs
+from radixlm.srt.sampling.logprobs import token_ids_logprob_rows, token_logprobs, top_logprobs
 from radixlm.srt.sampling.sampler import Sampler, SamplingBatchInfo
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.stop import StopChecker
@@ -140,4 +140,8 @@ class SamplingStep:
                 )
                 req.output_top_logprobs.append(
                     [[v, t] for v, t in zip(vals.tolist(), top_ids.tolist(), strict=True)]
+                )
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs += token_ids_logprob_rows(
+                    raw[i : i + 1], req.token_ids_logprob
                 )

@@ -50,7 +50,11 @@ from radixlm.srt.scheduler.cache_factory import disk_storage, make_kv_manager
 from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
-from radixlm.srt.scheduler.output import build_batch_output, record_input_logprobs
+from radixlm.srt.scheduler.output import (
+    build_batch_output,
+    record_input_logprobs,
+    record_prefill_only_logprobs,
+)
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
@@ -135,6 +139,7 @@ class Scheduler:
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
+            token_ids_logprob=msg.token_ids_logprob,
             stream=msg.stream,
         )
         self.live.add(req)
@@ -506,6 +511,7 @@ class Scheduler:
         samplers = []
         for i, req in enumerate(batch.reqs):
             if batch.completes_fill(i) and req.params.max_new_tokens == 0:
+                record_prefill_only_logprobs(req, logits[per_req[i][-1]])
                 req.finish({"type": "length", "length": 0})  # prefill-only request
             elif batch.completes_fill(i):
                 samplers.append(i)

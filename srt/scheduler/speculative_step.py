@@ -43,7 +43,11 @@ import torch
 
 from radixlm.grammar.bitmask import BitmaskBuffer, bitmask_width
 from radixlm.kernels.bitmask import apply_token_bitmask_inplace
-from radixlm.srt.sampling.logprobs import token_logprobs, top_logprobs
+from radixlm.srt.sampling.logprobs import (
+    token_ids_logprob_rows,
+    token_logprobs,
+    top_logprob_rows,
+)
 from radixlm.srt.sampling.speculative import accept_draft, accept_greedy_batch
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.failures import internal_error
@@ -351,6 +355,6 @@ def record_logprobs(req: Req, raw: torch.Tensor, ids: list[int]) -> None:
     for lp, tok in zip(token_logprobs(raw, index).tolist(), ids, strict=True):
         req.output_token_logprobs.append([lp, tok])
     if req.top_logprobs_num > 0:
-        values, top_ids = top_logprobs(raw, req.top_logprobs_num)
-        for vals, tids in zip(values.tolist(), top_ids.tolist(), strict=True):
-            req.output_top_logprobs.append([[v, t] for v, t in zip(vals, tids, strict=True)])
+        req.output_top_logprobs += top_logprob_rows(raw, req.top_logprobs_num)
+    if req.token_ids_logprob:
+        req.output_token_ids_logprobs += token_ids_logprob_rows(raw, req.token_ids_logprob)

@@ -23,6 +23,7 @@ from radixlm.srt.server import (
     openai_api,
     openai_responses,
     parse_api,
+    score_api,
 )
 from radixlm.srt.server.errors import error_response, install_error_handlers
 from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -92,6 +93,7 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(openai_responses.router)
     app.include_router(parse_api.router)
+    app.include_router(score_api.router)
     app.include_router(anthropic_api.router)
     # HEAD too: load balancers probe with it
     # (HEAD kept out of the OpenAPI schema: one operation id per route)

@@ -14,6 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from radixlm.srt.managers.request_checks import (
+    MAX_TOKEN_IDS_LOGPROB,
+    token_ids_logprob_per_prompt,
+)
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
     GenerateError,
@@ -50,6 +54,7 @@ from radixlm.srt.server.protocol import (
     check_known_fields,
     check_list_len,
     precheck_batch,
+    precheck_token_ids_logprob,
 )
 from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
@@ -106,6 +111,7 @@ def generate_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
     def check(data: dict[str, Any]) -> None:
         check_known_fields(data, GENERATE_FIELDS, "/generate")
         batch(data)
+        precheck_token_ids_logprob(data, MAX_TOKEN_IDS_LOGPROB, MAX_SEQUENCES_PER_REQUEST)
 
     return check
 
@@ -166,6 +172,7 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
     rid) aborts all of them."""
     prompts, is_batch = _prompts(body)
     n = len(prompts)
+    token_ids = token_ids_logprob_per_prompt(body.token_ids_logprob, n)
     session = body.session_params.to_params() if body.session_params is not None else None
     inputs: list[GenerateInput] = []
     for i, prompt in enumerate(prompts):
@@ -187,6 +194,7 @@ def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
                     return_logprob=_pick(body.return_logprob, i, n, "return_logprob", False),
                     logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len", -1),
                     top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num", 0),
+                    token_ids_logprob=token_ids[i],
                     return_text_in_logprobs=body.return_text_in_logprobs,
                     stream=body.stream,
                     session_params=session,

@@ -6,11 +6,12 @@ integer. ``POST /generate`` takes every field of SGLang's ``GenerateReqInput``, 
 three ways, and refuses any other field with a 400 naming it (a typo never passes silently):
 
 - implemented with SGLang's meaning: ``text``, ``input_ids``, ``sampling_params``, ``rid``,
-  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``,
-  ``stream``, ``session_params`` (see managers/sessions.py), ``log_metrics`` (false: the
-  request is left out of the latency metrics), ``return_prompt_token_ids`` (the response, or
-  a stream's last event, gets ``prompt_token_ids``: the ids the request ran on, a session's
-  history included), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
+  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``token_ids_logprob`` (a flat
+  list of token ids, or one list per prompt of a batch; managers/request_checks.py bounds it),
+  ``return_text_in_logprobs``, ``stream``, ``session_params`` (see managers/sessions.py),
+  ``log_metrics`` (false: the request is left out of the latency metrics),
+  ``return_prompt_token_ids`` (the response, or a stream's last event, gets
+  ``prompt_token_ids``: the ids the request ran on, a session's history included), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
   rank 0: 0 or null only) and ``model`` (routers add it: null or a name of the served model,
   else a 404);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
@@ -19,8 +20,7 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   ``received_time`` (routing, tracing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
   processors, hidden states, routed experts, disaggregation, cache salts and extra keys,
-  ``token_ids_logprob``, sampling masks, flat top logprobs, entropy, reasoning controls and the
-  other fields below. Ignoring one would change what the request means, so a value other than
+  sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
   its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
   ``priority`` is refused unless null: this server has no priority scheduling (SGLang refuses
   it the same way when priority scheduling is off).
@@ -71,7 +71,7 @@ UNSUPPORTED_NATIVE: dict[str, OffValues] = {
     **dict.fromkeys(
         (
             "image_data", "video_data", "audio_data", "input_embeds", "mm_hashes",
-            "mm_content_hashes", "video_config", "modalities", "token_ids_logprob", "lora_path",
+            "mm_content_hashes", "video_config", "modalities", "lora_path",
             "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
             "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
             "disagg_prefill_dp_rank", "http_worker_ipc", "max_thinking_tokens", "extra_key",
@@ -130,6 +130,7 @@ class GenerateReqInput(StrictBody):
     return_logprob: bool | list[bool] | None = None
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
+    token_ids_logprob: list[int] | list[list[int] | None] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     session_params: SessionParamsInput | None = None
@@ -316,3 +317,14 @@ def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) ->
                 f"{name} has a prompt of {longest} token ids; the context holds "
                 f"{context_length} tokens"
             )
+
+
+def precheck_token_ids_logprob(data: dict[str, Any], max_ids: int, max_lists: int) -> None:
+    """``token_ids_logprob``: at most ``max_ids`` ids in a list, ``max_lists`` lists."""
+    value = data.get("token_ids_logprob")
+    if not isinstance(value, list) or not value:
+        return
+    rows = value if value[0] is None or isinstance(value[0], list) else [value]
+    check_list_len(rows, max_lists, "token_ids_logprob")
+    for row in rows:
+        check_list_len(row, max_ids, "token_ids_logprob")

@@ -156,9 +156,37 @@ class Result:
     reason: dict | None = None
     logprobs: list = field(default_factory=list)
     num_entries: int = 0  # outputs that carried tokens
+    top: list = field(default_factory=list)  # output top-logprob rows
+    id_rows: list = field(default_factory=list)  # output rows of token_ids_logprob
+    input_lps: list | None = None  # input_token_logprobs, input_top_logprobs
+    input_top: list | None = None
+    input_id_rows: list | None = None  # input rows of token_ids_logprob
 
 
-def msg(rid: str, prompt: list[int], stream: bool = False, logprobs: int = -1, **params):
+def _collect_logprobs(r: Result, out, i: int) -> None:
+    if out.output_token_logprobs[i]:
+        r.logprobs += out.output_token_logprobs[i]
+    if out.output_top_logprobs[i]:
+        r.top += out.output_top_logprobs[i]
+    if out.input_token_logprobs[i] is not None:
+        r.input_lps, r.input_top = out.input_token_logprobs[i], out.input_top_logprobs[i]
+    if out.output_token_ids_logprobs and out.output_token_ids_logprobs[i]:
+        r.id_rows += out.output_token_ids_logprobs[i]
+    if out.input_token_ids_logprobs and out.input_token_ids_logprobs[i] is not None:
+        r.input_id_rows = out.input_token_ids_logprobs[i]
+
+
+def msg(
+    rid: str,
+    prompt: list[int],
+    stream: bool = False,
+    logprobs: int = -1,
+    token_ids: list[int] | None = None,
+    start: int = -1,
+    **params,
+):
+    """A greedy request; ``logprobs`` >= 0 asks for logprobs with that many top ones (and the
+    logprobs of ``token_ids``; input logprobs from ``start``)."""
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True, **params}
     return TokenizedGenerateReq(
         rid=rid,
@@ -166,7 +194,9 @@ def msg(rid: str, prompt: list[int], stream: bool = False, logprobs: int = -1, *
         sampling_params=params,
         stream=stream,
         return_logprob=logprobs >= 0,
+        logprob_start_len=start,
         top_logprobs_num=max(logprobs, 0),
+        token_ids_logprob=token_ids,
     )
 
 
@@ -189,8 +219,7 @@ def drive(s: Scheduler, msgs=(), arrivals=None, hook=None, max_steps=5000) -> di
             assert r.reason is None, f"{rid} reported after its finish"
             r.ids += out.new_token_ids[i]
             r.num_entries += bool(out.new_token_ids[i])
-            if out.output_token_logprobs[i]:
-                r.logprobs += out.output_token_logprobs[i]
+            _collect_logprobs(r, out, i)
             if out.finish_reason[i] is not None:
                 r.reason = out.finish_reason[i]
     assert not s.has_work(), "the scheduler did not finish"

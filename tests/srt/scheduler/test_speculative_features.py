@@ -148,7 +148,12 @@ def test_stops_inside_accepted_runs(varied_llama_dir, tokenizer):
 
 @pytest.mark.parametrize("top", [0, 3])
 def test_logprobs_of_every_accepted_token(varied_llama_dir, top):
-    ms = [msg(f"l{i}", p, max_new_tokens=20, logprobs=top) for i, p in enumerate(prompts(6, 2))]
+    """Output logprobs, and the token_ids_logprob rows, of accepted runs are plain decoding's."""
+    ids = [7, 300, 2000] if top else None
+    ms = [
+        msg(f"l{i}", p, max_new_tokens=20, logprobs=top, token_ids=ids)
+        for i, p in enumerate(prompts(6, 2))
+    ]
     want = _plain(varied_llama_dir, ms)
     s, got = _speculate(varied_llama_dir, ms, _oracle(ms, want))
     assert s.server_info()["speculative"]["num_accepted_tokens"] > 5
@@ -156,6 +161,10 @@ def test_logprobs_of_every_accepted_token(varied_llama_dir, top):
         assert r.ids == want[rid].ids and len(r.logprobs) == len(r.ids) == 20
         for (lp, tok), (want_lp, want_tok) in zip(r.logprobs, want[rid].logprobs, strict=True):
             assert tok == want_tok and lp == pytest.approx(want_lp, abs=1e-4)
+        assert len(r.id_rows) == (20 if ids else 0)
+        for row, want_row in zip(r.id_rows, want[rid].id_rows, strict=True):
+            assert [t for _, t in row] == ids == [t for _, t in want_row]
+            assert [v for v, _ in row] == pytest.approx([v for v, _ in want_row], abs=1e-4)
 
 
 def test_streaming_sends_several_tokens_per_step(varied_llama_dir):

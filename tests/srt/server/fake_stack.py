@@ -223,8 +223,35 @@ class FakeWorker(threading.Thread):
             if in_lp and r.msg.top_logprobs_num
             else None
         )
+        tids = r.msg.token_ids_logprob if want_lp else None
+        out.output_token_ids_logprobs.append(
+            None if tids is None else fake_output_id_rows(r, tids, positions, new)
+        )
+        out.input_token_ids_logprobs.append(
+            [[] if i == 0 else id_row(tids, ids[i], -1.0) for i in range(start, len(ids))]
+            if in_lp and tids is not None
+            else None
+        )
         out.stop_strs.append(r.params.stop_strs)
         r.num_sent = len(r.output_ids)
+
+
+def id_row(tids: list[int], chosen: int | None, chosen_lp: float) -> list[list[float]]:
+    """The fake's token_ids_logprob row: the chosen token has ``chosen_lp``, any other id t has
+    ``-5 - 0.01 t``."""
+    return [[chosen_lp if t == chosen else fake_id_logprob(t), t] for t in tids]
+
+
+def fake_id_logprob(t: int) -> float:
+    return -5.0 - 0.01 * t
+
+
+def fake_output_id_rows(r: FakeReq, tids: list[int], positions: range, new: list[int]) -> list:
+    """One row per new token (its logprob is the one output_token_logprobs gives it); a
+    prefill-only request gets one row, the next token's, as the real scheduler gives it."""
+    if r.params.max_new_tokens == 0 and r.num_sent == 0:
+        return [id_row(tids, None, 0.0)]
+    return [id_row(tids, t, -0.1 * (i + 1)) for i, t in zip(positions, new, strict=True)]
 
 
 class FakeStack:
