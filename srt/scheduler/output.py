@@ -28,7 +28,16 @@ def record_input_logprobs(
             continue
         rows = per_req[i][:-1] if batch.completes_fill(i) else per_req[i]
         if rows:
-            first_pos = max(req.logprob_start_len - 1, 0, batch.starts[i])
+            start = max(req.logprob_start_len - 1, 0)
+            first_pos = max(start, batch.starts[i])
+            # a request sent back to the queue between two chunks (retracted) computes some
+            # positions again: their rows replace the ones held, never add to them
+            for held in (
+                req.partial_input_logprobs,
+                req.partial_input_top,
+                req.partial_input_token_ids,
+            ):
+                del held[first_pos - start :]
             targets = req.prompt_ids[first_pos + 1 : first_pos + 1 + len(rows)]
             lp = torch.log_softmax(logits[rows].float(), dim=-1)
             ids = torch.tensor(targets, dtype=torch.int64, device=lp.device)

@@ -149,3 +149,41 @@ def test_weight_updates_while_paused(sched, tiny_llama_dir) -> None:
 
     got = _run(sched, _msgs("d"), pause_at=2, mode="retract", while_paused=retract)
     assert all(r[1]["type"] == "length" for r in got.values())
+
+
+def test_a_retracted_chunked_prompt_keeps_one_input_logprob_per_position(sched) -> None:
+    """Retracted between two chunks, a prompt is prefilled again from the start: its input
+    logprobs are the unpaused run's, one per position (the first chunk's rows are replaced)."""
+
+    def run(pause_at):
+        rng = random.Random(3)
+        msg = TokenizedGenerateReq(
+            "lp",
+            [rng.randrange(100, 40000) for _ in range(150)],
+            {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True},
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=2,
+        )
+        sched.handle(msg)
+        rows, tops, step = None, None, 0
+        while sched.wants_step():
+            out = run_step(sched)
+            for i, rid in enumerate(out.rids if out else []):
+                if rid == "lp" and out.input_token_logprobs[i] is not None:
+                    rows, tops = out.input_token_logprobs[i], out.input_top_logprobs[i]
+            step += 1
+            if step == pause_at:
+                assert sched.chunked is not None  # between two chunks
+                assert sched.handle(ControlReq("p", "pause", {"mode": "retract"})).ok
+                assert sched.chunked is None
+                assert sched.handle(ControlReq("c", "continue")).ok
+        sched.cache.reset()
+        return rows, tops
+
+    ref_rows, ref_tops = run(None)
+    rows, tops = run(1)
+    assert len(ref_rows) == len(rows) == 150 and len(tops) == 150
+    assert [t for _, t in rows] == [t for _, t in ref_rows]
+    for (a, _), (b, _) in zip(rows[1:], ref_rows[1:], strict=True):
+        assert abs(a - b) < 1e-4
