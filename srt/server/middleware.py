@@ -18,7 +18,7 @@ from fastapi import Request
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError
-from radixlm.srt.server.errors import error_body
+from radixlm.srt.server.errors import ANTHROPIC_PATHS, error_body
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/metrics"})
 
@@ -39,13 +39,19 @@ def _matches(token: bytes, key: str | None) -> bool:
 
 
 async def _send_error(
+    scope: dict,
     send: Callable,
     message: str,
     status: int,
     code: str,
     extra_headers: list[tuple[bytes, bytes]] = (),
 ) -> None:
-    body = orjson.dumps(error_body(message, status, code=code))
+    """The OpenAI error shape; on Anthropic's routes with its ``"type": "error"`` beside (as
+    the route handlers answer there)."""
+    body = error_body(message, status, code=code)
+    if scope.get("path", "").startswith(ANTHROPIC_PATHS):
+        body = {"type": "error", **body}
+    body = orjson.dumps(body)
     await send(
         {
             "type": "http.response.start",
@@ -73,6 +79,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         await _send_error(
+            scope,
             send,
             "missing or wrong API key: send Authorization: Bearer <key>",
             401,
@@ -123,7 +130,7 @@ class BodyLimitMiddleware:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             err = self._too_large()
-            await _send_error(send, err.message, 413, "request_too_large")
+            await _send_error(scope, send, err.message, 413, "request_too_large")
             return
         received = 0
 

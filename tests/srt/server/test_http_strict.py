@@ -577,6 +577,10 @@ def test_anthropic_clients_send_the_key_as_x_api_key(keyed: FakeStack) -> None:
     assert httpx.post(url, json=body, headers={"x-api-key": USER}).status_code == 200
     denied = httpx.post(url, json=body, headers={"x-api-key": "wrong"})
     assert denied.status_code == 401
+    assert denied.json()["type"] == "error"  # Anthropic's envelope, as the routes answer
+    assert denied.json()["error"]["code"] == "invalid_api_key"
     assert httpx.post(url, json=body).status_code == 401
+    other = httpx.post(keyed.url + "/v1/chat/completions", json=body)
+    assert other.status_code == 401 and "type" not in other.json()  # OpenAI's shape
     admin = httpx.post(keyed.url + "/flush_cache", headers={"x-api-key": ADMIN})
     assert admin.status_code == 200
