@@ -50,6 +50,11 @@ def _decode(model, prompts: list[list[int]], steps: int, streaming: bool) -> lis
     return out
 
 
+@pytest.fixture(autouse=True)
+def enabled(monkeypatch):
+    monkeypatch.setattr(gemv, "ENABLED", True)
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_streaming_decode_matches_layer_by_layer(model, rows):
     g = torch.Generator().manual_seed(rows)
@@ -66,6 +71,9 @@ def test_streaming_refuses_what_it_cannot_fold(model):
     layer = model.model.layers[0]
     assert not layer.can_stream(torch.zeros(gemv.MAX_ROWS + 1, model.config.hidden_size))
     assert not layer._streams(torch.zeros(1, model.config.hidden_size))  # a CPU tensor
+    gemv.ENABLED = False  # restored by the fixture
+    assert not layer.can_stream(torch.zeros(1, model.config.hidden_size))
+    gemv.ENABLED = True
     bias = torch.nn.Parameter(torch.zeros(layer.self_attn.o_proj.out_features))
     layer.self_attn.o_proj.bias = bias
     try:
