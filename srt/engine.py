@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
@@ -59,6 +59,9 @@ from radixlm.srt.messages import (
     TokenizedGenerateReq,
 )
 from radixlm.srt.scheduler.failures import handle_message, run_step
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -391,10 +394,35 @@ class Engine:
             "flush_cache": flush_cache,
             "weight_version": weight_version,
         }
+        reply = self._when_idle("update_weights_from_disk", args)
+        return reply.ok, reply.data["message"], 0
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        """SGLang's: copies ``(checkpoint name, tensor)`` pairs (any subset of the model's
+        tensors, e.g. one bucket of a trainer's update) into the running weights, in place,
+        once the requests in flight have finished; the prefix cache is emptied unless
+        ``flush_cache=False`` (send False for all but the last bucket). ``(success,
+        message)``; a refused call (unknown name, other shape) changes nothing."""
+        args = {
+            "named_tensors": named_tensors,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+        }
+        reply = self._when_idle("update_weights_from_tensor", args)
+        return reply.ok, reply.data["message"]
+
+    def _when_idle(self, kind: str, args: dict):
+        """A weight update's control reply, sent again while the scheduler answers ``busy``
+        (requests in flight), running their steps meanwhile."""
         while True:
-            reply = self._control("update_weights_from_disk", args)
+            reply = self._control(kind, args)
             if reply.ok or not reply.data.get("busy"):
-                return reply.ok, reply.data["message"], 0
+                return reply
             if not self._try_step():  # another caller runs the steps of those requests
                 time.sleep(0.002)
 

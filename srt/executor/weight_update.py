@@ -42,16 +42,20 @@ SHAPE_FIELDS = (
 LOAD_FORMATS = (None, "auto", "safetensors")
 
 
-def _checkpoint(runner: ModelRunner, model_path: str, load_format: str | None) -> Path:
-    """The folder to read, once everything that can be checked before writing is checked."""
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"load_format must be auto or safetensors, got {load_format!r}")
+def _check_updatable(runner: ModelRunner) -> None:
     if runner.tp.is_distributed:
         raise ValueError("updating weights is not supported with tensor parallelism yet")
     if runner.cfg.quantization != "none":
         raise ValueError(
             f"updating weights is not supported with --quantization {runner.cfg.quantization}"
         )
+
+
+def _checkpoint(runner: ModelRunner, model_path: str, load_format: str | None) -> Path:
+    """The folder to read, once everything that can be checked before writing is checked."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be auto or safetensors, got {load_format!r}")
+    _check_updatable(runner)
     if not isinstance(model_path, str) or not model_path:
         raise ValueError(f"model_path must be a non-empty string, got {model_path!r}")
     try:
@@ -91,6 +95,61 @@ def update_weights_from_disk(
     previous, runner.model_dir = runner.model_dir, folder
     logger.warning("weights updated from %s (were %s)", folder, previous)
     return f"weights loaded from {folder}"
+
+
+TENSOR_LOAD_FORMATS = (None, "direct")
+
+
+@torch.inference_mode()
+def update_weights_from_tensor(
+    runner: ModelRunner, named_tensors: object, load_format: str | None = None
+) -> str:
+    """SGLang's in-process ``update_weights_from_tensor``: ``named_tensors``, a list of
+    ``(checkpoint name, tensor)`` pairs (Hugging Face names; any subset of the model's tensors,
+    as RL loops send them in buckets), copied into the running weights in place (any device,
+    any float dtype: converted). Every name and shape is checked before anything is written, so
+    a refused call (ValueError naming the first bad pair) leaves the weights as they were. A
+    tied ``lm_head.weight`` is skipped, as loading a checkpoint skips it."""
+    if load_format not in TENSOR_LOAD_FORMATS:
+        raise ValueError(
+            f"load_format must be None or 'direct' (tensors given in-process), got "
+            f"{load_format!r}; serialized tensor payloads are not supported"
+        )
+    _check_updatable(runner)
+    if not isinstance(named_tensors, list | tuple):
+        raise ValueError(
+            f"named_tensors must be a list of (name, tensor) pairs, got {type(named_tensors).__name__}"
+        )
+    model, writes = runner.model, []
+    tied = bool(getattr(runner.model_config, "tie_word_embeddings", False))
+    for i, pair in enumerate(named_tensors):
+        if not (
+            isinstance(pair, list | tuple)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and isinstance(pair[1], torch.Tensor)
+        ):
+            raise ValueError(f"named_tensors[{i}] must be a (name, torch.Tensor) pair")
+        name, tensor = pair
+        if name == "lm_head.weight" and tied:
+            continue
+        try:
+            target = model.checkpoint_tensor(name)
+        except KeyError as e:
+            raise ValueError(f"named_tensors[{i}]: {e.args[0]}") from None
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"named_tensors[{i}] {name!r} has shape {tuple(tensor.shape)}, the model's is "
+                f"{tuple(target.shape)}"
+            )
+        if not tensor.is_floating_point():
+            raise ValueError(
+                f"named_tensors[{i}] {name!r} must be floating point, got {tensor.dtype}"
+            )
+        writes.append((target, tensor))
+    for target, tensor in writes:
+        target.copy_(tensor)
+    return f"{len(writes)} weight tensor(s) updated in place"
 
 
 # what one get_weights_by_name answer may carry (a float each): 100 rows of an 8B model's

@@ -36,7 +36,11 @@ import torch
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
-from radixlm.srt.executor.weight_update import update_weights_from_disk, weights_by_name
+from radixlm.srt.executor.weight_update import (
+    update_weights_from_disk,
+    update_weights_from_tensor,
+    weights_by_name,
+)
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
@@ -220,8 +224,8 @@ class Scheduler:
         if msg.kind == "set_weight_version":
             self.weight_version = str(msg.args["weight_version"])
             return ControlReply(msg.req_id, True, {"weight_version": self.weight_version})
-        if msg.kind == "update_weights_from_disk":
-            return ControlReply(msg.req_id, *self._update_weights(msg.args))
+        if msg.kind in ("update_weights_from_disk", "update_weights_from_tensor"):
+            return ControlReply(msg.req_id, *self._update_weights(msg.kind, msg.args))
         if msg.kind == "pause":
             return ControlReply(msg.req_id, *self._pause(msg.args.get("mode")))
         if msg.kind == "continue":
@@ -260,8 +264,9 @@ class Scheduler:
             self.paused = mode
         return True, {"paused": self.paused, "num_requests": len(self.waiting) + len(self.running)}
 
-    def _update_weights(self, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        """SGLang's update_weights_from_disk, between steps, while idle (``busy`` tells the
+    def _update_weights(self, kind: str, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """SGLang's update_weights_from_disk (or _from_tensor, in-process: the tensors come in
+        ``args``), between steps, while idle (``busy`` tells the
         caller to let the running requests finish first) or paused: after a ``retract`` pause
         no request holds KV; after an ``in_place`` one the running requests keep the KV of
         the old weights, so the prefix cache cannot be emptied and ``flush_cache`` must be
@@ -278,13 +283,23 @@ class Scheduler:
                 }
         elif self.has_work() and self.paused is None:
             return False, {"message": "requests are running", "busy": True}
+        disk_tier = getattr(self.cache, "storage", None) is not None
         try:
-            message = update_weights_from_disk(
-                self.runner, args.get("model_path"), args.get("load_format")
-            )
+            if kind == "update_weights_from_disk":
+                message = update_weights_from_disk(
+                    self.runner, args.get("model_path"), args.get("load_format")
+                )
+            elif disk_tier:  # its pages are keyed by the checkpoint files the weights came from
+                raise ValueError(
+                    "a disk KV tier names its pages after the checkpoint's files: update the "
+                    "weights from disk (update_weights_from_disk) with it on"
+                )
+            else:
+                message = update_weights_from_tensor(
+                    self.runner, args.get("named_tensors"), args.get("load_format")
+                )
         except ValueError as e:
             return False, {"message": str(e)}
-        disk_tier = getattr(self.cache, "storage", None) is not None
         if args.get("flush_cache", True) or disk_tier:
             self.cache.reset()  # its KV was computed with the old weights
         if disk_tier:  # pages of the new weights go to (and come from) a folder of their own

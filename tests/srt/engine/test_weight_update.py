@@ -4,6 +4,7 @@ fails part-way, leaves the previous weights; the prefix cache is emptied. Tiny r
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 
@@ -295,4 +296,47 @@ def test_get_weights_by_name_reads_the_running_weights(tiny_llama_dir, other_dir
             engine.get_weights_by_name("model.layers.0.self_attn.rotary_emb.inv_freq")
         with pytest.raises(ValueError, match="truncate_size"):
             engine.get_weights_by_name(name, 0)
+        assert engine.scheduler.check_idle()
+
+
+def test_update_weights_from_tensor_in_buckets(tiny_llama_dir, other_dir):
+    """SGLang's in-process update_weights_from_tensor: the other checkpoint's tensors sent in
+    two buckets (the cache kept after the first, as RL loops do) give exactly the outputs of an
+    engine started on it; a bucket with an unknown name or another shape changes nothing."""
+    (path,) = other_dir.glob("*.safetensors")
+    other = load_file(str(path))
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        want_other = _outputs(fresh)
+    with Engine(str(tiny_llama_dir), max_total_tokens=POOL, log_level="warning") as engine:
+        want_first = _outputs(engine)
+        name = "model.layers.0.self_attn.k_proj.weight"
+        before = engine.get_weights_by_name(name, 2)
+        for bad, match in (
+            (
+                [(name, other[name]), ("model.layers.9.mlp.up_proj.weight", other[name])],
+                "no weight",
+            ),
+            ([(name, other[name]), ("model.norm.weight", other[name])], "shape"),
+            ([(name, other[name].to(torch.int32))], "floating point"),
+            ([name], r"named_tensors\[0\] must be"),
+        ):
+            ok, message = engine.update_weights_from_tensor(bad)
+            assert not ok and re.search(match, message), message
+        assert engine.get_weights_by_name(name, 2) == before  # nothing was written
+        ok, message = engine.update_weights_from_tensor([], load_format="flattened_bucket")
+        assert not ok and "load_format" in message
+
+        items = sorted(other.items())
+        half = len(items) // 2
+        ok, message = engine.update_weights_from_tensor(items[:half], flush_cache=False)
+        assert ok and f"{half} weight" in message, message
+        engine.generate(PROMPTS[0], GREEDY)  # runs on half-updated weights, cached
+        ok, message = engine.update_weights_from_tensor(items[half:])
+        assert ok, message
+        again = engine.generate(PROMPTS[0], GREEDY)
+        assert again["meta_info"]["cached_tokens"] == 0  # emptied after the last bucket
+        assert [again["output_ids"], *_outputs(engine)[1:]] == want_other
+        (path,) = tiny_llama_dir.glob("*.safetensors")
+        ok, _ = engine.update_weights_from_tensor(list(load_file(str(path)).items()))
+        assert ok and _outputs(engine) == want_first
         assert engine.scheduler.check_idle()
