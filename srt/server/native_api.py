@@ -370,6 +370,35 @@ async def update_weights_from_disk(request: Request) -> Response:
     return json_response(answer, 200 if ok else 400)
 
 
+# SGLang's other weight-sync routes carry tensors as pickled handles (CUDA IPC, shared memory)
+# or need a NCCL group with the trainer: not over this server's HTTP. An RL loop that calls one
+# gets a 400 saying what works instead, not a bare 404.
+WEIGHT_SYNC_ELSEWHERE = (
+    "/update_weights_from_tensor",
+    "/update_weights_from_distributed",
+    "/update_weights_from_ipc",
+    "/init_weights_update_group",
+    "/destroy_weights_update_group",
+)
+
+
+@router.post(WEIGHT_SYNC_ELSEWHERE[0], include_in_schema=False)
+@router.post(WEIGHT_SYNC_ELSEWHERE[1], include_in_schema=False)
+@router.post(WEIGHT_SYNC_ELSEWHERE[2], include_in_schema=False)
+@router.post(WEIGHT_SYNC_ELSEWHERE[3], include_in_schema=False)
+@router.post(WEIGHT_SYNC_ELSEWHERE[4], include_in_schema=False)
+async def weight_sync_elsewhere(request: Request) -> Response:
+    """A 400 naming what works: /update_weights_from_disk, or the Engine in-process."""
+    require_admin(request)
+    raise GenerateError(
+        f"{request.url.path} is not supported by this server (its tensors are pickled "
+        "handles or a NCCL group); update from a checkpoint with /update_weights_from_disk, "
+        "or in-process with Engine.update_weights_from_tensor",
+        400,
+        code="unsupported_route",
+    )
+
+
 @router.post("/get_weights_by_name", openapi_extra=json_body(GetWeightsByNameInput))
 @router.get("/get_weights_by_name", include_in_schema=False)  # one operation in the schema
 async def get_weights_by_name(request: Request) -> Response:

@@ -584,3 +584,11 @@ def test_anthropic_clients_send_the_key_as_x_api_key(keyed: FakeStack) -> None:
     assert other.status_code == 401 and "type" not in other.json()  # OpenAI's shape
     admin = httpx.post(keyed.url + "/flush_cache", headers={"x-api-key": ADMIN})
     assert admin.status_code == 200
+
+
+def test_sglangs_other_weight_sync_routes_say_what_works(keyed: FakeStack) -> None:
+    for path in ("/update_weights_from_tensor", "/init_weights_update_group"):
+        body = {"serialized_named_tensors": ["gASV"], "flush_cache": True}
+        assert httpx.post(keyed.url + path, json=body).status_code == 401  # admin routes
+        err = error_of(httpx.post(keyed.url + path, json=body, headers=auth(ADMIN)), 400)
+        assert path in err["message"] and "/update_weights_from_disk" in err["message"]
