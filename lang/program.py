@@ -1,4 +1,5 @@
-"""``@function`` programs and how they run: ``run``, ``run(stream=True)``, ``run_batch``, ``bind``.
+"""``@function`` programs and how they run: ``run``, ``run(stream=True)``, ``run_batch``, ``bind``,
+``cache``.
 
 @rl.function
 def qa(s, question):
@@ -18,14 +19,16 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from radixlm.lang.backend_base import BaseBackend
+from radixlm.lang.backend_base import BaseBackend, Prompt
 from radixlm.lang.errors import ProgramError
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import GenParams
+from radixlm.lang.prefix_trace import PrefixTracer, constant_prefix
 from radixlm.lang.primitives import check_n
 from radixlm.lang.state import ProgramState
 
 DEFAULT_MAX_NEW_TOKENS = 128
+CACHE_MIN_CHARS = 64  # Program.cache: shorter openings are not prefilled (SGLang's threshold)
 _default_backend: BaseBackend | None = None
 
 
@@ -133,7 +136,20 @@ class Program:
             )
         return Program(self.func, {**self.bound, **kwargs})
 
+    def cache(self, backend: BaseBackend | None = None) -> None:
+        """SGLang's: prefills the program's constant opening text (what it appends before
+        anything that depends on an argument, a generation or a role) on ``backend`` (default:
+        the default backend), so that its runs share that prefix from the cache. Openings of
+        up to 64 characters are not worth a request and are skipped, as in SGLang."""
+        names = [n for n in self._positional_names if n in self._arg_names]
+        names += sorted(self._arg_names - set(names))
+        prefix = constant_prefix(self.func, names, self.bound)
+        if len(prefix) > CACHE_MIN_CHARS:
+            _resolve_backend(backend).cache_prefix(Prompt(text=prefix))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], PrefixTracer):  # a program called inside a traced one
+            return self.func(*args, **{**self.bound, **kwargs})
         if args and isinstance(args[0], ProgramState):
             return self.func(*args, **{**self.bound, **kwargs})
         return self.run(*args, **kwargs)

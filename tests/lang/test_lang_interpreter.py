@@ -453,3 +453,59 @@ def test_separate_reasoning_refusals():
         rl.separate_reasoning(rl.gen("a"))
     with pytest.raises(ValueError, match="named gen or select"):
         rl.separate_reasoning(rl.gen(), model_type="qwen3")
+
+
+FEW_SHOT = "".join(f"Q: What is {i} + {i}?\nA: {2 * i}\n" for i in range(6))
+
+
+def test_cache_prefills_the_constant_opening_only(backend):
+    @rl.function
+    def few_shot(s, question, style="short"):
+        s += FEW_SHOT
+        s += "Style: "
+        s += style  # bound below: constant
+        s += "\nQ: " + question + "\n"  # depends on the argument: the trace ends here
+        s += "A:" + rl.gen("answer", max_tokens=8)
+
+    @rl.function
+    def chat(s, question):
+        s += rl.system(FEW_SHOT)  # a role: nothing constant before it
+        s += rl.user(question)
+
+    @rl.function
+    def short(s, x):
+        s += "Q: " + x
+
+    @rl.function
+    def arithmetic(s, n):
+        s += FEW_SHOT
+        for _ in range(n):  # a placeholder used as a number ends the trace too
+            s += "more"
+
+    few_shot.bind(style="terse").cache(backend=backend)
+    few_shot.cache(backend=backend)
+    chat.cache(backend=backend)
+    short.cache(backend=backend)
+    arithmetic.cache(backend=backend)
+    assert backend.calls == [
+        ("prefill", FEW_SHOT + "Style: terse"),
+        ("prefill", FEW_SHOT + "Style: "),
+        ("prefill", FEW_SHOT),
+    ]
+    # a run afterwards is unchanged, and its prompt starts with the cached text
+    state = few_shot.run(question="1 + 9", backend=backend)
+    assert state["answer"] and backend.calls[-1][1].startswith(FEW_SHOT + "Style: short")
+
+
+def test_cache_of_a_program_calling_another(backend):
+    @rl.function
+    def intro(s):
+        s += FEW_SHOT
+
+    @rl.function
+    def outer(s, q):
+        intro(s)
+        s += "Q: " + q
+
+    outer.cache(backend=backend)
+    assert backend.calls == [("prefill", FEW_SHOT)]
