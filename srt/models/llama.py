@@ -186,7 +186,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def _streams(self, hidden: torch.Tensor) -> bool:
         """Whether this batch takes the weight-streaming path: a few rows on a GPU, one rank,
-        dense weights of the activations' dtype without biases (``kernels/gemv.py``)."""
+        dense weights of the activations' dtype without biases (``kernels/gemv.py``); q/k
+        norms and rope run in ``attend`` as on the layer-by-layer path."""
         return hidden.is_cuda and self.can_stream(hidden)
 
     def can_stream(self, hidden: torch.Tensor) -> bool:
@@ -194,7 +195,7 @@ class LlamaDecoderLayer(nn.Module):
         if hidden.shape[0] > gemv.MAX_ROWS or not gemv.ENABLED:
             return False
         attn, mlp = self.self_attn, self.mlp
-        if attn.qk_norm or not attn.fused_rope or mlp.down_proj.tp.size != 1:
+        if mlp.down_proj.tp.size != 1:
             return False
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         return all(

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.skipif(gemv.triton is None, reason="needs triton")
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    folder = write_checkpoint("llama3_rope_sharded", tmp_path_factory.mktemp("stream"))
+@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm"])
+def model(request, tmp_path_factory):
+    folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     return load_model(folder, torch.float32, "cpu")
 
 
