@@ -142,6 +142,8 @@ def update_weights_from_tensor(
                 f"named_tensors[{i}] {name!r} has shape {tuple(tensor.shape)}, the model's is "
                 f"{tuple(target.shape)}"
             )
+        if tensor.device.type == "meta":
+            raise ValueError(f"named_tensors[{i}] {name!r} is a meta tensor: it holds no values")
         if not tensor.is_floating_point():
             raise ValueError(
                 f"named_tensors[{i}] {name!r} must be floating point, got {tensor.dtype}"

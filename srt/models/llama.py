@@ -163,6 +163,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp, options.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._stream_ok: dict[tuple, bool] = {}  # can_stream's weight checks per dtype/device
 
     def forward(
         self,
@@ -194,14 +195,16 @@ class LlamaDecoderLayer(nn.Module):
         """``_streams`` on any device the kernels run on (the Triton interpreter's included)."""
         if hidden.shape[0] > gemv.MAX_ROWS or not gemv.ENABLED:
             return False
-        attn, mlp = self.self_attn, self.mlp
-        if mlp.down_proj.tp.size != 1:
-            return False
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        return all(
-            m.bias is None and "forward" not in m.__dict__ and gemv.supported(hidden, m.weight)
-            for m in linears
-        )
+        key = (hidden.dtype, hidden.device)  # the rest is fixed once the weights are loaded
+        known = self._stream_ok.get(key)
+        if known is None:
+            attn, mlp = self.self_attn, self.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            known = self._stream_ok[key] = mlp.down_proj.tp.size == 1 and all(
+                m.bias is None and "forward" not in m.__dict__ and gemv.supported(hidden, m.weight)
+                for m in linears
+            )
+        return known
 
     def _forward_streaming(
         self,

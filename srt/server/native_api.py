@@ -382,11 +382,6 @@ WEIGHT_SYNC_ELSEWHERE = (
 )
 
 
-@router.post(WEIGHT_SYNC_ELSEWHERE[0], include_in_schema=False)
-@router.post(WEIGHT_SYNC_ELSEWHERE[1], include_in_schema=False)
-@router.post(WEIGHT_SYNC_ELSEWHERE[2], include_in_schema=False)
-@router.post(WEIGHT_SYNC_ELSEWHERE[3], include_in_schema=False)
-@router.post(WEIGHT_SYNC_ELSEWHERE[4], include_in_schema=False)
 async def weight_sync_elsewhere(request: Request) -> Response:
     """A 400 naming what works: /update_weights_from_disk, or the Engine in-process."""
     require_admin(request)
@@ -397,6 +392,10 @@ async def weight_sync_elsewhere(request: Request) -> Response:
         400,
         code="unsupported_route",
     )
+
+
+for _path in WEIGHT_SYNC_ELSEWHERE:
+    router.add_api_route(_path, weight_sync_elsewhere, methods=["POST"], include_in_schema=False)
 
 
 @router.post("/get_weights_by_name", openapi_extra=json_body(GetWeightsByNameInput))

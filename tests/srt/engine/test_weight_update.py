@@ -319,6 +319,7 @@ def test_update_weights_from_tensor_in_buckets(tiny_llama_dir, other_dir):
             ([(name, other[name]), ("model.norm.weight", other[name])], "shape"),
             ([(name, other[name].to(torch.int32))], "floating point"),
             ([name], r"named_tensors\[0\] must be"),
+            ([(name, torch.empty(other[name].shape, device="meta"))], "meta tensor"),
         ):
             ok, message = engine.update_weights_from_tensor(bad)
             assert not ok and re.search(match, message), message
