@@ -6,10 +6,20 @@ filtering, so they describe the model, not the sampler. All functions are pure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+# Rows of logits turned into float32 log-probabilities at a time: a prompt chunk of 8,192 rows
+# over a 128k vocabulary would otherwise take two [rows, vocab] float32 copies (~8 GB).
+ROW_BLOCK = 512
+
+
+def _log_softmax_blocks(logits: Tensor) -> Iterator[tuple[int, Tensor]]:
+    """``(first row, float32 log_softmax of the next ROW_BLOCK rows)`` over ``logits [N, V]``."""
+    for lo in range(0, logits.shape[0], ROW_BLOCK):
+        yield lo, torch.log_softmax(logits[lo : lo + ROW_BLOCK].float(), dim=-1)
 
 
 def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
@@ -18,9 +28,11 @@ def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
         logits.shape,
         token_ids.shape,
     )
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
     index = token_ids.to(device=logits.device, dtype=torch.int64).unsqueeze(1)
-    return logprobs.gather(1, index).squeeze(1)
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for lo, lp in _log_softmax_blocks(logits):
+        out[lo : lo + lp.shape[0]] = lp.gather(1, index[lo : lo + lp.shape[0]]).squeeze(1)
+    return out
 
 
 def top_logprobs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -28,8 +40,11 @@ def top_logprobs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     most likely first. ``k`` is capped at the vocabulary size; ``k == 0`` gives empty tensors."""
     assert k >= 0, k
     k = min(k, logits.shape[-1])
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = logprobs.topk(k, dim=-1)
+    n = logits.shape[0]
+    values = torch.empty(n, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(n, k, dtype=torch.int64, device=logits.device)
+    for lo, lp in _log_softmax_blocks(logits):
+        values[lo : lo + lp.shape[0]], ids[lo : lo + lp.shape[0]] = lp.topk(k, dim=-1)
     return values, ids
 
 
@@ -47,7 +62,9 @@ def token_ids_logprob_rows(logits: Tensor, token_ids: Sequence[int]) -> list[lis
     ``[logprob, token_id]`` pair of each of ``token_ids``, in the order given."""
     ids = list(token_ids)
     index = torch.tensor(ids, dtype=torch.int64, device=logits.device)
-    values = torch.log_softmax(logits.float(), dim=-1).index_select(1, index)
+    values = torch.empty(logits.shape[0], len(ids), dtype=torch.float32, device=logits.device)
+    for lo, lp in _log_softmax_blocks(logits):
+        values[lo : lo + lp.shape[0]] = lp.index_select(1, index)
     return [[[v, t] for v, t in zip(row, ids, strict=True)] for row in values.tolist()]
 
 

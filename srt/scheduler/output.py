@@ -12,7 +12,11 @@ from __future__ import annotations
 import torch
 
 from radixlm.srt.messages import BatchTokenOut
-from radixlm.srt.sampling.logprobs import token_ids_logprob_rows, top_logprob_rows
+from radixlm.srt.sampling.logprobs import (
+    token_ids_logprob_rows,
+    token_logprobs,
+    top_logprob_rows,
+)
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 from radixlm.srt.scheduler.stop import StopChecker
@@ -39,16 +43,15 @@ def record_input_logprobs(
             ):
                 del held[first_pos - start :]
             targets = req.prompt_ids[first_pos + 1 : first_pos + 1 + len(rows)]
-            lp = torch.log_softmax(logits[rows].float(), dim=-1)
-            ids = torch.tensor(targets, dtype=torch.int64, device=lp.device)
-            vals = lp.gather(1, ids[:, None])[:, 0].tolist()
+            contiguous = rows[-1] - rows[0] == len(rows) - 1
+            sub = logits[rows[0] : rows[-1] + 1] if contiguous else logits[rows]  # a view if it can
+            ids = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+            vals = token_logprobs(sub, ids).tolist()
             req.partial_input_logprobs += [[v, t] for v, t in zip(vals, targets, strict=True)]
             if req.top_logprobs_num > 0:
-                req.partial_input_top += top_logprob_rows(logits[rows], req.top_logprobs_num)
+                req.partial_input_top += top_logprob_rows(sub, req.top_logprobs_num)
             if req.token_ids_logprob:
-                req.partial_input_token_ids += token_ids_logprob_rows(
-                    logits[rows], req.token_ids_logprob
-                )
+                req.partial_input_token_ids += token_ids_logprob_rows(sub, req.token_ids_logprob)
         if batch.completes_fill(i):
             head = [[None, req.prompt_ids[0]]] if req.logprob_start_len == 0 else []
             req.input_token_logprobs = head + req.partial_input_logprobs

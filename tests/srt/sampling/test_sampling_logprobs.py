@@ -64,3 +64,25 @@ def test_input_token_logprobs_with_partial_logits() -> None:
     with pytest.raises(AssertionError):
         input_token_logprobs(logits[2:], ids, start=1, logits_start=2)
     assert input_token_logprobs(logits[:1], [9], 0) == [None]
+
+
+def test_row_blocks_give_the_whole_tensor_results(monkeypatch) -> None:
+    """Log-probabilities are computed ROW_BLOCK rows at a time (bounded float32 temporaries
+    for long prompt chunks); results equal the one-shot log_softmax, across block edges."""
+    from radixlm.srt.sampling import logprobs as lp_mod
+
+    monkeypatch.setattr(lp_mod, "ROW_BLOCK", 3)
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 17, generator=g) * 4
+    full = torch.log_softmax(logits, -1)
+    ids = torch.randint(0, 17, (8,), generator=g)
+    assert torch.allclose(lp_mod.token_logprobs(logits, ids), full[torch.arange(8), ids])
+    values, top_ids = lp_mod.top_logprobs(logits, 4)
+    ref_v, ref_i = full.topk(4, dim=-1)
+    assert torch.equal(top_ids, ref_i) and torch.allclose(values, ref_v)
+    rows = lp_mod.token_ids_logprob_rows(logits, [5, 0, 16])
+    assert len(rows) == 8
+    for r, row in enumerate(rows):
+        assert [t for _, t in row] == [5, 0, 16]
+        assert torch.allclose(torch.tensor([v for v, _ in row]), full[r, [5, 0, 16]])
+    assert lp_mod.top_logprobs(logits[:0], 2)[0].shape == (0, 2)
