@@ -26,6 +26,7 @@ from radixlm.lang.ir import GenParams
 from radixlm.lang.prefix_trace import PrefixTracer, constant_prefix
 from radixlm.lang.primitives import check_n
 from radixlm.lang.state import ProgramState
+from radixlm.lang.trace import ProgramTrace, TraceState, trace_program
 
 DEFAULT_MAX_NEW_TOKENS = 128
 CACHE_MIN_CHARS = 64  # Program.cache: shorter openings are not prefilled (SGLang's threshold)
@@ -128,12 +129,7 @@ class Program:
 
     def bind(self, **kwargs: Any) -> Program:
         """A copy with some arguments fixed."""
-        unknown = sorted(set(kwargs) - self._arg_names)
-        if unknown and not self._takes_kwargs:
-            raise ValueError(
-                f"{self.__name__}() has no argument(s) {unknown}; it takes "
-                f"{sorted(self._arg_names)}"
-            )
+        self._check_names(kwargs)
         return Program(self.func, {**self.bound, **kwargs})
 
     def cache(self, backend: BaseBackend | None = None) -> None:
@@ -141,16 +137,35 @@ class Program:
         anything that depends on an argument, a generation or a role) on ``backend`` (default:
         the default backend), so that its runs share that prefix from the cache. Openings of
         up to 64 characters are not worth a request and are skipped, as in SGLang."""
-        names = [n for n in self._positional_names if n in self._arg_names]
-        names += sorted(self._arg_names - set(names))
-        prefix = constant_prefix(self.func, names, self.bound)
+        prefix = constant_prefix(self.func, self._traced_names(), self.bound)
         if len(prefix) > CACHE_MIN_CHARS:
             _resolve_backend(backend).cache_prefix(Prompt(text=prefix))
 
+    def trace(self, *, backend: BaseBackend | None = None, **kwargs: Any) -> ProgramTrace:
+        """SGLang's: runs the body on a recording state and returns what it appends
+        (:class:`radixlm.lang.trace.ProgramTrace`: ``nodes``, ``variables``, ``forks``,
+        ``last_node``, ``complete``). Arguments not given stand as ``Argument`` nodes; nothing
+        is sent to ``backend`` or any other backend (it is accepted for SGLang's signature)."""
+        del backend
+        self._check_names(kwargs)
+        return trace_program(self.func, self._traced_names(), {**self.bound, **kwargs})
+
+    def _check_names(self, kwargs: dict[str, Any]) -> None:
+        unknown = sorted(set(kwargs) - self._arg_names)
+        if unknown and not self._takes_kwargs:
+            raise ValueError(
+                f"{self.__name__}() has no argument(s) {unknown}; it takes "
+                f"{sorted(self._arg_names)}"
+            )
+
+    def _traced_names(self) -> list[str]:
+        """The argument names, positional ones first, for the placeholder traces."""
+        names = [n for n in self._positional_names if n in self._arg_names]
+        return names + sorted(self._arg_names - set(names))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if args and isinstance(args[0], PrefixTracer):  # a program called inside a traced one
-            return self.func(*args, **{**self.bound, **kwargs})
-        if args and isinstance(args[0], ProgramState):
+        # called inside another program (running, or traced by trace / cache)
+        if args and isinstance(args[0], (ProgramState, TraceState, PrefixTracer)):
             return self.func(*args, **{**self.bound, **kwargs})
         return self.run(*args, **kwargs)
 

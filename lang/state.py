@@ -14,29 +14,21 @@ from radixlm.lang.primitives import _role
 JOIN_MODES = ("gather_variable", "concate_join")
 
 
-class ProgramState:
-    """``s += "text" + gen("x")`` appends; ``s["x"]`` reads a variable (waiting for it);
-    ``s.text()`` and ``s.messages()`` read the whole state."""
-
-    def __init__(self, executor: StreamExecutor) -> None:
-        self._ex = executor
-
-    # ------------------------------------------------------------------ appending
-    def __iadd__(self, other: Any) -> ProgramState:
-        self._ex.submit(to_expr(other))
-        return self
+class RoleMethods:
+    """``s.system/user/assistant(expr)`` append a message; without ``expr`` they are context
+    managers that wrap the appends inside them (for any state whose ``+=`` appends)."""
 
     def _role_scope(self, role: str, expr: Any) -> Any:
         if expr is not None:
-            self._ex.submit(_role(role, expr))
+            self += _role(role, expr)
             return None
         return self._role_context(role)
 
     @contextmanager
     def _role_context(self, role: str) -> Iterator[None]:
-        self._ex.submit(RoleBegin(role))
+        self += RoleBegin(role)
         yield
-        self._ex.submit(RoleEnd(role))
+        self += RoleEnd(role)
 
     def system(self, expr: Any = None) -> Any:
         """``s.system("...")`` appends a message; ``with s.system(): ...`` wraps appends."""
@@ -47,6 +39,19 @@ class ProgramState:
 
     def assistant(self, expr: Any = None) -> Any:
         return self._role_scope("assistant", expr)
+
+
+class ProgramState(RoleMethods):
+    """``s += "text" + gen("x")`` appends; ``s["x"]`` reads a variable (waiting for it);
+    ``s.text()`` and ``s.messages()`` read the whole state."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self._ex = executor
+
+    # ------------------------------------------------------------------ appending
+    def __iadd__(self, other: Any) -> ProgramState:
+        self._ex.submit(to_expr(other))
+        return self
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:
