@@ -134,7 +134,10 @@ class TraceState(RoleMethods):
     def _needs_a_run(self, *_: Any, **__: Any) -> Any:
         raise TraceStop("reading the state's text, messages or meta info needs a run")
 
-    text = messages = get_meta_info = sync = text_iter = _needs_a_run
+    text = messages = get_meta_info = text_iter = _needs_a_run
+
+    def sync(self) -> None:
+        """Nothing runs while tracing, so there is nothing to wait for."""
 
     def __repr__(self) -> str:
         return f"TraceState({len(self.nodes)} nodes, variables={sorted(self.variables)})"

@@ -121,10 +121,12 @@ def test_trace_stops_where_the_body_needs_a_value_only_a_run_gives() -> None:
     @rl.function
     def reads_text(s):
         s += "a"
+        s.sync()  # nothing to wait for while tracing
+        s += "b"
         return s.text()
 
     tr = reads_text.trace()
-    assert not tr.complete and "needs a run" in tr.stopped_by
+    assert not tr.complete and "needs a run" in tr.stopped_by and _shape(tr.nodes) == ["a", "b"]
 
 
 def test_trace_of_forks_and_nested_programs() -> None:
