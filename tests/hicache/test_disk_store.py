@@ -364,6 +364,7 @@ def test_concurrent_traffic_keeps_the_index_consistent(tmp_path: Path) -> None:
     pages = make_pages(40)
     wrong_hits: list[bytes] = []
     failures: list[BaseException] = []
+    checks: list[int] = []
     stop = threading.Event()
 
     def traffic(seed: int) -> None:
@@ -387,8 +388,11 @@ def test_concurrent_traffic_keeps_the_index_consistent(tmp_path: Path) -> None:
 
     def checker() -> None:
         try:
-            while not stop.is_set():
+            while True:
                 store.check_integrity()
+                checks.append(1)
+                if stop.wait(0.002):  # the pause lets traffic take the lock between checks
+                    break
         except BaseException as error:
             failures.append(error)
 
@@ -400,7 +404,7 @@ def test_concurrent_traffic_keeps_the_index_consistent(tmp_path: Path) -> None:
         thread.join()
     stop.set()
     threads[-1].join()
-    assert failures == [] and wrong_hits == []
+    assert failures == [] and wrong_hits == [] and len(checks) >= 2
     store.check_integrity()
     assert store.stats()["write_errors"] == 0 and store.stats()["corrupt_deleted"] == 0
     restarted = open_store(tmp_path, max_pages=12)
