@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU tests and the benchmarks behind the README's GPU tables, in named sections, each
+# bounded in time:
+#
+#   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep
+#
+# Runs the checkout it lives in without installing it (the top-level folders are linked into a
+# `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
+# pip --no-index into /tmp/site first, for machines without a package index), SOURCE_TGZ (a
+# `git archive` of the tree to run instead of this checkout), RESULTS (where logs and JSON go,
+# default ./gpu-results; packed into RESULTS.tgz at the end), DEADLINE (seconds for all the
+# sections, default 570).
+set -u
+T0=$(date +%s)
+DEADLINE=${DEADLINE:-570}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+RESULTS=$(mkdir -p "${RESULTS:-$ROOT/gpu-results}" && cd "${RESULTS:-$ROOT/gpu-results}" && pwd)
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$WHEELS"/*.whl 2>&1 | tail -2
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -n "${SOURCE_TGZ:-}" ]; then
+  rm -rf /tmp/radixlm-src && mkdir -p /tmp/radixlm-src && tar xzf "$SOURCE_TGZ" -C /tmp/radixlm-src
+  ROOT=/tmp/radixlm-src
+fi
+rm -rf /tmp/radixlm-pkg && mkdir -p /tmp/radixlm-pkg/radixlm
+for d in srt lang radix grammar hicache kernels; do ln -s "$ROOT/$d" /tmp/radixlm-pkg/radixlm/$d; done
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/radixlm-pkg
+export RADIXLM_CACHE_DIR=${RADIXLM_CACHE_DIR:-/tmp/radixlm-cache}
+cd "$ROOT" || exit 1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+section() { # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local rest
+  rest=$(left)
+  if [ "$rest" -lt 20 ]; then echo "== $name skipped (no time left)"; return; fi
+  [ "$limit" -gt $((rest - 10)) ] && limit=$((rest - 10))
+  echo "== $name (up to ${limit} s) $(date +%T)"
+  timeout -k 5 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+  echo "== $name rc=$? at $(($(date +%s) - T0)) s"
+  tail -40 "$RESULTS/$name.log"
+}
+
+PYTEST="python3 -m pytest -q -x -p no:cacheprovider"
+PROFILE="python3 -m radixlm.srt.bench.decode_profile --backends triton --steps 64"
+SERVING="python3 -m radixlm.srt.bench.bench_serving --dummy-8b --dataset-name sharegpt-like
+  --num-prompts 200 --random-input-len 2048 --max-input-len 16384 --random-output-len 256
+  --max-output-len 1024 --request-rates 8,16,32 --max-running-requests 256
+  --attention-backend triton"
+for s in "$@"; do
+  case $s in
+    gemvt) section gemvt 200 $PYTEST tests/kernels/test_gemv.py tests/srt/engine/test_gpu_streaming_layers.py ;;
+    wu) section wu 150 $PYTEST tests/srt/engine/test_gpu_weight_update.py ;;
+    ktest) section ktest 300 $PYTEST -m gpu tests/kernels ;;
+    etest) section etest 300 $PYTEST -m gpu tests/srt ;;
+    gemm) section gemm 150 python3 -m radixlm.srt.bench.gemm_blas --batch-sizes 1,2,4 --json "$RESULTS/gemm.json" ;;
+    sweep) section sweep 200 python3 -m radixlm.srt.bench.gemm_blas --batch-sizes 1 --sweep --json "$RESULTS/sweep.json" ;;
+    dp1off) RADIXLM_GEMV=0 section dp1off 200 $PROFILE --kv-cache-dtypes auto --batch-sizes 1 --json "$RESULTS/dp1off.json" ;;
+    dp1on) RADIXLM_GEMV=1 section dp1on 200 $PROFILE --kv-cache-dtypes auto --batch-sizes 1 --json "$RESULTS/dp1on.json" ;;
+    dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
+    serve) section serve 560 $SERVING ;;
+    serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
+    *) echo "unknown section $s (see the case list in $0)" ;;
+  esac
+done
+tar czf "$RESULTS.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
+echo "results: $RESULTS.tgz"
