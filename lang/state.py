@@ -14,9 +14,10 @@ from radixlm.lang.primitives import _role
 JOIN_MODES = ("gather_variable", "concate_join")
 
 
-class RoleMethods:
-    """``s.system/user/assistant(expr)`` append a message; without ``expr`` they are context
-    managers that wrap the appends inside them (for any state whose ``+=`` appends)."""
+class StateMethods:
+    """What running and traced states share, on top of their own ``+=`` and ``fork``:
+    ``s.system/user/assistant(expr)`` append a message (without ``expr`` they are context
+    managers that wrap the appends inside them) and ``s.copy()``."""
 
     def _role_scope(self, role: str, expr: Any) -> Any:
         if expr is not None:
@@ -40,8 +41,18 @@ class RoleMethods:
     def assistant(self, expr: Any = None) -> Any:
         return self._role_scope("assistant", expr)
 
+    @contextmanager
+    def copy(self) -> Iterator[Any]:
+        """``with s.copy() as c: c += ...``: one branch of ``s`` (SGLang's), joined back with
+        ``gather_variable`` when the block ends."""
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
-class ProgramState(RoleMethods):
+
+class ProgramState(StateMethods):
     """``s += "text" + gen("x")`` appends; ``s["x"]`` reads a variable (waiting for it);
     ``s.text()`` and ``s.messages()`` read the whole state."""
 
@@ -66,16 +77,6 @@ class ProgramState(RoleMethods):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork(size) needs an integer size >= 1, got {size!r}")
         return ProgramStateGroup([ProgramState(ex) for ex in self._ex.fork(size)], self)
-
-    @contextmanager
-    def copy(self) -> Iterator[ProgramState]:
-        """``with s.copy() as c: c += ...``: one branch of ``s`` (SGLang's), joined back with
-        ``gather_variable`` when the block ends."""
-        group = self.fork(1)
-        try:
-            yield group[0]
-        finally:
-            group.join()
 
     # ------------------------------------------------------------------ reading
     def __getitem__(self, name: str) -> Any:

@@ -24,7 +24,7 @@ from radixlm.lang.ir import (
     flatten,
     to_expr,
 )
-from radixlm.lang.state import JOIN_MODES, ProgramStateGroup, RoleMethods
+from radixlm.lang.state import JOIN_MODES, ProgramStateGroup, StateMethods
 
 
 class TraceStop(Exception):
@@ -76,7 +76,7 @@ class Variable(_Unknown):
     name: str
 
 
-class TraceState(RoleMethods):
+class TraceState(StateMethods):
     """The ``s`` a traced body receives: records every expression appended to it."""
 
     def __init__(self) -> None:
@@ -109,14 +109,6 @@ class TraceState(RoleMethods):
         branches = [TraceState() for _ in range(size)]
         self.forks.append(branches)
         return TraceGroup(branches, self)
-
-    @contextmanager
-    def copy(self) -> Iterator[TraceState]:
-        group = self.fork(1)
-        try:
-            yield group[0]
-        finally:
-            group.join()
 
     def __getitem__(self, name: str) -> Variable:
         return Variable(name)
