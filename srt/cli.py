@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_serve(cfg: ServerConfig) -> int:
-    from radixlm.srt.server.launch import launch_server
+    from radixlm.srt.server.process.launch import launch_server
 
     launch_server(cfg)
     return 0

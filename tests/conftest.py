@@ -105,7 +105,7 @@ def start_server(tmp_path_factory):
     """Starts ``radixlm serve`` with the given CLI arguments on 127.0.0.1 (a fresh port, its log
     under the test's temporary folder) and stops every server it started when the module ends:
     ``server = start_server("--max-total-tokens", "4096")``."""
-    from radixlm.srt.server.server_process import ServerProcess
+    from radixlm.srt.server.process.server_process import ServerProcess
 
     started = []
 

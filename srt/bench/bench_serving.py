@@ -237,7 +237,7 @@ def server_url(args: argparse.Namespace, server_args: list[str]) -> Iterator[str
             raise ValueError(f"unknown arguments {server_args} (server flags need no --base-url)")
         yield args.base_url.rstrip("/")
         return
-    from radixlm.srt.server.server_process import ServerProcess
+    from radixlm.srt.server.process.server_process import ServerProcess
 
     if args.dummy_8b:
         from radixlm.srt.bench.bench_gpu import LLAMA3_8B, make_model_folder

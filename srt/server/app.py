@@ -16,23 +16,21 @@ from fastapi.responses import PlainTextResponse, Response
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.model_info import served_model_name
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server import (
-    anthropic_api,
-    info_api,
-    native_api,
-    openai_api,
-    openai_responses,
-    parse_api,
-    score_api,
-)
-from radixlm.srt.server.errors import error_response, install_error_handlers
-from radixlm.srt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from radixlm.srt.server.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
+from radixlm.srt.server.anthropic import messages as anthropic_messages
+from radixlm.srt.server.http.errors import error_response, install_error_handlers
+from radixlm.srt.server.http.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from radixlm.srt.server.http.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
     OPEN_PATHS,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
 )
-from radixlm.srt.server.openapi_spec import install_openapi
+from radixlm.srt.server.http.openapi import install_openapi
+from radixlm.srt.server.native import generate as native_generate
+from radixlm.srt.server.native import info as native_info
+from radixlm.srt.server.native import parse as native_parse
+from radixlm.srt.server.native import score as native_score
+from radixlm.srt.server.openai import chat as openai_chat
+from radixlm.srt.server.openai import responses as openai_responses
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +86,13 @@ def create_app(
     app.state.accepted_model_names = accepted_model_names(tm.cfg, tm.info, name)
     app.state.created = int(time.time())
     install_error_handlers(app)
-    app.include_router(native_api.router)
-    app.include_router(info_api.router)
-    app.include_router(openai_api.router)
+    app.include_router(native_generate.router)
+    app.include_router(native_info.router)
+    app.include_router(openai_chat.router)
     app.include_router(openai_responses.router)
-    app.include_router(parse_api.router)
-    app.include_router(score_api.router)
-    app.include_router(anthropic_api.router)
+    app.include_router(native_parse.router)
+    app.include_router(native_score.router)
+    app.include_router(anthropic_messages.router)
     # HEAD too: load balancers probe with it
     # (HEAD kept out of the OpenAPI schema: one operation id per route)
     for path in ("/health", "/ready", "/ping"):  # SGLang's readiness and SageMaker's routes
@@ -123,7 +121,7 @@ async def health(request: Request) -> Response:
     problem = probe() if probe is not None else None
     if problem is not None:
         return error_response(f"server unavailable: {problem}", 503)
-    return native_api.json_response({"status": "ok"})
+    return native_generate.json_response({"status": "ok"})
 
 
 async def metrics_route(request: Request) -> Response:
@@ -133,7 +131,9 @@ async def metrics_route(request: Request) -> Response:
     tm: TokenizerManager = request.app.state.tm
     if tm.is_alive:  # the load figures: answered without waiting for the step in flight
         try:
-            load = await asyncio.wait_for(info_api.scheduler_load(tm), METRICS_SCHEDULER_TIMEOUT_S)
+            load = await asyncio.wait_for(
+                native_info.scheduler_load(tm), METRICS_SCHEDULER_TIMEOUT_S
+            )
             metrics.update_scheduler(
                 {
                     "max_total_tokens": load["max_total_num_tokens"],

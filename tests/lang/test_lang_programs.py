@@ -13,7 +13,7 @@ import pytest
 
 import radixlm.lang as rl
 from radixlm.lang.backend_base import BOUNDARY_TOKENS
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow  # every backend runs the default model (smol_engine)
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

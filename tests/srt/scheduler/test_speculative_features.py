@@ -298,7 +298,7 @@ def test_overlap_scheduling_with_speculation(varied_llama_dir):
 
 
 def test_server_info_and_metrics(tiny_llama_dir):
-    from radixlm.srt.server.metrics import ServerMetrics
+    from radixlm.srt.server.http.metrics import ServerMetrics
 
     ms = [msg(f"m{i}", p, max_new_tokens=30) for i, p in enumerate(repetitive_prompts(13, 2))]
     s, _ = _speculate(tiny_llama_dir, ms)

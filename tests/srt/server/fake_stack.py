@@ -30,8 +30,8 @@ from radixlm.srt.messages import (
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.server.app import create_app
-from radixlm.srt.server.metrics import ServerMetrics
-from radixlm.srt.server.server_process import free_port
+from radixlm.srt.server.http.metrics import ServerMetrics
+from radixlm.srt.server.process.server_process import free_port
 
 CONTINUATION = "Hello world! 你好 🎉 done. "
 CONTEXT_LENGTH = 256

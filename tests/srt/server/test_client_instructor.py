@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 instructor = pytest.importorskip("instructor")

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("lm_eval")

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 from tool_util import FLAT_WEATHER_TOOL, agents_weather_tool, langchain_chat
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from fake_stack import CONTEXT_LENGTH, FakeStack
 
-from radixlm.srt.server.errors import MAX_JSON_CONTAINERS
+from radixlm.srt.server.http.errors import MAX_JSON_CONTAINERS
 
 
 def post(stack: FakeStack, path: str, body: object) -> httpx.Response:

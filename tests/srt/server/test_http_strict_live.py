@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

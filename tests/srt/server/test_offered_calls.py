@@ -9,8 +9,8 @@ import json
 import pytest
 
 from radixlm.srt.parsers.tool_base import ToolSpec
-from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.openai_tools import ChatParsing
+from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
+from radixlm.srt.server.chat.tools import ChatParsing
 
 PARSING = ChatParsing(
     specs=[ToolSpec("get_weather"), ToolSpec("get_time")], choice="auto", tool_parser="hermes"

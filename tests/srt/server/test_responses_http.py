@@ -14,7 +14,7 @@ import pytest
 from fake_stack import FakeStack
 from tool_util import FLAT_WEATHER_TOOL, last_params, reply_with
 
-from radixlm.srt.server.openai_responses import ResponseStore
+from radixlm.srt.server.openai.responses import ResponseStore
 
 WEATHER = FLAT_WEATHER_TOOL
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -362,8 +362,8 @@ def test_response_store_is_bounded() -> None:
 
 def test_reasoning_effort_none_turns_thinking_off() -> None:
     from radixlm.srt.managers.tokenizer_manager import GenerateError
-    from radixlm.srt.server.openai_protocol import ChatCompletionRequest
-    from radixlm.srt.server.openai_tools import template_kwargs
+    from radixlm.srt.server.chat.tools import template_kwargs
+    from radixlm.srt.server.openai.protocol import ChatCompletionRequest
 
     def kwargs(**fields) -> dict:
         messages = [{"role": "user", "content": "hi"}]

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess, free_port
+from radixlm.srt.server.process.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from radixlm.srt.server.server_process import ServerProcess, free_port
-from radixlm.srt.server.supervisor import EXIT_WORKER_DIED
+from radixlm.srt.server.process.server_process import ServerProcess, free_port
+from radixlm.srt.server.process.supervisor import EXIT_WORKER_DIED
 
 pytestmark = pytest.mark.slow
 

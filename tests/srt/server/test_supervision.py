@@ -23,9 +23,9 @@ from radixlm.srt.managers.heartbeat import (
     heartbeat_age_s,
     start_heartbeat,
 )
-from radixlm.srt.server.native_api import HEALTH_GENERATE_TIMEOUT_S
-from radixlm.srt.server.server_process import ServerProcess
-from radixlm.srt.server.supervisor import EXIT_WORKER_DIED
+from radixlm.srt.server.native.generate import HEALTH_GENERATE_TIMEOUT_S
+from radixlm.srt.server.process.server_process import ServerProcess
+from radixlm.srt.server.process.supervisor import EXIT_WORKER_DIED
 
 LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 

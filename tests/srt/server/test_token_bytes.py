@@ -1,5 +1,5 @@
-"""Token bytes for OpenAI chat logprobs (srt/server/token_bytes.py) and the logprob formatters of
-openai_convert.py: ``bytes`` are each token's raw bytes, so that joined they rebuild the text even
+"""Token bytes for OpenAI chat logprobs (srt/server/chat/token_bytes.py) and the logprob formatters of
+chat/plan.py: ``bytes`` are each token's raw bytes, so that joined they rebuild the text even
 where a token holds part of a character (its display text is then U+FFFD)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from fake_stack import make_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast
 
-from radixlm.srt.server.openai_convert import chat_logprobs, completion_logprobs
-from radixlm.srt.server.token_bytes import TEXT_BYTES, byte_level_alphabet, token_bytes_for
+from radixlm.srt.server.chat.plan import chat_logprobs, completion_logprobs
+from radixlm.srt.server.chat.token_bytes import TEXT_BYTES, byte_level_alphabet, token_bytes_for
 
 REPLACEMENT = list("\ufffd".encode())  # [239, 191, 189]
 TEXTS = [

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 from tool_util import assert_healthy, strict_client
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

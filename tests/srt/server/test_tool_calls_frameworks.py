@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 from tool_util import agents_weather_tool, langchain_chat
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

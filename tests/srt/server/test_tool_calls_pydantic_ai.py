@@ -12,7 +12,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 pytest.importorskip("pydantic_ai", reason="pydantic-ai (pydantic-ai-slim[openai]) is not installed")
 httpx2 = pytest.importorskip("httpx2", reason="pydantic-ai's HTTP client (httpx2) is not installed")

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from radixlm.srt.server.server_process import ServerProcess
+from radixlm.srt.server.process.server_process import ServerProcess
 
 CLEAN_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 30.0

@@ -32,11 +32,12 @@ from radixlm.srt.managers.tokenizer_manager import (
     GenerateError,
     RequestGroup,
 )
-from radixlm.srt.server.errors import error_body, parse_body
-from radixlm.srt.server.native_api import get_tm, json_response
-from radixlm.srt.server.openai_convert import chat_plan, check_model, name_grammar_error
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.responses_input import (
+from radixlm.srt.server.chat.plan import chat_plan, check_model, name_grammar_error
+from radixlm.srt.server.http.errors import error_body, parse_body
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
+from radixlm.srt.server.http.streaming import ClosingStreamingResponse
+from radixlm.srt.server.native.generate import get_tm, json_response
+from radixlm.srt.server.openai.responses_input import (
     UNSUPPORTED_RESPONSES,
     ResponsesRequest,
     chat_request,
@@ -45,8 +46,7 @@ from radixlm.srt.server.responses_input import (
     output_messages,
     precheck,
 )
-from radixlm.srt.server.responses_output import ResponseCall
-from radixlm.srt.server.streaming import ClosingStreamingResponse
+from radixlm.srt.server.openai.responses_output import ResponseCall
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from radixlm.srt.parsers.tool_base import ToolCall, ToolCallDelta
-from radixlm.srt.server.openai_tools import ChatParsing
+from radixlm.srt.server.chat.tools import ChatParsing
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from radixlm.srt.server.protocol import ErrorResponse
+from radixlm.srt.server.native.protocol import ErrorResponse
 
 _BODY_MODELS: dict[str, type[BaseModel]] = {}
 REF_TEMPLATE = "#/components/schemas/{model}"

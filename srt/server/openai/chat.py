@@ -17,9 +17,7 @@ from radixlm.srt.managers.tokenizer_manager import (
     RequestGroup,
     TokenizerManager,
 )
-from radixlm.srt.server.errors import parse_body, sse_error
-from radixlm.srt.server.native_api import batch_precheck, get_tm, json_response
-from radixlm.srt.server.openai_convert import (
+from radixlm.srt.server.chat.plan import (
     OpenAIPlan,
     chat_logprobs,
     chat_plan,
@@ -31,17 +29,19 @@ from radixlm.srt.server.openai_convert import (
     name_grammar_error,
     usage,
 )
-from radixlm.srt.server.openai_protocol import (
+from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
+from radixlm.srt.server.http.errors import parse_body, sse_error
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
+from radixlm.srt.server.http.streaming import SSE_DONE, ClosingStreamingResponse, sse
+from radixlm.srt.server.native.generate import batch_precheck, get_tm, json_response
+from radixlm.srt.server.openai.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
     ChatCompletionRequest,
     CompletionRequest,
     precheck_chat,
 )
-from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
-from radixlm.srt.server.vllm_compat import translate_vllm_fields
+from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

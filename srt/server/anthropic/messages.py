@@ -1,6 +1,6 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
-The request is read into the chat route's request (``anthropic_input``) and runs through the
+The request is read into the chat route's request (``messages_input``) and runs through the
 same plan, tool-call and reasoning parsers; the reply is a Messages ``message``: ``thinking``,
 ``text`` and ``tool_use`` blocks in the order the model wrote them, ``stop_reason``
 (``end_turn``, ``max_tokens``, ``stop_sequence`` with the ``stop_sequence`` that matched,
@@ -27,19 +27,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError, RequestGroup
-from radixlm.srt.server.anthropic_input import CountTokensRequest, MessagesRequest, chat_request
-from radixlm.srt.server.errors import parse_body
-from radixlm.srt.server.native_api import get_tm, json_response
-from radixlm.srt.server.openai_api import started_updates
-from radixlm.srt.server.openai_convert import (
+from radixlm.srt.server.anthropic.messages_input import (
+    CountTokensRequest,
+    MessagesRequest,
+    chat_request,
+)
+from radixlm.srt.server.chat.plan import (
     chat_plan,
     check_model,
     finish_reason,
     name_grammar_error,
 )
-from radixlm.srt.server.openai_tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.streaming import ClosingStreamingResponse
+from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
+from radixlm.srt.server.http.errors import parse_body
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
+from radixlm.srt.server.http.streaming import ClosingStreamingResponse
+from radixlm.srt.server.native.generate import get_tm, json_response
+from radixlm.srt.server.openai.chat import started_updates
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

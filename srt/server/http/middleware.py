@@ -18,7 +18,7 @@ from fastapi import Request
 
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.tokenizer_manager import GenerateError
-from radixlm.srt.server.errors import ANTHROPIC_PATHS, error_body
+from radixlm.srt.server.http.errors import ANTHROPIC_PATHS, error_body
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/metrics"})
 

@@ -20,8 +20,8 @@ from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.managers.model_info import model_info_of
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server.native_api import json_response
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES
+from radixlm.srt.server.native.generate import json_response
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

@@ -1,6 +1,6 @@
 """SGLang's native HTTP API: /generate, sessions (/open_session, /close_session), cache and
 abort control, tokenize/detokenize, generation health check. Model, server and load info for
-routers are in info_api.py."""
+routers are in info.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from radixlm.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixlm.srt.sampling.params import MAX_N
-from radixlm.srt.server.errors import (
+from radixlm.srt.server.http.errors import (
     check_json_content_type,
     describe_validation_error,
     error_body,
@@ -35,9 +35,10 @@ from radixlm.srt.server.errors import (
     sse_error,
     validate_data,
 )
-from radixlm.srt.server.middleware import require_admin
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.protocol import (
+from radixlm.srt.server.http.middleware import require_admin
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
+from radixlm.srt.server.http.streaming import SSE_DONE, ClosingStreamingResponse, sse
+from radixlm.srt.server.native.protocol import (
     GENERATE_FIELDS,
     UNSUPPORTED_NATIVE,
     AbortRequestInput,
@@ -56,7 +57,6 @@ from radixlm.srt.server.protocol import (
     precheck_batch,
     precheck_token_ids_logprob,
 )
-from radixlm.srt.server.streaming import SSE_DONE, ClosingStreamingResponse, sse
 
 router = APIRouter(responses=ERROR_RESPONSES)
 PAUSE_MODES = ("abort", "retract", "in_place")

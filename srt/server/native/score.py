@@ -21,11 +21,11 @@ from radixlm.srt.managers.scoring import (
     plan_scores,
 )
 from radixlm.srt.managers.tokenizer_manager import GenerateInput
-from radixlm.srt.server.errors import parse_body
-from radixlm.srt.server.native_api import get_tm, json_response
-from radixlm.srt.server.openai_convert import check_model
-from radixlm.srt.server.openapi_spec import ERROR_RESPONSES, json_body
-from radixlm.srt.server.protocol import StrictBody, check_list_len
+from radixlm.srt.server.chat.plan import check_model
+from radixlm.srt.server.http.errors import parse_body
+from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
+from radixlm.srt.server.native.generate import get_tm, json_response
+from radixlm.srt.server.native.protocol import StrictBody, check_list_len
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

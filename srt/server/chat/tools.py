@@ -4,7 +4,7 @@
 checked (every refusal is a 400 naming the field) and normalised into :class:`ChatParsing`,
 which also names the model's tool-call parser and reasoning parser (srt/parsers). From it come
 the prompt layout (the parser's ``render``) and the grammar fragment merged into the native
-sampling params. openai_tool_stream.py reads the outputs back with the same parsers.
+sampling params. chat/tool_stream.py reads the outputs back with the same parsers.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManag
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
-from radixlm.srt.server.chat_prompt import PromptLayout, check_no_special_text, plain_layout
-from radixlm.srt.server.openai_protocol import ChatCompletionRequest, ChatMessage, ToolDef
+from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
+from radixlm.srt.server.openai.protocol import ChatCompletionRequest, ChatMessage, ToolDef
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -413,7 +413,7 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
         )
     if effort == "none":
         kwargs.setdefault("enable_thinking", False)
-    if req.add_generation_prompt is False:  # default: chat_prompt.render opens the reply
+    if req.add_generation_prompt is False:  # default: chat/prompt.render opens the reply
         kwargs["add_generation_prompt"] = False
     if req.continue_final_message:
         if req.add_generation_prompt:

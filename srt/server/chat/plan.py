@@ -12,15 +12,9 @@ from radixlm.srt.managers.tokenizer_manager import (
     sample_seed,
 )
 from radixlm.srt.sampling.params import MAX_N, MAX_SEED
-from radixlm.srt.server.chat_prompt import chat_input_ids
-from radixlm.srt.server.native_api import check_num_sequences
-from radixlm.srt.server.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAISamplingFields,
-    ResponseFormat,
-)
-from radixlm.srt.server.openai_tools import (
+from radixlm.srt.server.chat.prompt import chat_input_ids
+from radixlm.srt.server.chat.token_bytes import TEXT_BYTES, TokenBytes, token_bytes_for
+from radixlm.srt.server.chat.tools import (
     ChatParsing,
     chat_parsing,
     output_constraint,
@@ -29,7 +23,13 @@ from radixlm.srt.server.openai_tools import (
     template_kwargs,
     with_prompt,
 )
-from radixlm.srt.server.token_bytes import TEXT_BYTES, TokenBytes, token_bytes_for
+from radixlm.srt.server.native.generate import check_num_sequences
+from radixlm.srt.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAISamplingFields,
+    ResponseFormat,
+)
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20

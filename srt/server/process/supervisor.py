@@ -30,10 +30,10 @@ import orjson
 import uvicorn
 
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
-from radixlm.srt.server.errors import error_body
+from radixlm.srt.server.http.errors import error_body
 
 if TYPE_CHECKING:
-    from radixlm.srt.server.launch import ServerProcesses
+    from radixlm.srt.server.process.launch import ServerProcesses
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Request bodies of the native (SGLang) API as pydantic models, and the cheap checks run
-before any body is validated; the OpenAI routes' bodies are in openai_protocol.py.
+before any body is validated; the OpenAI routes' bodies are in openai/protocol.py.
 
 Types are strict: a string is never read as a number or a boolean, and a boolean is not an
 integer. ``POST /generate`` takes every field of SGLang's ``GenerateReqInput``, each in one of

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from radixlm.srt.server.protocol import StrictBody, check_list_len, check_rid
-from radixlm.srt.server.vllm_compat import translate_vllm_fields
+from radixlm.srt.server.native.protocol import StrictBody, check_list_len, check_rid
+from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
 _UNSUPPORTED_BOTH = {
     "best_of": (None, 1),
@@ -58,7 +58,7 @@ _UNSUPPORTED_BOTH = {
     "prompt_embeds": (None,),
     "vllm_xargs": (None, {}),
 }
-# chat takes tools (openai_tools.py); the deprecated functions / function_call are refused
+# chat takes tools (chat/tools.py); the deprecated functions / function_call are refused
 # with their own message by precheck_chat
 UNSUPPORTED_CHAT = {
     **_UNSUPPORTED_BOTH,
@@ -201,7 +201,7 @@ class FunctionDef(StrictBody):
 
 
 class ToolDef(StrictBody):
-    type: str = "function"  # openai_tools.py refuses other kinds with its own message
+    type: str = "function"  # chat/tools.py refuses other kinds with its own message
     function: FunctionDef
 
 
@@ -220,10 +220,10 @@ class ChatCompletionRequest(OpenAISamplingFields):
     )
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM / SGLang: the reply continues the last (assistant) message instead of opening a
-    # new turn; add_generation_prompt false renders no assistant header (openai_tools.py)
+    # new turn; add_generation_prompt false renders no assistant header (chat/tools.py)
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None
-    reasoning_effort: str | None = None  # "none": enable_thinking false (openai_tools.py)
+    reasoning_effort: str | None = None  # "none": enable_thinking false (chat/tools.py)
     separate_reasoning: bool = True  # false: reasoning stays in content
 
 

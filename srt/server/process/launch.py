@@ -43,7 +43,7 @@ from radixlm.srt.managers.scheduler_process import (
 )
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.managers.tp_ranks import ranks_on_this_node, with_rendezvous
-from radixlm.srt.server.supervisor import (
+from radixlm.srt.server.process.supervisor import (
     DEATH_GRACE_S,
     EXIT_WORKER_DIED,
     DrainGate,
@@ -246,7 +246,7 @@ def launch_server(cfg: ServerConfig) -> None:
     from radixlm.srt.managers.model_info import served_model_name
     from radixlm.srt.models.default_model import resolve_model_path
     from radixlm.srt.server.app import create_app
-    from radixlm.srt.server.metrics import ServerMetrics
+    from radixlm.srt.server.http.metrics import ServerMetrics
 
     configure_logging(cfg.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)  # during start-up; uvicorn's handler after
