@@ -28,6 +28,13 @@ layer unit(s)                         what it may import (besides lower layers' 
 13    kernels                         attention, bitmask, fused and int4/int8 CPU ops
 ====  ==============================  =========================================================
 
+Inside srt.server the same rule holds between its packages (``SERVER_LAYERS``), top to bottom:
+``process`` (launch and supervision, which start the app), ``app`` (assembles the routers), the
+route packages of the dialects ``native``, ``openai`` and ``anthropic`` (one layer: a dialect
+never imports another), ``chat`` (the chat pipeline the chat dialects share) and ``http``
+(errors, middleware, streaming, OpenAPI, metrics, the shared dependencies). What two dialects
+both need goes down into chat/ or http/.
+
 Imports under ``if TYPE_CHECKING:`` are ignored (annotations only, never run); imports inside
 functions count. Outside radixlm (tests/, examples/) only one rule applies: the top-level
 folders are imported through ``radixlm.`` (PyPI has unrelated packages named srt, lang,
@@ -66,6 +73,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernels",),
 )
 LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+SERVER_DIALECTS = ("srt.server.native", "srt.server.openai", "srt.server.anthropic")
+SERVER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("srt.server.process",),
+    ("srt.server.app",),
+    SERVER_DIALECTS,
+    ("srt.server.chat",),
+    ("srt.server.http",),
+)
+SERVER_LAYER_OF = {part: depth for depth, parts in enumerate(SERVER_LAYERS) for part in parts}
 SKIP_DIRS = {".venv", ".git", "build", "dist", "__pycache__", ".hypothesis", ".pytest_cache"}
 
 
@@ -150,6 +166,38 @@ def unit_of(module: str) -> str | None:
     return parts[1]
 
 
+def server_part_of(module: str) -> str | None:
+    """The package (or top-level module) of srt.server a module is in: ``srt.server.native``
+    for radixlm.srt.server.native.generate; None outside srt.server and for the package itself."""
+    parts = module.split(".")
+    if parts[:3] != ["radixlm", "srt", "server"] or len(parts) < 4:
+        return None
+    return f"srt.server.{parts[3]}"
+
+
+def _check_server(imp: Import) -> str | None:
+    """Why an import inside srt.server breaks the server's own map, or None."""
+    source, target = server_part_of(imp.source), server_part_of(imp.target)
+    if source is None or target is None or source == target:
+        return None
+    for part in (source, target):
+        if part not in SERVER_LAYER_OF:
+            return f"{part} is on no layer: place it in SERVER_LAYERS (tests/test_layering.py)"
+    if source in SERVER_DIALECTS and target in SERVER_DIALECTS:
+        return (
+            f"back-edge: the route package {source} may not import the route package {target}: "
+            "move what both need down into srt/server/chat/ (the shared chat pipeline) or "
+            "srt/server/http/ (errors, dependencies, streaming), and import it from there"
+        )
+    if SERVER_LAYER_OF[target] <= SERVER_LAYER_OF[source]:
+        return (
+            f"back-edge: {source} (server layer {SERVER_LAYER_OF[source]}) may not import "
+            f"{target} (server layer {SERVER_LAYER_OF[target]}): move the code it needs down "
+            "(SERVER_LAYERS in tests/test_layering.py)"
+        )
+    return None
+
+
 def _where(root: Path, imp: Import) -> str:
     return f"{imp.path.relative_to(root)}:{imp.line}: {imp.source} imports {imp.target}"
 
@@ -159,6 +207,8 @@ def _check_one(imp: Import) -> str | None:
     if imp.target.split(".")[0] in TOP_PACKAGES:
         return "import it through the radixlm namespace (radixlm." + imp.target + ")"
     source, target = unit_of(imp.source), unit_of(imp.target)
+    if source == target == "srt.server":
+        return _check_server(imp)
     if source is None or target is None or source == target:
         return None
     if source in LIBRARIES and (target == "srt" or target.startswith("srt.")):
@@ -213,6 +263,12 @@ def test_every_radixlm_package_is_on_a_layer() -> None:
     units = {unit_of(module_name(ROOT, path)[0]) for path in python_files(ROOT)} - {None}
     assert units, "the scan found no radixlm module"
     assert sorted(units - set(LAYER_OF)) == []
+
+
+def test_every_server_package_is_on_a_server_layer() -> None:
+    parts = {server_part_of(module_name(ROOT, path)[0]) for path in python_files(ROOT / "srt")}
+    assert {"srt.server.native", "srt.server.http"} <= parts - {None}
+    assert sorted(parts - {None} - set(SERVER_LAYER_OF)) == []
 
 
 def test_importing_the_libraries_loads_no_srt_module() -> None:
@@ -314,3 +370,68 @@ def test_a_synthetic_unplaced_unit_fails(tmp_path: Path) -> None:
     _write_tree(tmp_path, {**SYNTHETIC_BASE, "srt/newpkg/__init__.py": "import radixlm.srt\n"})
     (violation,) = layering_violations(tmp_path)
     assert "srt.newpkg is on no layer" in violation
+
+
+SYNTHETIC_SERVER = {
+    **SYNTHETIC_BASE,
+    "srt/server/__init__.py": "",
+    "srt/server/app.py": "from radixlm.srt.server.native import generate\n",
+    "srt/server/http/__init__.py": "",
+    "srt/server/http/deps.py": "",
+    "srt/server/chat/__init__.py": "",
+    "srt/server/chat/plan.py": "from radixlm.srt.server.http import deps\n",
+    "srt/server/native/__init__.py": "",
+    "srt/server/native/generate.py": "from radixlm.srt.server.http.deps import get_tm\n",
+    "srt/server/openai/__init__.py": "",
+    "srt/server/openai/chat.py": "from ..chat.plan import chat_plan\n",
+}
+
+
+def test_a_clean_synthetic_server_passes(tmp_path: Path) -> None:
+    _write_tree(tmp_path, SYNTHETIC_SERVER)
+    assert layering_violations(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "line", "expected"),
+    [
+        (
+            "srt/server/native/score.py",
+            "from radixlm.srt.server.openai.chat import check_model",
+            "the route package srt.server.native may not import the route package "
+            "srt.server.openai: move what both need down into srt/server/chat/",
+        ),
+        (
+            "srt/server/openai/chat.py",
+            "from ..native.generate import get_tm",
+            "the route package srt.server.openai may not import the route package "
+            "srt.server.native",
+        ),
+        (
+            "srt/server/chat/plan.py",
+            "def f():\n    from radixlm.srt.server.openai import chat",
+            "srt.server.chat (server layer 3) may not import srt.server.openai (server layer 2)",
+        ),
+        (
+            "srt/server/http/deps.py",
+            "from radixlm.srt.server import app",
+            "srt.server.http (server layer 4) may not import srt.server.app (server layer 1)",
+        ),
+    ],
+)
+def test_a_synthetic_server_back_edge_fails(
+    tmp_path: Path, rel: str, line: str, expected: str
+) -> None:
+    _write_tree(tmp_path, {**SYNTHETIC_SERVER, rel: line + "\n"})
+    (violation,) = layering_violations(tmp_path)
+    assert violation.startswith(f"{rel}:{line.count(chr(10)) + 1}: ")
+    assert expected in violation
+
+
+def test_a_synthetic_unplaced_server_package_fails(tmp_path: Path) -> None:
+    _write_tree(
+        tmp_path,
+        {**SYNTHETIC_SERVER, "srt/server/grpc/__init__.py": "import radixlm.srt.server.http\n"},
+    )
+    (violation,) = layering_violations(tmp_path)
+    assert "srt.server.grpc is on no layer: place it in SERVER_LAYERS" in violation

@@ -17,6 +17,7 @@ from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.model_info import served_model_name
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server.anthropic import messages as anthropic_messages
+from radixlm.srt.server.http.deps import json_response
 from radixlm.srt.server.http.errors import error_response, install_error_handlers
 from radixlm.srt.server.http.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixlm.srt.server.http.middleware import (  # noqa: F401  (OPEN_PATHS: re-exported)
@@ -25,11 +26,17 @@ from radixlm.srt.server.http.middleware import (  # noqa: F401  (OPEN_PATHS: re-
     BodyLimitMiddleware,
 )
 from radixlm.srt.server.http.openapi import install_openapi
+from radixlm.srt.server.native import admin as native_admin
 from radixlm.srt.server.native import generate as native_generate
+from radixlm.srt.server.native import health as native_health
 from radixlm.srt.server.native import info as native_info
 from radixlm.srt.server.native import parse as native_parse
 from radixlm.srt.server.native import score as native_score
+from radixlm.srt.server.native import sessions as native_sessions
+from radixlm.srt.server.native import tokenize as native_tokenize
 from radixlm.srt.server.openai import chat as openai_chat
+from radixlm.srt.server.openai import completions as openai_completions
+from radixlm.srt.server.openai import models as openai_models
 from radixlm.srt.server.openai import responses as openai_responses
 
 logger = logging.getLogger(__name__)
@@ -87,8 +94,14 @@ def create_app(
     app.state.created = int(time.time())
     install_error_handlers(app)
     app.include_router(native_generate.router)
+    app.include_router(native_sessions.router)
+    app.include_router(native_admin.router)
+    app.include_router(native_health.router)
+    app.include_router(native_tokenize.router)
     app.include_router(native_info.router)
+    app.include_router(openai_models.router)
     app.include_router(openai_chat.router)
+    app.include_router(openai_completions.router)
     app.include_router(openai_responses.router)
     app.include_router(native_parse.router)
     app.include_router(native_score.router)
@@ -121,7 +134,7 @@ async def health(request: Request) -> Response:
     problem = probe() if probe is not None else None
     if problem is not None:
         return error_response(f"server unavailable: {problem}", 503)
-    return native_generate.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 async def metrics_route(request: Request) -> Response:

@@ -32,18 +32,12 @@ from radixlm.srt.server.anthropic.messages_input import (
     MessagesRequest,
     chat_request,
 )
-from radixlm.srt.server.chat.plan import (
-    chat_plan,
-    check_model,
-    finish_reason,
-    name_grammar_error,
-)
+from radixlm.srt.server.chat.plan import chat_plan, finish_reason, name_grammar_error
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
+from radixlm.srt.server.http.deps import check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
-from radixlm.srt.server.http.streaming import ClosingStreamingResponse
-from radixlm.srt.server.native.generate import get_tm, json_response
-from radixlm.srt.server.openai.chat import started_updates
+from radixlm.srt.server.http.streaming import ClosingStreamingResponse, started_updates
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

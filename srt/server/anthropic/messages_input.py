@@ -34,9 +34,9 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
+from radixlm.srt.server.chat.request import ChatCompletionRequest, SGLangSamplingExtras
+from radixlm.srt.server.http.body import StrictBody
 from radixlm.srt.server.http.errors import describe_validation_error
-from radixlm.srt.server.native.protocol import StrictBody
-from radixlm.srt.server.openai.protocol import ChatCompletionRequest, SGLangSamplingExtras
 
 THINKING_TYPES = ("enabled", "disabled", "adaptive")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}

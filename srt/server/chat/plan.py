@@ -1,4 +1,6 @@
-"""OpenAI requests -> native generate inputs, and native outputs -> OpenAI response pieces."""
+"""A chat request -> native generate inputs (the plan), and native outputs -> the pieces of a
+chat answer (finish reasons, usage, logprobs); the OpenAI completion route builds its plan from
+the same parts (openai/completions.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,11 @@ from radixlm.srt.managers.tokenizer_manager import (
 )
 from radixlm.srt.sampling.params import MAX_N, MAX_SEED
 from radixlm.srt.server.chat.prompt import chat_input_ids
+from radixlm.srt.server.chat.request import (
+    ChatCompletionRequest,
+    OpenAISamplingFields,
+    ResponseFormat,
+)
 from radixlm.srt.server.chat.token_bytes import TEXT_BYTES, TokenBytes, token_bytes_for
 from radixlm.srt.server.chat.tools import (
     ChatParsing,
@@ -23,17 +30,9 @@ from radixlm.srt.server.chat.tools import (
     template_kwargs,
     with_prompt,
 )
-from radixlm.srt.server.native.generate import check_num_sequences
-from radixlm.srt.server.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAISamplingFields,
-    ResponseFormat,
-)
+from radixlm.srt.server.http.body import check_num_sequences
 
-MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 # OpenAI / SGLang-extra field -> native sampling parameter
@@ -78,19 +77,6 @@ class OpenAIPlan:
         return choice // self.n
 
 
-def check_model(requested: str | None, accepted: set[str], served: str) -> None:
-    """A missing model means the served one; an unknown one is a 404 that names only the
-    served name (never the local path it was loaded from)."""
-    if requested is not None and requested not in accepted:
-        raise GenerateError(
-            f"the model {requested!r} does not exist; this server serves "
-            f"{served!r} (see /v1/models)",
-            404,
-            "model",
-            "model_not_found",
-        )
-
-
 def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str, Any]:
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for name, native in _PASSTHROUGH.items():
@@ -100,18 +86,18 @@ def sampling_params(req: OpenAISamplingFields, max_new_tokens: int) -> dict[str,
     return sp
 
 
-def _check_counts(n: int, num_prompts: int) -> None:
+def check_counts(n: int, num_prompts: int) -> None:
     if not 1 <= n <= MAX_N:
         raise GenerateError(f"n must be in [1, {MAX_N}], got {n}", 400, "n")
     check_num_sequences(n * num_prompts)
 
 
-def _check_max_tokens(value: int | None, name: str) -> None:
+def check_max_tokens(value: int | None, name: str) -> None:
     if value is not None and value < 0:
         raise GenerateError(f"{name} must be >= 0, got {value}", 400, name)
 
 
-def _expand(
+def expand(
     plan: OpenAIPlan,
     req: OpenAISamplingFields,
     ids: list[int],
@@ -186,7 +172,7 @@ def raw_grammar(req: OpenAISamplingFields) -> dict[str, Any]:
     return {n: getattr(req, n) for n in names if getattr(req, n) is not None}
 
 
-def _check_grammar_conflicts(raw: dict[str, Any], constraint: dict[str, Any]) -> None:
+def check_grammar_conflicts(raw: dict[str, Any], constraint: dict[str, Any]) -> None:
     """Tools and response_format constrain the output; a raw grammar next to them is a 400."""
     if constraint and raw:
         name = next(iter(raw))
@@ -201,8 +187,8 @@ def _check_grammar_conflicts(raw: dict[str, Any], constraint: dict[str, Any]) ->
 def _chat_max_tokens(req: ChatCompletionRequest, tm: TokenizerManager, num_ids: int) -> int:
     """max_completion_tokens, else max_tokens, else --default-max-tokens capped by the context
     the prompt leaves."""
-    _check_max_tokens(req.max_tokens, "max_tokens")
-    _check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
+    check_max_tokens(req.max_tokens, "max_tokens")
+    check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
     if req.max_completion_tokens is not None:
         return req.max_completion_tokens
     if req.max_tokens is not None:
@@ -222,7 +208,7 @@ def _check_top_logprobs(req: ChatCompletionRequest) -> int:
 
 
 async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
-    _check_counts(req.n, 1)
+    check_counts(req.n, 1)
     top = _check_top_logprobs(req)
     schema, tag = _format_parts_alone(req.response_format, req)
     parsing = chat_parsing(req, tm)
@@ -232,7 +218,7 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
     parsing = with_prompt(parsing, prompt)
     raw = raw_grammar(req)
     constraint = output_constraint(parsing, schema, tag)
-    _check_grammar_conflicts(raw, constraint)
+    check_grammar_conflicts(raw, constraint)
     constraint = constraint or reasoning_wrapped(parsing, raw)
     sp = sampling_params(req, _chat_max_tokens(req, tm, len(ids)))
     if constraint:
@@ -242,53 +228,7 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
     plan = OpenAIPlan(
         prompt_texts=[prompt], n=req.n, parsing=parsing, token_bytes=token_bytes_for(tm.tokenizer)
     )
-    _expand(plan, req, ids, sp, (req.logprobs, -1, top))
-    return plan
-
-
-# ---------------------------------------------------------------------- completions
-def _prompt_list(prompt: Any) -> list[Any]:
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise GenerateError("prompt is empty", 400, "prompt")
-    return [prompt] if isinstance(prompt[0], int) else list(prompt)
-
-
-async def _completion_prompt(
-    tm: TokenizerManager, prompt: str | list[int]
-) -> tuple[str, list[int]]:
-    """(text, ids) of one prompt; token ids are checked before anything decodes them."""
-    if isinstance(prompt, str):
-        return prompt, await tm.tokenize_async(prompt)
-    tm.check_token_ids(prompt, "prompt")
-    if not prompt:
-        raise GenerateError("prompt is empty", 400, "prompt")
-    return await tm.run_blocking(tm.decode, prompt, False), list(prompt)
-
-
-async def completion_plan(req: CompletionRequest, tm: TokenizerManager) -> OpenAIPlan:
-    prompts = _prompt_list(req.prompt)
-    _check_counts(req.n, len(prompts))
-    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
-        raise GenerateError(
-            f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {req.logprobs}",
-            400,
-            "logprobs",
-        )
-    _check_max_tokens(req.max_tokens, "max_tokens")
-    plan = OpenAIPlan(n=req.n, num_prompts=len(prompts))
-    return_logprob = req.logprobs is not None
-    logprob = (return_logprob, 0 if req.echo and return_logprob else -1, req.logprobs or 0)
-    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-    sp = sampling_params(req, max_tokens)
-    constraint = format_params(req.response_format, req)
-    _check_grammar_conflicts(raw_grammar(req), constraint)
-    sp.update(constraint)
-    for prompt in prompts:
-        text, ids = await _completion_prompt(tm, prompt)
-        plan.prompt_texts.append(text)
-        _expand(plan, req, ids, sp, logprob)
+    expand(plan, req, ids, sp, (req.logprobs, -1, top))
     return plan
 
 
@@ -331,47 +271,6 @@ def chat_logprobs(
         row = tops[i] if i < len(tops) and tops[i] else []
         content.append({**entry(lp, token_id, text), "top_logprobs": [entry(*e) for e in row]})
     return {"content": content, "refusal": None}
-
-
-def completion_logprobs(
-    entries: list[list[Any]], tops: list[Any], with_top: bool, offset: int
-) -> dict[str, Any]:
-    """OpenAI's legacy ``logprobs`` (as vLLM sends them): per token, the token's display text,
-    its logprob, its offset in the choice's text and a dict of alternatives that always holds the
-    token itself, after the top ones when ``with_top``. A token without a logprob (the first
-    prompt token of an echo) has ``null`` in both."""
-    tokens, token_logprobs, text_offset, top_logprobs = [], [], [], []
-    for i, (lp, _, text) in enumerate(entries):
-        tokens.append(text or "")
-        token_logprobs.append(lp)
-        text_offset.append(offset)
-        offset += len(text or "")
-        row = tops[i] if with_top and i < len(tops) and tops[i] else []
-        top_logprobs.append(None if lp is None else _alternatives(row, text or "", lp))
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "text_offset": text_offset,
-        "top_logprobs": top_logprobs,
-    }
-
-
-def _alternatives(row: list[list[Any]], text: str, lp: float) -> dict[str, float]:
-    """Display text -> logprob of the top entries, best first, then the token itself if it is
-    not among them (so up to ``logprobs + 1`` keys, as OpenAI documents)."""
-    alternatives = {t or "": v for v, _, t in row}
-    alternatives.setdefault(text, lp)
-    return alternatives
-
-
-def completion_entries(out: dict[str, Any], echo: bool) -> tuple[list[Any], list[Any]]:
-    meta = out["meta_info"]
-    entries = list(meta.get("output_token_logprobs") or [])
-    tops = list(meta.get("output_top_logprobs") or [])
-    if echo:
-        entries = list(meta.get("input_token_logprobs") or []) + entries
-        tops = list(meta.get("input_top_logprobs") or []) + tops
-    return entries, tops
 
 
 # the native fields a grammar error names (srt/scheduler/grammar_queue.py)

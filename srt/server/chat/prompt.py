@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.server.openai.protocol import ChatMessage
+from radixlm.srt.server.chat.request import ChatMessage
 
 # messages (OpenAI shape) -> (messages for the template, the template's extra arguments)
 PromptLayout = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], dict[str, Any]]]

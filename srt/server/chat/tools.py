@@ -24,7 +24,7 @@ from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_f
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
 from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
-from radixlm.srt.server.openai.protocol import ChatCompletionRequest, ChatMessage, ToolDef
+from radixlm.srt.server.chat.request import ChatCompletionRequest, ChatMessage, ToolDef
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

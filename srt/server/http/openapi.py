@@ -13,7 +13,18 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from radixlm.srt.server.native.protocol import ErrorResponse
+
+# ---------------------------------------------------------------------- errors (OpenAPI only)
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
 
 _BODY_MODELS: dict[str, type[BaseModel]] = {}
 REF_TEMPLATE = "#/components/schemas/{model}"

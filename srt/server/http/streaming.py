@@ -1,4 +1,5 @@
-"""Server-sent events, and a streaming response that always releases its requests."""
+"""Server-sent events, a streaming response that always releases its requests, and a group's
+updates that start only once the first one is in (so an early refusal is an HTTP error)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import orjson
 from fastapi.responses import StreamingResponse
+
+from radixlm.srt.managers.tokenizer_manager import RequestGroup
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -30,3 +33,29 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+Updates = AsyncIterator[tuple[int, dict[str, Any]]]
+
+
+async def started_updates(group: RequestGroup) -> Updates:
+    """``group.updates()`` once its first update is in: a request refused before its first
+    token (a grammar that does not compile, an abort with a status) raises here, so the client
+    gets an HTTP error (the same 400 as without ``stream``) instead of a 200 stream holding an
+    error event. The first update comes with the first token, so no chunk is delayed."""
+    updates = group.updates()
+    try:
+        first = await anext(updates)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        group.close()
+        raise
+
+    async def chained() -> Updates:
+        if first is not None:
+            yield first
+            async for update in updates:
+                yield update
+
+    return chained()

@@ -20,8 +20,8 @@ from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.managers.model_info import model_info_of
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES
-from radixlm.srt.server.native.generate import json_response
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -49,10 +49,6 @@ LOAD_FIGURES = frozenset(
         "utilization",
     }
 )  # what Scheduler.load_info answers
-
-
-def get_tm(request: Request) -> TokenizerManager:
-    return request.app.state.tm
 
 
 async def scheduler_load(tm: TokenizerManager) -> dict[str, Any]:

@@ -24,13 +24,13 @@ from pydantic import ConfigDict
 from radixlm.srt.managers.tokenizer_manager import GenerateError
 from radixlm.srt.parsers.reasoning import REASONING_PARSERS, ReasoningParser
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.server.chat.request import ToolDef
 from radixlm.srt.server.chat.tool_stream import OfferedCalls
 from radixlm.srt.server.chat.tools import ChatParsing, tool_specs
+from radixlm.srt.server.http.body import StrictBody
+from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
-from radixlm.srt.server.native.generate import get_tm, json_response
-from radixlm.srt.server.native.protocol import StrictBody
-from radixlm.srt.server.openai.protocol import ToolDef
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

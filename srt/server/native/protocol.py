@@ -28,25 +28,13 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.sessions import SessionParams
-
-
-def check_rid(rid: Any) -> Any:
-    """A client's rid (or a batch's list of them) is never empty: ``/abort_request`` reads an
-    empty rid as none, so a request sent with one could not be aborted."""
-    if rid == "" or (isinstance(rid, list) and "" in rid):
-        raise ValueError("rid must be a non-empty string (or left out)")
-    return rid
-
-
-class StrictBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+from radixlm.srt.server.http.body import StrictBody, check_list_len, check_rid
 
 
 class OffValues:
@@ -277,48 +265,7 @@ class DetokenizeInput(StrictBody):
     skip_special_tokens: bool = True
 
 
-# ---------------------------------------------------------------------- errors (OpenAPI only)
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
 # ---------------------------------------------------------------------- cheap size checks
-# Run on the decoded JSON before model validation, which holds the GIL for a while on
-# hundreds of thousands of items (and so would stall every other request).
-Precheck = Callable[[dict[str, Any]], None]
-
-
-def check_list_len(value: Any, limit: int, name: str) -> None:
-    if isinstance(value, list) and len(value) > limit:
-        raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
-
-
-def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) -> None:
-    """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded, and
-    so is each token-id prompt (by the context length)."""
-    for name in ("text", "input_ids", "prompt"):
-        value = data.get(name)
-        if not isinstance(value, list) or not value:
-            continue
-        is_flat_ids = not isinstance(value[0], (list, str))
-        if not is_flat_ids:  # a batch: of texts or of token-id lists
-            check_list_len(value, max_items, name)
-        rows = [value] if is_flat_ids else value
-        longest = max((len(r) for r in rows if isinstance(r, list)), default=0)
-        if longest >= context_length:
-            raise ValueError(
-                f"{name} has a prompt of {longest} token ids; the context holds "
-                f"{context_length} tokens"
-            )
-
-
 def precheck_token_ids_logprob(data: dict[str, Any], max_ids: int, max_lists: int) -> None:
     """``token_ids_logprob``: at most ``max_ids`` ids in a list, ``max_lists`` lists."""
     value = data.get("token_ids_logprob")

@@ -21,11 +21,10 @@ from radixlm.srt.managers.scoring import (
     plan_scores,
 )
 from radixlm.srt.managers.tokenizer_manager import GenerateInput
-from radixlm.srt.server.chat.plan import check_model
+from radixlm.srt.server.http.body import StrictBody, check_list_len
+from radixlm.srt.server.http.deps import check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
-from radixlm.srt.server.native.generate import get_tm, json_response
-from radixlm.srt.server.native.protocol import StrictBody, check_list_len
 
 router = APIRouter(responses=ERROR_RESPONSES)
 

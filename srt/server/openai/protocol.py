@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI-compatible routes as pydantic models (responses are plain dicts).
+"""Request bodies of the OpenAI-compatible routes as pydantic models (responses are plain dicts);
+the chat body is the chat request all chat dialects share, in chat/request.py.
 
 OpenAI requests accept the OpenAI fields plus SGLang's sampling extras (what clients put in
 ``extra_body`` arrives as top-level fields); other unknown fields are ignored, as
@@ -12,11 +13,10 @@ their default is a 400. Fields that only label or route a request (``user``, ``s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from radixlm.srt.server.native.protocol import StrictBody, check_list_len, check_rid
+from radixlm.srt.server.chat.request import OpenAISamplingFields, ResponseFormat
+from radixlm.srt.server.http.body import check_list_len
 from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
 _UNSUPPORTED_BOTH = {
@@ -93,66 +93,6 @@ UNSUPPORTED_COMPLETION = {
 
 
 # ---------------------------------------------------------------------- OpenAI API
-class StreamOptions(StrictBody):
-    include_usage: bool = False
-    # SGLang / vLLM: every chunk carries its choice's usage so far
-    continuous_usage_stats: bool = False
-
-
-class SGLangSamplingExtras(StrictBody):
-    """SGLang sampling parameters accepted on the OpenAI routes (``extra_body``)."""
-
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
-    choices: list[str] | None = None  # the output is exactly one of these (vLLM's guided_choice)
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    no_stop_trim: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    stop_regex: str | list[str] | None = None
-    custom_params: dict[str, Any] | None = None
-    stream_interval: int | None = None
-    rid: str | None = None
-
-    _rid_not_empty = field_validator("rid")(classmethod(lambda cls, rid: check_rid(rid)))
-
-
-class OpenAISamplingFields(SGLangSamplingExtras):
-    model: str | None = None  # missing: the served model
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-
-
-class JsonSchemaFormat(StrictBody):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``text``, ``json_object``, ``json_schema`` (OpenAI) or ``structural_tag`` (SGLang: its
-    other fields, such as ``structures`` and ``triggers`` or ``format``, are the tag itself and
-    are kept whole)."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
-
-    type: Literal["text", "json_object", "json_schema", "structural_tag"]
-    json_schema: JsonSchemaFormat | None = None
 
 
 class CompletionRequest(OpenAISamplingFields):
@@ -161,70 +101,6 @@ class CompletionRequest(OpenAISamplingFields):
     logprobs: int | None = None
     echo: bool = False
     response_format: ResponseFormat | None = None
-
-
-class ContentPart(StrictBody):
-    type: str
-    text: str | None = None
-    refusal: str | None = None  # an assistant's "refusal" part (a history from OpenAI)
-
-
-class FunctionCallParam(StrictBody):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-class ToolCallParam(StrictBody):
-    """A call in an assistant message of the history."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallParam
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallParam] | None = None  # assistant messages
-    tool_call_id: str | None = None  # tool messages: the call they answer
-    reasoning_content: str | None = None  # assistant messages of a reasoning model
-
-
-class FunctionDef(StrictBody):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # JSON schema of the arguments object
-    strict: bool | None = None
-
-
-class ToolDef(StrictBody):
-    type: str = "function"  # chat/tools.py refuses other kinds with its own message
-    function: FunctionDef
-
-
-class ChatCompletionRequest(OpenAISamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[ToolDef] | None = None
-    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = (
-        None  # missing: true, except one call under a named tool_choice
-    )
-    chat_template_kwargs: dict[str, Any] | None = None
-    # vLLM / SGLang: the reply continues the last (assistant) message instead of opening a
-    # new turn; add_generation_prompt false renders no assistant header (chat/tools.py)
-    continue_final_message: bool = False
-    add_generation_prompt: bool | None = None
-    reasoning_effort: str | None = None  # "none": enable_thinking false (chat/tools.py)
-    separate_reasoning: bool = True  # false: reasoning stays in content
 
 
 _LEGACY_FUNCTIONS = {

@@ -27,16 +27,12 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from radixlm.srt.managers.tokenizer_manager import (
-    ClientDisconnected,
-    GenerateError,
-    RequestGroup,
-)
-from radixlm.srt.server.chat.plan import chat_plan, check_model, name_grammar_error
+from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError, RequestGroup
+from radixlm.srt.server.chat.plan import chat_plan, name_grammar_error
+from radixlm.srt.server.http.deps import check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import error_body, parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse
-from radixlm.srt.server.native.generate import get_tm, json_response
 from radixlm.srt.server.openai.responses_input import (
     UNSUPPORTED_RESPONSES,
     ResponsesRequest,

@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
+from radixlm.srt.server.chat.request import ChatCompletionRequest, SGLangSamplingExtras
+from radixlm.srt.server.http.body import check_list_len
 from radixlm.srt.server.http.errors import describe_validation_error
-from radixlm.srt.server.native.protocol import check_list_len
-from radixlm.srt.server.openai.protocol import ChatCompletionRequest, SGLangSamplingExtras
 from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
 # Values of ``include`` accepted: logprobs are returned when asked; the others name outputs of

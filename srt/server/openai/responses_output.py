@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from radixlm.srt.server.chat.plan import OpenAIPlan, chat_logprobs, finish_reason
+from radixlm.srt.server.chat.request import ChatCompletionRequest
 from radixlm.srt.server.chat.tool_stream import ChoiceStream
-from radixlm.srt.server.openai.protocol import ChatCompletionRequest
 from radixlm.srt.server.openai.responses_input import ResponsesRequest, new_id
 
 

@@ -362,8 +362,8 @@ def test_response_store_is_bounded() -> None:
 
 def test_reasoning_effort_none_turns_thinking_off() -> None:
     from radixlm.srt.managers.tokenizer_manager import GenerateError
+    from radixlm.srt.server.chat.request import ChatCompletionRequest
     from radixlm.srt.server.chat.tools import template_kwargs
-    from radixlm.srt.server.openai.protocol import ChatCompletionRequest
 
     def kwargs(**fields) -> dict:
         messages = [{"role": "user", "content": "hi"}]

@@ -23,7 +23,7 @@ from radixlm.srt.managers.heartbeat import (
     heartbeat_age_s,
     start_heartbeat,
 )
-from radixlm.srt.server.native.generate import HEALTH_GENERATE_TIMEOUT_S
+from radixlm.srt.server.native.health import HEALTH_GENERATE_TIMEOUT_S
 from radixlm.srt.server.process.server_process import ServerProcess
 from radixlm.srt.server.process.supervisor import EXIT_WORKER_DIED
 

@@ -12,8 +12,9 @@ from fake_stack import make_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast
 
-from radixlm.srt.server.chat.plan import chat_logprobs, completion_logprobs
+from radixlm.srt.server.chat.plan import chat_logprobs
 from radixlm.srt.server.chat.token_bytes import TEXT_BYTES, byte_level_alphabet, token_bytes_for
+from radixlm.srt.server.openai.completions import completion_logprobs
 
 REPLACEMENT = list("\ufffd".encode())  # [239, 191, 189]
 TEXTS = [

@@ -1,0 +1,71 @@
+"""What the request bodies of every dialect are read with: the strict base model, and cheap
+size checks on the decoded JSON, among them the most sequences one request may ask for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+
+
+def check_rid(rid: Any) -> Any:
+    """A client's rid (or a batch's list of them) is never empty: ``/abort_request`` reads an
+    empty rid as none, so a request sent with one could not be aborted."""
+    if rid == "" or (isinstance(rid, list) and "" in rid):
+        raise ValueError("rid must be a non-empty string (or left out)")
+    return rid
+
+
+class StrictBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+
+
+# ---------------------------------------------------------------------- cheap size checks
+# Run on the decoded JSON before model validation, which holds the GIL for a while on
+# hundreds of thousands of items (and so would stall every other request).
+Precheck = Callable[[dict[str, Any]], None]
+
+
+def check_list_len(value: Any, limit: int, name: str) -> None:
+    if isinstance(value, list) and len(value) > limit:
+        raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
+
+
+def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) -> None:
+    """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded, and
+    so is each token-id prompt (by the context length)."""
+    for name in ("text", "input_ids", "prompt"):
+        value = data.get(name)
+        if not isinstance(value, list) or not value:
+            continue
+        is_flat_ids = not isinstance(value[0], (list, str))
+        if not is_flat_ids:  # a batch: of texts or of token-id lists
+            check_list_len(value, max_items, name)
+        rows = [value] if is_flat_ids else value
+        longest = max((len(r) for r in rows if isinstance(r, list)), default=0)
+        if longest >= context_length:
+            raise ValueError(
+                f"{name} has a prompt of {longest} token ids; the context holds "
+                f"{context_length} tokens"
+            )
+
+
+# The most sequences (prompts x n) one request may ask for.
+MAX_SEQUENCES_PER_REQUEST = 1024
+
+
+def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
+    return lambda data: precheck_batch(data, MAX_SEQUENCES_PER_REQUEST, tm.context_length)
+
+
+def check_num_sequences(num: int) -> None:
+    if num > MAX_SEQUENCES_PER_REQUEST:
+        raise GenerateError(
+            f"this request asks for {num} sequences (prompts x n); at most "
+            f"{MAX_SEQUENCES_PER_REQUEST} per request",
+            400,
+            "n",
+        )

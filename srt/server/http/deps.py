@@ -1,0 +1,47 @@
+"""What the routes of every dialect read from the app and answer with: the tokenizer manager,
+JSON responses, the check of a request's ``model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+
+
+def json_response(obj: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status_code, media_type="application/json")
+
+
+def get_tm(request: Request) -> TokenizerManager:
+    return request.app.state.tm
+
+
+def check_model_name(request: Request, model: str | None) -> None:
+    """``model`` (routers add it) is null or names the served model; else the OpenAI routes'
+    404, naming only the served name."""
+    state = request.app.state
+    if model is not None and model not in state.accepted_model_names:
+        raise GenerateError(
+            f"the model {model!r} does not exist; this server serves "
+            f"{state.served_model_name!r} (see /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
+
+
+def check_model(requested: str | None, accepted: set[str], served: str) -> None:
+    """A missing model means the served one; an unknown one is a 404 that names only the
+    served name (never the local path it was loaded from)."""
+    if requested is not None and requested not in accepted:
+        raise GenerateError(
+            f"the model {requested!r} does not exist; this server serves "
+            f"{served!r} (see /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
