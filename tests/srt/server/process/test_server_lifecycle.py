@@ -41,7 +41,7 @@ def test_missing_model_fails_at_start_up(tmp_path) -> None:
 
 def test_idle_child_death_exits_for_a_restart_without_orphans(tmp_path) -> None:
     """A child dying while idle ends the server too (the policy: exit for a supervisor to
-    restart it; tests/srt/server/test_supervision.py covers deaths mid-request)."""
+    restart it; tests/srt/server/process/test_supervision.py covers deaths mid-request)."""
     server = ServerProcess(["--max-total-tokens", "2048"], log_path=tmp_path / "server.log")
     try:
         children = psutil.Process(server.pid).children(recursive=True)

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
-from tests.srt.server.fake_stack import FakeStack
+from fake_stack import FakeStack
 
 USER = [{"role": "user", "content": "hi"}]
 
