@@ -42,18 +42,18 @@ AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser", "kv_cach
 SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
 # chunked_prefill_size when not given. With mixed batches a running request waits at most one
 # chunk step for its next token. GPU: an 8B model's chunk of N tokens costs ~N * 16 GFLOP
-# (8,192: ~0.2 s at 650 TFLOP/s). Serving the 8B shape on an H200 (README, "GPU serving"),
+# (8,192: ~0.2 s at 650 TFLOP/s). Serving the 8B shape on an H200 (docs/results/serving.md),
 # 2,048-token chunks cut prefill throughput below the offered load (goodput 2.8 req/s at 16
 # req/s against 5.3 with 8,192 and 5.7 unchunked); 8,192 keeps most of it and still bounds the
 # stall behind a long prompt.
 # CPU (SmolLM2-135M fp32, 2 cores): 512 bounds the decode gap behind an 8K prompt at 1.8 s
-# (15 s unchunked), prefilling within 7% of 1,024 or 2,048 (README, "Chunked prefill").
+# (15 s unchunked), prefilling within 7% of 1,024 or 2,048 (docs/results/serving.md).
 GPU_DEFAULT_CHUNK = 8192
 CPU_DEFAULT_CHUNK = 512
 # Mixed steps (a chunk together with the running requests' decode tokens) by device, unless
 # --enable-mixed-chunk / --disable-mixed-chunk says. CPU: on (the decode gap behind an 8K prompt
 # is 1.8 s mixed, 17.6 s with 2,048-token chunks alone). GPU: off, as SGLang's default: on an
-# H100 serving the 8B shape (README, "GPU serving") mixed 8,192-token chunks gave 2.37 req/s of
+# H100 serving the 8B shape (docs/results/serving.md) mixed 8,192-token chunks gave 2.37 req/s of
 # goodput at 16 req/s against 6.45 with the chunks alone and 6.42 unchunked (TTFT p50 1,150 vs
 # 119 ms), and no better TPOT or ITL p99.
 MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}

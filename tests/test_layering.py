@@ -1,4 +1,4 @@
-"""Imports flow one way (DESIGN.md): checked on the source of every .py file in the tree.
+"""Imports flow one way (srt/README.md, "The layer map"): checked on the source of every .py file.
 
 Each module of the ``radixlm`` namespace belongs to a *unit*: a package of srt (``srt.scheduler``
 for anything under srt/scheduler/), a top-level module of srt (``srt.config``), ``srt`` itself
@@ -39,12 +39,16 @@ Imports under ``if TYPE_CHECKING:`` are ignored (annotations only, never run); i
 functions count. Outside radixlm (tests/, examples/) only one rule applies: the top-level
 folders are imported through ``radixlm.`` (PyPI has unrelated packages named srt, lang,
 grammar and kernels).
+
+The layer table of srt/README.md shows, per unit, what it imports today; the test below checks
+that column against the code, and its failure message gives the line to write.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -83,6 +87,8 @@ SERVER_LAYERS: tuple[tuple[str, ...], ...] = (
 )
 SERVER_LAYER_OF = {part: depth for depth, parts in enumerate(SERVER_LAYERS) for part in parts}
 SKIP_DIRS = {".venv", ".git", "build", "dist", "__pycache__", ".hypothesis", ".pytest_cache"}
+SRT_README = ROOT / "srt" / "README.md"
+NOTHING = "nothing of radixlm"  # the imports column of a unit that imports no other unit
 
 
 @dataclass(frozen=True)
@@ -281,6 +287,55 @@ def test_importing_the_libraries_loads_no_srt_module() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def imported_units(imports: Iterable[Import]) -> dict[str, set[str]]:
+    """Unit -> the other units it imports."""
+    found: dict[str, set[str]] = {unit: set() for unit in LAYER_OF}
+    for imp in imports:
+        source, target = unit_of(imp.source), unit_of(imp.target)
+        if source is not None and target is not None and source != target:
+            found.setdefault(source, set()).add(target)
+    return found
+
+
+def imports_cell(units: Iterable[str]) -> str:
+    return ", ".join(f"`{unit}`" for unit in sorted(units)) or NOTHING
+
+
+def layer_table(markdown: str) -> dict[str, tuple[int, set[str]]]:
+    """Rows of a layer table: unit (the first `code` of the unit cell) -> (layer, imported units).
+
+    A row is ``| layer | `unit` (where) | what it is | `a`, `b` |``; the last cell lists the
+    imported units in backticks, or says "nothing of radixlm"."""
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            unit = re.findall(r"`([^`]+)`", cells[1])[0]
+            rows[unit] = (int(cells[0]), set(re.findall(r"`([^`]+)`", cells[3])))
+    return rows
+
+
+def layer_table_errors(markdown: str, imports: dict[str, set[str]]) -> list[str]:
+    """What a layer table gets wrong against LAYERS and the imports found in the code."""
+    rows = layer_table(markdown)
+    errors = [f"{unit}: no such unit in LAYERS" for unit in sorted(set(rows) - set(LAYER_OF))]
+    for unit, layer in LAYER_OF.items():
+        if unit not in rows:
+            errors.append(f"{unit}: no row (layer {layer}, imports {imports_cell(imports[unit])})")
+            continue
+        row_layer, row_imports = rows[unit]
+        if row_layer != layer:
+            errors.append(f"{unit}: the row says layer {row_layer}, LAYERS says {layer}")
+        if row_imports != imports[unit]:
+            errors.append(f"{unit}: the imports column should read {imports_cell(imports[unit])}")
+    return errors
+
+
+def test_the_srt_readme_layer_table_is_true() -> None:
+    errors = layer_table_errors(SRT_README.read_text(), imported_units(_tree_imports()))
+    assert errors == [], "srt/README.md, the layer table:\n" + "\n".join(errors)
+
+
 def test_the_bitmask_apply_is_the_kernels_one() -> None:
     # grammar/ applies masks with the kernel, not with a copy of it
     from radixlm.grammar import apply_token_bitmask_inplace
@@ -364,6 +419,27 @@ def test_a_synthetic_bare_top_level_import_fails(tmp_path: Path) -> None:
     _write_tree(tmp_path, {**SYNTHETIC_BASE, "tests/test_x.py": "import grammar.base\n"})
     (violation,) = layering_violations(tmp_path)
     assert "radixlm.grammar.base" in violation
+
+
+def test_a_wrong_layer_table_is_reported() -> None:
+    imports = {unit: set() for unit in LAYER_OF}
+    imports["srt.models"] = {"kernels", "srt.config"}
+    rows = [f"| {layer} | `{unit}` | x | {NOTHING} |" for unit, layer in LAYER_OF.items()]
+    table = "\n".join(rows)
+    assert layer_table_errors(table, imports) == [
+        "srt.models: the imports column should read `kernels`, `srt.config`"
+    ]
+    fixed = table.replace(
+        f"`srt.models` | x | {NOTHING}", "`srt.models` | x | `srt.config`, `kernels`"
+    )
+    assert layer_table_errors(fixed, imports) == []
+    moved = fixed.replace("| 13 | `kernels`", "| 12 | `kernels`").replace(
+        "| 10 | `srt.config` |", "|"
+    )
+    assert layer_table_errors(moved, imports) == [
+        "srt.config: no row (layer 10, imports nothing of radixlm)",
+        "kernels: the row says layer 12, LAYERS says 13",
+    ]
 
 
 def test_a_synthetic_unplaced_unit_fails(tmp_path: Path) -> None:

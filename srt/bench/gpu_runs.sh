@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU tests and the benchmarks behind the README's GPU tables, in named sections, each
+# The GPU tests and the benchmarks behind the GPU tables of docs/results/, in named sections, each
 # bounded in time:
 #
 #   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep

@@ -47,8 +47,8 @@ def test_resolve_on_cpu_picks_torch_float32_and_keeps_explicit_values():
 
 
 def test_mixed_chunks_follow_the_device_unless_told(monkeypatch):
-    """Mixed prefill+decode steps: on by default on a CPU, off on a GPU (measured: README,
-    "GPU serving"); --enable-mixed-chunk / --disable-mixed-chunk override either way."""
+    """Mixed prefill+decode steps: on by default on a CPU, off on a GPU (measured:
+    docs/results/serving.md); --enable-mixed-chunk / --disable-mixed-chunk override either way."""
     from radixlm.srt import config
 
     assert config.MIXED_CHUNK_BY_DEVICE == {"cpu": True, "cuda": False}

@@ -1,6 +1,6 @@
 """Supervision of a running server: what happens when a child dies, on SIGTERM, and for /health.
 
-Policy (README, "Running in production"):
+Policy (docs/operations/production.md):
 
 - A child (scheduler or detokenizer) that dies while serving is fatal: every waiting request
   fails at once with 503 (streams end with an error event), the surviving child is killed,
