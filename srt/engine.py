@@ -52,11 +52,19 @@ from radixlm.srt.managers.scoring import (
 from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
 from radixlm.srt.managers.tp_ranks import with_rendezvous
 from radixlm.srt.messages import (
+    PROFILE_FIELDS,
     AbortReq,
     BatchTokenOut,
+    ControlMessage,
     ControlReply,
-    ControlReq,
+    FlushCacheReq,
+    GetWeightsByNameReq,
+    ServerInfoReq,
+    StartProfileReq,
+    StopProfileReq,
     TokenizedGenerateReq,
+    UpdateWeightsFromDiskReq,
+    UpdateWeightsFromTensorReq,
 )
 from radixlm.srt.scheduler.failures import handle_message, run_step
 
@@ -358,21 +366,24 @@ class Engine:
             self._call(self.sessions.close, session_id)
 
     def flush_cache(self) -> bool:
-        return self._control("flush_cache").ok
+        return self._control(FlushCacheReq()).ok
 
     def start_profile(self, **args) -> str:
         """Starts a torch.profiler trace of the scheduler steps (SGLang's ProfileReq fields:
         ``output_dir``, ``num_steps``, ``activities``, ``with_stack``, ``record_shapes``,
         ``profile_id``, ``profile_prefix``, ``start_step``); returns the trace's path.
         ValueError for a bad field or a profile already running."""
-        reply = self._control("start_profile", args)
+        unknown = sorted(set(args) - PROFILE_FIELDS)
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a field of start_profile")
+        reply = self._control(StartProfileReq(**args))
         if not reply.ok:
             raise ValueError(reply.data.get("message", "cannot start the profile"))
         return reply.data["path"]
 
     def stop_profile(self) -> str | None:
         """Ends the profile and writes its trace (srt/scheduler/profiling.py); its path."""
-        reply = self._control("stop_profile")
+        reply = self._control(StopProfileReq())
         if not reply.ok:
             raise ValueError(reply.data.get("message", "no profile is running"))
         return reply.data["path"]
@@ -388,13 +399,9 @@ class Engine:
         running model, in place, once the requests in flight have finished (this call runs
         their steps meanwhile); the prefix cache is emptied unless ``flush_cache=False``.
         ``(success, message, 0)``; a failed load leaves the previous weights."""
-        args = {
-            "model_path": model_path,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
-            "weight_version": weight_version,
-        }
-        reply = self._when_idle("update_weights_from_disk", args)
+        reply = self._when_idle(
+            UpdateWeightsFromDiskReq(model_path, load_format, flush_cache, weight_version)
+        )
         return reply.ok, reply.data["message"], 0
 
     def update_weights_from_tensor(
@@ -408,19 +415,14 @@ class Engine:
         once the requests in flight have finished; the prefix cache is emptied unless
         ``flush_cache=False`` (send False for all but the last bucket). ``(success,
         message)``; a refused call (unknown name, other shape) changes nothing."""
-        args = {
-            "named_tensors": named_tensors,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
-        }
-        reply = self._when_idle("update_weights_from_tensor", args)
+        reply = self._when_idle(UpdateWeightsFromTensorReq(named_tensors, load_format, flush_cache))
         return reply.ok, reply.data["message"]
 
-    def _when_idle(self, kind: str, args: dict):
+    def _when_idle(self, msg: ControlMessage) -> ControlReply:
         """A weight update's control reply, sent again while the scheduler answers ``busy``
         (requests in flight), running their steps meanwhile."""
         while True:
-            reply = self._control(kind, args)
+            reply = self._control(msg)
             if reply.ok or not reply.data.get("busy"):
                 return reply
             if not self._try_step():  # another caller runs the steps of those requests
@@ -430,7 +432,7 @@ class Engine:
         """SGLang's: the running weight of checkpoint tensor ``name`` (Hugging Face names,
         such as ``model.layers.0.mlp.up_proj.weight``) as float32 values, its first
         ``truncate_size`` rows; ValueError for a name the model lacks."""
-        reply = self._control("get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+        reply = self._control(GetWeightsByNameReq(name, truncate_size))
         if not reply.ok:
             raise ValueError(reply.data["message"])
         return reply.data["parameter"]
@@ -451,7 +453,7 @@ class Engine:
         return model_info_of(info, self.config.tokenizer_path, served_model_name(self.config, info))
 
     def get_server_info(self) -> dict:
-        return {**self.scheduler.ready_info(), **self._control("server_info").data}
+        return {**self.scheduler.ready_info(), **self._control(ServerInfoReq()).data}
 
     def shutdown(self) -> None:
         """Aborts whatever still runs (no background work is left after this); stops the
@@ -639,11 +641,11 @@ class Engine:
             raise ValueError(reason.get("message", "invalid request"))
         return out
 
-    def _control(self, kind: str, args: dict | None = None):
+    def _control(self, msg: ControlMessage) -> ControlReply:
         req_id = uuid.uuid4().hex
         q: queue.Queue = queue.Queue()
         self._replies[req_id] = q
-        self._inbox.put(ControlReq(req_id=req_id, kind=kind, args=args or {}))
+        self._inbox.put(dataclasses.replace(msg, req_id=req_id))
         return self._next(q, timeout=60)
 
     def _run_once(self) -> None:

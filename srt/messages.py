@@ -3,12 +3,31 @@
 Every message is a dataclass of plain values; :func:`encode` / :func:`decode` carry them over
 ZMQ as orjson with a type tag (no pickle on the wire). The in-process Engine passes the same
 objects without encoding them.
+
+Requests: :class:`TokenizedGenerateReq` (one request, tokenized and validated) and
+:class:`AbortReq`. Outputs: :class:`BatchTokenOut` (scheduler -> detokenizer) and
+:class:`BatchStrOut` (detokenizer -> tokenizer manager).
+
+Control: one :class:`ControlMessage` subclass per verb, each answered by one
+:class:`ControlReply` (handled in ``scheduler/control.py``):
+
+- ``load`` (:class:`LoadReq`): the load figures; answered without waiting for the step in flight
+- ``server_info`` (:class:`ServerInfoReq`): the scheduler's state
+- ``flush_cache`` (:class:`FlushCacheReq`): empty the prefix cache, while idle
+- ``set_weight_version`` (:class:`SetWeightVersionReq`): relabel the loaded weights
+- ``update_weights_from_disk`` (:class:`UpdateWeightsFromDiskReq`): load another checkpoint
+- ``update_weights_from_tensor`` (:class:`UpdateWeightsFromTensorReq`): copy tensors into the
+  weights; in-process only, never encoded
+- ``get_weights_by_name`` (:class:`GetWeightsByNameReq`): read one weight back
+- ``pause`` (:class:`PauseReq`) and ``continue`` (:class:`ContinueReq`): stop and resume batches
+- ``start_profile`` (:class:`StartProfileReq`) and ``stop_profile`` (:class:`StopProfileReq`):
+  a torch.profiler trace of the scheduler steps
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import orjson
 
@@ -41,16 +60,130 @@ class AbortReq:
     abort_all: bool = False
 
 
-@dataclass
-class ControlReq:
-    """A request for the scheduler's state or an action with a reply, matched by ``req_id``."""
+@dataclass(kw_only=True)
+class ControlMessage:
+    """A question or an action for the scheduler, answered between two steps by one
+    :class:`ControlReply` with the same ``req_id``. Each verb is a subclass (see the module
+    docstring); the sender sets ``req_id`` and ``expires_at``."""
 
-    req_id: str
-    kind: str  # "flush_cache" | "server_info" | "load" | "start_profile" | "stop_profile"
-    args: dict[str, Any] = field(default_factory=dict)
+    verb: ClassVar[str]  # its name in logs and errors (SGLang's route name, mostly)
+    # whether the scheduler reads the step in flight back before answering (so the answer
+    # reflects the settled state); a load query does not: it must not wait on the device
+    waits_for_step: ClassVar[bool] = True
+    # a query with no fields that changes nothing: when the scheduler answers late (a long
+    # step), the last answer it gave stands in, with its age
+    read_only: ClassVar[bool] = False
+
+    req_id: str = ""
     # wall-clock time (time.time()) after which nobody waits for the answer: an action that
     # reaches the scheduler later (it was in a long step) is not carried out
     expires_at: float | None = None
+
+
+@dataclass
+class LoadReq(ControlMessage):
+    """The load figures routers balance on (``reports.load_info``)."""
+
+    verb: ClassVar[str] = "load"
+    waits_for_step: ClassVar[bool] = False
+    read_only: ClassVar[bool] = True
+
+
+@dataclass
+class ServerInfoReq(ControlMessage):
+    """The scheduler's state (``reports.server_info``)."""
+
+    verb: ClassVar[str] = "server_info"
+    read_only: ClassVar[bool] = True
+
+
+@dataclass
+class FlushCacheReq(ControlMessage):
+    """Empty the prefix cache and the compiled grammars; refused while requests run."""
+
+    verb: ClassVar[str] = "flush_cache"
+
+
+@dataclass
+class SetWeightVersionReq(ControlMessage):
+    """Relabel the loaded weights (``weight_version`` in ``server_info``)."""
+
+    verb: ClassVar[str] = "set_weight_version"
+    weight_version: str
+
+
+@dataclass
+class UpdateWeightsFromDiskReq(ControlMessage):
+    """Load another checkpoint of the same architecture and sizes into the running model."""
+
+    verb: ClassVar[str] = "update_weights_from_disk"
+    model_path: str
+    load_format: str | None = None
+    flush_cache: bool = True  # empty the prefix cache (its KV came from the old weights)
+    weight_version: str | None = None  # the new label; None keeps the current one
+
+
+@dataclass
+class UpdateWeightsFromTensorReq(ControlMessage):
+    """Copy ``(checkpoint name, tensor)`` pairs into the running weights. In-process only (the
+    Engine): tensors are not plain values, so this message is never encoded."""
+
+    verb: ClassVar[str] = "update_weights_from_tensor"
+    named_tensors: list[tuple[str, Any]]  # Any: torch.Tensor
+    load_format: str | None = None
+    flush_cache: bool = True
+
+
+@dataclass
+class GetWeightsByNameReq(ControlMessage):
+    """The running weight of one checkpoint tensor, its first ``truncate_size`` rows."""
+
+    verb: ClassVar[str] = "get_weights_by_name"
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
+class PauseReq(ControlMessage):
+    """Stop running batches: ``mode`` is ``"in_place"`` (requests keep their KV) or
+    ``"retract"`` (they go back to the waiting queue without it)."""
+
+    verb: ClassVar[str] = "pause"
+    mode: str
+
+
+@dataclass
+class ContinueReq(ControlMessage):
+    """Run batches again after a pause."""
+
+    verb: ClassVar[str] = "continue"
+
+
+@dataclass(kw_only=True)
+class StartProfileReq(ControlMessage):
+    """Start a torch.profiler trace of the scheduler steps: SGLang's ``ProfileReq`` fields as
+    the client sent them (None: left out); ``scheduler/profiling.py`` checks them."""
+
+    verb: ClassVar[str] = "start_profile"
+    output_dir: str | None = None
+    start_step: int | None = None
+    num_steps: int | None = None
+    activities: list[str] | None = None  # of "CPU", "GPU", "MEM"
+    profile_by_stage: bool | None = None
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_id: str | None = None
+    merge_profiles: bool | None = None
+    profile_prefix: str | None = None
+    profile_stages: list[str] | None = None
+    detailed_annotations: bool | None = None
+
+
+@dataclass
+class StopProfileReq(ControlMessage):
+    """End the profile and write its trace."""
+
+    verb: ClassVar[str] = "stop_profile"
 
 
 @dataclass
@@ -103,12 +236,31 @@ class BatchStrOut:
     text_delta: list[str]
 
 
+CONTROL_TYPES: tuple[type[ControlMessage], ...] = (
+    LoadReq,
+    ServerInfoReq,
+    FlushCacheReq,
+    SetWeightVersionReq,
+    UpdateWeightsFromDiskReq,
+    UpdateWeightsFromTensorReq,
+    GetWeightsByNameReq,
+    PauseReq,
+    ContinueReq,
+    StartProfileReq,
+    StopProfileReq,
+)
+READ_ONLY_QUERIES = tuple(cls for cls in CONTROL_TYPES if cls.read_only)
+# the ProfileReq fields /start_profile and Engine.start_profile take
+PROFILE_FIELDS = frozenset(f.name for f in fields(StartProfileReq)) - {
+    f.name for f in fields(ControlMessage)
+}
+
 MESSAGE_TYPES = {
     cls.__name__: cls
     for cls in (
         TokenizedGenerateReq,
         AbortReq,
-        ControlReq,
+        *(c for c in CONTROL_TYPES if c is not UpdateWeightsFromTensorReq),  # tensors: in-process
         ControlReply,
         BatchTokenOut,
         BatchStrOut,
@@ -117,7 +269,10 @@ MESSAGE_TYPES = {
 
 
 def encode(msg: Any) -> bytes:
-    return orjson.dumps({"t": type(msg).__name__, "d": msg}, option=orjson.OPT_SERIALIZE_NUMPY)
+    name = type(msg).__name__
+    if MESSAGE_TYPES.get(name) is not type(msg):
+        raise TypeError(f"{name} is not a wire message (see MESSAGE_TYPES in srt/messages.py)")
+    return orjson.dumps({"t": name, "d": msg}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def decode(raw: bytes) -> Any:

@@ -20,6 +20,7 @@ close) records its output or takes it out of the session.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -45,10 +46,15 @@ from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.scheduler_process import IpcEndpoints
 from radixlm.srt.managers.sessions import SessionManager
 from radixlm.srt.messages import (
+    READ_ONLY_QUERIES,
     AbortReq,
     BatchStrOut,
+    ContinueReq,
+    ControlMessage,
     ControlReply,
-    ControlReq,
+    LoadReq,
+    PauseReq,
+    UpdateWeightsFromDiskReq,
     decode,
     encode,
 )
@@ -69,7 +75,6 @@ logger = logging.getLogger(__name__)
 TOKENIZER_THREADS = 4
 CONTROL_TIMEOUT_S = 5.0  # how long a query or action waits for the scheduler by default
 PAUSE_TIMEOUT_S = 120.0  # a pause waits for the step running now
-READ_ONLY = ("server_info", "load")  # queries answered from the last reply when a step is long
 WEIGHT_LOAD_TIMEOUT_S = 600.0  # reading an 8B checkpoint from a slow disk
 DRAIN_TIMEOUT_S = 300.0  # longest wait for the requests in flight before a weight update
 T = TypeVar("T")
@@ -92,7 +97,7 @@ class TokenizerManager:
         self.client_rids: dict[str, list[str]] = {}  # client rid -> internal rids
         self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
         # the last answer to each read-only query, with when it came (see control)
-        self._last_read: dict[str, tuple[float, ControlReply]] = {}
+        self._last_read: dict[type, tuple[float, ControlReply]] = {}
         self.control_timeout_s = CONTROL_TIMEOUT_S
         self.sessions = SessionManager(abort=self.abort)
         self._load_query: asyncio.Task[ControlReply] | None = None
@@ -126,9 +131,9 @@ class TokenizerManager:
         self._prime_task = asyncio.create_task(self._prime_reads(), name="tokenizer-prime")
 
     async def _prime_reads(self) -> None:
-        for kind in READ_ONLY:
+        for query in READ_ONLY_QUERIES:
             try:
-                await self.control(kind)
+                await self.control(query())
             except GenerateError:
                 pass  # the scheduler was busy or gone: the next query tries again
 
@@ -401,39 +406,37 @@ class TokenizerManager:
         except zmq.ZMQError:  # shutting down: nothing left to abort
             logger.warning("could not send the abort of %s", rid)
 
-    async def control(
-        self, kind: str, args: dict[str, Any] | None = None, timeout_s: float | None = None
-    ) -> ControlReply:
+    async def control(self, msg: ControlMessage, timeout_s: float | None = None) -> ControlReply:
         """One query or action, answered by the scheduler between two steps. A step can take
-        longer than ``timeout_s`` (a long prompt on a CPU): a read-only query (READ_ONLY) then
-        gets the last answer the scheduler gave (its ``data["age_s"]`` says how old); an
+        longer than ``timeout_s`` (a long prompt on a CPU): a read-only query (``read_only``)
+        then gets the last answer the scheduler gave (its ``data["age_s"]`` says how old); an
         action is a 503 and expires unread, so it is not carried out after the caller gave up."""
         self._check_alive()
         timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
         req_id = uuid.uuid4().hex
         fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
         self.pending_control[req_id] = fut
-        self._send(ControlReq(req_id, kind, args or {}, expires_at=time.time() + timeout_s))
+        self._send(dataclasses.replace(msg, req_id=req_id, expires_at=time.time() + timeout_s))
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
-            last = self._last_read.get(kind) if not args else None
+            last = self._last_read.get(type(msg)) if msg.read_only else None
             if last is None:
                 raise GenerateError(
-                    f"the scheduler did not answer {kind!r} in time (a step is running); retry",
+                    f"the scheduler did not answer {msg.verb!r} in time (a step is running); retry",
                     503,
                 ) from None
             at, reply = last
             return ControlReply(reply.req_id, reply.ok, {**reply.data, "age_s": time.time() - at})
         finally:
             self.pending_control.pop(req_id, None)
-        if kind in READ_ONLY and not args and reply.ok:
-            self._last_read[kind] = (time.time(), reply)
+        if msg.read_only and reply.ok:
+            self._last_read[type(msg)] = (time.time(), reply)
         return reply
 
     async def update_weights_from_disk(
         self,
-        args: dict[str, Any],
+        req: UpdateWeightsFromDiskReq,
         abort_all: bool = False,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> tuple[bool, str, int]:
@@ -451,9 +454,7 @@ class TokenizerManager:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + drain_timeout_s
             while True:
-                reply = await self.control(
-                    "update_weights_from_disk", args, timeout_s=WEIGHT_LOAD_TIMEOUT_S
-                )
+                reply = await self.control(req, timeout_s=WEIGHT_LOAD_TIMEOUT_S)
                 if reply.ok or not reply.data.get("busy"):
                     return reply.ok, str(reply.data.get("message", "")), self._num_paused_in_update
                 if loop.time() > deadline:
@@ -478,7 +479,7 @@ class TokenizerManager:
             self.abort_all()
             return
         try:  # the scheduler pauses after the step it runs now, however long that is
-            reply = await self.control("pause", {"mode": mode}, timeout_s=PAUSE_TIMEOUT_S)
+            reply = await self.control(PauseReq(mode), timeout_s=PAUSE_TIMEOUT_S)
         except GenerateError:
             self.paused_by_request = False
             self._update_gate()
@@ -487,7 +488,7 @@ class TokenizerManager:
             raise GenerateError(str(reply.data.get("message")), 400, "mode")
 
     async def continue_generation(self) -> None:
-        await self.control("continue", timeout_s=PAUSE_TIMEOUT_S)  # the scheduler runs again
+        await self.control(ContinueReq(), timeout_s=PAUSE_TIMEOUT_S)  # the scheduler runs again
         self.paused_by_request = False
         self._update_gate()
 
@@ -506,7 +507,7 @@ class TokenizerManager:
         without waiting for the step in flight; concurrent callers share one query, so load
         polling costs the scheduler at most one answer at a time."""
         if self._load_query is None or self._load_query.done():
-            query = asyncio.ensure_future(self.control("load"))
+            query = asyncio.ensure_future(self.control(LoadReq()))
             query.add_done_callback(lambda q: q.cancelled() or q.exception())  # seen if unread
             self._load_query = query
         reply = await asyncio.shield(self._load_query)

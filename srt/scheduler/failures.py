@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
+    ControlMessage,
     ControlReply,
-    ControlReq,
     TokenizedGenerateReq,
 )
 from radixlm.srt.scheduler.batch import ScheduledBatch
@@ -115,7 +115,7 @@ def handle_message(scheduler: Scheduler, msg: Any) -> ControlReply | BatchTokenO
 
 
 def _failure_reply(msg: Any, e: Exception) -> ControlReply | BatchTokenOut | None:
-    if isinstance(msg, ControlReq):
+    if isinstance(msg, ControlMessage):
         return ControlReply(msg.req_id, False, {"message": f"internal error: {e}"})
     if isinstance(msg, TokenizedGenerateReq):  # (Scheduler.add_request reports its own)
         return abort_output(msg.rid, len(msg.input_ids), f"internal error: {e}")

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from radixlm.srt.messages import StartProfileReq
+
 logger = logging.getLogger(__name__)
 
 MAX_PROFILE_STEPS = 10_000
@@ -53,38 +55,38 @@ class ProfileArgs:
     record_shapes: bool
 
     @classmethod
-    def parse(cls, args: dict[str, Any], on_gpu: bool) -> ProfileArgs:
+    def parse(cls, req: StartProfileReq, on_gpu: bool) -> ProfileArgs:
         """The request's ProfileReq fields, checked; ValueError (its first word the field)."""
         for name, off in OFF_ONLY.items():
-            if args.get(name) not in off:
+            if getattr(req, name) not in off:
                 raise ValueError(f"{name} is not supported by this profiler; leave it out")
-        num_steps = args.get("num_steps")
+        num_steps = req.num_steps
         if num_steps is not None and (type(num_steps) is not int or num_steps < 1):
             raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
-        start_step = args.get("start_step") or 0
+        start_step = req.start_step or 0
         if type(start_step) is not int or not 0 <= start_step <= MAX_PROFILE_STEPS:
             raise ValueError(f"start_step must be in [0, {MAX_PROFILE_STEPS}], got {start_step!r}")
-        activities = args.get("activities") or (["CPU", "GPU"] if on_gpu else ["CPU"])
+        activities = req.activities or (["CPU", "GPU"] if on_gpu else ["CPU"])
         if not isinstance(activities, list) or not all(a in ACTIVITIES for a in activities):
             raise ValueError(f"activities must be a list of {', '.join(ACTIVITIES)}")
         if "GPU" in activities and not on_gpu:
             raise ValueError("activities: GPU asked for, but this server runs on the CPU")
         for name in ("output_dir", "profile_id", "profile_prefix"):
-            value = args.get(name)
+            value = getattr(req, name)
             if value is not None and (not isinstance(value, str) or not value or "\0" in value):
                 raise ValueError(f"{name} must be a non-empty string")
         for name in ("profile_id", "profile_prefix"):
-            if "/" in (args.get(name) or ""):
+            if "/" in (getattr(req, name) or ""):
                 raise ValueError(f"{name} is part of a file name and may not hold '/'")
         return cls(
-            output_dir=args.get("output_dir") or default_profile_dir(),
-            profile_id=args.get("profile_id") or str(int(time.time())),
-            prefix=args.get("profile_prefix") or "",
+            output_dir=req.output_dir or default_profile_dir(),
+            profile_id=req.profile_id or str(int(time.time())),
+            prefix=req.profile_prefix or "",
             num_steps=min(num_steps or MAX_PROFILE_STEPS, MAX_PROFILE_STEPS),
             start_step=start_step,
             activities=tuple(activities),
-            with_stack=bool(args.get("with_stack")),
-            record_shapes=bool(args.get("record_shapes")),
+            with_stack=bool(req.with_stack),
+            record_shapes=bool(req.record_shapes),
         )
 
     @property
@@ -106,10 +108,10 @@ class StepProfiler:
     def is_active(self) -> bool:
         return self.args is not None
 
-    def start(self, raw: dict[str, Any]) -> dict[str, Any]:
+    def start(self, req: StartProfileReq) -> dict[str, Any]:
         if self.args is not None:
             raise ValueError("profile is already running; stop it first (/stop_profile)")
-        args = ProfileArgs.parse(raw, self.on_gpu)
+        args = ProfileArgs.parse(req, self.on_gpu)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         self.args, self._wait, self._steps = args, args.start_step, 0
         if self._wait == 0:

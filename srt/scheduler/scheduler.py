@@ -6,10 +6,8 @@ otherwise a decode batch of every running request; one forward; sampling; finish
 The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
 ``handle`` for incoming messages and ``step`` while ``wants_step()``.
 
-Pausing (SGLang's ``/pause_generation`` modes ``in_place`` and ``retract``): no batch runs until
-``continue``; requests stay where they are (``in_place``: their KV too) or go back to the
-waiting queue with their KV released (``retract``: re-admitted on continue, their prompt and
-output so far prefilled again). Aborts are still reported while paused.
+Control messages (queries, pause, weight updates, profiling) are handled in ``control.py``;
+while paused (``self.paused``) no batch runs, and aborts are still reported.
 
 Overlap scheduling (on a GPU, unless ``--disable-overlap-schedule``): a decode step of plain
 requests is launched without waiting for its tokens (``launch_decode``); the next step builds
@@ -36,21 +34,17 @@ import torch
 from radixlm.srt.config import ServerConfig
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
-from radixlm.srt.executor.weight_update import (
-    update_weights_from_disk,
-    update_weights_from_tensor,
-    weights_by_name,
-)
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
+    ControlMessage,
     ControlReply,
-    ControlReq,
     TokenizedGenerateReq,
 )
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
-from radixlm.srt.scheduler.cache_factory import disk_storage, make_kv_manager
+from radixlm.srt.scheduler.cache_factory import make_kv_manager
+from radixlm.srt.scheduler.control import handle_control
 from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
@@ -63,7 +57,7 @@ from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
 from radixlm.srt.scheduler.profiling import StepProfiler
-from radixlm.srt.scheduler.reports import LoadStats, load_info, ready_info, server_info
+from radixlm.srt.scheduler.reports import LoadStats, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.speculative_step import SpeculativeStep
@@ -120,18 +114,20 @@ class Scheduler:
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
-        settles = isinstance(msg, ControlReq) and msg.kind != "load"  # load never waits
-        if settles and self.inflight is not None:
-            self.finished_outside_step += self._resolve_inflight()  # report the settled state
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid, msg.abort_all)
-        elif isinstance(msg, ControlReq):
-            return self.control(msg)
+        elif isinstance(msg, ControlMessage):
+            return handle_control(self, msg)  # control.py: one handler per verb
         else:
             raise TypeError(f"unexpected message {type(msg).__name__}")
         return None
+
+    def settle(self) -> None:
+        """Reads the step in flight back; its requests are reported by the next step."""
+        if self.inflight is not None:
+            self.finished_outside_step += self._resolve_inflight()
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         """Queues the request (or finishes it: 400 for invalid parameters, 500 when admitting
@@ -183,8 +179,7 @@ class Scheduler:
         def hit(r: Req) -> bool:
             return abort_all or r.rid == rid
 
-        if self.inflight is not None:
-            self.finished_outside_step += self._resolve_inflight()
+        self.settle()
         reason = {"type": "abort", "message": "aborted by request"}
         for req in self.grammars.queue.remove(hit):
             self._finish_between_steps(req, reason)
@@ -203,110 +198,6 @@ class Scheduler:
         req.finish(reason)
         self._retire([req])
         self.finished_outside_step.append(req)
-
-    def control(self, msg: ControlReq) -> ControlReply:
-        if msg.expires_at is not None and time.time() > msg.expires_at:
-            # the caller has answered its client already (a timeout): acting now would do
-            # what the client was told did not happen
-            return ControlReply(msg.req_id, False, {"message": "expired before it was read"})
-        if msg.kind == "load":
-            return ControlReply(msg.req_id, True, load_info(self))
-        if msg.kind == "server_info":
-            return ControlReply(msg.req_id, True, self.server_info())
-        if msg.kind == "flush_cache":
-            if self.has_work():
-                return ControlReply(msg.req_id, False, {"message": "requests are running"})
-            self.cache.reset()
-            compiled = self.grammars.compile_cache  # finished grammars (none is in use: idle)
-            if compiled is not None:
-                compiled.clear()
-            return ControlReply(msg.req_id, True, self.server_info())
-        if msg.kind == "set_weight_version":
-            self.weight_version = str(msg.args["weight_version"])
-            return ControlReply(msg.req_id, True, {"weight_version": self.weight_version})
-        if msg.kind in ("update_weights_from_disk", "update_weights_from_tensor"):
-            return ControlReply(msg.req_id, *self._update_weights(msg.kind, msg.args))
-        if msg.kind == "pause":
-            return ControlReply(msg.req_id, *self._pause(msg.args.get("mode")))
-        if msg.kind == "continue":
-            self.paused = None
-            return ControlReply(msg.req_id, True, {"paused": None})
-        if msg.kind == "get_weights_by_name":
-            try:
-                values = weights_by_name(
-                    self.runner, msg.args.get("name"), msg.args.get("truncate_size", 100)
-                )
-            except ValueError as e:
-                return ControlReply(msg.req_id, False, {"message": str(e)})
-            return ControlReply(msg.req_id, True, {"parameter": values})
-        if msg.kind in ("start_profile", "stop_profile"):
-            try:
-                if msg.kind == "start_profile":
-                    return ControlReply(msg.req_id, True, self.profiler.start(msg.args))
-                return ControlReply(msg.req_id, True, self.profiler.stop())
-            except (ValueError, OSError) as e:
-                return ControlReply(msg.req_id, False, {"message": str(e)})
-        return ControlReply(msg.req_id, False, {"message": f"unknown control kind {msg.kind!r}"})
-
-    def _pause(self, mode: Any) -> tuple[bool, dict[str, Any]]:
-        """Stops running batches (the step in flight was read back by ``handle``)."""
-        if mode not in ("in_place", "retract"):
-            return False, {"message": f"pause mode {mode!r}: send in_place or retract"}
-        if mode == "retract":
-            victims = ([self.chunked] if self.chunked is not None else []) + self.running[::-1]
-            self.chunked, self.running = None, []
-            for req in victims:  # the first running request ends up first in the queue
-                self.spec.release(req)
-                self.kv.release(req)
-                req.status = ReqStatus.WAITING
-                self.waiting.appendleft(req)
-        if self.paused != "retract":  # retracted requests stay retracted until continue
-            self.paused = mode
-        return True, {"paused": self.paused, "num_requests": len(self.waiting) + len(self.running)}
-
-    def _update_weights(self, kind: str, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        """SGLang's update_weights_from_disk (or _from_tensor, in-process: the tensors come in
-        ``args``), between steps, while idle (``busy`` tells the
-        caller to let the running requests finish first) or paused: after a ``retract`` pause
-        no request holds KV; after an ``in_place`` one the running requests keep the KV of
-        the old weights, so the prefix cache cannot be emptied and ``flush_cache`` must be
-        false."""
-        if self.paused == "in_place" and self.has_work():
-            disk_tier = getattr(self.cache, "storage", None) is not None
-            if args.get("flush_cache", True) or disk_tier:
-                return False, {
-                    "message": "requests are paused in place and hold KV of the current "
-                    "weights, so the prefix cache cannot be emptied: send flush_cache: false "
-                    "to keep it (their KV and the cache's stay from the old weights), or pause "
-                    "with mode retract"
-                    + (" (a disk KV tier always needs retract)" if disk_tier else "")
-                }
-        elif self.has_work() and self.paused is None:
-            return False, {"message": "requests are running", "busy": True}
-        disk_tier = getattr(self.cache, "storage", None) is not None
-        try:
-            if kind == "update_weights_from_disk":
-                message = update_weights_from_disk(
-                    self.runner, args.get("model_path"), args.get("load_format")
-                )
-            elif disk_tier:  # its pages are keyed by the checkpoint files the weights came from
-                raise ValueError(
-                    "a disk KV tier names its pages after the checkpoint's files: update the "
-                    "weights from disk (update_weights_from_disk) with it on"
-                )
-            else:
-                message = update_weights_from_tensor(
-                    self.runner, args.get("named_tensors"), args.get("load_format")
-                )
-        except ValueError as e:
-            return False, {"message": str(e)}
-        if args.get("flush_cache", True) or disk_tier:
-            self.cache.reset()  # its KV was computed with the old weights
-        if disk_tier:  # pages of the new weights go to (and come from) a folder of their own
-            self.cache.replace_storage(disk_storage(self.runner.cfg, self.runner))
-        if args.get("weight_version") is not None:
-            self.weight_version = str(args["weight_version"])
-        return True, {"message": message, "weight_version": self.weight_version}
 
     # ---------------------------------------------------------------- state
     def wants_step(self) -> bool:
@@ -334,8 +225,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Stops the prefix cache's background work (a disk tier's writers flush first)."""
-        if self.inflight is not None:
-            self.finished_outside_step += self._resolve_inflight()
+        self.settle()
         self.cache.close()
         self.spec.close()
 

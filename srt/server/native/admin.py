@@ -11,6 +11,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
+from radixlm.srt.messages import (
+    PROFILE_FIELDS,
+    FlushCacheReq,
+    GetWeightsByNameReq,
+    SetWeightVersionReq,
+    StartProfileReq,
+    StopProfileReq,
+    UpdateWeightsFromDiskReq,
+)
 from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.errors import (
     check_json_content_type,
@@ -39,21 +48,11 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 PROFILE_WRITE_TIMEOUT_S = 120.0  # /stop_profile writes the trace before it answers
 
 
-# SGLang's ProfileReq fields; the scheduler (srt/scheduler/profiling.py) checks their values
-PROFILE_FIELDS = frozenset(
-    {
-        "output_dir", "start_step", "num_steps", "activities", "profile_by_stage", "with_stack",
-        "record_shapes", "profile_id", "merge_profiles", "profile_prefix", "profile_stages",
-        "detailed_annotations",
-    }
-)  # fmt: skip
-
-
 @router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     """Admin route (POST only: a GET can be triggered by any link or image tag)."""
     require_admin(request)
-    reply = await get_tm(request).control("flush_cache")
+    reply = await get_tm(request).control(FlushCacheReq())
     if not reply.ok:
         message = reply.data.get("message", "cannot flush")
         raise GenerateError(f"cache not flushed: {message}; retry when idle", 400)
@@ -73,7 +72,7 @@ async def update_weights_from_disk(request: Request) -> Response:
         raise GenerateError(f"{refused} is not supported; leave it out or off", 400, refused)
     args = body.model_dump(include={"model_path", "load_format", "flush_cache", "weight_version"})
     ok, message, paused = await get_tm(request).update_weights_from_disk(
-        args, abort_all=body.abort_all_requests
+        UpdateWeightsFromDiskReq(**args), abort_all=body.abort_all_requests
     )
     answer = {"success": ok, "message": message, "num_paused_requests": paused}
     if not ok:  # SGLang's fields, and the error object every other 4xx here carries
@@ -132,9 +131,7 @@ async def get_weights_by_name(request: Request) -> Response:
             raise GenerateError(message, 400, param) from None
     else:
         body = await parse_body(request, GetWeightsByNameInput)
-    reply = await get_tm(request).control(
-        "get_weights_by_name", {"name": body.name, "truncate_size": body.truncate_size}
-    )
+    reply = await get_tm(request).control(GetWeightsByNameReq(body.name, body.truncate_size))
     if not reply.ok:
         message = str(reply.data.get("message", ""))
         raise GenerateError(message, 400, "truncate_size" if "truncate_size" in message else "name")
@@ -175,7 +172,7 @@ async def update_weight_version(request: Request) -> Response:
     tm = get_tm(request)
     if body.abort_all_requests:
         tm.abort_all()
-    reply = await tm.control("set_weight_version", {"weight_version": body.new_version})
+    reply = await tm.control(SetWeightVersionReq(body.new_version))
     message = f"Weight version updated to {body.new_version}"
     return json_response({"success": reply.ok, "message": message, "new_version": body.new_version})
 
@@ -188,7 +185,7 @@ async def start_profile(request: Request) -> Response:
     sends a GET without a body (the trace then goes to the default folder)."""
     require_admin(request)
     args = await _optional_json_object(request)
-    reply = await get_tm(request).control("start_profile", args)
+    reply = await get_tm(request).control(StartProfileReq(**args))
     if not reply.ok:
         raise GenerateError(reply.data.get("message", "cannot start the profile"), 400)
     return json_response(reply.data)
@@ -199,7 +196,7 @@ async def start_profile(request: Request) -> Response:
 async def stop_profile(request: Request) -> Response:
     """Admin route: ends the profile and writes its trace (its path in the answer)."""
     require_admin(request)
-    reply = await get_tm(request).control("stop_profile", timeout_s=PROFILE_WRITE_TIMEOUT_S)
+    reply = await get_tm(request).control(StopProfileReq(), timeout_s=PROFILE_WRITE_TIMEOUT_S)
     if not reply.ok:
         raise GenerateError(reply.data.get("message", "no profile is running"), 400)
     return json_response(reply.data)

@@ -20,6 +20,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from radixlm.srt.managers.model_info import model_info_of
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.messages import ServerInfoReq
 from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES
 
@@ -77,7 +78,7 @@ async def get_server_info(request: Request) -> Response:
     """The resolved configuration (keys left out), the scheduler's ready report and its
     current state, and the figures a router reads (``dp_size``, ``max_total_num_tokens``...)."""
     tm = get_tm(request)
-    reply = await tm.control("server_info")
+    reply = await tm.control(ServerInfoReq())
     config = {k: v for k, v in dataclasses.asdict(tm.cfg).items() if k not in SECRET_CONFIG_FIELDS}
     return json_response(
         {

@@ -20,8 +20,10 @@ from radixlm.srt.messages import (
     AbortReq,
     BatchStrOut,
     BatchTokenOut,
+    ControlMessage,
     ControlReply,
-    ControlReq,
+    FlushCacheReq,
+    ServerInfoReq,
     TokenizedGenerateReq,
     decode,
     encode,
@@ -40,8 +42,8 @@ class FakeScheduler:
             if msg.rid == "boom":
                 raise RuntimeError("cannot take this one")
             self.pending.append(msg)
-        elif isinstance(msg, ControlReq):
-            if msg.kind == "explode":
+        elif isinstance(msg, ControlMessage):
+            if isinstance(msg, FlushCacheReq):  # this fake fails on it
                 raise KeyError("explode")
             return ControlReply(msg.req_id, True, {"pending": len(self.pending)})
         elif isinstance(msg, AbortReq):
@@ -132,10 +134,10 @@ def test_a_failing_request_is_aborted_and_the_loop_goes_on(running) -> None:
 
 def test_control_replies_and_failures(running) -> None:
     harness, _, _, thread = running
-    harness.send(ControlReq("a", "server_info"))
+    harness.send(ServerInfoReq(req_id="a"))
     reply = harness.recv(harness.replies)
     assert (reply.req_id, reply.ok, reply.data) == ("a", True, {"pending": 0})
-    harness.send(ControlReq("b", "explode"))
+    harness.send(FlushCacheReq(req_id="b"))
     reply = harness.recv(harness.replies)
     assert (reply.req_id, reply.ok) == ("b", False) and "internal error" in reply.data["message"]
     assert thread.is_alive()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from radixlm.srt.messages import ControlReq, TokenizedGenerateReq
+from radixlm.srt.messages import FlushCacheReq, LoadReq, ServerInfoReq, TokenizedGenerateReq
 from radixlm.srt.scheduler.reports import WindowedSum
 
 POOL = 2048
@@ -31,7 +31,7 @@ def engine(tiny_llama_dir):
 
 
 def load(engine) -> dict:
-    reply = engine.scheduler.handle(ControlReq("q", "load"))
+    reply = engine.scheduler.handle(LoadReq(req_id="q"))
     assert reply.ok
     return reply.data
 
@@ -105,9 +105,9 @@ def test_a_load_query_does_not_settle_the_step_in_flight(engine) -> None:
 
     s.inflight = Unreadable()
     try:
-        assert s.handle(ControlReq("q", "load")).ok
+        assert s.handle(LoadReq(req_id="q")).ok
         with pytest.raises(AssertionError, match="waited"):
-            s.handle(ControlReq("q", "server_info"))  # other queries report settled state
+            s.handle(ServerInfoReq(req_id="q"))  # other queries report settled state
     finally:
         s.inflight = None
 
@@ -139,9 +139,9 @@ def test_an_expired_action_is_not_carried_out(engine) -> None:
     engine.generate(input_ids=[5, 6, 7, 8, 9, 10], sampling_params={"max_new_tokens": 2})
     cached = engine.scheduler.kv.usage()["evictable"]
     assert cached > 0
-    late = ControlReq("late", "flush_cache", expires_at=time.time() - 1)
+    late = FlushCacheReq(req_id="late", expires_at=time.time() - 1)
     reply = engine.scheduler.handle(late)
     assert not reply.ok and "expired" in reply.data["message"]
     assert engine.scheduler.kv.usage()["evictable"] == cached
-    reply = engine.scheduler.handle(ControlReq("ok", "flush_cache", expires_at=time.time() + 60))
+    reply = engine.scheduler.handle(FlushCacheReq(req_id="ok", expires_at=time.time() + 60))
     assert reply.ok and engine.scheduler.kv.usage()["evictable"] == 0

@@ -12,7 +12,13 @@ import random
 import pytest
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.messages import AbortReq, ControlReq, TokenizedGenerateReq
+from radixlm.srt.messages import (
+    AbortReq,
+    ContinueReq,
+    PauseReq,
+    TokenizedGenerateReq,
+    UpdateWeightsFromDiskReq,
+)
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.failures import run_step
 
@@ -73,12 +79,12 @@ def _run(s: Scheduler, msgs, pause_at: int | None = None, mode: str = "", while_
         _collect(run_step(s), ids, reasons)
         step += 1
         if step == pause_at:
-            reply = s.handle(ControlReq("p", "pause", {"mode": mode}))
+            reply = s.handle(PauseReq(mode, req_id="p"))
             assert reply.ok, reply.data
             assert not s.wants_step() or s.finished_outside_step
             if while_paused is not None:
                 while_paused(s, ids, reasons)
-            assert s.handle(ControlReq("c", "continue")).ok
+            assert s.handle(ContinueReq(req_id="c")).ok
         assert step < 5000
     return {rid: (ids.get(rid, []), reasons.get(rid)) for rid in set(ids) | set(reasons)}
 
@@ -89,7 +95,7 @@ def _tokens_held(s: Scheduler) -> int:
 
 
 def test_unknown_mode_is_refused(sched) -> None:
-    reply = sched.handle(ControlReq("p", "pause", {"mode": "freeze"}))
+    reply = sched.handle(PauseReq("freeze", req_id="p"))
     assert not reply.ok and "in_place or retract" in reply.data["message"]
     assert sched.paused is None
 
@@ -133,17 +139,16 @@ def test_weight_updates_while_paused(sched, tiny_llama_dir) -> None:
     path = str(tiny_llama_dir)
 
     def in_place(s, ids, reasons):
-        reply = s.handle(ControlReq("u", "update_weights_from_disk", {"model_path": path}))
+        reply = s.handle(UpdateWeightsFromDiskReq(path, req_id="u"))
         assert not reply.ok and "flush_cache: false" in reply.data["message"]
         assert not reply.data.get("busy")
-        args = {"model_path": path, "flush_cache": False}
-        assert s.handle(ControlReq("u", "update_weights_from_disk", args)).ok
+        assert s.handle(UpdateWeightsFromDiskReq(path, flush_cache=False, req_id="u")).ok
 
     got = _run(sched, _msgs("c"), pause_at=2, mode="in_place", while_paused=in_place)
     assert all(r[1]["type"] == "length" for r in got.values())
 
     def retract(s, ids, reasons):
-        reply = s.handle(ControlReq("u", "update_weights_from_disk", {"model_path": path}))
+        reply = s.handle(UpdateWeightsFromDiskReq(path, req_id="u"))
         assert reply.ok, reply.data
         assert s.kv.usage()["evictable"] == 0  # the cache was emptied
 
@@ -175,9 +180,9 @@ def test_a_retracted_chunked_prompt_keeps_one_input_logprob_per_position(sched) 
             step += 1
             if step == pause_at:
                 assert sched.chunked is not None  # between two chunks
-                assert sched.handle(ControlReq("p", "pause", {"mode": "retract"})).ok
+                assert sched.handle(PauseReq("retract", req_id="p")).ok
                 assert sched.chunked is None
-                assert sched.handle(ControlReq("c", "continue")).ok
+                assert sched.handle(ContinueReq(req_id="c")).ok
         sched.cache.reset()
         return rows, tops
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.messages import AbortReq, ControlReq, TokenizedGenerateReq
+from radixlm.srt.messages import AbortReq, FlushCacheReq, TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.failures import run_step
 
@@ -270,7 +270,7 @@ def test_idle_after_grammar_finish_stream_and_abort(tiny_llama_dir, tmp_path):
             assert len(got) == 10
             assert {r[1]["type"] for r in got.values()} >= {"stop", "length"}, got
             check_idle(s)
-            assert s.control(ControlReq(req_id="f", kind="flush_cache")).ok
+            assert s.handle(FlushCacheReq(req_id="f")).ok
         finally:
             s.grammars.shutdown()
 

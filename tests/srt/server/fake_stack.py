@@ -22,8 +22,11 @@ from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.messages import (
     AbortReq,
     BatchTokenOut,
+    ControlMessage,
     ControlReply,
-    ControlReq,
+    FlushCacheReq,
+    GetWeightsByNameReq,
+    LoadReq,
     TokenizedGenerateReq,
     decode,
     encode,
@@ -113,10 +116,10 @@ class FakeWorker(threading.Thread):
             for rid, req in self.active.items():
                 if msg.abort_all or rid.startswith(msg.rid):
                     req.finish = req.finish or {"type": "abort", "message": "aborted by request"}
-        elif isinstance(msg, ControlReq):
+        elif isinstance(msg, ControlMessage):
             self.send.send(encode(self.control(msg)))
 
-    def control(self, msg: ControlReq) -> ControlReply:
+    def control(self, msg: ControlMessage) -> ControlReply:
         info = {
             "max_total_tokens": MAX_TOTAL_TOKENS,
             "available": MAX_TOTAL_TOKENS,
@@ -125,13 +128,13 @@ class FakeWorker(threading.Thread):
             "num_running": len(self.active),
             "num_waiting": 0,
         }
-        if msg.kind == "load":
+        if isinstance(msg, LoadReq):
             return ControlReply(msg.req_id, True, self.load_info())
-        if msg.kind == "get_weights_by_name":  # a model of one 1x2 weight
-            if msg.args.get("name") != "model.norm.weight":
+        if isinstance(msg, GetWeightsByNameReq):  # a model of one 1x2 weight
+            if msg.name != "model.norm.weight":
                 return ControlReply(msg.req_id, False, {"message": "no weight named that"})
             return ControlReply(msg.req_id, True, {"parameter": [[0.5, -0.5]]})
-        if msg.kind == "flush_cache" and self.active:
+        if isinstance(msg, FlushCacheReq) and self.active:
             return ControlReply(msg.req_id, False, {"message": "requests are running"})
         return ControlReply(msg.req_id, True, info)
 
