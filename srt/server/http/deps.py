@@ -24,14 +24,7 @@ def check_model_name(request: Request, model: str | None) -> None:
     """``model`` (routers add it) is null or names the served model; else the OpenAI routes'
     404, naming only the served name."""
     state = request.app.state
-    if model is not None and model not in state.accepted_model_names:
-        raise GenerateError(
-            f"the model {model!r} does not exist; this server serves "
-            f"{state.served_model_name!r} (see /v1/models)",
-            404,
-            "model",
-            "model_not_found",
-        )
+    check_model(model, state.accepted_model_names, state.served_model_name)
 
 
 def check_model(requested: str | None, accepted: set[str], served: str) -> None:
