@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import itertools
 import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,25 +36,20 @@ from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.detokenizer import Detokenizer
 from radixlm.srt.managers.engine_ranks import InProcessRanks
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.generate_call import GenerateCall, engine_prompts, split_call
+from radixlm.srt.managers.generate_input import PreparedReq
 from radixlm.srt.managers.model_info import model_info_of, served_model_name
-from radixlm.srt.managers.request_checks import token_ids_logprob_per_prompt
+from radixlm.srt.managers.request_front import ReqState, RequestFront, is_busy, texts_to_tokenize
 from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.scoring import (
     SCORE_SAMPLING_PARAMS,
     ScoreJob,
     ScoreResult,
     plan_scores,
 )
-from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
+from radixlm.srt.managers.sessions import SessionParams
 from radixlm.srt.managers.tp_ranks import with_rendezvous
-from radixlm.srt.messages import (
-    AbortReq,
-    BatchTokenOut,
-    ControlReply,
-    ControlReq,
-    TokenizedGenerateReq,
-)
+from radixlm.srt.messages import BatchTokenOut, ControlReply, ControlReq
 from radixlm.srt.scheduler.failures import handle_message, run_step
 
 if TYPE_CHECKING:
@@ -133,17 +125,12 @@ class Engine:
         self.tokenizer = self.scheduler.runner.tokenizer
         self.vocab_size = self.scheduler.runner.vocab_size
         self._detokenizer = Detokenizer(self.tokenizer)
-        self._inbox: queue.Queue = queue.Queue()
-        self._results: dict[str, tuple[RequestResult, queue.Queue]] = {}
-        self._replies: dict[str, queue.Queue] = {}
-        self._groups: dict[str, list[str]] = {}  # a batch's rid -> its requests' rids
-        self._ids = itertools.count()
+        self._inbox: queue.Queue = queue.Queue()  # messages for the scheduler
         self.door = FrontDoor(self.tokenizer, ModelLimits.from_info(self.scheduler.ready_info()))
+        # the request lifecycle shared with the server (managers/request_front.py)
+        self.front = RequestFront(lambda: self.door, self._inbox.put)
+        self.sessions = self.front.sessions  # managers/sessions.py
         self._driving = threading.Lock()  # held by the caller that runs scheduler steps
-        # sessions (managers/sessions.py): a dropped running turn is aborted through the inbox
-        self.sessions = SessionManager(abort=lambda r: self._inbox.put(AbortReq(rid=r)))
-        self._sessions_lock = threading.Lock()
-        self._turns: dict[str, tuple[str, Turn]] = {}  # rid -> (session id, its turn)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -168,10 +155,17 @@ class Engine:
         ``input_token_ids_logprobs`` and ``output_token_ids_logprobs`` to ``meta_info``.
         SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
         defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
-        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
+        states, keys, is_batch = self._start(locals())
         if stream:
-            return _Stream(self, rids[0])
-        results = self._wait_all(rids, rid if is_batch else None)
+            return _Stream(self, states[0], keys)
+        with self._opened(states, keys):
+            outcomes = []
+            for state in states:  # all waited for, even after one failed: none left behind
+                try:
+                    outcomes.append(self._wait(state))
+                except ValueError as e:
+                    outcomes.append(e)
+        results = _results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
     async def async_generate(
@@ -194,75 +188,44 @@ class Engine:
         while a call waits, it runs one scheduler step at a time on the event loop's thread
         and yields to the other coroutines between steps. A cancelled call aborts its
         requests."""
-        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
+        states, keys, is_batch = self._start(locals())
         if stream:
-            return _AsyncStream(self, rids[0])
-        with self._group(rids, rid if is_batch else None):  # a cancelled call aborts them
-            outcomes = [await _outcome(self._await_result(r)) for r in rids]
+            return _AsyncStream(self, states[0], keys)
+        with self._opened(states, keys):  # a cancelled call aborts them
+            outcomes = [await _outcome(self._await_result(s)) for s in states]
         results = _results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
-    def _start(
-        self,
-        prompt,
-        sampling_params,
-        input_ids,
-        stream: bool,
-        return_logprob: bool,
-        logprob_start_len: int | None,
-        top_logprobs_num: int | None,
-        return_text_in_logprobs: bool,
-        rid: str | None,
-        session_params: dict | None,
-        token_ids_logprob: list[int] | list[list[int]] | None,
-        sglang_options: dict[str, Any],
-    ) -> tuple[list[str], bool]:
-        """Checks and submits the request(s); their rids and whether the answer is a list."""
-        check_sglang_options(sglang_options)
-        options = dict(
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num or 0,
-            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-            token_ids_logprob=token_ids_logprob,
-            stream=stream,
-        )
-        session = self._call(SessionParams.from_dict, session_params or {})
-        msgs, plans, is_batch = self._admit_all(
-            prompt, input_ids, sampling_params, options, session
-        )
-        if stream and is_batch:
+    def _start(self, args: dict[str, Any]) -> tuple[list[ReqState], list[str], bool]:
+        """Checks and sends the requests of :meth:`generate`'s arguments; their states, the
+        client rids they are registered under, and whether the answer is a list."""
+        check_sglang_options(args["sglang_options"])
+        prompt = args["prompt"]
+        self._call(engine_prompts, prompt, args["input_ids"], args["sampling_params"])
+        session = self._call(SessionParams.from_dict, args["session_params"] or {})
+        text = prompt if prompt is None or isinstance(prompt, str) else list(prompt)
+        call = GenerateCall.from_fields({**args, "text": text, "session_params": session})
+        prepared, is_batch = self._prepare(call)
+        if args["stream"] and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")
-        if not is_batch and rid is not None:
-            msgs[0].rid = rid
-        if session is not None:
-            self._add_turns(session.id, msgs, plans)
-        return [self._submit(m, return_text_in_logprobs) for m in msgs], is_batch
+        return *self._call(self.front.open, prepared, queue.Queue), is_batch
 
-    def _wait_all(self, rids: list[str], group_rid: str | None) -> list[dict]:
-        """Every request's result, waiting for all even after one failed (so none is left
-        behind); ``group_rid`` aborts them all meanwhile."""
-        with self._group(rids, group_rid):
-            outcomes = []
-            for r in rids:
-                try:
-                    outcomes.append(self._wait(r))
-                except ValueError as e:
-                    outcomes.append(e)
-        return _results_or_first_error(outcomes)
+    def _prepare(self, call: GenerateCall) -> tuple[list[PreparedReq], bool]:
+        """One checked message per prompt and sample (front_door.py), before any is queued,
+        and whether the answer is a list; the front door's refusals become ValueErrors with
+        the same message."""
+        inputs, is_batch = self._call(split_call, call, False)
+        ids = {k: self._call(self.door.tokenize, *k, "text") for k in texts_to_tokenize(inputs)}
+        return self._call(self.front.prepare_all, inputs, ids), is_batch
 
     @contextlib.contextmanager
-    def _group(self, rids: list[str], group_rid: str | None) -> Iterator[None]:
-        """While waiting for ``rids``: ``group_rid`` (a batch's rid) aborts them all; on
-        leaving, the ones nobody waited for to the end (an exception, a cancellation) are
-        aborted."""
-        if group_rid is not None:
-            self._groups[group_rid] = rids
+    def _opened(self, states: list[ReqState], keys: list[str]) -> Iterator[None]:
+        """While waiting for ``states``; on leaving, all are released (the ones nobody waited
+        for to the end, after an exception or a cancellation, are aborted)."""
         try:
             yield
         finally:
-            if group_rid is not None:
-                self._groups.pop(group_rid, None)
-            self._drop_unfinished(rids)
+            self.front.release(states, keys)
 
     def score(
         self,
@@ -337,8 +300,10 @@ class Engine:
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """Aborts the request ``rid`` (exact match; for a batch or ``n > 1`` request given a
         ``rid``, every one of its samples), or every request with ``abort_all``."""
-        for one in [""] if abort_all else self._groups.get(rid, [rid]):
-            self._inbox.put(AbortReq(rid=one, abort_all=abort_all))
+        if abort_all:
+            self.front.abort_all()
+        else:
+            self.front.abort(rid)
         if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
             try:
                 self._drain_inbox()
@@ -349,12 +314,12 @@ class Engine:
         self, capacity_of_str_len: int, session_id: str | None = None, timeout: float | None = None
     ) -> str:
         """Opens a session (SGLang's ``/open_session``); returns its id."""
-        with self._sessions_lock:
+        with self.front.lock:
             return self._call(self.sessions.open, capacity_of_str_len, session_id, timeout)
 
     def close_session(self, session_id: str) -> None:
         """Closes a session; its running turns are aborted."""
-        with self._sessions_lock:
+        with self.front.lock:
             self._call(self.sessions.close, session_id)
 
     def flush_cache(self) -> bool:
@@ -421,7 +386,7 @@ class Engine:
         (requests in flight), running their steps meanwhile."""
         while True:
             reply = self._control(kind, args)
-            if reply.ok or not reply.data.get("busy"):
+            if not is_busy(reply):
                 return reply
             if not self._try_step():  # another caller runs the steps of those requests
                 time.sleep(0.002)
@@ -462,7 +427,7 @@ class Engine:
             self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
             self.scheduler.close()  # a disk KV tier flushes its writes
         self._ranks.shutdown()
-        with self._sessions_lock:
+        with self.front.lock:
             self.sessions.clear()
 
     def __enter__(self) -> Engine:
@@ -472,80 +437,6 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
-    def _admit(
-        self, prompt, input_ids, sampling_params, options: dict[str, Any]
-    ) -> tuple[list[TokenizedGenerateReq], bool]:
-        """:meth:`_admit_all` without a session: the messages and whether the answer is a
-        list."""
-        msgs, _, is_batch = self._admit_all(prompt, input_ids, sampling_params, options, None)
-        return msgs, is_batch
-
-    def _admit_all(
-        self, prompt, input_ids, sampling_params, options: dict[str, Any], session=None
-    ) -> tuple[list[TokenizedGenerateReq], list[TurnPlan | None], bool]:
-        """One checked message per prompt and sample (front_door.py), before any is queued,
-        their session plans, and whether the answer is a list; the front door's refusals
-        become ValueErrors with the same message."""
-        prompts, is_batch = self._prompts(prompt, input_ids)
-        params = (
-            sampling_params
-            if isinstance(sampling_params, list)
-            else [sampling_params] * len(prompts)
-        )
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        msgs: list[TokenizedGenerateReq] = []
-        plans: list[TurnPlan | None] = []
-        try:
-            token_ids = token_ids_logprob_per_prompt(options.get("token_ids_logprob"), len(prompts))
-            for (text, ids), p, lp_ids in zip(prompts, params, token_ids, strict=True):
-                one = {**options, "token_ids_logprob": lp_ids}
-                sp, msg, plan = self._prepare(text, ids, p, one, session)
-                msgs += [msg] + [
-                    dataclasses.replace(msg, rid=self._new_rid()) for _ in range(sp.n - 1)
-                ]
-                plans += [plan] * sp.n
-        except GenerateError as e:
-            raise ValueError(e.message) from None
-        return msgs, plans, is_batch or len(msgs) > 1
-
-    def _prepare(self, text, ids, sampling_params, options, session: SessionParams | None):
-        """The front door's checks of one prompt; a session turn gets its history first."""
-        if session is None:
-            sp, msg = self.door.prepare(
-                self._new_rid(),
-                text=text,
-                input_ids=ids,
-                sampling_params=sampling_params,
-                **options,
-            )
-            return sp, msg, None
-        sp = self.door.parse_params(sampling_params)
-        if ids is not None:
-            ids = self.door.check_input_ids(ids)
-        else:
-            ids = self.door.tokenize(text, session.rid is None, param="text")
-        with self._sessions_lock:
-            plan = self.sessions.plan(
-                session, ids, sp.max_new_tokens, self.door.limits.context_length
-            )
-        sp = sp.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved by the session
-        return sp, self.door.admit(self._new_rid(), plan.input_ids, sp, **options), plan
-
-    def _add_turns(self, session_id: str, msgs: list, plans: list[TurnPlan | None]) -> None:
-        with self._sessions_lock:
-            turns = self._call(self.sessions.commit, plans, [m.rid for m in msgs])
-            for msg, turn in zip(msgs, turns, strict=True):
-                self._turns[msg.rid] = (session_id, turn)
-
-    def _end_turn(self, rid: str, result: RequestResult | None) -> None:
-        """A turn's request ended: it offers its tokens to later turns, or leaves."""
-        entry = self._turns.pop(rid, None)
-        if entry is not None:
-            with self._sessions_lock:
-                reason = result.finish_reason if result is not None else None
-                self.sessions.end(entry[0], entry[1], reason, result)
-
     @staticmethod
     def _call(fn, *args):
         """``fn(*args)`` with a GenerateError turned into the Engine's ValueError."""
@@ -554,42 +445,10 @@ class Engine:
         except GenerateError as e:
             raise ValueError(e.message) from None
 
-    @staticmethod
-    def _prompts(prompt, input_ids) -> tuple[list[tuple[str | None, list | None]], bool]:
-        """(text, input_ids) of each prompt, and whether they came as a list; only the shape
-        of the arguments is checked here."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt (str or list of str) and input_ids")
-        if prompt is not None:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            if not texts or not all(isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a non-empty str or list of str")
-            return [(t, None) for t in texts], not isinstance(prompt, str)
-        if input_ids and isinstance(input_ids[0], int):
-            return [(None, input_ids)], False
-        if not input_ids or not all(isinstance(x, list) and x for x in input_ids):
-            raise ValueError("input_ids must be a non-empty list of ints or of non-empty lists")
-        return [(None, x) for x in input_ids], True
-
-    def _new_rid(self) -> str:
-        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-
-    def _submit(self, msg: TokenizedGenerateReq, return_text_in_logprobs: bool) -> str:
-        result = RequestResult(
-            msg.rid,
-            msg.return_logprob,
-            return_text_in_logprobs,
-            return_token_ids_logprob=msg.token_ids_logprob is not None,
-        )
-        self._results[msg.rid] = (result, queue.Queue())
-        self._inbox.put(msg)
-        return msg.rid
-
-    def _wait(self, rid: str) -> dict:
-        result, q = self._results[rid]
-        while self._next(q) is not _FINISHED:
+    def _wait(self, state: ReqState) -> dict:
+        while self._next(state.waiter) is not _FINISHED:
             pass
-        return self._finish(rid)
+        return self._output(state)
 
     def _next(self, q: queue.Queue, timeout: float | None = None):
         """The next item of ``q``; runs scheduler steps meanwhile unless another caller does."""
@@ -617,34 +476,30 @@ class Engine:
                 pass
             await asyncio.sleep(0 if self._try_step() else 0.002)
 
-    async def _await_result(self, rid: str) -> dict:
-        _, q = self._results[rid]
-        while await self._anext(q) is not _FINISHED:
+    async def _await_result(self, state: ReqState) -> dict:
+        while await self._anext(state.waiter) is not _FINISHED:
             pass
-        return self._finish(rid)
+        return self._output(state)
 
-    def _drop_unfinished(self, rids: list[str]) -> None:
-        """Aborts the requests a caller stopped waiting for (cancelled, or gone early)."""
-        for rid in rids:
-            if rid in self._results:
-                self.abort(rid)
-                self._results.pop(rid, None)
-                self._end_turn(rid, None)
-
-    def _finish(self, rid: str) -> dict:
-        result, _ = self._results.pop(rid)
+    def _output(self, state: ReqState) -> dict:
+        result = state.result
         out = result.to_dict(lambda t: self.tokenizer.decode([t]))
         reason = result.finish_reason or {}
         if reason.get("type") == "abort" and reason.get("status_code") == 400:
             raise ValueError(reason.get("message", "invalid request"))
         return out
 
-    def _control(self, kind: str, args: dict | None = None):
-        req_id = uuid.uuid4().hex
+    def _control(self, kind: str, args: dict | None = None) -> ControlReply:
+        return self._ask(ControlReq("", kind, args or {}))
+
+    def _ask(self, msg: Any, timeout: float = 60) -> ControlReply:
+        """The scheduler's reply to one control message (its ``req_id`` is set here)."""
         q: queue.Queue = queue.Queue()
-        self._replies[req_id] = q
-        self._inbox.put(ControlReq(req_id=req_id, kind=kind, args=args or {}))
-        return self._next(q, timeout=60)
+        req_id = self.front.send_control(msg, q)
+        try:
+            return self._next(q, timeout=timeout)
+        finally:
+            self.front.forget(req_id)
 
     def _run_once(self) -> None:
         """Handles queued messages, then runs one scheduler step (caller holds ``_driving``).
@@ -666,20 +521,16 @@ class Engine:
                 return
             reply = handle_message(self.scheduler, msg)  # never raises
             if isinstance(reply, ControlReply):
-                self._replies.pop(reply.req_id).put(reply)
+                waiter = self.front.reply_waiter(reply)
+                if waiter is not None:
+                    waiter.put(reply)
             elif isinstance(reply, BatchTokenOut):  # a request the scheduler failed to admit
                 self._dispatch(self._detokenizer.handle(reply))
 
     def _dispatch(self, out) -> None:
-        for i, rid in enumerate(out.token_out.rids):
-            entry = self._results.get(rid)
-            if entry is None:
-                continue
-            result, q = entry
-            result.update(out, i)
-            if result.is_finished:
-                self._end_turn(rid, result)
-            q.put(_FINISHED if result.is_finished else result.to_dict())
+        for state, _ in self.front.fold(out):
+            result = state.result
+            state.waiter.put(_FINISHED if result.is_finished else result.to_dict())
 
 
 def _score_generate_args(job: ScoreJob, ids: list[list[int]]) -> dict[str, Any]:
@@ -711,10 +562,10 @@ class _Stream:
     the end, ``close()``, an error while reading, or dropping it unread or part-read all free
     the request: one not finished is aborted."""
 
-    def __init__(self, engine: Engine, rid: str) -> None:
-        self._engine, self._rid = engine, rid
-        self._queue = engine._results[rid][1]
-        self._done = False
+    def __init__(self, engine: Engine, state: ReqState, keys: list[str]) -> None:
+        self._engine, self._state, self._keys = engine, state, keys
+        self._queue = state.waiter
+        self._done = self._released = False
 
     def __iter__(self) -> _Stream:
         return self
@@ -731,12 +582,17 @@ class _Stream:
     def _take(self, item: Any) -> dict:
         if item is _FINISHED:
             self._done = True
-            return self._engine._finish(self._rid)
+            try:
+                return self._engine._output(self._state)
+            finally:
+                self.close()
         return item
 
     def close(self) -> None:
         self._done = True
-        self._engine._drop_unfinished([self._rid])
+        if not self._released:
+            self._released = True
+            self._engine.front.release([self._state], self._keys)
 
     def __del__(self) -> None:
         try:

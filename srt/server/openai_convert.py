@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.srt.managers.generate_call import check_num_sequences
 from radixlm.srt.managers.tokenizer_manager import (
     GenerateError,
     GenerateInput,
@@ -13,7 +14,6 @@ from radixlm.srt.managers.tokenizer_manager import (
 )
 from radixlm.srt.sampling.params import MAX_N, MAX_SEED
 from radixlm.srt.server.chat_prompt import chat_input_ids
-from radixlm.srt.server.native_api import check_num_sequences
 from radixlm.srt.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
