@@ -1,10 +1,9 @@
 """The in-process engine: the real scheduler, no HTTP, no subprocesses.
 
-There is no background thread: a caller waiting for its results runs the scheduler's steps
-itself (one caller at a time; the others wait for what it produces, and take over when it is
-done). Running the model on the thread that waits, usually the main thread, matters on a CPU:
-once a process's main thread has used torch's OpenMP pool, parallel ops issued from a second
-thread ran 2-4x slower here (softmax, SDPA, large adds), which made a decode step 25% slower.
+It is the request front the server shares (managers/request_front.py: checks, rids, sessions,
+outputs, control calls) plus an in-process inbox and step driving (managers/step_driver.py):
+there is no background thread; a caller waiting for its results runs the scheduler's steps
+itself (one caller at a time; the others wait for what it produces).
 
     from radixlm.srt import Engine
     with Engine() as engine:                       # the embedded default model
@@ -23,95 +22,43 @@ a new Engine. ``shutdown`` stops the followers and leaves the group.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import queue
-import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.managers.detokenizer import Detokenizer
+from radixlm.srt.managers.engine_options import (
+    check_score_options,
+    check_sglang_options,
+    plan_engine_scores,
+    score_generate_args,
+)
 from radixlm.srt.managers.engine_ranks import InProcessRanks
+from radixlm.srt.managers.engine_streams import (
+    FINISHED,
+    AsyncRequestStream,
+    RequestStream,
+    outcome,
+    results_or_first_error,
+)
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.generate_call import GenerateCall, engine_prompts, split_call
 from radixlm.srt.managers.generate_input import PreparedReq
 from radixlm.srt.managers.model_info import model_info_of, served_model_name
-from radixlm.srt.managers.request_front import ReqState, RequestFront, is_busy, texts_to_tokenize
+from radixlm.srt.managers.request_front import ReqState, RequestFront, texts_to_tokenize
 from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.managers.scoring import (
-    SCORE_SAMPLING_PARAMS,
-    ScoreJob,
-    ScoreResult,
-    plan_scores,
-)
+from radixlm.srt.managers.scoring import ScoreJob, ScoreResult
 from radixlm.srt.managers.sessions import SessionParams
+from radixlm.srt.managers.step_driver import StepDriver
 from radixlm.srt.managers.tp_ranks import with_rendezvous
-from radixlm.srt.messages import BatchTokenOut, ControlReply, ControlReq
-from radixlm.srt.scheduler.failures import handle_message, run_step
+from radixlm.srt.messages import ControlReply, ControlReq
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-_FINISHED = object()
-
-# SGLang's Engine.generate keywords this engine has no use for: accepted at these defaults
-# (callers pass them explicitly), a ValueError naming them otherwise. A trace header is
-# observability only: any value is accepted.
-SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
-    **dict.fromkeys(
-        (
-            "image_data",
-            "audio_data",
-            "video_data",
-            "mm_hashes",
-            "mm_content_hashes",
-            "lora_path",
-            "custom_logit_processor",
-            "bootstrap_host",
-            "bootstrap_port",
-            "bootstrap_room",
-            "routed_dp_rank",
-            "disagg_prefill_dp_rank",
-            "kv_hints",
-            "data_parallel_rank",
-            "priority",
-            "session_id",
-        )
-    ),
-    "require_reasoning": False,
-    "return_hidden_states": False,
-    "return_routed_experts": False,
-    "routed_experts_start_len": 0,
-}
-_ACCEPTED_ANY = ("external_trace_header",)
-# SGLang's Engine.score keywords for what this engine does not do, with their off values
-SCORE_OFF_OPTIONS: dict[str, Any] = {
-    "embed_override_token_id": None,
-    "query_embed_overrides": None,
-    "item_embed_overrides": None,
-    "stacked_query_item_embed_overrides": None,
-    "return_pooled_hidden_states": False,
-    "score_extraction_token_id": None,
-}
-
-
-def check_sglang_options(options: dict[str, Any]) -> None:
-    for name, value in options.items():
-        if name in _ACCEPTED_ANY:
-            continue
-        if name not in SGLANG_GENERATE_DEFAULTS:
-            raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
-        default = SGLANG_GENERATE_DEFAULTS[name]
-        if not (value is default or (type(value) is type(default) and value == default)):
-            raise ValueError(
-                f"{name} is not supported by this engine (text-only models, no LoRA, no "
-                f"disaggregation, no hidden-state output); leave it out or at {default!r}"
-            )
 
 
 class Engine:
@@ -124,13 +71,13 @@ class Engine:
         self.scheduler = self._ranks.start_scheduler()
         self.tokenizer = self.scheduler.runner.tokenizer
         self.vocab_size = self.scheduler.runner.vocab_size
-        self._detokenizer = Detokenizer(self.tokenizer)
-        self._inbox: queue.Queue = queue.Queue()  # messages for the scheduler
         self.door = FrontDoor(self.tokenizer, ModelLimits.from_info(self.scheduler.ready_info()))
-        # the request lifecycle shared with the server (managers/request_front.py)
-        self.front = RequestFront(lambda: self.door, self._inbox.put)
+        inbox: queue.Queue = queue.Queue()  # messages for the scheduler
+        # the request lifecycle shared with the server (managers/request_front.py), and the
+        # in-process inbox and step driving (managers/step_driver.py)
+        self.front = RequestFront(lambda: self.door, inbox.put)
+        self.driver = StepDriver(self.scheduler, self._ranks, self.front, inbox)
         self.sessions = self.front.sessions  # managers/sessions.py
-        self._driving = threading.Lock()  # held by the caller that runs scheduler steps
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -154,10 +101,10 @@ class Engine:
         ``token_ids_logprob`` (with ``return_logprob``; one list, or one per prompt) adds
         ``input_token_ids_logprobs`` and ``output_token_ids_logprobs`` to ``meta_info``.
         SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
-        defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
+        defaults and refused by name otherwise (managers/engine_options.py)."""
         states, keys, is_batch = self._start(locals())
         if stream:
-            return _Stream(self, states[0], keys)
+            return RequestStream(self.front, states[0], keys, self.driver.next, self._output)
         with self._opened(states, keys):
             outcomes = []
             for state in states:  # all waited for, even after one failed: none left behind
@@ -165,7 +112,7 @@ class Engine:
                     outcomes.append(self._wait(state))
                 except ValueError as e:
                     outcomes.append(e)
-        results = _results_or_first_error(outcomes)
+        results = results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
     async def async_generate(
@@ -190,10 +137,10 @@ class Engine:
         requests."""
         states, keys, is_batch = self._start(locals())
         if stream:
-            return _AsyncStream(self, states[0], keys)
+            return AsyncRequestStream(self.front, states[0], keys, self.driver.anext, self._output)
         with self._opened(states, keys):  # a cancelled call aborts them
-            outcomes = [await _outcome(self._await_result(s)) for s in states]
-        results = _results_or_first_error(outcomes)
+            outcomes = [await outcome(self._await_result(s)) for s in states]
+        results = results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
     def _start(self, args: dict[str, Any]) -> tuple[list[ReqState], list[str], bool]:
@@ -243,9 +190,9 @@ class Engine:
         after ``query + item`` (``item + query`` with ``item_first``), or with
         ``apply_softmax`` their softmax over the labels (managers/scoring.py). SGLang's
         embedding-override, pooled-hidden-state and setwise keywords are accepted (by name)
-        at their off values only (:data:`SCORE_OFF_OPTIONS`)."""
+        at their off values only (managers/engine_options.py)."""
         job, ids = self._score_job(locals())
-        outs = self.generate(**_score_generate_args(job, ids)) if ids else []
+        outs = self.generate(**score_generate_args(job, ids)) if ids else []
         return self._call(job.result, outs)
 
     async def async_score(
@@ -262,33 +209,12 @@ class Engine:
     ) -> ScoreResult:
         """:meth:`score` for asyncio code (SGLang's ``Engine.async_score``)."""
         job, ids = self._score_job(locals())
-        outs = await self.async_generate(**_score_generate_args(job, ids)) if ids else []
+        outs = await self.async_generate(**score_generate_args(job, ids)) if ids else []
         return self._call(job.result, outs)
 
     def _score_job(self, args: dict[str, Any]) -> tuple[ScoreJob, list[list[int]]]:
-        """The checked scoring job of :meth:`score`'s arguments and its prompts' token ids."""
-        for name, value in args["sglang_options"].items():
-            if name not in SCORE_OFF_OPTIONS:
-                raise TypeError(f"score() got an unexpected keyword argument {name!r}")
-            if value is not None and value is not SCORE_OFF_OPTIONS[name]:
-                raise ValueError(f"{name} is not supported by this engine; leave it out")
-        keys = ("apply_softmax", "item_first", "temperature", "return_token_logprobs")
-        job = self._call(
-            lambda: plan_scores(
-                args["query"],
-                args["items"],
-                args["label_token_ids"],
-                vocab_size=self.vocab_size,
-                **{k: args[k] for k in keys},
-            )
-        )
-        self._call(job.check_text_size, self.door.max_token_chars)
-        ids = [
-            self._call(self.door.tokenize, p, True, "items") if job.is_text else p
-            for p in job.prompts
-        ]
-        self._call(job.check_size, ids)
-        return job, ids
+        check_score_options(args["sglang_options"])
+        return self._call(plan_engine_scores, args, self.door, self.vocab_size)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
@@ -304,11 +230,7 @@ class Engine:
             self.front.abort_all()
         else:
             self.front.abort(rid)
-        if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
-            try:
-                self._drain_inbox()
-            finally:
-                self._driving.release()
+        self.driver.deliver_now()
 
     def open_session(
         self, capacity_of_str_len: int, session_id: str | None = None, timeout: float | None = None
@@ -359,7 +281,7 @@ class Engine:
             "flush_cache": flush_cache,
             "weight_version": weight_version,
         }
-        reply = self._when_idle("update_weights_from_disk", args)
+        reply = self.driver.ask_when_idle(ControlReq("", "update_weights_from_disk", args))
         return reply.ok, reply.data["message"], 0
 
     def update_weights_from_tensor(
@@ -378,18 +300,8 @@ class Engine:
             "load_format": load_format,
             "flush_cache": flush_cache,
         }
-        reply = self._when_idle("update_weights_from_tensor", args)
+        reply = self.driver.ask_when_idle(ControlReq("", "update_weights_from_tensor", args))
         return reply.ok, reply.data["message"]
-
-    def _when_idle(self, kind: str, args: dict):
-        """A weight update's control reply, sent again while the scheduler answers ``busy``
-        (requests in flight), running their steps meanwhile."""
-        while True:
-            reply = self._control(kind, args)
-            if not is_busy(reply):
-                return reply
-            if not self._try_step():  # another caller runs the steps of those requests
-                time.sleep(0.002)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """SGLang's: the running weight of checkpoint tensor ``name`` (Hugging Face names,
@@ -399,16 +311,6 @@ class Engine:
         if not reply.ok:
             raise ValueError(reply.data["message"])
         return reply.data["parameter"]
-
-    def _try_step(self) -> bool:
-        """Runs one scheduler step unless another caller is running them (then False)."""
-        if not self._driving.acquire(blocking=False):
-            return False
-        try:
-            self._run_once()
-        finally:
-            self._driving.release()
-        return True
 
     def get_model_info(self) -> dict:
         """SGLang's ``get_model_info``: the same fields as the server's ``/get_model_info``."""
@@ -446,38 +348,12 @@ class Engine:
             raise ValueError(e.message) from None
 
     def _wait(self, state: ReqState) -> dict:
-        while self._next(state.waiter) is not _FINISHED:
+        while self.driver.next(state.waiter) is not FINISHED:
             pass
         return self._output(state)
 
-    def _next(self, q: queue.Queue, timeout: float | None = None):
-        """The next item of ``q``; runs scheduler steps meanwhile unless another caller does."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return q.get_nowait()
-            except queue.Empty:
-                pass
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("the engine did not answer in time")
-            if not self._try_step():
-                try:
-                    return q.get(timeout=0.002)
-                except queue.Empty:
-                    pass
-
-    async def _anext(self, q: queue.Queue):
-        """``_next`` for coroutines: one scheduler step (or a short sleep while another caller
-        steps) between looks at ``q``, yielding to the event loop each time."""
-        while True:
-            try:
-                return q.get_nowait()
-            except queue.Empty:
-                pass
-            await asyncio.sleep(0 if self._try_step() else 0.002)
-
     async def _await_result(self, state: ReqState) -> dict:
-        while await self._anext(state.waiter) is not _FINISHED:
+        while await self.driver.anext(state.waiter) is not FINISHED:
             pass
         return self._output(state)
 
@@ -490,131 +366,4 @@ class Engine:
         return out
 
     def _control(self, kind: str, args: dict | None = None) -> ControlReply:
-        return self._ask(ControlReq("", kind, args or {}))
-
-    def _ask(self, msg: Any, timeout: float = 60) -> ControlReply:
-        """The scheduler's reply to one control message (its ``req_id`` is set here)."""
-        q: queue.Queue = queue.Queue()
-        req_id = self.front.send_control(msg, q)
-        try:
-            return self._next(q, timeout=timeout)
-        finally:
-            self.front.forget(req_id)
-
-    def _run_once(self) -> None:
-        """Handles queued messages, then runs one scheduler step (caller holds ``_driving``).
-        Raises RuntimeError once the tensor-parallel group cannot run."""
-        self._ranks.check()
-        self._drain_inbox()
-        if not self.scheduler.wants_step():
-            return
-        out = run_step(self.scheduler)  # never raises; a failed step reports what it held
-        if out is not None:
-            self._dispatch(self._detokenizer.handle(out))
-        self._ranks.check()
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            reply = handle_message(self.scheduler, msg)  # never raises
-            if isinstance(reply, ControlReply):
-                waiter = self.front.reply_waiter(reply)
-                if waiter is not None:
-                    waiter.put(reply)
-            elif isinstance(reply, BatchTokenOut):  # a request the scheduler failed to admit
-                self._dispatch(self._detokenizer.handle(reply))
-
-    def _dispatch(self, out) -> None:
-        for state, _ in self.front.fold(out):
-            result = state.result
-            state.waiter.put(_FINISHED if result.is_finished else result.to_dict())
-
-
-def _score_generate_args(job: ScoreJob, ids: list[list[int]]) -> dict[str, Any]:
-    """The prefill-only requests that score a job's items (managers/scoring.py)."""
-    return dict(
-        input_ids=ids,
-        sampling_params=SCORE_SAMPLING_PARAMS,
-        return_logprob=True,
-        token_ids_logprob=job.labels,
-    )
-
-
-async def _outcome(result: Awaitable[dict]) -> dict | ValueError:
-    try:
-        return await result
-    except ValueError as e:
-        return e
-
-
-def _results_or_first_error(outcomes: list[dict | ValueError]) -> list[dict]:
-    for outcome in outcomes:
-        if isinstance(outcome, ValueError):
-            raise outcome
-    return outcomes  # type: ignore[return-value]
-
-
-class _Stream:
-    """A streamed request's chunks (dicts with the text so far, then the result). Reading it to
-    the end, ``close()``, an error while reading, or dropping it unread or part-read all free
-    the request: one not finished is aborted."""
-
-    def __init__(self, engine: Engine, state: ReqState, keys: list[str]) -> None:
-        self._engine, self._state, self._keys = engine, state, keys
-        self._queue = state.waiter
-        self._done = self._released = False
-
-    def __iter__(self) -> _Stream:
-        return self
-
-    def __next__(self) -> dict:
-        if self._done:
-            raise StopIteration
-        try:
-            return self._take(self._engine._next(self._queue))
-        except BaseException:
-            self.close()
-            raise
-
-    def _take(self, item: Any) -> dict:
-        if item is _FINISHED:
-            self._done = True
-            try:
-                return self._engine._output(self._state)
-            finally:
-                self.close()
-        return item
-
-    def close(self) -> None:
-        self._done = True
-        if not self._released:
-            self._released = True
-            self._engine.front.release([self._state], self._keys)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # an engine already shut down: nothing left to free
-            pass
-
-
-class _AsyncStream(_Stream):
-    """:class:`_Stream` for ``async for`` (a cancelled read aborts the request too)."""
-
-    def __aiter__(self) -> _AsyncStream:
-        return self
-
-    async def __anext__(self) -> dict:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            return self._take(await self._engine._anext(self._queue))
-        except BaseException:
-            self.close()
-            raise
-
-    async def aclose(self) -> None:
-        self.close()
+        return self.driver.ask(ControlReq("", kind, args or {}))
