@@ -1,10 +1,9 @@
 """The in-process engine: the real scheduler, no HTTP, no subprocesses.
 
-There is no background thread: a caller waiting for its results runs the scheduler's steps
-itself (one caller at a time; the others wait for what it produces, and take over when it is
-done). Running the model on the thread that waits, usually the main thread, matters on a CPU:
-once a process's main thread has used torch's OpenMP pool, parallel ops issued from a second
-thread ran 2-4x slower here (softmax, SDPA, large adds), which made a decode step 25% slower.
+It is the request front the server shares (managers/request_front.py: checks, rids, sessions,
+outputs, control calls) plus an in-process inbox and step driving (managers/step_driver.py):
+there is no background thread; a caller waiting for its results runs the scheduler's steps
+itself (one caller at a time; the others wait for what it produces).
 
     from radixlm.srt import Engine
     with Engine() as engine:                       # the embedded default model
@@ -23,111 +22,52 @@ a new Engine. ``shutdown`` stops the followers and leaves the group.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-import itertools
 import logging
 import queue
-import threading
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.managers.detokenizer import Detokenizer
-from radixlm.srt.managers.engine_ranks import InProcessRanks
-from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
-from radixlm.srt.managers.model_info import model_info_of, served_model_name
-from radixlm.srt.managers.request_checks import token_ids_logprob_per_prompt
-from radixlm.srt.managers.request_group import GenerateError
-from radixlm.srt.managers.results import RequestResult
-from radixlm.srt.managers.scoring import (
-    SCORE_SAMPLING_PARAMS,
-    ScoreJob,
-    ScoreResult,
-    plan_scores,
+from radixlm.srt.managers.engine_options import (
+    check_score_options,
+    check_sglang_options,
+    plan_engine_scores,
+    score_generate_args,
 )
-from radixlm.srt.managers.sessions import SessionManager, SessionParams, Turn, TurnPlan
+from radixlm.srt.managers.engine_ranks import InProcessRanks
+from radixlm.srt.managers.engine_streams import (
+    FINISHED,
+    AsyncRequestStream,
+    RequestStream,
+    outcome,
+    results_or_first_error,
+)
+from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
+from radixlm.srt.managers.generate_call import GenerateCall, engine_prompts, split_call
+from radixlm.srt.managers.generate_input import PreparedReq
+from radixlm.srt.managers.model_info import model_info_of, served_model_name
+from radixlm.srt.managers.request_front import ReqState, RequestFront, texts_to_tokenize
+from radixlm.srt.managers.request_group import GenerateError
+from radixlm.srt.managers.scoring import ScoreJob, ScoreResult
+from radixlm.srt.managers.sessions import SessionParams
+from radixlm.srt.managers.step_driver import StepDriver
 from radixlm.srt.managers.tp_ranks import with_rendezvous
 from radixlm.srt.messages import (
     PROFILE_FIELDS,
-    AbortReq,
-    BatchTokenOut,
-    ControlMessage,
-    ControlReply,
     FlushCacheReq,
     GetWeightsByNameReq,
     ServerInfoReq,
     StartProfileReq,
     StopProfileReq,
-    TokenizedGenerateReq,
     UpdateWeightsFromDiskReq,
     UpdateWeightsFromTensorReq,
 )
-from radixlm.srt.scheduler.failures import handle_message, run_step
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-_FINISHED = object()
-
-# SGLang's Engine.generate keywords this engine has no use for: accepted at these defaults
-# (callers pass them explicitly), a ValueError naming them otherwise. A trace header is
-# observability only: any value is accepted.
-SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
-    **dict.fromkeys(
-        (
-            "image_data",
-            "audio_data",
-            "video_data",
-            "mm_hashes",
-            "mm_content_hashes",
-            "lora_path",
-            "custom_logit_processor",
-            "bootstrap_host",
-            "bootstrap_port",
-            "bootstrap_room",
-            "routed_dp_rank",
-            "disagg_prefill_dp_rank",
-            "kv_hints",
-            "data_parallel_rank",
-            "priority",
-            "session_id",
-        )
-    ),
-    "require_reasoning": False,
-    "return_hidden_states": False,
-    "return_routed_experts": False,
-    "routed_experts_start_len": 0,
-}
-_ACCEPTED_ANY = ("external_trace_header",)
-# SGLang's Engine.score keywords for what this engine does not do, with their off values
-SCORE_OFF_OPTIONS: dict[str, Any] = {
-    "embed_override_token_id": None,
-    "query_embed_overrides": None,
-    "item_embed_overrides": None,
-    "stacked_query_item_embed_overrides": None,
-    "return_pooled_hidden_states": False,
-    "score_extraction_token_id": None,
-}
-
-
-def check_sglang_options(options: dict[str, Any]) -> None:
-    for name, value in options.items():
-        if name in _ACCEPTED_ANY:
-            continue
-        if name not in SGLANG_GENERATE_DEFAULTS:
-            raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
-        default = SGLANG_GENERATE_DEFAULTS[name]
-        if not (value is default or (type(value) is type(default) and value == default)):
-            raise ValueError(
-                f"{name} is not supported by this engine (text-only models, no LoRA, no "
-                f"disaggregation, no hidden-state output); leave it out or at {default!r}"
-            )
 
 
 class Engine:
@@ -140,18 +80,13 @@ class Engine:
         self.scheduler = self._ranks.start_scheduler()
         self.tokenizer = self.scheduler.runner.tokenizer
         self.vocab_size = self.scheduler.runner.vocab_size
-        self._detokenizer = Detokenizer(self.tokenizer)
-        self._inbox: queue.Queue = queue.Queue()
-        self._results: dict[str, tuple[RequestResult, queue.Queue]] = {}
-        self._replies: dict[str, queue.Queue] = {}
-        self._groups: dict[str, list[str]] = {}  # a batch's rid -> its requests' rids
-        self._ids = itertools.count()
         self.door = FrontDoor(self.tokenizer, ModelLimits.from_info(self.scheduler.ready_info()))
-        self._driving = threading.Lock()  # held by the caller that runs scheduler steps
-        # sessions (managers/sessions.py): a dropped running turn is aborted through the inbox
-        self.sessions = SessionManager(abort=lambda r: self._inbox.put(AbortReq(rid=r)))
-        self._sessions_lock = threading.Lock()
-        self._turns: dict[str, tuple[str, Turn]] = {}  # rid -> (session id, its turn)
+        inbox: queue.Queue = queue.Queue()  # messages for the scheduler
+        # the request lifecycle shared with the server (managers/request_front.py), and the
+        # in-process inbox and step driving (managers/step_driver.py)
+        self.front = RequestFront(lambda: self.door, inbox.put)
+        self.driver = StepDriver(self.scheduler, self._ranks, self.front, inbox)
+        self.sessions = self.front.sessions  # managers/sessions.py
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -175,11 +110,18 @@ class Engine:
         ``token_ids_logprob`` (with ``return_logprob``; one list, or one per prompt) adds
         ``input_token_ids_logprobs`` and ``output_token_ids_logprobs`` to ``meta_info``.
         SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
-        defaults and refused by name otherwise (:data:`SGLANG_GENERATE_DEFAULTS`)."""
-        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
+        defaults and refused by name otherwise (managers/engine_options.py)."""
+        states, keys, is_batch = self._start(locals())
         if stream:
-            return _Stream(self, rids[0])
-        results = self._wait_all(rids, rid if is_batch else None)
+            return RequestStream(self.front, states[0], keys, self.driver.next, self._output)
+        with self._opened(states, keys):
+            outcomes = []
+            for state in states:  # all waited for, even after one failed: none left behind
+                try:
+                    outcomes.append(self._wait(state))
+                except ValueError as e:
+                    outcomes.append(e)
+        results = results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
     async def async_generate(
@@ -202,75 +144,44 @@ class Engine:
         while a call waits, it runs one scheduler step at a time on the event loop's thread
         and yields to the other coroutines between steps. A cancelled call aborts its
         requests."""
-        rids, is_batch = self._start(**{k: v for k, v in locals().items() if k != "self"})
+        states, keys, is_batch = self._start(locals())
         if stream:
-            return _AsyncStream(self, rids[0])
-        with self._group(rids, rid if is_batch else None):  # a cancelled call aborts them
-            outcomes = [await _outcome(self._await_result(r)) for r in rids]
-        results = _results_or_first_error(outcomes)
+            return AsyncRequestStream(self.front, states[0], keys, self.driver.anext, self._output)
+        with self._opened(states, keys):  # a cancelled call aborts them
+            outcomes = [await outcome(self._await_result(s)) for s in states]
+        results = results_or_first_error(outcomes)
         return results if is_batch else results[0]
 
-    def _start(
-        self,
-        prompt,
-        sampling_params,
-        input_ids,
-        stream: bool,
-        return_logprob: bool,
-        logprob_start_len: int | None,
-        top_logprobs_num: int | None,
-        return_text_in_logprobs: bool,
-        rid: str | None,
-        session_params: dict | None,
-        token_ids_logprob: list[int] | list[list[int]] | None,
-        sglang_options: dict[str, Any],
-    ) -> tuple[list[str], bool]:
-        """Checks and submits the request(s); their rids and whether the answer is a list."""
-        check_sglang_options(sglang_options)
-        options = dict(
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num or 0,
-            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-            token_ids_logprob=token_ids_logprob,
-            stream=stream,
-        )
-        session = self._call(SessionParams.from_dict, session_params or {})
-        msgs, plans, is_batch = self._admit_all(
-            prompt, input_ids, sampling_params, options, session
-        )
-        if stream and is_batch:
+    def _start(self, args: dict[str, Any]) -> tuple[list[ReqState], list[str], bool]:
+        """Checks and sends the requests of :meth:`generate`'s arguments; their states, the
+        client rids they are registered under, and whether the answer is a list."""
+        check_sglang_options(args["sglang_options"])
+        prompt = args["prompt"]
+        self._call(engine_prompts, prompt, args["input_ids"], args["sampling_params"])
+        session = self._call(SessionParams.from_dict, args["session_params"] or {})
+        text = prompt if prompt is None or isinstance(prompt, str) else list(prompt)
+        call = GenerateCall.from_fields({**args, "text": text, "session_params": session})
+        prepared, is_batch = self._prepare(call)
+        if args["stream"] and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")
-        if not is_batch and rid is not None:
-            msgs[0].rid = rid
-        if session is not None:
-            self._add_turns(session.id, msgs, plans)
-        return [self._submit(m, return_text_in_logprobs) for m in msgs], is_batch
+        return *self._call(self.front.open, prepared, queue.Queue), is_batch
 
-    def _wait_all(self, rids: list[str], group_rid: str | None) -> list[dict]:
-        """Every request's result, waiting for all even after one failed (so none is left
-        behind); ``group_rid`` aborts them all meanwhile."""
-        with self._group(rids, group_rid):
-            outcomes = []
-            for r in rids:
-                try:
-                    outcomes.append(self._wait(r))
-                except ValueError as e:
-                    outcomes.append(e)
-        return _results_or_first_error(outcomes)
+    def _prepare(self, call: GenerateCall) -> tuple[list[PreparedReq], bool]:
+        """One checked message per prompt and sample (front_door.py), before any is queued,
+        and whether the answer is a list; the front door's refusals become ValueErrors with
+        the same message."""
+        inputs, is_batch = self._call(split_call, call, False)
+        ids = {k: self._call(self.door.tokenize, *k, "text") for k in texts_to_tokenize(inputs)}
+        return self._call(self.front.prepare_all, inputs, ids), is_batch
 
     @contextlib.contextmanager
-    def _group(self, rids: list[str], group_rid: str | None) -> Iterator[None]:
-        """While waiting for ``rids``: ``group_rid`` (a batch's rid) aborts them all; on
-        leaving, the ones nobody waited for to the end (an exception, a cancellation) are
-        aborted."""
-        if group_rid is not None:
-            self._groups[group_rid] = rids
+    def _opened(self, states: list[ReqState], keys: list[str]) -> Iterator[None]:
+        """While waiting for ``states``; on leaving, all are released (the ones nobody waited
+        for to the end, after an exception or a cancellation, are aborted)."""
         try:
             yield
         finally:
-            if group_rid is not None:
-                self._groups.pop(group_rid, None)
-            self._drop_unfinished(rids)
+            self.front.release(states, keys)
 
     def score(
         self,
@@ -288,9 +199,9 @@ class Engine:
         after ``query + item`` (``item + query`` with ``item_first``), or with
         ``apply_softmax`` their softmax over the labels (managers/scoring.py). SGLang's
         embedding-override, pooled-hidden-state and setwise keywords are accepted (by name)
-        at their off values only (:data:`SCORE_OFF_OPTIONS`)."""
+        at their off values only (managers/engine_options.py)."""
         job, ids = self._score_job(locals())
-        outs = self.generate(**_score_generate_args(job, ids)) if ids else []
+        outs = self.generate(**score_generate_args(job, ids)) if ids else []
         return self._call(job.result, outs)
 
     async def async_score(
@@ -307,33 +218,12 @@ class Engine:
     ) -> ScoreResult:
         """:meth:`score` for asyncio code (SGLang's ``Engine.async_score``)."""
         job, ids = self._score_job(locals())
-        outs = await self.async_generate(**_score_generate_args(job, ids)) if ids else []
+        outs = await self.async_generate(**score_generate_args(job, ids)) if ids else []
         return self._call(job.result, outs)
 
     def _score_job(self, args: dict[str, Any]) -> tuple[ScoreJob, list[list[int]]]:
-        """The checked scoring job of :meth:`score`'s arguments and its prompts' token ids."""
-        for name, value in args["sglang_options"].items():
-            if name not in SCORE_OFF_OPTIONS:
-                raise TypeError(f"score() got an unexpected keyword argument {name!r}")
-            if value is not None and value is not SCORE_OFF_OPTIONS[name]:
-                raise ValueError(f"{name} is not supported by this engine; leave it out")
-        keys = ("apply_softmax", "item_first", "temperature", "return_token_logprobs")
-        job = self._call(
-            lambda: plan_scores(
-                args["query"],
-                args["items"],
-                args["label_token_ids"],
-                vocab_size=self.vocab_size,
-                **{k: args[k] for k in keys},
-            )
-        )
-        self._call(job.check_text_size, self.door.max_token_chars)
-        ids = [
-            self._call(self.door.tokenize, p, True, "items") if job.is_text else p
-            for p in job.prompts
-        ]
-        self._call(job.check_size, ids)
-        return job, ids
+        check_score_options(args["sglang_options"])
+        return self._call(plan_engine_scores, args, self.door, self.vocab_size)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
@@ -345,28 +235,26 @@ class Engine:
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """Aborts the request ``rid`` (exact match; for a batch or ``n > 1`` request given a
         ``rid``, every one of its samples), or every request with ``abort_all``."""
-        for one in [""] if abort_all else self._groups.get(rid, [rid]):
-            self._inbox.put(AbortReq(rid=one, abort_all=abort_all))
-        if self._driving.acquire(blocking=False):  # apply it now unless a caller is stepping
-            try:
-                self._drain_inbox()
-            finally:
-                self._driving.release()
+        if abort_all:
+            self.front.abort_all()
+        else:
+            self.front.abort(rid)
+        self.driver.deliver_now()
 
     def open_session(
         self, capacity_of_str_len: int, session_id: str | None = None, timeout: float | None = None
     ) -> str:
         """Opens a session (SGLang's ``/open_session``); returns its id."""
-        with self._sessions_lock:
+        with self.front.lock:
             return self._call(self.sessions.open, capacity_of_str_len, session_id, timeout)
 
     def close_session(self, session_id: str) -> None:
         """Closes a session; its running turns are aborted."""
-        with self._sessions_lock:
+        with self.front.lock:
             self._call(self.sessions.close, session_id)
 
     def flush_cache(self) -> bool:
-        return self._control(FlushCacheReq()).ok
+        return self.driver.ask(FlushCacheReq()).ok
 
     def start_profile(self, **args) -> str:
         """Starts a torch.profiler trace of the scheduler steps (SGLang's ProfileReq fields:
@@ -376,14 +264,14 @@ class Engine:
         unknown = sorted(set(args) - PROFILE_FIELDS)
         if unknown:
             raise ValueError(f"{unknown[0]} is not a field of start_profile")
-        reply = self._control(StartProfileReq(**args))
+        reply = self.driver.ask(StartProfileReq(**args))
         if not reply.ok:
             raise ValueError(reply.data.get("message", "cannot start the profile"))
         return reply.data["path"]
 
     def stop_profile(self) -> str | None:
         """Ends the profile and writes its trace (srt/scheduler/profiling.py); its path."""
-        reply = self._control(StopProfileReq())
+        reply = self.driver.ask(StopProfileReq())
         if not reply.ok:
             raise ValueError(reply.data.get("message", "no profile is running"))
         return reply.data["path"]
@@ -399,7 +287,7 @@ class Engine:
         running model, in place, once the requests in flight have finished (this call runs
         their steps meanwhile); the prefix cache is emptied unless ``flush_cache=False``.
         ``(success, message, 0)``; a failed load leaves the previous weights."""
-        reply = self._when_idle(
+        reply = self.driver.ask_when_idle(
             UpdateWeightsFromDiskReq(model_path, load_format, flush_cache, weight_version)
         )
         return reply.ok, reply.data["message"], 0
@@ -415,37 +303,19 @@ class Engine:
         once the requests in flight have finished; the prefix cache is emptied unless
         ``flush_cache=False`` (send False for all but the last bucket). ``(success,
         message)``; a refused call (unknown name, other shape) changes nothing."""
-        reply = self._when_idle(UpdateWeightsFromTensorReq(named_tensors, load_format, flush_cache))
+        reply = self.driver.ask_when_idle(
+            UpdateWeightsFromTensorReq(named_tensors, load_format, flush_cache)
+        )
         return reply.ok, reply.data["message"]
-
-    def _when_idle(self, msg: ControlMessage) -> ControlReply:
-        """A weight update's control reply, sent again while the scheduler answers ``busy``
-        (requests in flight), running their steps meanwhile."""
-        while True:
-            reply = self._control(msg)
-            if reply.ok or not reply.data.get("busy"):
-                return reply
-            if not self._try_step():  # another caller runs the steps of those requests
-                time.sleep(0.002)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """SGLang's: the running weight of checkpoint tensor ``name`` (Hugging Face names,
         such as ``model.layers.0.mlp.up_proj.weight``) as float32 values, its first
         ``truncate_size`` rows; ValueError for a name the model lacks."""
-        reply = self._control(GetWeightsByNameReq(name, truncate_size))
+        reply = self.driver.ask(GetWeightsByNameReq(name, truncate_size))
         if not reply.ok:
             raise ValueError(reply.data["message"])
         return reply.data["parameter"]
-
-    def _try_step(self) -> bool:
-        """Runs one scheduler step unless another caller is running them (then False)."""
-        if not self._driving.acquire(blocking=False):
-            return False
-        try:
-            self._run_once()
-        finally:
-            self._driving.release()
-        return True
 
     def get_model_info(self) -> dict:
         """SGLang's ``get_model_info``: the same fields as the server's ``/get_model_info``."""
@@ -453,7 +323,7 @@ class Engine:
         return model_info_of(info, self.config.tokenizer_path, served_model_name(self.config, info))
 
     def get_server_info(self) -> dict:
-        return {**self.scheduler.ready_info(), **self._control(ServerInfoReq()).data}
+        return {**self.scheduler.ready_info(), **self.driver.ask(ServerInfoReq()).data}
 
     def shutdown(self) -> None:
         """Aborts whatever still runs (no background work is left after this); stops the
@@ -464,7 +334,7 @@ class Engine:
             self.scheduler.grammars.shutdown()  # compile threads, outlines-core children
             self.scheduler.close()  # a disk KV tier flushes its writes
         self._ranks.shutdown()
-        with self._sessions_lock:
+        with self.front.lock:
             self.sessions.clear()
 
     def __enter__(self) -> Engine:
@@ -474,80 +344,6 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
-    def _admit(
-        self, prompt, input_ids, sampling_params, options: dict[str, Any]
-    ) -> tuple[list[TokenizedGenerateReq], bool]:
-        """:meth:`_admit_all` without a session: the messages and whether the answer is a
-        list."""
-        msgs, _, is_batch = self._admit_all(prompt, input_ids, sampling_params, options, None)
-        return msgs, is_batch
-
-    def _admit_all(
-        self, prompt, input_ids, sampling_params, options: dict[str, Any], session=None
-    ) -> tuple[list[TokenizedGenerateReq], list[TurnPlan | None], bool]:
-        """One checked message per prompt and sample (front_door.py), before any is queued,
-        their session plans, and whether the answer is a list; the front door's refusals
-        become ValueErrors with the same message."""
-        prompts, is_batch = self._prompts(prompt, input_ids)
-        params = (
-            sampling_params
-            if isinstance(sampling_params, list)
-            else [sampling_params] * len(prompts)
-        )
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        msgs: list[TokenizedGenerateReq] = []
-        plans: list[TurnPlan | None] = []
-        try:
-            token_ids = token_ids_logprob_per_prompt(options.get("token_ids_logprob"), len(prompts))
-            for (text, ids), p, lp_ids in zip(prompts, params, token_ids, strict=True):
-                one = {**options, "token_ids_logprob": lp_ids}
-                sp, msg, plan = self._prepare(text, ids, p, one, session)
-                msgs += [msg] + [
-                    dataclasses.replace(msg, rid=self._new_rid()) for _ in range(sp.n - 1)
-                ]
-                plans += [plan] * sp.n
-        except GenerateError as e:
-            raise ValueError(e.message) from None
-        return msgs, plans, is_batch or len(msgs) > 1
-
-    def _prepare(self, text, ids, sampling_params, options, session: SessionParams | None):
-        """The front door's checks of one prompt; a session turn gets its history first."""
-        if session is None:
-            sp, msg = self.door.prepare(
-                self._new_rid(),
-                text=text,
-                input_ids=ids,
-                sampling_params=sampling_params,
-                **options,
-            )
-            return sp, msg, None
-        sp = self.door.parse_params(sampling_params)
-        if ids is not None:
-            ids = self.door.check_input_ids(ids)
-        else:
-            ids = self.door.tokenize(text, session.rid is None, param="text")
-        with self._sessions_lock:
-            plan = self.sessions.plan(
-                session, ids, sp.max_new_tokens, self.door.limits.context_length
-            )
-        sp = sp.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved by the session
-        return sp, self.door.admit(self._new_rid(), plan.input_ids, sp, **options), plan
-
-    def _add_turns(self, session_id: str, msgs: list, plans: list[TurnPlan | None]) -> None:
-        with self._sessions_lock:
-            turns = self._call(self.sessions.commit, plans, [m.rid for m in msgs])
-            for msg, turn in zip(msgs, turns, strict=True):
-                self._turns[msg.rid] = (session_id, turn)
-
-    def _end_turn(self, rid: str, result: RequestResult | None) -> None:
-        """A turn's request ended: it offers its tokens to later turns, or leaves."""
-        entry = self._turns.pop(rid, None)
-        if entry is not None:
-            with self._sessions_lock:
-                reason = result.finish_reason if result is not None else None
-                self.sessions.end(entry[0], entry[1], reason, result)
-
     @staticmethod
     def _call(fn, *args):
         """``fn(*args)`` with a GenerateError turned into the Engine's ValueError."""
@@ -556,211 +352,20 @@ class Engine:
         except GenerateError as e:
             raise ValueError(e.message) from None
 
-    @staticmethod
-    def _prompts(prompt, input_ids) -> tuple[list[tuple[str | None, list | None]], bool]:
-        """(text, input_ids) of each prompt, and whether they came as a list; only the shape
-        of the arguments is checked here."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt (str or list of str) and input_ids")
-        if prompt is not None:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            if not texts or not all(isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a non-empty str or list of str")
-            return [(t, None) for t in texts], not isinstance(prompt, str)
-        if input_ids and isinstance(input_ids[0], int):
-            return [(None, input_ids)], False
-        if not input_ids or not all(isinstance(x, list) and x for x in input_ids):
-            raise ValueError("input_ids must be a non-empty list of ints or of non-empty lists")
-        return [(None, x) for x in input_ids], True
-
-    def _new_rid(self) -> str:
-        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-
-    def _submit(self, msg: TokenizedGenerateReq, return_text_in_logprobs: bool) -> str:
-        result = RequestResult(
-            msg.rid,
-            msg.return_logprob,
-            return_text_in_logprobs,
-            return_token_ids_logprob=msg.token_ids_logprob is not None,
-        )
-        self._results[msg.rid] = (result, queue.Queue())
-        self._inbox.put(msg)
-        return msg.rid
-
-    def _wait(self, rid: str) -> dict:
-        result, q = self._results[rid]
-        while self._next(q) is not _FINISHED:
+    def _wait(self, state: ReqState) -> dict:
+        while self.driver.next(state.waiter) is not FINISHED:
             pass
-        return self._finish(rid)
+        return self._output(state)
 
-    def _next(self, q: queue.Queue, timeout: float | None = None):
-        """The next item of ``q``; runs scheduler steps meanwhile unless another caller does."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return q.get_nowait()
-            except queue.Empty:
-                pass
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("the engine did not answer in time")
-            if not self._try_step():
-                try:
-                    return q.get(timeout=0.002)
-                except queue.Empty:
-                    pass
-
-    async def _anext(self, q: queue.Queue):
-        """``_next`` for coroutines: one scheduler step (or a short sleep while another caller
-        steps) between looks at ``q``, yielding to the event loop each time."""
-        while True:
-            try:
-                return q.get_nowait()
-            except queue.Empty:
-                pass
-            await asyncio.sleep(0 if self._try_step() else 0.002)
-
-    async def _await_result(self, rid: str) -> dict:
-        _, q = self._results[rid]
-        while await self._anext(q) is not _FINISHED:
+    async def _await_result(self, state: ReqState) -> dict:
+        while await self.driver.anext(state.waiter) is not FINISHED:
             pass
-        return self._finish(rid)
+        return self._output(state)
 
-    def _drop_unfinished(self, rids: list[str]) -> None:
-        """Aborts the requests a caller stopped waiting for (cancelled, or gone early)."""
-        for rid in rids:
-            if rid in self._results:
-                self.abort(rid)
-                self._results.pop(rid, None)
-                self._end_turn(rid, None)
-
-    def _finish(self, rid: str) -> dict:
-        result, _ = self._results.pop(rid)
+    def _output(self, state: ReqState) -> dict:
+        result = state.result
         out = result.to_dict(lambda t: self.tokenizer.decode([t]))
         reason = result.finish_reason or {}
         if reason.get("type") == "abort" and reason.get("status_code") == 400:
             raise ValueError(reason.get("message", "invalid request"))
         return out
-
-    def _control(self, msg: ControlMessage) -> ControlReply:
-        req_id = uuid.uuid4().hex
-        q: queue.Queue = queue.Queue()
-        self._replies[req_id] = q
-        self._inbox.put(dataclasses.replace(msg, req_id=req_id))
-        return self._next(q, timeout=60)
-
-    def _run_once(self) -> None:
-        """Handles queued messages, then runs one scheduler step (caller holds ``_driving``).
-        Raises RuntimeError once the tensor-parallel group cannot run."""
-        self._ranks.check()
-        self._drain_inbox()
-        if not self.scheduler.wants_step():
-            return
-        out = run_step(self.scheduler)  # never raises; a failed step reports what it held
-        if out is not None:
-            self._dispatch(self._detokenizer.handle(out))
-        self._ranks.check()
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            reply = handle_message(self.scheduler, msg)  # never raises
-            if isinstance(reply, ControlReply):
-                self._replies.pop(reply.req_id).put(reply)
-            elif isinstance(reply, BatchTokenOut):  # a request the scheduler failed to admit
-                self._dispatch(self._detokenizer.handle(reply))
-
-    def _dispatch(self, out) -> None:
-        for i, rid in enumerate(out.token_out.rids):
-            entry = self._results.get(rid)
-            if entry is None:
-                continue
-            result, q = entry
-            result.update(out, i)
-            if result.is_finished:
-                self._end_turn(rid, result)
-            q.put(_FINISHED if result.is_finished else result.to_dict())
-
-
-def _score_generate_args(job: ScoreJob, ids: list[list[int]]) -> dict[str, Any]:
-    """The prefill-only requests that score a job's items (managers/scoring.py)."""
-    return dict(
-        input_ids=ids,
-        sampling_params=SCORE_SAMPLING_PARAMS,
-        return_logprob=True,
-        token_ids_logprob=job.labels,
-    )
-
-
-async def _outcome(result: Awaitable[dict]) -> dict | ValueError:
-    try:
-        return await result
-    except ValueError as e:
-        return e
-
-
-def _results_or_first_error(outcomes: list[dict | ValueError]) -> list[dict]:
-    for outcome in outcomes:
-        if isinstance(outcome, ValueError):
-            raise outcome
-    return outcomes  # type: ignore[return-value]
-
-
-class _Stream:
-    """A streamed request's chunks (dicts with the text so far, then the result). Reading it to
-    the end, ``close()``, an error while reading, or dropping it unread or part-read all free
-    the request: one not finished is aborted."""
-
-    def __init__(self, engine: Engine, rid: str) -> None:
-        self._engine, self._rid = engine, rid
-        self._queue = engine._results[rid][1]
-        self._done = False
-
-    def __iter__(self) -> _Stream:
-        return self
-
-    def __next__(self) -> dict:
-        if self._done:
-            raise StopIteration
-        try:
-            return self._take(self._engine._next(self._queue))
-        except BaseException:
-            self.close()
-            raise
-
-    def _take(self, item: Any) -> dict:
-        if item is _FINISHED:
-            self._done = True
-            return self._engine._finish(self._rid)
-        return item
-
-    def close(self) -> None:
-        self._done = True
-        self._engine._drop_unfinished([self._rid])
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # an engine already shut down: nothing left to free
-            pass
-
-
-class _AsyncStream(_Stream):
-    """:class:`_Stream` for ``async for`` (a cancelled read aborts the request too)."""
-
-    def __aiter__(self) -> _AsyncStream:
-        return self
-
-    async def __anext__(self) -> dict:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            return self._take(await self._engine._anext(self._queue))
-        except BaseException:
-            self.close()
-            raise
-
-    async def aclose(self) -> None:
-        self.close()

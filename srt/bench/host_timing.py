@@ -29,7 +29,7 @@ class HostTimer:
         sched = engine.scheduler
         runner = sched.runner
         self._targets: list[tuple[str, Any, str]] = [
-            ("engine.run_once", engine, "_run_once"),
+            ("engine.run_once", engine.driver, "run_once"),
             ("scheduler.step", sched, "step"),
             ("schedule_decode", sched, "_schedule_decode"),
             ("kv.alloc_for_batch", sched.kv, "alloc_for_batch"),
@@ -39,8 +39,8 @@ class HostTimer:
             ("resolve_inflight", sched, "_resolve_inflight"),
             ("read_back (waiting for the GPU)", overlap.InflightDecode, "read_back"),
             ("build_batch_output", scheduler_module, "build_batch_output"),
-            ("detokenizer.handle", engine._detokenizer, "handle"),
-            ("engine.dispatch", engine, "_dispatch"),
+            ("detokenizer.handle", engine.driver.detokenizer, "handle"),
+            ("engine.dispatch", engine.driver, "dispatch"),
         ]
         if runner.graph_runner is not None:
             self._targets.append(("graphs.replay", runner.graph_runner, "replay"))

@@ -1,9 +1,10 @@
 """The requests of one HTTP call (a prompt, a batch, ``n`` samples) and their lifecycle.
 
 A :class:`RequestGroup` is the one owner of its requests' states: ``TokenizerManager.open``
-registers every state and sends the requests; leaving the group's ``with`` block (normal end,
-validation error, abort, client disconnect, scheduler error, cancelled stream, generator closed)
-removes every state and aborts, by its exact internal rid, each request that has not finished.
+registers every state with the request front (request_front.py) and sends the requests; leaving
+the group's ``with`` block (normal end, validation error, abort, client disconnect, scheduler
+error, cancelled stream, generator closed) releases them: every state is removed and each
+request that has not finished is aborted by its exact internal rid.
 Closing is synchronous, so it also runs where awaiting is impossible (a cancelled scope, a
 generator closed by the garbage collector).
 """
@@ -11,14 +12,12 @@ generator closed by the garbage collector).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from radixlm.srt.managers.results import RequestResult
-
 if TYPE_CHECKING:
-    from radixlm.srt.managers.tokenizer_manager import PreparedReq, TokenizerManager
+    from radixlm.srt.managers.request_front import ReqState, RequestFront
 
 DISCONNECT_POLL_S = 0.5
 
@@ -49,26 +48,9 @@ class DisconnectProbe(Protocol):
 
 
 @dataclass
-class ReqState:
-    """One request in flight. ``event`` is its group's (any member's update wakes the group)."""
-
-    req: PreparedReq
-    created_s: float
-    result: RequestResult
-    event: asyncio.Event
-    error: GenerateError | None = None
-    last_token_s: float | None = None
-    has_update: bool = False
-    is_done: bool = False  # the final output was handed out
-
-    @property
-    def finish_reason(self) -> dict[str, Any] | None:
-        return self.result.finish_reason
-
-
-@dataclass
 class RequestGroup:
-    tm: TokenizerManager
+    front: RequestFront
+    output: Callable[[ReqState], dict[str, Any]]  # the response for the request so far
     states: list[ReqState]
     client_keys: list[str]  # the client rids registered for abort_request
     probe: DisconnectProbe | None = None
@@ -84,7 +66,7 @@ class RequestGroup:
     def close(self) -> None:
         if not self.is_closed:
             self.is_closed = True
-            self.tm._release(self)
+            self.front.release(self.states, self.client_keys)
 
     async def updates(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(index, output)`` per update: each request's final output, and every update of
@@ -115,8 +97,8 @@ class RequestGroup:
         if state.finish_reason is not None:
             state.is_done = True
             raise_for_error_abort(state.finish_reason)
-            return self.tm.output(state)
-        return self.tm.output(state) if state.req.inp.stream else None
+            return self.output(state)
+        return self.output(state) if state.req.inp.stream else None
 
     async def _wait(self) -> None:
         while not self.event.is_set():

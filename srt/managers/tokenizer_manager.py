@@ -1,29 +1,23 @@
 """The tokenizer manager: the asyncio side of the server, in the HTTP process.
 
-It tokenizes and validates a request (``prepare``, through the front door shared with the
-Engine, front_door.py; a ``GenerateError`` carries the HTTP status), sends it to the scheduler, and collects the detokenizer's ``BatchStrOut`` per rid into the
-request's state. Tokenization and decoding run on a small thread pool (the tokenizers release
-the GIL), so a long prompt never stalls the event loop, and a text prompt's size is checked
-against the context length before it is tokenized.
+It is the request front shared with the Engine (request_front.py: the checks through the front
+door, the rid registry, session turns, folding outputs, control bookkeeping) plus asyncio and
+ZMQ: it tokenizes on a small thread pool (the tokenizers release the GIL), so a long prompt
+never stalls the event loop, sends messages to the scheduler over a socket, and wakes the
+waiting requests when the detokenizer's ``BatchStrOut`` comes in. A ``GenerateError`` carries
+the HTTP status.
 
-Every request gets an internal rid (a fresh uuid, matched exactly by the scheduler); the
-client's rid is kept for display (``meta_info.id``) and for ``abort_request``. The requests of
-one HTTP call form a :class:`RequestGroup`, the one owner of their states (see
-request_group.py): ``open`` registers and sends them, closing the group removes every state and
-aborts what has not finished, on every path.
-
-Sessions (sessions.py) live here too: ``prepare`` puts a turn's history before its new tokens,
-``open`` adds the turn to its session, and the turn's end (its final output, or the group's
-close) records its output or takes it out of the session.
+The requests of one HTTP call form a :class:`RequestGroup`, the one owner of their states (see
+request_group.py): ``open`` registers and sends them, closing the group releases them (every
+state removed, what has not finished aborted), on every path. While weights are updated or
+generation is paused, new requests wait in ``prepare_all``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,16 +29,19 @@ from radixlm.srt.config import ServerConfig
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq, RequestObserver
 from radixlm.srt.managers.request_checks import sample_seed
+from radixlm.srt.managers.request_front import (
+    ReqState,
+    RequestFront,
+    is_busy,
+    texts_to_tokenize,
+)
 from radixlm.srt.managers.request_group import (
     ClientDisconnected,
     DisconnectProbe,
     GenerateError,
-    ReqState,
     RequestGroup,
 )
-from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.scheduler_process import IpcEndpoints
-from radixlm.srt.managers.sessions import SessionManager
 from radixlm.srt.messages import (
     READ_ONLY_QUERIES,
     AbortReq,
@@ -93,13 +90,9 @@ class TokenizerManager:
         self.endpoints = endpoints
         self.observer = observer
         self.info: dict[str, Any] = {}  # the scheduler's ready_info()
-        self.states: dict[str, ReqState] = {}  # internal rid -> state
-        self.client_rids: dict[str, list[str]] = {}  # client rid -> internal rids
-        self.pending_control: dict[str, asyncio.Future[ControlReply]] = {}
-        # the last answer to each read-only query, with when it came (see control)
-        self._last_read: dict[type, tuple[float, ControlReply]] = {}
+        self.front = RequestFront(lambda: self.door, self._send, self._send_abort)
+        self.sessions = self.front.sessions
         self.control_timeout_s = CONTROL_TIMEOUT_S
-        self.sessions = SessionManager(abort=self.abort)
         self._load_query: asyncio.Task[ControlReply] | None = None
         self.dead_reason: str | None = None
         self._token_text: dict[int, str] = {}
@@ -159,10 +152,10 @@ class TokenizerManager:
             return
         logger.error("serving stopped: %s", reason)
         self.dead_reason = reason
-        for state in self.states.values():
+        for state in self.front.states.values():
             state.error = GenerateError(f"server unavailable: {reason}", 503)
-            state.event.set()
-        for fut in self.pending_control.values():
+            state.waiter.set()
+        for fut in self.front.pending.values():
             if not fut.done():
                 fut.set_exception(GenerateError(f"server unavailable: {reason}", 503))
 
@@ -244,8 +237,13 @@ class TokenizerManager:
     # ------------------------------------------------------------------ requests
     async def prepare(self, inp: GenerateInput) -> PreparedReq:
         """Tokenizes and validates one request (front_door.py); raises GenerateError (400)
-        naming the problem. Nothing is registered yet (see :meth:`open`). While weights are
-        being updated, new requests wait for the update to end."""
+        naming the problem. Nothing is registered yet (see :meth:`open`)."""
+        return (await self.prepare_all([inp]))[0]
+
+    async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
+        """:meth:`prepare` for each input (a text shared by several inputs, ``n`` samples, is
+        tokenized once). While weights are being updated or generation is paused, new requests
+        wait for the update or the pause to end."""
         if not self._resumed.is_set():
             self.num_paused += 1
             self._num_paused_in_update += 1
@@ -254,48 +252,10 @@ class TokenizerManager:
             finally:
                 self.num_paused -= 1
         self._check_alive()
-        door = self.door
-        params = door.parse_params(inp.sampling_params)
-        if (inp.text is None) == (inp.input_ids is None):
-            raise GenerateError("send exactly one of text and input_ids", 400)
-        if inp.input_ids is not None:
-            input_ids = door.check_input_ids(inp.input_ids)
-        else:
-            special = not inp.continues_session
-            input_ids = await self.tokenize_async(inp.text or "", special, param="text")
-        plan = None
-        if inp.session_params is not None:
-            plan = self.sessions.plan(
-                inp.session_params, input_ids, params.max_new_tokens, door.limits.context_length
-            )
-            input_ids = plan.input_ids
-            params = params.replace(max_new_tokens=plan.max_new_tokens)  # null: resolved
-        rid = uuid.uuid4().hex
-        msg = door.admit(
-            rid,
-            input_ids,
-            params,
-            return_logprob=inp.return_logprob,
-            logprob_start_len=inp.logprob_start_len,
-            top_logprobs_num=inp.top_logprobs_num,
-            token_ids_logprob=inp.token_ids_logprob,
-            stream=inp.stream,
-        )
-        return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid, plan)
-
-    async def prepare_all(self, inputs: list[GenerateInput]) -> list[PreparedReq]:
-        """:meth:`prepare` for each input; a text shared by several inputs (``n`` samples) is
-        tokenized once."""
-        ids_of: dict[tuple[str, bool], list[int]] = {}
-        prepared = []
-        for inp in inputs:
-            if inp.text is not None and inp.input_ids is None:
-                key = (inp.text, not inp.continues_session)
-                if key not in ids_of:
-                    ids_of[key] = await self.tokenize_async(*key, param="text")
-                inp = GenerateInput(**{**inp.__dict__, "text": None, "input_ids": ids_of[key]})
-            prepared.append(await self.prepare(inp))
-        return prepared
+        ids_of = {}
+        for key in texts_to_tokenize(inputs):
+            ids_of[key] = await self.tokenize_async(*key, param="text")
+        return self.front.prepare_all(inputs, ids_of)
 
     # ------------------------------------------------------------------ request lifecycle
     def open(
@@ -306,132 +266,61 @@ class TokenizerManager:
         removes every state. Raises GenerateError 400, registering nothing, when one of those
         rids is already in flight."""
         self._check_alive()
-        keys_of = [(p.client_rid, *p.inp.abort_keys) for p in prepared]
-        keys = list(dict.fromkeys(k for ks in keys_of for k in ks))
-        taken = [k for k in keys if k in self.client_rids]
-        if taken:
-            raise GenerateError(
-                f"a request with rid {taken[0]!r} is already running; "
-                "rids must be unique among running requests",
-                400,
-                "rid",
-            )
-        self._add_turns(prepared)
-        group = RequestGroup(self, [], keys, probe)
-        for key in keys:
-            self.client_rids[key] = []
-        try:
-            for p, p_keys in zip(prepared, keys_of, strict=True):
-                self._register(group, p, p_keys)
-                self._send(p.msg)
-        except BaseException:
-            group.close()
-            for p in prepared:  # turns whose request was never registered
-                if p.session_turn is not None and p.inp.session_params is not None:
-                    self.sessions.discard(p.inp.session_params.id, p.session_turn)
-            raise
-        return group
-
-    def _add_turns(self, prepared: list[PreparedReq]) -> None:
-        """Adds the session turns among ``prepared`` to their sessions (all or none)."""
-        with_plan = [p for p in prepared if p.session_plan is not None]
-        if with_plan:
-            plans = [p.session_plan for p in with_plan]
-            turns = self.sessions.commit(plans, [p.client_rid for p in with_plan])  # type: ignore[misc]
-            for p, turn in zip(with_plan, turns, strict=True):
-                p.session_turn = turn
-
-    def _end_turn(self, state: ReqState) -> None:
-        p = state.req
-        if p.session_turn is not None and p.inp.session_params is not None:
-            self.sessions.end(
-                p.inp.session_params.id, p.session_turn, state.finish_reason, state.result
-            )
-
-    def _register(self, group: RequestGroup, p: PreparedReq, keys: tuple[str, ...]) -> None:
-        inp = p.inp
-        result = RequestResult(
-            p.client_rid,
-            inp.return_logprob,
-            inp.return_text_in_logprobs,
-            return_token_ids_logprob=p.msg.token_ids_logprob is not None,
-        )
-        state = ReqState(p, time.perf_counter(), result, group.event)
-        assert p.rid not in self.states, "internal rids are unique"
-        self.states[p.rid] = state
-        group.states.append(state)
-        for key in dict.fromkeys(keys):
-            self.client_rids[key].append(p.rid)
-
-    def _release(self, group: RequestGroup) -> None:
-        for state in group.states:
-            self.states.pop(state.req.rid, None)
-            if state.finish_reason is None and self.dead_reason is None:
-                self._send_abort(state.req.rid)
-            if state.finish_reason is None:
-                self._end_turn(state)  # a turn that never finished leaves its session
-        for key in group.client_keys:
-            self.client_rids.pop(key, None)
+        event = asyncio.Event()
+        states, keys = self.front.open(prepared, lambda: event)
+        return RequestGroup(self.front, self.output, states, keys, probe, event)
 
     @property
     def num_request_states(self) -> int:
-        return len(self.states)
+        return len(self.front.states)
 
     def check_integrity(self) -> None:
         """Every registered client rid points at live states (internal invariant)."""
-        for key, rids in self.client_rids.items():
-            assert all(r in self.states for r in rids), f"client rid {key!r} outlived its states"
-        self.sessions.check_integrity()
+        self.front.check_integrity()
 
     def assert_no_requests(self) -> None:
         """For tests: no request state and no client rid is left."""
-        self.check_integrity()
-        assert not self.states, f"request states left: {sorted(self.states)[:5]}"
-        assert not self.client_rids, f"client rids left: {sorted(self.client_rids)[:5]}"
+        self.front.assert_no_requests()
 
     def abort(self, client_rid: str) -> int:
         """Aborts the running requests registered under ``client_rid`` (exact match); returns
         how many."""
-        rids = [r for r in self.client_rids.get(client_rid, []) if r in self.states]
-        for rid in rids:
-            self._send_abort(rid)
-        return len(rids)
+        return self.front.abort(client_rid)
 
     def abort_all(self) -> None:
-        self._send(AbortReq(rid="", abort_all=True))
+        self.front.abort_all()
 
     def _send_abort(self, rid: str) -> None:
+        if self.dead_reason is not None:
+            return
         try:
             self._send(AbortReq(rid=rid))
         except zmq.ZMQError:  # shutting down: nothing left to abort
             logger.warning("could not send the abort of %s", rid)
 
     async def control(self, msg: ControlMessage, timeout_s: float | None = None) -> ControlReply:
-        """One query or action, answered by the scheduler between two steps. A step can take
-        longer than ``timeout_s`` (a long prompt on a CPU): a read-only query (``read_only``)
-        then gets the last answer the scheduler gave (its ``data["age_s"]`` says how old); an
-        action is a 503 and expires unread, so it is not carried out after the caller gave up."""
+        """One control message (its ``req_id`` is set here), answered by the scheduler between
+        two steps. A step can take longer than ``timeout_s`` (a long prompt on a CPU): a
+        read-only query (``ControlMessage.read_only``) then gets the last answer the scheduler gave
+        (its ``data["age_s"]`` says how old); an action is a 503 and expires unread, so it is
+        not carried out after the caller gave up."""
         self._check_alive()
         timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
-        req_id = uuid.uuid4().hex
         fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
-        self.pending_control[req_id] = fut
-        self._send(dataclasses.replace(msg, req_id=req_id, expires_at=time.time() + timeout_s))
+        req_id = self.front.send_control(msg, fut, timeout_s)
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
-            last = self._last_read.get(type(msg)) if msg.read_only else None
+            last = self.front.last_answer(msg)
             if last is None:
                 raise GenerateError(
                     f"the scheduler did not answer {msg.verb!r} in time (a step is running); retry",
                     503,
                 ) from None
-            at, reply = last
-            return ControlReply(reply.req_id, reply.ok, {**reply.data, "age_s": time.time() - at})
+            return last
         finally:
-            self.pending_control.pop(req_id, None)
-        if msg.read_only and reply.ok:
-            self._last_read[type(msg)] = (time.time(), reply)
+            self.front.forget(req_id)
+        self.front.remember(msg, reply)
         return reply
 
     async def update_weights_from_disk(
@@ -455,7 +344,7 @@ class TokenizerManager:
             deadline = loop.time() + drain_timeout_s
             while True:
                 reply = await self.control(req, timeout_s=WEIGHT_LOAD_TIMEOUT_S)
-                if reply.ok or not reply.data.get("busy"):
+                if not is_busy(reply):
                     return reply.ok, str(reply.data.get("message", "")), self._num_paused_in_update
                 if loop.time() > deadline:
                     return (
@@ -527,7 +416,7 @@ class TokenizerManager:
                 if isinstance(msg, BatchStrOut):
                     self._on_str_out(msg)
                 elif isinstance(msg, ControlReply):
-                    fut = self.pending_control.get(msg.req_id)
+                    fut = self.front.reply_waiter(msg)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
                 else:
@@ -536,18 +425,11 @@ class TokenizerManager:
                 logger.exception("failed to handle a message from the workers")
 
     def _on_str_out(self, out: BatchStrOut) -> None:
-        t = out.token_out
         now = time.perf_counter()
-        for i, rid in enumerate(t.rids):
-            state = self.states.get(rid)
-            if state is None:  # finished or aborted on this side already
-                continue
-            state.result.update(out, i)
-            if state.finish_reason is not None:
-                self._end_turn(state)
-            self._observe(state, len(t.new_token_ids[i]), now)
+        for state, num_new in self.front.fold(out):
+            self._observe(state, num_new, now)
             state.has_update = True
-            state.event.set()
+            state.waiter.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
         if state.finish_reason is not None and self.cfg.log_requests:

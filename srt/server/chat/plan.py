@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.srt.managers.generate_call import check_num_sequences
 from radixlm.srt.managers.tokenizer_manager import (
     GenerateError,
     GenerateInput,
@@ -30,7 +31,6 @@ from radixlm.srt.server.chat.tools import (
     template_kwargs,
     with_prompt,
 )
-from radixlm.srt.server.http.body import check_num_sequences
 
 MAX_CHAT_TOP_LOGPROBS = 20
 JSON_OBJECT: dict[str, Any] = {"type": "object"}

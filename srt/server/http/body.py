@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.managers.generate_call import MAX_SEQUENCES_PER_REQUEST
+from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 
 
 def check_rid(rid: Any) -> Any:
@@ -53,19 +54,5 @@ def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) ->
             )
 
 
-# The most sequences (prompts x n) one request may ask for.
-MAX_SEQUENCES_PER_REQUEST = 1024
-
-
 def batch_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
     return lambda data: precheck_batch(data, MAX_SEQUENCES_PER_REQUEST, tm.context_length)
-
-
-def check_num_sequences(num: int) -> None:
-    if num > MAX_SEQUENCES_PER_REQUEST:
-        raise GenerateError(
-            f"this request asks for {num} sequences (prompts x n); at most "
-            f"{MAX_SEQUENCES_PER_REQUEST} per request",
-            400,
-            "n",
-        )

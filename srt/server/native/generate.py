@@ -12,20 +12,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from radixlm.srt.managers.request_checks import MAX_TOKEN_IDS_LOGPROB, token_ids_logprob_per_prompt
+from radixlm.srt.managers.generate_call import (
+    MAX_SEQUENCES_PER_REQUEST,
+    GenerateCall,
+    split_call,
+)
+from radixlm.srt.managers.request_checks import MAX_TOKEN_IDS_LOGPROB
 from radixlm.srt.managers.tokenizer_manager import (
     ClientDisconnected,
     GenerateError,
-    GenerateInput,
     RequestGroup,
     TokenizerManager,
 )
-from radixlm.srt.sampling.params import MAX_N
-from radixlm.srt.server.http.body import (
-    MAX_SEQUENCES_PER_REQUEST,
-    batch_precheck,
-    check_num_sequences,
-)
+from radixlm.srt.server.http.body import batch_precheck
 from radixlm.srt.server.http.deps import check_model_name, get_tm, json_response
 from radixlm.srt.server.http.errors import (
     check_json_content_type,
@@ -57,88 +56,6 @@ def generate_precheck(tm: TokenizerManager) -> Callable[[dict[str, Any]], None]:
         precheck_token_ids_logprob(data, MAX_TOKEN_IDS_LOGPROB, MAX_SEQUENCES_PER_REQUEST)
 
     return check
-
-
-# ---------------------------------------------------------------------- /generate
-def _pick(value: Any, i: int, n: int, name: str, default: Any = None) -> Any:
-    """The i-th entry of a per-prompt list field, or the shared scalar; null is ``default``."""
-    if isinstance(value, list):
-        if len(value) != n:
-            raise GenerateError(f"{name} has {len(value)} entries for {n} prompts", 400, name)
-        value = value[i]
-    return default if value is None else value
-
-
-def _prompts(body: GenerateReqInput) -> tuple[list[Any], bool]:
-    if (body.text is None) == (body.input_ids is None):
-        raise GenerateError("send exactly one of text and input_ids", 400)
-    if body.text is not None:
-        is_batch = isinstance(body.text, list)
-        prompts = list(body.text) if is_batch else [body.text]
-    else:
-        ids = body.input_ids or []
-        is_batch = bool(ids) and isinstance(ids[0], list)
-        prompts = list(ids) if is_batch else [ids]
-    if not prompts:
-        raise GenerateError("the batch is empty", 400)
-    return prompts, is_batch
-
-
-def _prompt_rid(body: GenerateReqInput, i: int, n: int) -> str | None:
-    if isinstance(body.rid, str) and n > 1:
-        return f"{body.rid}_{i}"
-    return _pick(body.rid, i, n, "rid")
-
-
-def _num_samples(sp: dict[str, Any]) -> int:
-    n = sp.get("n")
-    if n is None:
-        return 1
-    if type(n) is not int or not 1 <= n <= MAX_N:
-        raise GenerateError(f"n must be an integer in [1, {MAX_N}], got {n!r}", 400, "n")
-    return n
-
-
-def split_batch(body: GenerateReqInput) -> tuple[list[GenerateInput], bool]:
-    """One GenerateInput per prompt and per sample (``sampling_params.n``); whether the answer
-    is a list. Sample j of a prompt with rid r shows rid ``r_j`` (as SGLang); aborting r (or the batch's
-    rid) aborts all of them."""
-    prompts, is_batch = _prompts(body)
-    n = len(prompts)
-    token_ids = token_ids_logprob_per_prompt(body.token_ids_logprob, n)
-    session = body.session_params.to_params() if body.session_params is not None else None
-    inputs: list[GenerateInput] = []
-    for i, prompt in enumerate(prompts):
-        sp = dict(_pick(body.sampling_params, i, n, "sampling_params") or {})
-        num_samples = _num_samples(sp)
-        is_batch = is_batch or num_samples > 1
-        check_num_sequences(len(inputs) + num_samples)
-        rid = _prompt_rid(body, i, n)
-        parents = tuple(dict.fromkeys(r for r in (body.rid, rid) if isinstance(r, str)))
-        for j in range(num_samples):
-            sample_rid = f"{rid}_{j}" if rid is not None and num_samples > 1 else rid
-            inputs.append(
-                GenerateInput(
-                    text=prompt if body.text is not None else None,
-                    input_ids=prompt if body.input_ids is not None else None,
-                    sampling_params=sp,
-                    rid=sample_rid,
-                    abort_keys=tuple(p for p in parents if p != sample_rid),
-                    return_logprob=_pick(body.return_logprob, i, n, "return_logprob", False),
-                    logprob_start_len=_pick(body.logprob_start_len, i, n, "logprob_start_len", -1),
-                    top_logprobs_num=_pick(body.top_logprobs_num, i, n, "top_logprobs_num", 0),
-                    token_ids_logprob=token_ids[i],
-                    return_text_in_logprobs=body.return_text_in_logprobs,
-                    stream=body.stream,
-                    session_params=session,
-                    log_metrics=body.log_metrics,
-                    return_prompt_token_ids=body.return_prompt_token_ids,
-                )
-            )
-    rids = [inp.rid for inp in inputs if inp.rid is not None]
-    if len(set(rids)) != len(rids):
-        raise GenerateError("rids must be unique within a batch", 400, "rid")
-    return inputs, is_batch
 
 
 async def stream_native(group: RequestGroup, is_batch: bool) -> AsyncIterator[bytes]:
@@ -216,7 +133,10 @@ async def _open(request: Request, body: GenerateReqInput) -> tuple[RequestGroup,
     body.check()
     check_model_name(request, body.model)
     tm = get_tm(request)
-    inputs, is_batch = split_batch(body)
+    session = body.session_params.to_params() if body.session_params is not None else None
+    inputs, is_batch = split_call(
+        GenerateCall.from_fields({**dict(body), "session_params": session})
+    )
     prepared = await tm.prepare_all(inputs)
     return tm.open(prepared, request), is_batch
 

@@ -21,7 +21,7 @@ def engine(tiny_llama_dir):
 
 
 def _idle(engine: Engine) -> None:
-    assert engine.scheduler.check_idle() and not engine._results
+    assert engine.scheduler.check_idle() and not engine.front.states
     u = engine.scheduler.kv.usage()
     assert u["available"] + u["evictable"] + u["protected"] == POOL, u
 

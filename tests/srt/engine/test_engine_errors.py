@@ -19,7 +19,7 @@ def test_batch_with_one_invalid_grammar_raises_after_all_finished(tiny_llama_dir
             engine.generate(
                 input_ids=[[5, 6, 7], [8, 9, 10], [11, 12]], sampling_params=[good, bad, good]
             )
-        assert engine._results == {}
+        engine.front.assert_no_requests()
         out = engine.generate(input_ids=[5, 6, 7], sampling_params=good)  # still serves
         assert out["meta_info"]["completion_tokens"] == 6
         info = engine.get_server_info()

@@ -13,6 +13,7 @@ import pytest
 
 from radixlm.srt import Engine
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.generate_call import GenerateCall
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.scheduler_process import IpcEndpoints
 from radixlm.srt.managers.tokenizer_manager import GenerateInput, TokenizerManager
@@ -55,8 +56,9 @@ def both(
         **logprob,
     }
     try:
-        msgs, _ = engine._admit(text, input_ids, sp, options)
-        from_engine: Any = dataclasses.replace(msgs[0], rid="")
+        call = GenerateCall(text=text, input_ids=input_ids, sampling_params=sp, **options)
+        prepared, _ = engine._prepare(call)
+        from_engine: Any = dataclasses.replace(prepared[0].msg, rid="")
     except ValueError as e:
         from_engine = e
     try:
@@ -113,4 +115,4 @@ def test_the_same_refusal_from_both_entry_points(
 def test_the_engine_refuses_before_anything_is_queued(engine):
     with pytest.raises(ValueError, match="input_ids must be token ids"):
         engine.generate(input_ids=[[1, 2], [1, 10**9]], sampling_params={"max_new_tokens": 1})
-    assert not engine.scheduler.has_work() and not engine._results
+    assert not engine.scheduler.has_work() and not engine.front.states

@@ -39,7 +39,8 @@ def test_engine_turns_equal_whole_history_requests(engine) -> None:
     assert [s["output_ids"] for s in samples] == [t2["output_ids"]] * 2
     assert len(engine.sessions.sessions[sid].turns) == 5
     engine.close_session(sid)
-    assert not engine.sessions.sessions and not engine._turns
+    assert not engine.sessions.sessions
+    engine.front.assert_no_requests()
     assert engine.scheduler.check_idle()
 
 
@@ -67,7 +68,7 @@ def test_engine_session_refusals_and_streams(engine) -> None:
     )
     next(stream)
     stream.close()  # the consumer stopped early: the turn leaves the session
-    assert "s2" not in engine.sessions.sessions[sid].turns and "s2" not in engine._turns
+    assert "s2" not in engine.sessions.sessions[sid].turns and "s2" not in engine.front.client_rids
     engine.close_session(sid)
     with pytest.raises(ValueError, match="does not exist"):
         engine.close_session(sid)

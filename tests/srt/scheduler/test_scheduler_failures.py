@@ -288,7 +288,7 @@ def test_engine_abort_of_a_batch_rid_ends_every_sample(tiny_llama_dir):
             )
         )
         caller.start()
-        while "grp" not in engine._groups and caller.is_alive():
+        while "grp" not in engine.front.client_rids and caller.is_alive():
             caller.join(0.01)
         engine.abort("grp")
         caller.join(120)
