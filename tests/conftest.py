@@ -122,9 +122,9 @@ def start_server(tmp_path_factory):
         server.stop()
 
 
-# At most this many shared servers run at once (about 1 GiB of memory each on the default
+# At most this many shared servers run at once (about 2.3 GiB resident each on the default
 # model); the least recently used one that no running module holds is stopped beyond it.
-MAX_SHARED_SERVERS = int(os.environ.get("RADIXLM_TEST_MAX_SERVERS", "3"))
+MAX_SHARED_SERVERS = int(os.environ.get("RADIXLM_TEST_MAX_SERVERS", "2"))
 
 
 @pytest.fixture(scope="session")
