@@ -102,9 +102,11 @@ def smol_engine(default_model_dir):
 
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory):
-    """Starts ``radixlm serve`` with the given CLI arguments on 127.0.0.1 (a fresh port, its log
-    under the test's temporary folder) and stops every server it started when the module ends:
-    ``server = start_server("--max-total-tokens", "4096")``."""
+    """Starts a server of the module's own (one that it stops, kills, pauses or updates, or whose
+    configuration no other module shares): ``radixlm serve`` with the given CLI arguments on
+    127.0.0.1 (a fresh port, its log under the test's temporary folder); every server it started
+    is stopped when the module ends: ``server = start_server("--max-total-tokens", "4096")``.
+    Modules that only send requests take ``shared_server`` instead."""
     from radixlm.srt.server.process.server_process import ServerProcess
 
     started = []
@@ -118,3 +120,44 @@ def start_server(tmp_path_factory):
     yield start
     for server in reversed(started):
         server.stop()
+
+
+# At most this many shared servers run at once (about 2.3 GiB resident each on the default
+# model); the least recently used one that no running module holds is stopped beyond it.
+MAX_SHARED_SERVERS = int(os.environ.get("RADIXLM_TEST_MAX_SERVERS", "2"))
+
+
+@pytest.fixture(scope="session")
+def server_pool(tmp_path_factory):
+    """The session's shared servers, one per configuration, stopped when the session ends."""
+    from server_pool import ServerPool
+
+    pool = ServerPool(tmp_path_factory, MAX_SHARED_SERVERS)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def shared_server(server_pool):
+    """``radixlm serve`` with the given CLI arguments, shared by every module that asks for the
+    same configuration (arguments and environment) and started once per session:
+    ``server = shared_server("--max-total-tokens", 8192)``. The module gets it healthy, with no
+    request left from an earlier module and its prefix cache flushed. A module that changes a
+    server in ways another module would see (stops, kills or pauses it, updates its weights)
+    takes ``start_server``."""
+    holder = object()
+
+    def lease(*args: str):
+        return server_pool.lease(holder, [str(a) for a in args])
+
+    yield lease
+    server_pool.release(holder)
+
+
+DEFAULT_SERVER_ARGS = ("--max-total-tokens", 8192)
+
+
+@pytest.fixture(scope="module")
+def default_server(shared_server):
+    """`radixlm serve` on the default model (KV pool of 8192 tokens), shared by the session."""
+    return shared_server(*DEFAULT_SERVER_ARGS)

@@ -5,7 +5,6 @@ reference parser of test_structural_tag and their JSON validated with jsonschema
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
@@ -28,12 +27,9 @@ QUESTIONS = ["What is the weather in Oslo?", "What time is it in Berlin?"]
 
 
 @pytest.fixture(scope="module")
-def engine(default_model_dir) -> Iterator:
-    from radixlm.srt import Engine
-
-    engine = Engine(model_path=str(default_model_dir), log_level="warning")
-    yield engine
-    engine.shutdown()
+def engine(smol_engine):
+    """The session's default-model Engine (these tests only send requests)."""
+    return smol_engine
 
 
 def _prompt(engine, question: str) -> str:

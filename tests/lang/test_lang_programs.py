@@ -29,8 +29,8 @@ RawGenerate = Callable[..., dict]
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", 8192, "--log-level", "warning")
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("http", marks=pytest.mark.slow)])

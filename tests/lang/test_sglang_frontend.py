@@ -27,8 +27,8 @@ except ImportError as e:  # the frontend or one of its imports is missing
 
 
 @pytest.fixture(scope="module")
-def backend(start_server) -> RuntimeEndpoint:
-    server: ServerProcess = start_server("--max-total-tokens", 4096)
+def backend(default_server) -> RuntimeEndpoint:
+    server: ServerProcess = default_server
     endpoint = RuntimeEndpoint(server.url, chat_template_name="chatml")  # SmolLM2's template
     sgl.set_default_backend(endpoint)
     return endpoint

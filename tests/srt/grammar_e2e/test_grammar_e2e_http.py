@@ -31,8 +31,8 @@ ASK = [{"role": "user", "content": "Give me a JSON object with a name and an age
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", 4096)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Fixtures of the server tests: `radixlm serve` on the default model (``default_server``,
-``idle_server``), and the HTTP process over fake_stack's scripted worker with the hermes tool
+"""Fixtures of the server tests: the session's shared `radixlm serve` on the default model
+(``default_server`` of tests/conftest.py) checked idle after each test (``idle_server``), and the HTTP process over fake_stack's scripted worker with the hermes tool
 parser (``stack``, its strict openai client ``client``, and ``idle_stack`` for
 ``pytest.mark.usefixtures``). A module changes the fake stack's options by defining
 ``stack_options``, or defines its own ``stack``."""
@@ -14,15 +14,9 @@ from fake_stack import FakeStack
 from tool_util import assert_idle, assert_server_idle, strict_client
 
 
-@pytest.fixture(scope="module")
-def default_server(start_server):
-    """`radixlm serve` on the default model, one per test module."""
-    return start_server("--max-total-tokens", 8192)
-
-
 @pytest.fixture
 def idle_server(default_server) -> Iterator:
-    """The module's default-model server; after the test it must be healthy, idle and leak no
+    """The shared default-model server; after the test it must be healthy, idle and leak no
     KV (``tool_util.assert_server_idle``)."""
     yield default_server
     assert_server_idle(default_server.url)

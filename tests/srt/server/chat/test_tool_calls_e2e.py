@@ -57,8 +57,8 @@ GREEDY = {"temperature": 0, "max_tokens": 64}
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", 8192)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -61,8 +61,8 @@ class RecordingTransport(httpx2.AsyncHTTPTransport):
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", 8192)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(autouse=True)

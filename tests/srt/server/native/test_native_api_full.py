@@ -13,13 +13,12 @@ from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-MAX_TOTAL_TOKENS = 4096
 GREEDY = {"temperature": 0, "max_new_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", MAX_TOTAL_TOKENS)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 def post(server: ServerProcess, path: str, body: dict) -> httpx.Response:

@@ -54,8 +54,8 @@ EVERY_FIELD = {  # every SGLang SamplingParams API field, non-default where that
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", 4096)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module")
