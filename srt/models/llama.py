@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ class DecoderOptions:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm of q and k before rope (Qwen3)
+    sliding_window: int | None = None  # every layer sees its last W keys (Mistral, Phi-3)
 
 
 class GatedMLP(nn.Module):
@@ -84,6 +85,9 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
         self.head_dim = hd = config.head_dim
         self.scaling = self.head_dim**-0.5
+        # read by the attention backends (``kernels/attention/base.py``); Gemma sets them per layer
+        self.sliding_window = options.sliding_window
+        self.logit_cap = 0.0
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, hd, config.num_heads, config.num_kv_heads, heads, options.qkv_bias
         )
@@ -269,6 +273,17 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         tp = tp or TPGroup.single()
         self.tp = tp
+        self.check_config(config)
+        self.config = config
+        with torch.device(device), default_dtype(dtype):
+            self.model = self.build_model(config, tp)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """Refuses, naming the option, a checkpoint whose options this class does not implement."""
         hidden_act = getattr(config.hf_config, "hidden_act", "silu")
         if hidden_act != "silu":
             raise ValueError(
@@ -276,12 +291,10 @@ class LlamaForCausalLM(nn.Module):
             )
         if getattr(config.hf_config, "use_sliding_window", False):
             raise ValueError(f"{config.architecture}: sliding-window attention is not supported")
-        self.config = config
-        with torch.device(device), default_dtype(dtype):
-            self.model = LlamaModel(config, self.decoder_options(config), tp)
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
-        if config.tie_word_embeddings:
-            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def build_model(self, config: ModelConfig, tp: TPGroup) -> nn.Module:
+        """The decoder stack (``self.model``): embeddings, layers, final norm."""
+        return LlamaModel(config, self.decoder_options(config), tp)
 
     @classmethod
     def decoder_options(cls, config: ModelConfig) -> DecoderOptions:
@@ -309,22 +322,31 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if ckpt_name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            name, shard_id = _param_name(ckpt_name)
-            if name not in params:
-                raise ValueError(
-                    f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}"
-                )
-            param = params[name]
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            try:
-                loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
-            except ValueError as e:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r}: {e}") from e
-            loaded.setdefault(name, set()).add(shard_id)
+            for name, shard_id, part in self.weight_targets(ckpt_name, tensor):
+                if name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}"
+                    )
+                param = params[name]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                try:
+                    loader(param, part) if shard_id is None else loader(param, part, shard_id)
+                except ValueError as e:
+                    raise ValueError(f"checkpoint tensor {ckpt_name!r}: {e}") from e
+                loaded.setdefault(name, set()).add(shard_id)
         if "lm_head.weight" in params and "lm_head.weight" not in loaded:
             self.lm_head.tie_to(self.model.embed_tokens)  # checkpoints without lm_head share it
             loaded["lm_head.weight"] = {None}
         _check_all_loaded(params, loaded)
+
+    def weight_targets(
+        self, ckpt_name: str, tensor: Any
+    ) -> list[tuple[str, str | int | None, Any]]:
+        """Where a checkpoint tensor goes: ``(parameter name, shard id or None, tensor)`` for each
+        piece (the seam for checkpoints that fuse what we keep apart, or the reverse).
+        ``tensor`` may be a lazy safetensors slice; a piece may be a slice of it."""
+        name, shard_id = _param_name(ckpt_name)
+        return [(name, shard_id, tensor)]
 
     def checkpoint_tensor(self, ckpt_name: str) -> torch.Tensor:
         """The running weight a checkpoint tensor of Hugging Face name ``ckpt_name`` was loaded

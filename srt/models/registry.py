@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from torch import nn
 
+from radixlm.srt.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from radixlm.srt.models.llama import LlamaForCausalLM
+from radixlm.srt.models.mistral import MistralForCausalLM
+from radixlm.srt.models.phi3 import Phi3ForCausalLM
 from radixlm.srt.models.qwen2 import Qwen2ForCausalLM
 from radixlm.srt.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }

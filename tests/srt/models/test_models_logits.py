@@ -1,4 +1,4 @@
-"""Our Llama / Qwen2 / Qwen3 implementations give transformers' logits on the same checkpoint."""
+"""Our Llama / Qwen2 / Qwen3 / Mistral / Phi-3 / Gemma 2 / Gemma 3 implementations give transformers' logits on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
 from radixlm.srt.models.model_config import ModelConfig
-from radixlm.srt.models.registry import get_model_class
+from radixlm.srt.models.registry import get_model_class, supported_architectures
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -100,10 +100,19 @@ def test_wrong_shape_is_reported(tmp_path):
 
 
 def test_unknown_architecture_lists_supported():
-    with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
-    ):
+    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported") as err:
         get_model_class("GPT2LMHeadModel")
+    named = str(err.value).split("supported architectures: ")[1].split(", ")
+    assert named == supported_architectures()
+    assert {
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "MistralForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
+    } <= set(named)
 
 
 def test_unknown_rope_type_is_rejected(tmp_path):

@@ -27,6 +27,15 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+GEMMA = dict(  # softcaps small enough to bite on a random model; head_dim != hidden / heads
+    num_hidden_layers=4,
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    sliding_window=6,
+    final_logit_softcapping=2.0,
+    pad_token_id=0,
+)
+
 # name -> (config class name, extra config fields, save_pretrained max_shard_size or None)
 CHECKPOINTS = {
     "llama": ("LlamaConfig", {"rope_theta": 10000.0}, None),
@@ -46,6 +55,32 @@ CHECKPOINTS = {
     "qwen3_bias_tied": (
         "Qwen3Config",
         {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": True},
+        None,
+    ),
+    # sliding windows of 6 keys, shorter than the test prompts; 4 layers
+    "mistral_window": (
+        "MistralConfig",
+        {"num_hidden_layers": 4, "sliding_window": 6, "head_dim": 32},
+        None,
+    ),
+    "phi3_fused_window": (
+        "Phi3Config",
+        {"num_hidden_layers": 4, "sliding_window": 6, "pad_token_id": 0},
+        None,
+    ),
+    "gemma2_softcap": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 1.5}, None),
+    "gemma3_local_global": (
+        "Gemma3TextConfig",
+        {
+            **GEMMA,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "num_hidden_layers": 6,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        },
         None,
     ),
 }
