@@ -67,6 +67,27 @@ def logit_cap(layer) -> float:
     return float(cap)
 
 
+# (sliding window or 0, soft-cap or 0.0, softmax scale): what a backend that plans per
+# batch (FlashInfer) must know of every layer before the first batch
+AttentionVariant = tuple[int, float, float]
+
+
+def attention_variant(layer) -> AttentionVariant:
+    return attention_window(layer), logit_cap(layer), float(layer.scaling)
+
+
+def attention_variants(model) -> list[AttentionVariant]:
+    """The distinct variants of a model's attention layers (modules with ``layer_id`` and
+    ``scaling``), sorted."""
+    return sorted(
+        {
+            attention_variant(m)
+            for m in model.modules()
+            if hasattr(m, "layer_id") and hasattr(m, "scaling")
+        }
+    )
+
+
 class AttentionBackend(ABC):
     name: str = "base"
     supports_cuda_graph: bool = False  # decode steps may be captured and replayed (see above)

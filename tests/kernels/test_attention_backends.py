@@ -19,7 +19,7 @@ if not HAS_CUDA:
 
 pytest.importorskip("triton")
 
-from radixlm.kernels.attention.base import AttentionBackend  # noqa: E402
+from radixlm.kernels.attention.base import AttentionBackend, attention_variant  # noqa: E402
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from radixlm.kernels.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -291,6 +291,7 @@ def _gpu_backends(case: Case, page_size: int):
             num_kv_heads=layer.num_kv_heads,
             head_dim=layer.head_dim,
             page_size=page_size,
+            variants=[attention_variant(layer)],
         )
     return backends
 
@@ -394,6 +395,31 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(static_out, reference(case), 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("window,cap", WINDOW_CASES)
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_window_and_softcap(decode, window, cap, page_size):
+    """bf16 windows and soft-caps through both GPU backends (FlashInfer: ``window_left``,
+    ``logits_soft_cap``), against the written-out reference."""
+    lens = decode_lens([1, 9, 140, 17]) if decode else ([0, 12, 3, 100], [150, 9, 1, 1])
+    case = make_case(
+        *lens,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        page_size=page_size,
+        decode=decode,
+        dtype=torch.bfloat16,
+        seed=21,
+    )
+    case.layer.sliding_window, case.layer.logit_cap = window, cap
+    case.q.mul_(4.0)
+    ref = naive_reference(case)
+    for backend in _gpu_backends(case, page_size).values():
+        assert_close(run_backend(backend, case), ref, 3e-2)
 
 
 def _grow_by_one(case: Case, page_size: int) -> None:
