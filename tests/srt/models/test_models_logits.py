@@ -120,3 +120,36 @@ def test_unknown_rope_type_is_rejected(tmp_path):
 
     with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
         rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_phi3_fused_tensors_split_per_rank(rank, tmp_path):
+    """Each tensor-parallel rank of Phi-3 keeps, from the fused qkv_proj/gate_up_proj read as
+    lazy slices, the rows a Llama rank keeps from the same tensors stored apart."""
+    from radixlm.srt.distributed import TPGroup
+    from radixlm.srt.models.llama import LlamaForCausalLM
+    from radixlm.srt.models.loader import iter_safetensors
+
+    folder = write_checkpoint("phi3_fused_window", tmp_path)
+    config = ModelConfig.from_pretrained(folder)
+    tp = TPGroup(rank=rank, size=2)
+    phi3 = get_model_class("Phi3ForCausalLM")(config, torch.float32, "cpu", tp=tp)
+    phi3.load_weights(iter_safetensors(folder, lazy=True))
+    d, inter = config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * d, config.num_kv_heads * d
+    apart = {}
+    for name, tensor in iter_safetensors(folder):
+        if ".qkv_proj." in name:
+            for part, rows in zip(("q", "k", "v"), tensor.split([q, kv, kv]), strict=True):
+                apart[name.replace(".qkv_proj.", f".{part}_proj.")] = rows
+        elif ".gate_up_proj." in name:
+            for part, rows in zip(("gate", "up"), tensor.split([inter, inter]), strict=True):
+                apart[name.replace(".gate_up_proj.", f".{part}_proj.")] = rows
+        else:
+            apart[name] = tensor
+    llama = LlamaForCausalLM(config, torch.float32, "cpu", tp=tp)
+    llama.load_weights(apart.items())
+    ours, theirs = dict(phi3.named_parameters()), dict(llama.named_parameters())
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)
+    assert ours["model.layers.0.self_attn.qkv_proj.weight"].shape[0] == (q + 2 * kv) // 2
