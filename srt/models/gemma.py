@@ -146,7 +146,8 @@ class GemmaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        # the scale rounded to the activations' dtype first, as the checkpoints were trained
+        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype).item()
         ropes = {kind: r.cos_sin(positions, hidden.dtype) for kind, r in self.rotary.items()}
         residual = None
         for layer, kind in zip(self.layers, self.layer_types, strict=True):

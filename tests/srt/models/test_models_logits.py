@@ -75,6 +75,17 @@ def test_bfloat16_model_is_close_to_float32(tmp_path):
     assert torch.get_default_dtype() == torch.float32  # construction restored the default
 
 
+@pytest.mark.parametrize("name", ["gemma2_softcap", "gemma3_local_global"])
+def test_gemma_bfloat16_is_close_to_transformers(name, tmp_path):
+    """bfloat16 through Gemma's (1 + weight) norms, rounded embedding scale and soft-caps."""
+    folder = write_checkpoint(name, tmp_path)
+    ref = hf_logits(folder, PROMPT)
+    model = load_model(folder, torch.bfloat16, "cpu")
+    session = KVSession(model.config, dtype=torch.bfloat16)
+    ours = run_logits(model, session, ForwardMode.EXTEND, [(session.new_request(), PROMPT)])
+    assert max_rel_err(ours, ref) < 5e-2
+
+
 def test_missing_tensor_is_reported(tmp_path):
     from safetensors.torch import load_file, save_file
 
