@@ -99,3 +99,24 @@ def _check_rows(out: torch.Tensor, refs: list[torch.Tensor], spans: list[tuple[i
         assert max_rel_err(got, refs[i][lo:hi]) < TOL, f"request {i}, positions {lo}..{hi - 1}"
         start += hi - lo
     assert start == out.shape[0]
+
+
+@pytest.mark.slow  # interpreted kernels: 15-25 s per model on a CPU
+@pytest.mark.parametrize("name", ["gemma2_softcap", "gemma3_local_global"])
+def test_triton_kernels_serve_windowed_models(name, tmp_path):
+    """The Triton kernels (interpreted on a CPU) under a Gemma model: a prefill, an extend on
+    its cache and a mixed step (an extend with a decode row), against the full-prompt logits."""
+    pytest.importorskip("triton")
+    from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
+
+    model = load_model(write_checkpoint(name, tmp_path), torch.float32, "cpu")
+    a, b = tokens(20, seed=5), tokens(14, seed=6)
+    refs = [full_logits(model, a), full_logits(model, b)]
+    session = KVSession(model.config, backend=TritonAttentionBackend())
+    ra, rb = session.new_request(), session.new_request()
+    out = run_logits(model, session, EXTEND, [(ra, a[:9]), (rb, b[:13])])
+    _check_rows(out, refs, [(0, 9), (0, 13)])
+    out = run_logits(model, session, EXTEND, [(ra, a[9:19]), (rb, b[13:14])])  # decode tail
+    _check_rows(out, refs, [(9, 19), (13, 14)])
+    out = run_logits(model, session, DECODE, [(ra, a[19:20])])
+    assert max_rel_err(out[0], refs[0][19]) < 1e-4
