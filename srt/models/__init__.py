@@ -6,5 +6,7 @@ converting GGUF files once), ``model_config.ModelConfig.from_pretrained``,
 Every model class follows ``llama.LlamaForCausalLM``'s contract: ``forward(input_ids,
 positions, fb)``, ``compute_logits(hidden)``, ``load_weights(named_tensors)``; its constructor
 takes an optional ``tp`` group (``srt.distributed.TPGroup``) and builds only this rank's slices
-from the tensor-parallel layers of ``tp_layers``.
+from the tensor-parallel layers of ``tp_layers``. Checkpoint names reach parameters through
+one seam, ``LlamaForCausalLM.weight_targets(name, tensor)``: ``(parameter, shard id, tensor)``
+pieces (q/k/v and gate/up merged by name; Phi-3 splits its fused tensors there).
 """
