@@ -164,3 +164,23 @@ def test_phi3_fused_tensors_split_per_rank(rank, tmp_path):
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[n], theirs[n]) for n in ours)
     assert ours["model.layers.0.self_attn.qkv_proj.weight"].shape[0] == (q + 2 * kv) // 2
+
+
+@pytest.mark.parametrize(
+    "name,field,value,message",
+    [
+        ("gemma2_softcap", "hidden_activation", "relu", "hidden activation 'relu'"),
+        ("gemma3_local_global", "use_bidirectional_attention", True, "bidirectional"),
+        ("phi3_fused_window", "partial_rotary_factor", 0.75, "partial_rotary_factor 0.75"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(name, field, value, message, tmp_path):
+    folder = write_checkpoint(name, tmp_path)
+    config_file = folder / "config.json"
+    raw = json.loads(config_file.read_text())
+    raw[field] = value
+    if field == "partial_rotary_factor" and isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"][field] = value
+    config_file.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message):
+        load_model(folder, torch.float32, "cpu")
