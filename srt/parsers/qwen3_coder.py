@@ -58,9 +58,9 @@ _CONTENT, _OPEN, _FUNC_NAME, _BODY, _PARAM_NAME, _VALUE, _AFTER_FUNC = range(7)
 
 
 def _parameter(name: str, written: dict, schema: object, loose: bool, root: object) -> dict:
-    """One parameter as the template writes it: a text value up to ``</parameter>``, a typed
-    one as JSON of its schema; the line break after it included."""
-    begin = f"{PARAMETER}{name}>\n"
+    """One parameter as the template writes it (after a line break): a text value up to
+    ``</parameter>``, a typed one as JSON of its schema."""
+    begin = f"\n{PARAMETER}{name}>\n"
     types = None if loose else value_types(schema, root)
     choices = None if loose else string_choices(schema, root)
     if types is not None and "string" not in types:
@@ -71,8 +71,7 @@ def _parameter(name: str, written: dict, schema: object, loose: bool, root: obje
         content, end = {"type": "regex", "pattern": f"(?:{pattern})"}, "\n" + PARAMETER_END
     else:
         content, end = {"type": "any_text"}, PARAMETER_END
-    tag = {"type": "tag", "begin": begin, "content": content, "end": end}
-    return {"type": "sequence", "elements": [tag, {"type": "const_string", "value": "\n"}]}
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
 
 
 def _content_of(tool: ToolSpec, loose: bool) -> dict:
@@ -83,8 +82,8 @@ def _content_of(tool: ToolSpec, loose: bool) -> dict:
 
 
 CALL_FORMAT = CallFormat(
-    begin_of=lambda tool: f"{OPEN_TAG}\n{FUNCTION}{tool.name}>\n",
-    end=f"{FUNCTION_END}\n{CLOSE_TAG}",
+    begin_of=lambda tool: f"{OPEN_TAG}\n{FUNCTION}{tool.name}>",
+    end=f"\n{FUNCTION_END}\n{CLOSE_TAG}",
     separator="\n",
     trigger=OPEN_TAG,
     content_of=_content_of,

@@ -209,6 +209,11 @@ class ChatParsing:
     def parses_calls(self) -> bool:
         return bool(self.specs) and self.choice != "none" and self.tool_parser != "none"
 
+    @property
+    def special_markup(self) -> bool:
+        """Whether the outputs' call markup is special tokens that decoding must keep."""
+        return self.parses_calls and make_tool_parser(self.tool_parser, []).special_markup
+
     def new_tool_parser(self) -> ToolCallParser | None:
         if not self.parses_calls:
             return None
