@@ -68,7 +68,7 @@ MISTRAL_TEMPLATE = (
     .replace("TOOL_ROLE", "'user'")
     .replace(
         "RESULT",
-        "'[TOOL_RESULTS] {\"content\": ' + m.content | tojson + ', \"call_id\": \"' + "
+        '\'[TOOL_RESULTS] {"content": \' + m.content | tojson + \', "call_id": "\' + '
         "(m.tool_call_id if m.tool_call_id | length == 9 else raise_exception('bad id')) + "
         "'\"}[/TOOL_RESULTS]'",
     )
