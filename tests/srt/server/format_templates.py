@@ -97,13 +97,13 @@ PYTHONIC_TEMPLATE = (
 )
 
 TEMPLATES = {
-    "qwen3_coder": (QWEN3_CODER_TEMPLATE, ("<tool_call>", "</tool_call>"), False),
+    "qwen3_coder": (QWEN3_CODER_TEMPLATE, ("<tool_call>", "</tool_call>")),
+    # ordinary text here: a grammar cannot write special tokens (srt/parsers/README.md)
     "mistral": (
         MISTRAL_TEMPLATE,
         ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]"),
-        True,  # special tokens, as in Mistral's tokenizers
     ),
-    "pythonic": (PYTHONIC_TEMPLATE, (), False),
+    "pythonic": (PYTHONIC_TEMPLATE, ()),
 }
 
 
@@ -111,12 +111,8 @@ def format_tokenizer(default_model_dir: str | Path, fmt: str) -> Any:
     """SmolLM2's tokenizer with the format's markup tokens added and its template."""
     from transformers import AddedToken, AutoTokenizer
 
-    template, tokens, special = TEMPLATES[fmt]
+    template, tokens = TEMPLATES[fmt]
     tok = AutoTokenizer.from_pretrained(default_model_dir)
-    added = [AddedToken(t, special=special, normalized=False) for t in tokens]
-    if special:
-        tok.add_special_tokens({"additional_special_tokens": added})
-    else:
-        tok.add_tokens(added)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens])
     tok.chat_template = template
     return tok
