@@ -20,7 +20,7 @@ to ``[ARGS]``) stands with its arguments exactly as written so far; one without 
 
 ``[TOOL_CALLS]`` and ``[ARGS]`` are special tokens of Mistral's tokenizers, which decoding
 drops by default, so chat requests served with these parsers keep special tokens in the text
-(``special_markup``). Mistral's templates accept only call ids of 9 letters and digits:
+(``special_markers``). Mistral's templates accept only call ids of 9 letters and digits:
 ``render`` gives the history's calls such ids (the same id for the same call every time, so
 prompts stay cacheable), and the server's new calls get them (``new_call_id``).
 """
@@ -84,7 +84,7 @@ class MistralParser(CallStreamParser):
 
     name = "mistral"
     READER = _READER
-    special_markup = True
+    special_markers = (TOOL_CALLS, ARGS, CALL_ID)
     CALL_FORMAT = ARRAY_FORMAT
 
     def __init__(self, tools: list[ToolSpec]) -> None:

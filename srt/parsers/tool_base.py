@@ -160,8 +160,9 @@ class ToolCallParser(ABC):
     state of ``feed``). See the module docstring for the invariant all methods keep."""
 
     name: str = ""
-    # the format's markup is made of special tokens, which decoding drops unless told not to
-    special_markup: bool = False
+    # markers of the format that tokenizers make special tokens, which decoding drops unless
+    # told not to (and grammars cannot write)
+    special_markers: tuple[str, ...] = ()
 
     def __init__(self, tools: list[ToolSpec]) -> None:
         self.tools = list(tools)

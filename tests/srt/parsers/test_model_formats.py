@@ -373,4 +373,4 @@ def test_mistral_ids_and_history() -> None:
     assert parser.render(history, TOOLS, "auto")[0] == out  # the same ids every time
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     assert history[1]["tool_calls"][0]["id"] == "call_0123456789abcdef"  # not modified
-    assert parser.special_markup and not make_tool_parser("pythonic", []).special_markup
+    assert parser.special_markers and not make_tool_parser("pythonic", []).special_markers

@@ -57,3 +57,21 @@ def test_calls_get_mistral_ids(stack: FakeStack, client: openai.OpenAI) -> None:
         tc.id for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or () if tc.id
     ]
     assert len(ids) == 1 and is_mistral_id(ids[0])
+
+
+def test_forcing_calls_whose_marker_is_a_special_token_is_a_clear_400() -> None:
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from radixlm.srt.managers.tokenizer_manager import GenerateError
+    from radixlm.srt.parsers.tool_base import ToolSpec
+    from radixlm.srt.server.chat.tools import ChatParsing, check_forced_markers
+
+    parsing = ChatParsing(specs=[ToolSpec("get_time")], choice="required", tool_parser="mistral")
+    mistral_like = SimpleNamespace(all_special_tokens=["</s>", "[TOOL_CALLS]"])
+    with pytest.raises(GenerateError, match=r"\[TOOL_CALLS\] is a special token") as refused:
+        check_forced_markers(parsing, mistral_like)
+    assert refused.value.status_code == 400 and refused.value.param == "tool_choice"
+    check_forced_markers(replace(parsing, choice="auto"), mistral_like)  # nothing forced
+    check_forced_markers(parsing, SimpleNamespace(all_special_tokens=["</s>"]))  # plain text
+    check_forced_markers(replace(parsing, tool_parser="hermes"), mistral_like)
