@@ -149,7 +149,7 @@ def test_parallel_calls(fmt: str, client: openai.OpenAI) -> None:
 
 
 def test_tool_loop_through_the_template(fmt: str, client: openai.OpenAI) -> None:
-    first = one_call(client)
+    first = one_call(client, {"type": "function", "function": {"name": "get_weather"}})
     (call,) = first.choices[0].message.tool_calls
     args = valid_args(call)
     messages = [
