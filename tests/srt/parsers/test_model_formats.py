@@ -374,3 +374,18 @@ def test_mistral_ids_and_history() -> None:
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     assert history[1]["tool_calls"][0]["id"] == "call_0123456789abcdef"  # not modified
     assert parser.special_markers and not make_tool_parser("pythonic", []).special_markers
+
+
+def test_qwen3_coder_text_values_stream_as_they_are_written() -> None:
+    parser = make_tool_parser("qwen3_coder", TOOLS)
+    assert parser.feed("Sure.\n<tool_call>\n<function=typ") == ("Sure.", [])
+    content, deltas = parser.feed("ed>\n<parameter=s>\ndef f():\n")
+    # the last line break waits: it drops if </parameter> follows
+    assert content == "" and [(d.name, d.arguments) for d in deltas] == [
+        ("typed", '{"s": "def f():')
+    ]
+    assert parser.feed("    return 1\n</para")[1][0].arguments == "\\n    return 1"
+    assert parser.feed("meter>\n<parameter=n>\n4")[1][0].arguments == '"'
+    assert parser.feed("2\n</parameter>\n</function>")[1][0].arguments == ', "n": 42}'
+    assert parser.feed("\n</tool_call>") == ("", [])
+    assert parser.flush() == ("", [])
