@@ -34,7 +34,19 @@ SPECULATIVE_ALIASES = {
 OPTION_ALIASES = {"tensor_parallel_size": "tp_size"}
 HICACHE_PAGE_SIZE = 16  # page size --enable-hierarchical-cache raises page_size 1 to
 # tool-call formats (srt/parsers): auto picks from the chat template; qwen25/qwen3 are hermes
-TOOL_CALL_PARSERS = ("auto", "hermes", "qwen25", "qwen3", "llama3", "generic", "none")
+TOOL_CALL_PARSERS = (
+    "auto",
+    "hermes",
+    "qwen25",
+    "qwen3",
+    "qwen3_coder",
+    "llama3",
+    "pythonic",
+    "mistral",
+    "mistral_v11",
+    "generic",
+    "none",
+)
 REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
 # fields whose "auto" names a behaviour kept at run time, not a placeholder resolve() fills:
 # load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
