@@ -14,6 +14,7 @@ rejecting the schema.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -40,6 +41,7 @@ from radixlm.grammar.schema_checks import (
     optional_property_counts,
     unsatisfiable_reason,
 )
+from radixlm.grammar.schema_keywords import unenforced_keywords
 from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.structural_tag import (
     parse_structural_tag,
@@ -349,9 +351,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        version_tag = (
-            f"v={llguidance.__version__},rw=4"  # rw: rewrites (one_of, closed objects, %json ws)
-        )
+        version_tag = f"v={llguidance.__version__},rw=5"  # rw: rewrites (one_of, closed objects, %json ws, false)
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
@@ -409,7 +409,12 @@ class LLGuidanceBackend(GrammarBackend):
                 f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
                 "supported (mark some as required)",
             )
-        return self._build(spec, self.grammar_text(spec))
+        grammar = self._build(spec, self.grammar_text(spec))
+        if spec.kind == "json_schema":
+            engine = "llguidance-lenient" if self.lenient else "llguidance"
+            rewritten = json.loads(rewrite_schema(str(spec.value)))
+            grammar.unenforced = unenforced_keywords(rewritten, engine, schemas[0])
+        return grammar
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:
         if backend_name != self.name:
