@@ -108,6 +108,8 @@ def compile_error(kind: str, message: str) -> GrammarCompileError:
     return GrammarCompileError(kind, message)
 
 
+# llguidance's error for an allOf whose intersection nests past its stack bound (128 levels)
+_INTERSECTION_DEPTH = "intersection stack level exceeded"
 # tokens consumed at compile time to meet "too complex" before requests do
 
 
@@ -370,8 +372,10 @@ class LLGuidanceBackend(GrammarBackend):
                 self._tokenizer = build_lltokenizer(self.vocab)
             return self._tokenizer
 
-    def grammar_text(self, spec: GrammarSpec) -> str:
-        """The llguidance grammar for ``spec``; raises ``GrammarCompileError``."""
+    def grammar_text(self, spec: GrammarSpec, intersect_objects: bool = False) -> str:
+        """The llguidance grammar for ``spec``; raises ``GrammarCompileError``. With
+        ``intersect_objects``, ``allOf``s of object schemas are merged first
+        (``schema_forbid.intersect_all_of``)."""
         try:
             if spec.kind == "ebnf":
                 lark = bound_json_whitespace(str(spec.value), self.whitespace_pattern)
@@ -386,7 +390,7 @@ class LLGuidanceBackend(GrammarBackend):
             if spec.kind == "json_object":
                 schema = ANY_JSON_OBJECT_SCHEMA
             else:
-                schema = rewrite_schema(str(spec.value))
+                schema = rewrite_schema(str(spec.value), intersect_objects=intersect_objects)
             options = {
                 "whitespace_pattern": self.whitespace_pattern,
                 "coerce_one_of": True,
@@ -409,7 +413,13 @@ class LLGuidanceBackend(GrammarBackend):
                 f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
                 "supported (mark some as required)",
             )
-        grammar = self._build(spec, self.grammar_text(spec))
+        try:
+            grammar = self._build(spec, self.grammar_text(spec))
+        except GrammarCompileError as error:
+            if spec.kind != "json_schema" or _INTERSECTION_DEPTH not in error.reason:
+                raise
+            # llguidance intersects allOf branches recursively: merge the objects here
+            grammar = self._build(spec, self.grammar_text(spec, intersect_objects=True))
         if spec.kind == "json_schema":
             engine = "llguidance-lenient" if self.lenient else "llguidance"
             rewritten = json.loads(rewrite_schema(str(spec.value)))

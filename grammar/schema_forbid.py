@@ -24,6 +24,8 @@ runs them before its own rewrites.
   says anything about extra properties). ``allOf: [{"$ref": R}, S]`` is read as R beside S.
   The merged schema is a new definition (one per distinct R and siblings) that still refers
   to R, so the recursion is kept.
+* ``intersect_all_of`` (only where llguidance gives up: its intersection depth): an ``allOf``
+  of plain object schemas becomes one object schema, level by level.
 
 Walks are iterative over schema positions only (never into ``const`` / ``enum`` data).
 """
@@ -344,7 +346,7 @@ def inline_recursive_ref_siblings(schema: Any) -> bool:
             merged = _merged(target, form[1]) if ok and isinstance(target, dict) else None
             if merged is None:
                 continue
-            name = _fresh_name(holder, len(made))
+            name = _fresh_name(holder, len(holder))
             holder[name] = merged = copy.deepcopy(merged)
             made[key] = f"#/$defs/{name}"
             pending.extend(_nodes(merged))  # its copies of the sibling forms point here too
@@ -357,7 +359,98 @@ def inline_recursive_ref_siblings(schema: Any) -> bool:
 
 
 def _fresh_name(holder: dict, index: int) -> str:
-    name = f"radixlm-merged-{index}"
+    name = f"radixlm-{index}"
     while name in holder:
         name += "_"
     return name
+
+
+# ---------------------------------------------------------------------- allOf of objects
+_PLAIN_OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
+_MAX_INTERSECTIONS = 4096  # intersection definitions per schema
+_MAX_REF_HOPS = 32
+
+
+def _plain_object(root: dict, branch: Any) -> dict | None:
+    """``branch`` (through plain ``$ref`` chains) when it is an object schema of
+    ``properties`` / ``required`` / ``additionalProperties`` only, else None."""
+    for _ in range(_MAX_REF_HOPS):
+        if not (isinstance(branch, dict) and set(branch) - _ANNOTATIONS == {"$ref"}):
+            break
+        ok, branch = resolve_pointer(root, branch["$ref"], {})
+        if not ok:
+            return None
+    if not isinstance(branch, dict) or set(branch) - _ANNOTATIONS - _PLAIN_OBJECT_KEYS:
+        return None
+    if _types(branch) not in (None, ["object"]) or not isinstance(
+        branch.get("properties", {}), dict
+    ):
+        return None
+    return branch
+
+
+def _all_of(schemas: list[Any]) -> Any:
+    """The intersection of ``schemas`` as one schema (an ``allOf`` only when needed)."""
+    kept: list[Any] = []
+    for schema in schemas:
+        if schema is False:
+            return False
+        if not _is_empty(schema) and schema not in kept:
+            kept.append(schema)
+    if not kept:
+        return {}
+    return kept[0] if len(kept) == 1 else {"allOf": kept}
+
+
+def _intersect_objects(parts: list[dict]) -> dict:
+    names = list(dict.fromkeys(n for p in parts for n in p.get("properties", {})))
+    properties = {
+        name: _all_of(
+            [p.get("properties", {}).get(name, p.get("additionalProperties", True)) for p in parts]
+        )
+        for name in names
+    }
+    required = list(dict.fromkeys(n for p in parts for n in p.get("required", [])))
+    out: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        out["required"] = required
+    extra = [p["additionalProperties"] for p in parts if "additionalProperties" in p]
+    if extra:
+        out["additionalProperties"] = _all_of(extra)
+    return out
+
+
+def intersect_all_of(schema: Any) -> bool:
+    """Every ``allOf`` (nothing beside it) of plain object schemas, directly or through
+    ``$ref``s, becomes one object schema (a new definition, one per distinct ``allOf``):
+    properties on several sides get the ``allOf`` of their schemas, which is rewritten the same
+    way. llguidance intersects such ``allOf``s recursively through every level of nesting
+    ("Schema intersection stack level exceeded" past 128 levels: two chains of 40 nested
+    definitions); here a worklist does it, one level per definition."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("$defs", {}), dict):
+        return False
+    holder = schema.get("$defs", {})
+    made: dict[str, str] = {}  # the allOf list as JSON -> its definition's pointer
+    pending = _nodes(schema)
+    while pending:
+        node = pending.pop()
+        branches = node.get("allOf")
+        if not isinstance(branches, list) or len(branches) < 2:
+            continue
+        if set(node) - _ANNOTATIONS - _HOLDERS - {"allOf"}:
+            continue
+        key = json.dumps(branches, sort_keys=True)
+        if key not in made:
+            parts = [_plain_object(schema, branch) for branch in branches]
+            if len(made) >= _MAX_INTERSECTIONS or any(p is None for p in parts):
+                continue
+            merged = _intersect_objects(parts)  # type: ignore[arg-type]
+            name = _fresh_name(holder, len(holder))
+            holder[name] = merged
+            made[key] = f"#/$defs/{name}"
+            pending.extend(_nodes(merged))
+        del node["allOf"]
+        node["$ref"] = made[key]
+    if made and "$defs" not in schema:
+        schema["$defs"] = holder
+    return bool(made)

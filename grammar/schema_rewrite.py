@@ -38,13 +38,17 @@ from radixlm.grammar.schema_forbid import (
     drop_unknown_formats,
     forbid_unsatisfiable,
     inline_recursive_ref_siblings,
+    intersect_all_of,
 )
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 
 
-def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
-    """``schema_text`` with ``tighten_one_of`` and (if ``strict_objects``) ``close_objects``
+def rewrite_schema(
+    schema_text: str, strict_objects: bool = True, intersect_objects: bool = False
+) -> str:
+    """``schema_text`` with the ``schema_forbid`` rewrites, ``tighten_one_of``, (if
+    ``strict_objects``) ``close_objects`` and (if ``intersect_objects``) ``intersect_all_of``
     applied; unchanged text when nothing applies or the text is not JSON."""
     try:
         schema = json.loads(schema_text)
@@ -55,6 +59,8 @@ def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
     changed = anchors_as_pointers(schema)  # first: the walks below follow pointers only
     changed |= drop_unknown_formats(schema)
     changed |= inline_recursive_ref_siblings(schema)
+    if intersect_objects:
+        changed |= intersect_all_of(schema)
     changed |= forbid_unsatisfiable(schema)
     changed |= _visit(schema)
     if strict_objects:
