@@ -160,12 +160,32 @@ def _complement_type(node: dict) -> bool:
     return True
 
 
+def _may_be_never(node: dict) -> bool:
+    """Whether ``node`` holds what ``_never`` looks for (a ``false`` subschema, ``not``, an
+    empty ``enum`` / ``type``)."""
+    if "not" in node or node.get("enum") == [] or node.get("type") == []:
+        return True
+    return any(
+        value is False for key, value in node.items() if key != "additionalProperties"
+    ) or any(
+        isinstance(node.get(key), (list, dict)) and False in _values(node[key])
+        for key in (*_LISTS, *_MAPS)
+    )
+
+
+def _values(container: list | dict) -> list:
+    return list(container.values()) if isinstance(container, dict) else container
+
+
 def forbid_unsatisfiable(schema: Any) -> bool:
     if not isinstance(schema, dict):
         return False
     changed = False
-    for node in _nodes(schema):
+    nodes = _nodes(schema)
+    for node in nodes:
         changed |= _complement_type(node)
+    if not changed and not any(_may_be_never(node) for node in nodes):
+        return False  # the usual case: one walk
     for _ in range(_MAX_PASSES):
         replaced = False
         for container, key, value in list(_slots(schema)):
@@ -327,9 +347,11 @@ def _sibling_form(node: dict) -> tuple[str, dict] | None:
 def inline_recursive_ref_siblings(schema: Any) -> bool:
     if not isinstance(schema, dict):
         return False
-    cyclic = _recursive_targets(schema)
     holder = schema.get("$defs", {})
-    if not cyclic or not isinstance(holder, dict):
+    if not isinstance(holder, dict) or not any(_sibling_form(n) for n in _nodes(schema)):
+        return False  # the usual case: one walk
+    cyclic = _recursive_targets(schema)
+    if not cyclic:
         return False
     made: dict[str, str] = {}  # (ref, siblings) as JSON -> the merged definition's pointer
     pending = _nodes(schema)
