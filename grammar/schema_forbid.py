@@ -61,7 +61,16 @@ _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _TYPES = ("null", "boolean", "object", "array", "number", "string")
 _MAX_MERGED = 64  # merged definitions per schema (each a copy of its target)
-_MAX_PASSES = 64  # each pass is linear; chains of false references need one pass per link
+_MAX_MERGED_NODES = 20_000  # schema objects copied into them, all together
+_DERIVED = frozenset({"$ref", "allOf", "anyOf", "oneOf", "required"})
+_MAX_PASSES = 8  # each pass is linear; a chain of false references needs one pass per link
+
+
+_KIND = {
+    **dict.fromkeys(_SINGLE, "single"),
+    **dict.fromkeys(_LISTS, "list"),
+    **dict.fromkeys(_MAPS, "map"),
+}
 
 
 def _slots(schema: Any) -> Iterator[tuple[Any, Any, Any]]:
@@ -71,21 +80,19 @@ def _slots(schema: Any) -> Iterator[tuple[Any, Any, Any]]:
         node = stack.pop()
         if not isinstance(node, dict):
             continue
-        for key in _SINGLE:
-            value = node.get(key)
-            if isinstance(value, (dict, bool)):
+        for key, value in node.items():
+            kind = _KIND.get(key)
+            if kind is None:
+                continue
+            if isinstance(value, (dict, bool)) and kind == "single":
                 yield node, key, value
                 stack.append(value)
-        for key in _LISTS:
-            value = node.get(key)
-            if isinstance(value, list):
+            elif isinstance(value, list) and kind == "list":
                 for i, item in enumerate(value):
                     if isinstance(item, (dict, bool)):
                         yield value, i, item
                         stack.append(item)
-        for key in _MAPS:
-            value = node.get(key)
-            if isinstance(value, dict):
+            elif isinstance(value, dict) and kind == "map":
                 for name, item in value.items():
                     if isinstance(item, (dict, bool)):
                         yield value, name, item
@@ -112,8 +119,9 @@ def _types(node: dict) -> list[str] | None:
     return None
 
 
-def _never(root: Any, node: Any) -> bool:
-    """Whether no value satisfies ``node`` (after its subschemas were normalized)."""
+def _never(root: Any, node: Any, false_refs: dict[str, bool]) -> bool:
+    """Whether no value satisfies ``node`` (after its subschemas were normalized);
+    ``false_refs`` memoizes which references point at ``false``."""
     if node is False:
         return True
     if not isinstance(node, dict):
@@ -129,8 +137,11 @@ def _never(root: Any, node: Any) -> bool:
         if isinstance(branches, list) and branches and all(b is False for b in branches):
             return True
     ref = node.get("$ref")
-    if isinstance(ref, str) and resolve_pointer(root, ref, {}) == (True, False):
-        return True
+    if isinstance(ref, str):
+        if ref not in false_refs:
+            false_refs[ref] = resolve_pointer(root, ref, {}) == (True, False)
+        if false_refs[ref]:
+            return True
     if _types(node) == ["object"] and isinstance(node.get("required"), list):
         properties = node.get("properties")
         properties = properties if isinstance(properties, dict) else {}
@@ -186,15 +197,18 @@ def forbid_unsatisfiable(schema: Any) -> bool:
         changed |= _complement_type(node)
     if not changed and not any(_may_be_never(node) for node in nodes):
         return False  # the usual case: one walk
-    for _ in range(_MAX_PASSES):
+    slots = [slot for slot in _slots(schema) if isinstance(slot[2], dict)]
+    for _ in range(_MAX_PASSES):  # later passes: only what a false subschema can make false
         replaced = False
-        for container, key, value in list(_slots(schema)):
-            if value is not False and _never(schema, value):
+        false_refs: dict[str, bool] = {}
+        for container, key, value in slots:
+            if container[key] is value and _never(schema, value, false_refs):
                 container[key] = False
                 replaced = True
         changed |= replaced
         if not replaced:
             break
+        slots = [slot for slot in slots if _DERIVED.intersection(slot[2])]
     for node in _nodes(schema):
         for key in ("anyOf", "oneOf"):
             branches = node.get(key)
@@ -354,6 +368,7 @@ def inline_recursive_ref_siblings(schema: Any) -> bool:
     if not cyclic:
         return False
     made: dict[str, str] = {}  # (ref, siblings) as JSON -> the merged definition's pointer
+    copied_nodes = 0
     pending = _nodes(schema)
     while pending:
         node = pending.pop()
@@ -368,6 +383,10 @@ def inline_recursive_ref_siblings(schema: Any) -> bool:
             merged = _merged(target, form[1]) if ok and isinstance(target, dict) else None
             if merged is None:
                 continue
+            copied = _nodes(merged)
+            if copied_nodes + len(copied) > _MAX_MERGED_NODES:
+                continue  # a large target copied many times: leave the rest to the engines
+            copied_nodes += len(copied)
             name = _fresh_name(holder, len(holder))
             holder[name] = merged = copy.deepcopy(merged)
             made[key] = f"#/$defs/{name}"
@@ -389,7 +408,7 @@ def _fresh_name(holder: dict, index: int) -> str:
 
 # ---------------------------------------------------------------------- allOf of objects
 _PLAIN_OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
-_MAX_INTERSECTIONS = 4096  # intersection definitions per schema
+_MAX_INTERSECTIONS = 1024  # intersection definitions per schema
 _MAX_REF_HOPS = 32
 
 
