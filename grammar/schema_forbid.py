@@ -66,7 +66,7 @@ _DERIVED = frozenset({"$ref", "allOf", "anyOf", "oneOf", "required"})
 _MAX_PASSES = 8  # each pass is linear; a chain of false references needs one pass per link
 
 
-_KIND = {
+_KIND = {  # "items" is a schema or (before 2020-12) a list of them
     **dict.fromkeys(_SINGLE, "single"),
     **dict.fromkeys(_LISTS, "list"),
     **dict.fromkeys(_MAPS, "map"),
@@ -84,7 +84,7 @@ def _slots(schema: Any) -> Iterator[tuple[Any, Any, Any]]:
             kind = _KIND.get(key)
             if kind is None:
                 continue
-            if isinstance(value, (dict, bool)) and kind == "single":
+            if isinstance(value, (dict, bool)) and (kind == "single" or key == "items"):
                 yield node, key, value
                 stack.append(value)
             elif isinstance(value, list) and kind == "list":

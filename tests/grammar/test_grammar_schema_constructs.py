@@ -133,6 +133,11 @@ def test_no_engine_admits_a_forbidden_value(vocab, backends, name, construct, go
             '{"name": "a", "child": {}}',
         ),
         ("rec_sibling_mutual", '{"b": {"a": {"x": 1}}}', '{"b": {"a": {}}}'),
+        (  # sourcemap-v3's shape: llguidance refused it, outlines-core wrote `[{}{"offset"`
+            "rec_allof_in_items",
+            '{"sections": [{"url": "a", "offset": 1}]}',
+            '{"sections": [{"url": "a"}]}',
+        ),
         ("allof_two_chains_40", '{"next": {"y": 2}, "y": 1}', '{"next": {"x": 2}, "y": 1}'),
     ],
 )

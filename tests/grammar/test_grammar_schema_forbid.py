@@ -166,3 +166,10 @@ def test_rewrite_schema_keeps_unaffected_schemas_byte_for_byte():
     assert rewritten["properties"] == {"a": {"type": "string", "format": "date"}}
     plain = json.dumps({"type": "array", "items": {"type": "integer"}})
     assert rewrite_schema(plain) == plain
+
+
+@pytest.mark.parametrize("items", [{"not": {}}, [{"not": {}}]])
+def test_items_in_both_forms_are_walked(items):
+    schema = {"type": "array", "items": items}
+    assert forbid_unsatisfiable(schema)
+    assert schema["items"] in (False, [False])
