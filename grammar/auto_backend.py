@@ -67,10 +67,14 @@ _OUTLINES_IGNORED_KEYWORDS = frozenset(
 # date/time formats are checked loosely (no calendar, no offset), and the email, uri and time
 # regexes admit a raw quote, backslash or control character inside the JSON string (the output
 # is then not JSON: `{"u": "urn:a:b",,x"}`)
-_OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems"})
+# ("not" is rewritten before compiling, to false or a type list outlines-core is slow on)
+_OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems", "not"})
 _OUTLINES_LOOSE_FORMATS = frozenset({"date", "time", "date-time", "email", "uri"})
 _REF_SIBLINGS_OK = frozenset(
     {"$defs", "definitions", "title", "description", "$comment", "default", "examples"}
+)
+_CONTAINER_KEYWORDS = frozenset(
+    {"properties", "additionalProperties", "patternProperties", "items", "prefixItems"}
 )
 _UNESCAPED_NAME = re.compile(r'["\\\x00-\x1f]')
 
@@ -99,6 +103,15 @@ def _outlines_misreads(node: dict) -> bool:
         return True
     if not set(node) - _REF_SIBLINGS_OK - {"$schema", "$id", "id"}:
         return True  # {} (any value): its alternatives lose their grouping (`{"k": 1}` -> `{1}`)
+    types = node.get("type")
+    if (
+        isinstance(types, list)
+        and {"object", "array"} & set(types)
+        and not _CONTAINER_KEYWORDS.intersection(node)
+    ):
+        # any object / array among other types (`not: {"type": "null"}` rewritten):
+        # outlines-core unrolls generic JSON to a fixed depth, seconds as for json_object
+        return True
     return node.get("format") in _OUTLINES_LOOSE_FORMATS
 
 

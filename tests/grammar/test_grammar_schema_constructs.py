@@ -104,6 +104,11 @@ FORBIDDEN = [
     ("not_type_null", '{"v": 1}', '{"v": null}'),
     ("not_type_list", '{"v": "s"}', '{"v": 1}'),
     ("oversized_regex_not_empty", '{"field_1": "a"}', '{"field_1": "a", "gone": 1}'),
+    (
+        "oversized_regex_enum",
+        '{"code": "value-00001-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}',
+        '{"code": "value-00001-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "old": 1}',
+    ),
 ]
 
 
