@@ -1,4 +1,5 @@
-"""Our Llama / Qwen2 / Qwen3 implementations give transformers' logits on the same checkpoint."""
+"""Our implementations (Llama, Qwen2/3, and the MoE families Qwen2/3-MoE, Mixtral, OLMoE) give
+transformers' logits on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -100,10 +101,13 @@ def test_wrong_shape_is_reported(tmp_path):
 
 
 def test_unknown_architecture_lists_supported():
-    with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
-    ):
+    with pytest.raises(ValueError) as e:
         get_model_class("GPT2LMHeadModel")
+    message = str(e.value)
+    assert "'GPT2LMHeadModel' is not supported" in message
+    names = ["LlamaForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2ForCausalLM"]
+    names += ["Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+    assert all(name in message for name in names)
 
 
 def test_unknown_rope_type_is_rejected(tmp_path):
