@@ -135,4 +135,8 @@ class MoEForCausalLM(LlamaForCausalLM):
             "ep_size": self.tp.ep_size,
             "layers": [i for i, _ in blocks],
             "tokens_per_expert": table,  # [sparse layer][expert], cumulative
+            # the busiest expert's tokens over the mean (1.0: even; 0 before any token)
+            "imbalance": [
+                round(max(row) * len(row) / sum(row), 4) if sum(row) else 0.0 for row in table
+            ],
         }
