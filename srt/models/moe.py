@@ -19,6 +19,10 @@ activations are not replicated (data-parallel attention), which this runtime doe
 
 **Expert load.** Each block counts the tokens routed to each expert (cumulative, on the device,
 rows of CUDA-graph padding left out); ``expert_load`` on the model reads the table.
+
+**Kernels.** On CUDA the experts run in the fused Triton kernel (``kernels/fused_moe.py``: tokens
+sorted by expert, one grouped GEMM per projection, silu*mul fused); elsewhere in the torch path
+of ``kernels/moe.py`` (tokens grouped by expert, one matmul pair per expert that has tokens).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import fused_moe
 from radixlm.kernels.moe import grouped_experts
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import copy_checked, silu_and_mul
@@ -224,9 +229,8 @@ class FusedExperts(nn.Module):
     ) -> torch.Tensor:
         """This rank's partial sum ``[T, hidden]`` (global ``topk_ids``)."""
         local_ids = self.shard.local_ids(topk_ids)
-        return grouped_experts(
-            x, self.gate_up_proj.weight, self.down_proj.weight, local_ids, topk_weights
-        )
+        run = fused_moe.fused_experts if fused_moe.available(x) else grouped_experts
+        return run(x, self.gate_up_proj.weight, self.down_proj.weight, local_ids, topk_weights)
 
 
 class SharedExpert(nn.Module):
