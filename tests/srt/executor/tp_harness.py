@@ -48,6 +48,8 @@ def make_config(model_dir: Path, tp_size: int, port: int, **options: Any):
     }
     if tp_size > 1:
         options.update(tp_size=tp_size, dist_init_addr=f"127.0.0.1:{port}")
+    else:  # the single-rank reference: no expert parallelism either
+        options.pop("ep_size", None)
     return config_from_kwargs(model_path=str(model_dir), **options)
 
 
