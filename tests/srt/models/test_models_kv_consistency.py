@@ -18,7 +18,8 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm"])
+# the MoE one: routed and shared experts give the same rows however the tokens are batched
+@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm", "qwen2_moe_shared"])
 def model(request, tmp_path_factory):
     folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     return load_model(folder, torch.float32, "cpu")
