@@ -36,19 +36,19 @@ def grouped_experts(
     flat = torch.where(flat < 0, num_experts, flat)  # elsewhere: sorted after every local expert
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts].tolist()
-    rows = order // k  # the token of each sorted choice
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    weights = topk_weights.reshape(-1).float()[order]
+    rows = x.index_select(0, order // k)  # each sorted choice's token row
+    sorted_out = torch.zeros(flat.numel(), x.shape[1], dtype=torch.float32, device=x.device)
     start = 0
     for expert, n in enumerate(counts):
         if n == 0:
             continue
-        tokens = rows[start : start + n]
-        gate, up = F.linear(x[tokens], gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[expert])
-        out.index_add_(0, tokens, y.float() * weights[start : start + n, None])
+        gate, up = F.linear(rows[start : start + n], gate_up[expert]).chunk(2, dim=-1)
+        sorted_out[start : start + n] = F.linear(F.silu(gate) * up, down[expert])
         start += n
-    return out.to(x.dtype)
+    # back to choice order (a gather: CPU index_add_ is far slower), weighted, summed per token
+    per_choice = sorted_out.index_select(0, torch.argsort(order))
+    weighted = per_choice.view(num_tokens, k, x.shape[1]) * topk_weights.float().unsqueeze(-1)
+    return weighted.sum(1).to(x.dtype)
 
 
 def dense_experts_reference(

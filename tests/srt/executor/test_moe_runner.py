@@ -6,9 +6,16 @@ to the routed tokens."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import tp_harness
+
+# the tiny checkpoints of the model tests (tests/ has no packages)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_checkpoints import MOE_CHECKPOINTS, hf_config, random_hf_model  # noqa: E402
 
 NUM_TOKENS = 32
 # float32 on a CPU: two ranks add partial sums in another order (rounding only)
@@ -16,26 +23,10 @@ LOGIT_TOL = 1e-4
 
 
 def _write(name: str, folder, tokenizer):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from tiny_checkpoints import hf_config, random_hf_model
-
     config = hf_config(name, vocab_size=len(tokenizer), max_position_embeddings=512)
     random_hf_model(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-def _moe_names() -> list[str]:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from tiny_checkpoints import MOE_CHECKPOINTS
-
-    return MOE_CHECKPOINTS
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +50,7 @@ def _hf_greedy(folder, prompt: list[int]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _moe_names())
+@pytest.mark.parametrize("name", MOE_CHECKPOINTS)
 def test_greedy_ids_equal_transformers(name, tmp_path, tokenizer):
     from radixlm.srt.executor.model_runner import ModelRunner
     from radixlm.srt.scheduler import Scheduler
@@ -102,6 +93,17 @@ def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
     for r in results:
         assert "error" not in r, r["error"]
         assert r["exitcode"] == 0, r
+    shards = [r["expert_shard"] for r in results]
+    if ep_size == 2:  # whole experts: 0-3 on rank 0, 4-7 on rank 1
+        assert [(s.expert_start, s.num_local, s.inter_len) for s in shards] == [
+            (0, 4, 32),
+            (4, 4, 32),
+        ]
+    else:  # every expert on both ranks, half its features each
+        assert [(s.num_local, s.inter_start, s.inter_len) for s in shards] == [
+            (8, 0, 16),
+            (8, 16, 16),
+        ]
     (outputs, steps, _), (ref_outputs, ref_steps, _) = results[0]["tp"], results[0]["ref"]
     assert len(steps) == len(ref_steps)
     for i, (got, ref) in enumerate(zip(steps, ref_steps, strict=True)):

@@ -115,6 +115,8 @@ def _rank_main(rank: int, model_dir: str, tp_size: int, port: int, out_dir: str,
         result["threads"] = torch.get_num_threads()
         result["kv_heads"] = runner.heads.num_kv_heads
         result["max_total_tokens"] = runner.max_total_tokens
+        blocks = getattr(runner.model, "sparse_blocks", list)()  # MoE models: the expert split
+        result["expert_shard"] = blocks[0][1].experts.shard if blocks else None
         if rank == 0:
             result["tp"] = run_workload(Scheduler(cfg, runner))
             runner.stop_followers()
