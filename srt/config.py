@@ -210,6 +210,11 @@ class ServerConfig:
     tp_size: int = _opt(
         1, "tensor-parallel ranks (one process per rank; alias --tensor-parallel-size)"
     )
+    ep_size: int = _opt(
+        1,
+        "MoE models: split the experts over this many groups of the tensor-parallel ranks "
+        "(whole experts per group; must divide --tp-size); 1: every rank holds a slice of each",
+    )
     nnodes: int = _opt(1, "machines the tensor-parallel ranks span")
     node_rank: int = _opt(0, "this machine's index among --nnodes")
     dist_init_addr: str | None = _opt(
@@ -449,6 +454,11 @@ def _validate_parallel(cfg: ServerConfig) -> None:
         )
     if cfg.tp_size % cfg.nnodes:
         raise ValueError(f"tp_size ({cfg.tp_size}) must be a multiple of nnodes ({cfg.nnodes})")
+    if cfg.ep_size < 1 or cfg.tp_size % cfg.ep_size:
+        raise ValueError(
+            f"ep_size ({cfg.ep_size}) must be >= 1 and divide tp_size ({cfg.tp_size}): expert "
+            "parallelism splits the tensor-parallel ranks"
+        )
     if cfg.nnodes > 1 and not cfg.dist_init_addr:
         raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
     if not (cfg.dist_timeout_s > 0 and math.isfinite(cfg.dist_timeout_s)):

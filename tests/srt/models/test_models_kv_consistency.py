@@ -18,6 +18,7 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+# the MoE one: routed and shared experts give the same rows however the tokens are batched;
 # the sliding-window checkpoints' windows (6 keys) are shorter than the cached prefixes here
 @pytest.fixture(
     scope="module",
@@ -27,6 +28,7 @@ def tokens(n: int, seed: int) -> list[int]:
         "mistral_window",
         "gemma2_softcap",
         "gemma3_local_global",
+        "qwen2_moe_shared",
     ],
 )
 def model(request, tmp_path_factory):

@@ -1,4 +1,5 @@
-"""Our Llama / Qwen2 / Qwen3 / Mistral / Phi-3 / Gemma 2 / Gemma 3 implementations give transformers' logits on the same checkpoint."""
+"""Our implementations (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, and the MoE families
+Qwen2/3-MoE, Mixtral, OLMoE) give transformers' logits on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -123,6 +124,10 @@ def test_unknown_architecture_lists_supported():
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
+        "MixtralForCausalLM",
+        "OlmoeForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
     } <= set(named)
 
 

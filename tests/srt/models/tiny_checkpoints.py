@@ -1,4 +1,6 @@
-"""Tiny randomly initialised Hugging Face checkpoints (2 layers, hidden 64) for model tests."""
+"""Tiny randomly initialised Hugging Face checkpoints (2 layers, hidden 64) for model tests;
+the Mixture-of-Experts ones have 3-4 layers, 8 experts with top-2 routing (GQA: 4 query heads,
+2 KV heads), a shared expert in Qwen2-MoE, and dense layers where the config mixes them."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ GEMMA = dict(  # softcaps small enough to bite on a random model; head_dim != hi
     final_logit_softcapping=2.0,
     pad_token_id=0,
 )
+MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+LAYERS_3, LAYERS_4 = {"num_hidden_layers": 3}, {"num_hidden_layers": 4}
 
 # name -> (config class name, extra config fields, save_pretrained max_shard_size or None)
 CHECKPOINTS = {
@@ -83,7 +87,34 @@ CHECKPOINTS = {
         },
         None,
     ),
+    # Mixture of Experts: 8 experts, top-2
+    "qwen3_moe_mixed": (  # layer 1 dense (mlp_only_layers), softmax top-2 renormalised
+        "Qwen3MoeConfig",
+        {**MOE, "head_dim": 16, "norm_topk_prob": True, "mlp_only_layers": [1], **LAYERS_4},
+        None,
+    ),
+    "qwen3_moe_sparse_step": (  # every second layer sparse, weights not renormalised
+        "Qwen3MoeConfig",
+        {**MOE, "head_dim": 16, "decoder_sparse_step": 2, "norm_topk_prob": False, **LAYERS_4},
+        None,
+    ),
+    "qwen2_moe_shared": (  # a shared expert with its sigmoid gate
+        "Qwen2MoeConfig",
+        {**MOE, "shared_expert_intermediate_size": 48, "num_hidden_layers": 3},
+        "60KB",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, **LAYERS_3},
+        None,
+    ),
+    "olmoe_clip_qkv": (  # q/k normalised over their whole width, then clipped
+        "OlmoeConfig",
+        {**MOE, "intermediate_size": 32, "clip_qkv": 1.5, "num_hidden_layers": 3},
+        None,
+    ),
 }
+MOE_CHECKPOINTS = sorted(name for name in CHECKPOINTS if "moe" in name or name == "mixtral")
 
 
 def hf_config(name: str, **overrides):
