@@ -7,9 +7,9 @@ from torch import nn
 from radixlm.srt.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from radixlm.srt.models.llama import LlamaForCausalLM
 from radixlm.srt.models.mistral import MistralForCausalLM
-from radixlm.srt.models.phi3 import Phi3ForCausalLM
 from radixlm.srt.models.mixtral import MixtralForCausalLM
 from radixlm.srt.models.olmoe import OlmoeForCausalLM
+from radixlm.srt.models.phi3 import Phi3ForCausalLM
 from radixlm.srt.models.qwen2 import Qwen2ForCausalLM
 from radixlm.srt.models.qwen2_moe import Qwen2MoeForCausalLM
 from radixlm.srt.models.qwen3 import Qwen3ForCausalLM
