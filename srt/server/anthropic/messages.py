@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -31,6 +31,7 @@ from radixlm.srt.server.anthropic.messages_input import (
     CountTokensRequest,
     MessagesRequest,
     chat_request,
+    precheck,
 )
 from radixlm.srt.server.chat.plan import chat_plan, finish_reason, name_grammar_error
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
@@ -97,6 +98,10 @@ def _messages_fields(e: GenerateError) -> GenerateError:
     return e
 
 
+def _precheck(request: Request) -> Callable[[dict[str, Any]], None]:
+    return lambda data: precheck(data, get_tm(request).context_length)
+
+
 async def _plan(request: Request, req: CountTokensRequest):
     state = request.app.state
     check_model(req.model, state.accepted_model_names, state.served_model_name)
@@ -125,7 +130,7 @@ def _message_body(
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest), responses=STREAM_RESPONSE)
 async def messages(request: Request) -> Response:
-    req = await parse_body(request, MessagesRequest)
+    req = await parse_body(request, MessagesRequest, None, _precheck(request))
     tm, chat, plan = await _plan(request, req)
     try:
         prepared = await tm.prepare_all(plan.inputs)
@@ -175,7 +180,7 @@ async def messages(request: Request) -> Response:
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as the Messages route would send it (template, tools, system)."""
-    req = await parse_body(request, CountTokensRequest)
+    req = await parse_body(request, CountTokensRequest, None, _precheck(request))
     tm, _, plan = await _plan(request, req)
     (prepared,) = await tm.prepare_all(plan.inputs)
     return json_response({"input_tokens": len(prepared.msg.input_ids)})

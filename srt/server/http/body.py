@@ -35,6 +35,17 @@ def check_list_len(value: Any, limit: int, name: str) -> None:
         raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
 
 
+# The most tools one request may offer, in every dialect (OpenAI chat, Responses, Anthropic
+# Messages and count_tokens, /parse_function_call): OpenAI's own limit. Checked on the decoded
+# JSON, before any per-tool work (each tool's schema is checked, ~1 ms each, on the event loop).
+MAX_TOOLS = 128
+
+
+def check_tool_count(tools: Any) -> None:
+    """``tools`` (a body's list, as decoded) holds at most MAX_TOOLS entries; ValueError."""
+    check_list_len(tools, MAX_TOOLS, "tools")
+
+
 def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) -> None:
     """Batches (``text``, ``input_ids`` lists of prompts, ``prompt`` lists) are bounded, and
     so is each token-id prompt (by the context length)."""
