@@ -215,6 +215,11 @@ class ServerConfig:
     admin_api_key: str | None = _opt(
         None, "bearer key for admin routes (/flush_cache, abort_all); default: --api-key"
     )
+    max_sessions_per_caller: int = _opt(
+        256,
+        "most sessions one caller keeps open, of the server's 1,024 (a caller: an API key; "
+        "without keys every client is one anonymous caller, not limited)",
+    )
     max_request_body_mb: float = _opt(32.0, "largest request body in MiB (larger: 413)")
     default_max_tokens: int = _opt(
         1024, "max_tokens of chat completions that give none (capped by the context left)"
@@ -293,6 +298,8 @@ def validate(cfg: ServerConfig) -> None:
         )
     if cfg.page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
+    if cfg.max_sessions_per_caller < 1:
+        raise ValueError(f"max_sessions_per_caller must be >= 1, got {cfg.max_sessions_per_caller}")
     if cfg.max_running_requests < 1:
         raise ValueError(f"max_running_requests must be >= 1, got {cfg.max_running_requests}")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < 16:

@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.caller_scope import scoped
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq, RequestObserver
 from radixlm.srt.managers.request_checks import sample_seed
@@ -90,7 +91,12 @@ class TokenizerManager:
         self.endpoints = endpoints
         self.observer = observer
         self.info: dict[str, Any] = {}  # the scheduler's ready_info()
-        self.front = RequestFront(lambda: self.door, self._send, self._send_abort)
+        self.front = RequestFront(
+            lambda: self.door,
+            self._send,
+            self._send_abort,
+            max_sessions_per_caller=cfg.max_sessions_per_caller,
+        )
         self.sessions = self.front.sessions
         self.control_timeout_s = CONTROL_TIMEOUT_S
         self._load_query: asyncio.Task[ControlReply] | None = None
@@ -259,15 +265,18 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ request lifecycle
     def open(
-        self, prepared: list[PreparedReq], probe: DisconnectProbe | None = None
+        self,
+        prepared: list[PreparedReq],
+        probe: DisconnectProbe | None = None,
+        namespace: str = "",
     ) -> RequestGroup:
         """Registers the requests under their client rids (and ``inp.abort_keys``, such as the
-        rid of all ``n`` samples) and sends them. Use the group as a ``with`` block: its end
-        removes every state. Raises GenerateError 400, registering nothing, when one of those
-        rids is already in flight."""
+        rid of all ``n`` samples) in the caller's ``namespace`` (caller_scope.py) and sends
+        them. Use the group as a ``with`` block: its end removes every state. Raises
+        GenerateError 400, registering nothing, when one of those rids is already in flight."""
         self._check_alive()
         event = asyncio.Event()
-        states, keys = self.front.open(prepared, lambda: event)
+        states, keys = self.front.open(prepared, lambda: event, namespace)
         return RequestGroup(self.front, self.output, states, keys, probe, event)
 
     @property
@@ -282,10 +291,10 @@ class TokenizerManager:
         """For tests: no request state and no client rid is left."""
         self.front.assert_no_requests()
 
-    def abort(self, client_rid: str) -> int:
-        """Aborts the running requests registered under ``client_rid`` (exact match); returns
-        how many."""
-        return self.front.abort(client_rid)
+    def abort(self, client_rid: str, namespace: str = "") -> int:
+        """Aborts the running requests registered under ``client_rid`` (exact match) in the
+        caller's ``namespace``; returns how many."""
+        return self.front.abort(scoped(namespace, client_rid))
 
     def abort_all(self) -> None:
         self.front.abort_all()

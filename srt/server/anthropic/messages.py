@@ -35,7 +35,7 @@ from radixlm.srt.server.anthropic.messages_input import (
 )
 from radixlm.srt.server.chat.plan import chat_plan, finish_reason, name_grammar_error
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.http.deps import check_model, get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse, started_updates
@@ -143,7 +143,10 @@ async def messages(request: Request) -> Response:
         for inp in plan.inputs:
             inp.sampling_params = {**(inp.sampling_params or {}), "max_new_tokens": None}
         prepared = await tm.prepare_all(plan.inputs)
-    group = tm.open(prepared, request)
+    user = (req.metadata or {}).get("user_id")
+    group = tm.open(
+        prepared, request, caller_namespace(request, user if isinstance(user, str) else None)
+    )
     message_id = f"msg_{uuid.uuid4().hex}"
     try:  # a grammar that does not compile: a 400 naming the field that asked for it
         if req.stream:

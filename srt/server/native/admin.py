@@ -20,7 +20,7 @@ from radixlm.srt.messages import (
     StopProfileReq,
     UpdateWeightsFromDiskReq,
 )
-from radixlm.srt.server.http.deps import get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, get_tm, json_response
 from radixlm.srt.server.http.errors import (
     check_json_content_type,
     describe_validation_error,
@@ -230,4 +230,5 @@ async def abort_request(request: Request) -> Response:
             400,
             "rid",
         )
-    return json_response({"message": "abort sent", "num_aborted": tm.abort(body.rid)})
+    num = tm.abort(body.rid, caller_namespace(request))  # the caller's own rids only
+    return json_response({"message": "abort sent", "num_aborted": num})

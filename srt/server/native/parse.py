@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.parsers.reasoning import REASONING_PARSERS, ReasoningParser
@@ -33,7 +33,7 @@ from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
 from radixlm.srt.server.chat.request import ToolDef
 from radixlm.srt.server.chat.tool_stream import OfferedCalls
 from radixlm.srt.server.chat.tools import ChatParsing, tool_specs
-from radixlm.srt.server.http.body import StrictBody, check_tool_count
+from radixlm.srt.server.http.body import StrictBody, check_rid, check_tool_count
 from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
@@ -64,6 +64,7 @@ def _precheck(request: Request) -> Callable[[dict[str, Any]], None]:
 class ParseFunctionCallInput(StrictBody):
     model_config = ConfigDict(extra="forbid", strict=True)
     rid: str | None = None  # SGLang's request base; nothing is generated, so nothing to name
+    _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: check_rid(v)))
     text: str
     tools: list[ToolDef] = []
     tool_call_parser: str | None = None
@@ -72,6 +73,7 @@ class ParseFunctionCallInput(StrictBody):
 class SeparateReasoningInput(StrictBody):
     model_config = ConfigDict(extra="forbid", strict=True)
     rid: str | None = None
+    _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: check_rid(v)))
     text: str
     reasoning_parser: str
     return_blocks: bool = False
