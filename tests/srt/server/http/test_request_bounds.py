@@ -92,3 +92,41 @@ def test_score_query_pre_count() -> None:
     assert e.value.param == "items" and "at least" in e.value.message
     assert query_core("a" * 1000) == "a" * (1000 - 2 * 256)
     assert query_core("short") == ""
+
+
+def test_rids_and_session_ids_are_bounded_visible_ascii() -> None:
+    from pydantic import ValidationError
+
+    from radixlm.srt.server.http.body import MAX_RID_CHARS, check_rid, check_session_id
+    from radixlm.srt.server.native.protocol import (
+        AbortRequestInput,
+        GenerateReqInput,
+        GetWeightsByNameInput,
+        OpenSessionInput,
+        SessionParamsInput,
+    )
+
+    assert check_rid("a" * MAX_RID_CHARS) == "a" * MAX_RID_CHARS
+    assert check_rid(["job-1", "job:2/x"]) == ["job-1", "job:2/x"]
+    for bad in ("", "a" * (MAX_RID_CHARS + 1), "has space", "new\nline", "é", ["ok", "x" * 999]):
+        with pytest.raises(ValueError, match="rid must be"):
+            check_rid(bad)
+    check_session_id("s" * 256)
+    with pytest.raises(ValueError, match="session_id must be 1 to 256"):
+        check_session_id("s" * 257)
+    huge = "r" * 262_144
+    cases = [
+        (GenerateReqInput, {"text": "hi", "rid": huge}),
+        (GenerateReqInput, {"text": ["a", "b"], "rid": ["ok", huge]}),
+        (SessionParamsInput, {"id": "s", "rid": huge}),
+        (SessionParamsInput, {"id": huge}),
+        (OpenSessionInput, {"capacity_of_str_len": 10, "session_id": huge}),
+        (AbortRequestInput, {"rid": huge}),
+        (GetWeightsByNameInput, {"name": "w", "truncate_size": 10**30}),
+        (GetWeightsByNameInput, {"name": "w", "truncate_size": 0}),
+        (GetWeightsByNameInput, {"name": "w" * 10_000}),
+    ]
+    for model, data in cases:
+        with pytest.raises(ValidationError):
+            model.model_validate(data)
+    assert AbortRequestInput.model_validate({"rid": ""}).rid == ""  # "": none, as before
