@@ -71,6 +71,15 @@ class HealthProbe:
         if failures.strip() != "[]":
             self.failures.append(failures.strip())
 
+    def check(self, what: str) -> float:
+        """Asserts the server answered /health throughout, never slower than STALL_LIMIT_S;
+        prints the figure (run with -s to read it)."""
+        print(f"\n[stall] {what}: worst /health {self.worst_s:.3f} s ({self.num_probes} probes)")
+        assert not self.failures, self.failures[:3]
+        assert self.num_probes > 0
+        assert self.worst_s <= STALL_LIMIT_S, f"{what}: /health waited {self.worst_s:.2f} s"
+        return self.worst_s
+
 
 def rss_bytes(server: LiveServer) -> int:
     """Resident memory of the HTTP process (the server's main process)."""
