@@ -8,9 +8,9 @@ own: a front gives it ``send`` (how a message reaches the scheduler) and its own
 - ``open`` / ``release``: the rid registry. Every request has a fresh internal rid (what the
   scheduler knows it by); its client rid (or the internal one) and its ``abort_keys`` name it
   for ``abort``, in the namespace of its caller (caller_scope.py: another caller can neither
-  abort it nor hold its rid). A client rid already running in that namespace is refused. Releasing a call's requests (its
-  end, an error, the caller gone) removes every one and aborts the unfinished ones, on every
-  path; their session turns leave their sessions.
+  abort it nor hold its rid). A client rid already running in that namespace is refused.
+  Releasing a call's requests (its end, an error, the caller gone) removes every one and
+  aborts the unfinished ones, on every path; their session turns leave their sessions.
 - ``fold``: detokenizer outputs into each request's RequestResult; a finished turn ends.
 - control calls: a fresh ``req_id`` per message, the waiter its reply goes to, the last answer
   to each read-only query, and :func:`is_busy` (a weight update resent while requests run).

@@ -216,8 +216,8 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None:
             raise bad(
-                f"Invalid request: session id {client_name(session_id)} does not exist (it was never opened, "
-                "was closed, timed out, or was closed for room after "
+                f"Invalid request: session id {client_name(session_id)} does not exist (it was "
+                "never opened, was closed, timed out, or was closed for room after "
                 f"{self.min_idle_evict_s:g} s idle); open a session with /open_session first",
                 param,
             )
@@ -393,7 +393,12 @@ class SessionManager:
         }
 
     def check_integrity(self) -> None:
-        """Token counts add up and every turn's tree links stay inside its session."""
+        """Token counts add up, every turn's tree links stay inside its session and the
+        sessions per caller are counted right."""
+        callers: dict[str, int] = {}
+        for session in self.sessions.values():
+            callers[session.namespace] = callers.get(session.namespace, 0) + 1
+        assert callers == self._num_by_caller, (callers, self._num_by_caller)
         total = 0
         for session in self.sessions.values():
             turns = session.turns
