@@ -284,3 +284,12 @@ def test_a_paused_server_says_so_and_ends_held_requests(tmp_path: Path) -> None:
         s.tm.assert_no_requests()
     finally:
         s.close()
+
+
+def test_every_admin_route_is_served(user_only: FakeStack) -> None:
+    """The list names routes that exist (each admin route's handler checks it is listed:
+    access.require_admin), and each answers a caller without a key with 401."""
+    served = {getattr(r, "path", None) for r in user_only.app.routes}
+    assert {path for path, _ in ADMIN_ROUTES} <= served
+    for path, _ in ADMIN_ROUTES:
+        assert httpx.post(user_only.url + path, json={}).status_code == 401, path
