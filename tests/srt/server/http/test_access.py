@@ -293,3 +293,18 @@ def test_every_admin_route_is_served(user_only: FakeStack) -> None:
         assert httpx.post(user_only.url + path, json={}).status_code == 401, path
         r = httpx.post(user_only.url + path, json={"rid": "x"}, headers=auth(USER), timeout=10)
         assert r.status_code == (403 if is_verb else 200), (path, r.text)
+
+
+def test_get_weights_by_name_bounds_truncate_size(tmp_path: Path) -> None:
+    s = FakeStack(tmp_path)
+    try:
+        url = s.url + "/get_weights_by_name"
+        for size in (10**30, 0, -1):
+            r = httpx.post(url, json={"name": "model.norm.weight", "truncate_size": size})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_size", r.text
+        r = httpx.get(url, params={"name": "model.norm.weight", "truncate_size": str(10**30)})
+        assert r.status_code == 400, r.text
+        s.tm.assert_no_requests()
+        assert not s.tm.front.pending  # no control entry left behind
+    finally:
+        s.close()
