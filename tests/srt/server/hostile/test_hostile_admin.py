@@ -124,7 +124,14 @@ def test_profile_output_stays_in_its_folder(server: LiveServer, tmp_path: Path) 
     assert "no profile is running" in assert_4xx(r)["message"]
 
 
-def test_weight_updates_tell_nothing_about_the_file_system(server: LiveServer) -> None:
+def rss_bytes(server: LiveServer) -> int:
+    """Resident memory of the HTTP process (the launcher: the children are separate)."""
+    assert server.proc is not None
+    status = Path(f"/proc/{server.proc.proc.pid}/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1]) * 1024
+
+
+def test_weight_updates_tell_nothing_about_the_file_system(server: LiveServer, capsys) -> None:
     paths = [
         "~/.ssh",
         "~root",
@@ -142,6 +149,14 @@ def test_weight_updates_tell_nothing_about_the_file_system(server: LiveServer) -
         messages.add(err["message"])
         assert err["param"] == "model_path"
     assert messages == {CHECKPOINT_NOT_FOUND}
+    before = rss_bytes(server)
+    for i in range(300):  # refused admin requests hold nothing
+        server.post("/update_weights_from_disk", {"model_path": paths[i % len(paths)]})
+        server.post("/start_profile", {"output_dir": "../" * (i % 50)})
+    growth = rss_bytes(server) - before
+    with capsys.disabled():
+        print(f"\nHTTP process RSS after 600 refused admin requests: {growth / 2**20:+.1f} MiB")
+    assert growth < 16 * 2**20, growth
     assert gen(server).status_code == 200
 
 
