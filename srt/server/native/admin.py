@@ -72,11 +72,18 @@ async def update_weights_from_disk(request: Request) -> Response:
     if refused is not None:
         raise GenerateError(f"{refused} is not supported; leave it out or off", 400, refused)
     args = body.model_dump(include={"model_path", "load_format", "flush_cache", "weight_version"})
-    args["model_path"] = checkpoint_path(request.app.state.weight_update_roots, body.model_path)
+    try:
+        args["model_path"] = checkpoint_path(request.app.state.weight_update_roots, body.model_path)
+    except GenerateError as e:  # one message for every path it may not load
+        return _weights_answer(False, e.message, 0)
     ok, message, paused = await get_tm(request).update_weights_from_disk(
         UpdateWeightsFromDiskReq(**args), abort_all=body.abort_all_requests
     )
-    answer = {"success": ok, "message": message, "num_paused_requests": paused}
+    return _weights_answer(ok, message, paused)
+
+
+def _weights_answer(ok: bool, message: str, num_paused: int) -> Response:
+    answer = {"success": ok, "message": message, "num_paused_requests": num_paused}
     if not ok:  # SGLang's fields, and the error object every other 4xx here carries
         answer.update(error_body(message, 400, "model_path"))
     return json_response(answer, 200 if ok else 400)
