@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.sessions import SessionParams
@@ -246,13 +246,17 @@ class UpdateWeightVersionInput(StrictBody):
     abort_all_requests: bool = False
 
 
+MAX_TRUNCATE_ROWS = 1 << 31  # a larger integer cannot travel to the scheduler
+
+
 class GetWeightsByNameInput(StrictBody):
     """SGLang's ``GetWeightsByNameReqInput``: a checkpoint tensor's name, rows to return."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     rid: str | None = None  # SGLang's request base; a read has nothing to name
     name: str
-    truncate_size: int = 100
+    # rows; an answer is capped by values (weight_update.MAX_WEIGHT_VALUES), this by the wire
+    truncate_size: int = Field(100, ge=1, le=MAX_TRUNCATE_ROWS)
 
 
 class TokenizeInput(StrictBody):
