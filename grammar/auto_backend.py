@@ -63,13 +63,18 @@ _OUTLINES_IGNORED_KEYWORDS = frozenset(
 # a pattern is pasted into the string's regex (an alternation loses its grouping, "." admits a
 # raw quote), property names are not escaped, prefixItems drops items/minItems, anyOf/oneOf or
 # $ref next to other keywords are dropped, required names outside properties are ignored,
+# an empty schema ({}, any value) is pasted in ungrouped (`"k": true|null|...` admits `{7}`),
 # date/time formats are checked loosely (no calendar, no offset), and the email, uri and time
 # regexes admit a raw quote, backslash or control character inside the JSON string (the output
 # is then not JSON: `{"u": "urn:a:b",,x"}`)
-_OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems"})
+# ("not" is rewritten before compiling, to false or a type list outlines-core is slow on)
+_OUTLINES_MISREAD_KEYWORDS = frozenset({"pattern", "patternProperties", "prefixItems", "not"})
 _OUTLINES_LOOSE_FORMATS = frozenset({"date", "time", "date-time", "email", "uri"})
 _REF_SIBLINGS_OK = frozenset(
     {"$defs", "definitions", "title", "description", "$comment", "default", "examples"}
+)
+_CONTAINER_KEYWORDS = frozenset(
+    {"properties", "additionalProperties", "patternProperties", "items", "prefixItems"}
 )
 _UNESCAPED_NAME = re.compile(r'["\\\x00-\x1f]')
 
@@ -95,6 +100,17 @@ def _outlines_misreads(node: dict) -> bool:
         if isinstance(required, list) and not set(map(str, required)) <= set(properties):
             return True
     if "$ref" in node and set(node) - _REF_SIBLINGS_OK - {"$ref"}:
+        return True
+    if not set(node) - _REF_SIBLINGS_OK - {"$schema", "$id", "id"}:
+        return True  # {} (any value): its alternatives lose their grouping (`{"k": 1}` -> `{1}`)
+    types = node.get("type")
+    if (
+        isinstance(types, list)
+        and {"object", "array"} & set(types)
+        and not _CONTAINER_KEYWORDS.intersection(node)
+    ):
+        # any object / array among other types (`not: {"type": "null"}` rewritten):
+        # outlines-core unrolls generic JSON to a fixed depth, seconds as for json_object
         return True
     return node.get("format") in _OUTLINES_LOOSE_FORMATS
 
@@ -130,7 +146,7 @@ class AutoGrammarBackend(GrammarBackend):
     def cache_tag(self) -> str:
         lenient = "+lenient" if self.lenient_llguidance is not None else ""
         # route: revision of the routing rules (which spec goes to which engine first)
-        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient},route=2]"
+        return f"auto[{self.outlines.cache_tag()}+{self.llguidance.cache_tag()}{lenient},route=3]"
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         return self.compile_controlled(spec, CompileControl())
@@ -156,8 +172,10 @@ class AutoGrammarBackend(GrammarBackend):
                 self._log_fallback(spec, errors, backend)
                 try:
                     if backend is self.outlines:
-                        return self._compile_outlines_within_budget(spec, control)
-                    return backend.compile(spec)
+                        return self._reported(
+                            spec, backend, self._compile_outlines_within_budget(spec, control)
+                        )
+                    return self._reported(spec, backend, backend.compile(spec))
                 except _OutlinesYielded:
                     is_deferred = True
                 except _OutlinesOverrun as error:
@@ -172,7 +190,7 @@ class AutoGrammarBackend(GrammarBackend):
             if overrun is not None:
                 grammar = self._wait_for_overrun(spec, overrun, control)
                 if grammar is not None:
-                    return grammar
+                    return self._reported(spec, self.outlines, grammar)
         finally:
             if overrun is not None:
                 overrun.cancel()  # kills the child unless the build has finished
@@ -180,6 +198,19 @@ class AutoGrammarBackend(GrammarBackend):
         earlier = "; ".join(f"{_label(b)}: {e.reason}" for b, e in errors[:-1])
         reason = f"{last.reason} ({earlier})" if earlier else last.reason
         raise GrammarCompileError(spec.kind, reason) from last
+
+    def _reported(
+        self, spec: GrammarSpec, backend: GrammarBackend, grammar: CompiledGrammar
+    ) -> CompiledGrammar:
+        """``grammar``, its unenforced keywords logged (once per compilation: cached after)."""
+        if grammar.unenforced:
+            logger.info(
+                "%s compiled by %s; not enforced: %s",
+                spec.describe(),
+                _label(backend),
+                ", ".join(grammar.unenforced),
+            )
+        return grammar
 
     def _log_fallback(self, spec: GrammarSpec, errors: list, backend: GrammarBackend) -> None:
         if not errors:

@@ -202,6 +202,9 @@ class CompiledGrammar(ABC):
 
     spec: GrammarSpec
     backend_name: str
+    # JSON schemas: keywords the engine compiled without enforcing them (``schema_keywords``),
+    # ``format:<name>`` for unknown formats; set by the backend that compiled the grammar
+    unenforced: tuple[str, ...] = ()
 
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher:

@@ -14,6 +14,7 @@ rejecting the schema.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -40,6 +41,7 @@ from radixlm.grammar.schema_checks import (
     optional_property_counts,
     unsatisfiable_reason,
 )
+from radixlm.grammar.schema_keywords import unenforced_keywords
 from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.structural_tag import (
     parse_structural_tag,
@@ -106,6 +108,8 @@ def compile_error(kind: str, message: str) -> GrammarCompileError:
     return GrammarCompileError(kind, message)
 
 
+# llguidance's error for an allOf whose intersection nests past its stack bound (128 levels)
+_INTERSECTION_DEPTH = "intersection stack level exceeded"
 # tokens consumed at compile time to meet "too complex" before requests do
 
 
@@ -349,9 +353,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         lenient = ",lenient" if self.lenient else ""
-        version_tag = (
-            f"v={llguidance.__version__},rw=4"  # rw: rewrites (one_of, closed objects, %json ws)
-        )
+        version_tag = f"v={llguidance.__version__},rw=5"  # rw: rewrites (one_of, closed objects, %json ws, false)
         return f"llguidance(ws={self.whitespace_pattern!r}{lenient},{version_tag})"
 
     def lenient_twin(self) -> LLGuidanceBackend:
@@ -370,8 +372,10 @@ class LLGuidanceBackend(GrammarBackend):
                 self._tokenizer = build_lltokenizer(self.vocab)
             return self._tokenizer
 
-    def grammar_text(self, spec: GrammarSpec) -> str:
-        """The llguidance grammar for ``spec``; raises ``GrammarCompileError``."""
+    def grammar_text(self, spec: GrammarSpec, intersect_objects: bool = False) -> str:
+        """The llguidance grammar for ``spec``; raises ``GrammarCompileError``. With
+        ``intersect_objects``, ``allOf``s of object schemas are merged first
+        (``schema_forbid.intersect_all_of``)."""
         try:
             if spec.kind == "ebnf":
                 lark = bound_json_whitespace(str(spec.value), self.whitespace_pattern)
@@ -386,7 +390,7 @@ class LLGuidanceBackend(GrammarBackend):
             if spec.kind == "json_object":
                 schema = ANY_JSON_OBJECT_SCHEMA
             else:
-                schema = rewrite_schema(str(spec.value))
+                schema = rewrite_schema(str(spec.value), intersect_objects=intersect_objects)
             options = {
                 "whitespace_pattern": self.whitespace_pattern,
                 "coerce_one_of": True,
@@ -409,7 +413,18 @@ class LLGuidanceBackend(GrammarBackend):
                 f"properties; at most {MAX_OPTIONAL_PROPERTIES:,} are "
                 "supported (mark some as required)",
             )
-        return self._build(spec, self.grammar_text(spec))
+        try:
+            grammar = self._build(spec, self.grammar_text(spec))
+        except GrammarCompileError as error:
+            if spec.kind != "json_schema" or _INTERSECTION_DEPTH not in error.reason:
+                raise
+            # llguidance intersects allOf branches recursively: merge the objects here
+            grammar = self._build(spec, self.grammar_text(spec, intersect_objects=True))
+        if spec.kind == "json_schema":
+            engine = "llguidance-lenient" if self.lenient else "llguidance"
+            rewritten = json.loads(rewrite_schema(str(spec.value)))
+            grammar.unenforced = unenforced_keywords(rewritten, engine, schemas[0])
+        return grammar
 
     def deserialize(self, spec: GrammarSpec, backend_name: str, data: bytes) -> LLGuidanceGrammar:
         if backend_name != self.name:

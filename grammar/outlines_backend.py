@@ -20,6 +20,7 @@ from radixlm.grammar.outlines_grammar import OutlinesGrammar
 from radixlm.grammar.outlines_worker import IndexJob, IndexWorkerPool
 from radixlm.grammar.regex_text import anchor_regex, ascii_digit_classes, choices_regex
 from radixlm.grammar.schema_checks import check_compilable, schema_nodes
+from radixlm.grammar.schema_keywords import unenforced_keywords
 from radixlm.grammar.schema_rewrite import rewrite_schema
 from radixlm.grammar.vocab import TokenizerVocab
 
@@ -131,7 +132,7 @@ class OutlinesBackend(GrammarBackend):
 
     def cache_tag(self) -> str:
         limit = f",max={self.max_regex_chars}" if self.max_regex_chars else ""
-        version_tag = f"v={version('outlines_core')},rw=3"  # rw: schema_rewrite's revision
+        version_tag = f"v={version('outlines_core')},rw=4"  # rw: schema_rewrite's revision
         return f"outlines(ws={self.whitespace_pattern!r}{limit},{version_tag})"
 
     def outlines_vocabulary(self):
@@ -186,4 +187,7 @@ class OutlinesBackend(GrammarBackend):
                 spec.kind, "the grammar accepts no string (no token of the vocabulary can start it)"
             )
         grammar.warm_rows()  # every row now if the DFA is small; else on first visits
+        if spec.kind == "json_schema":
+            compiled = json.loads(schema_text_for(spec))
+            grammar.unenforced = unenforced_keywords(compiled, "outlines", json.loads(spec.value))
         return grammar

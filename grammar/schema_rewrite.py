@@ -1,6 +1,11 @@
 """JSON Schema rewrites applied before either backend compiles a schema.
 
-``rewrite_schema`` applies both rewrites below; the backends call it.
+``rewrite_schema`` applies the rewrites below; the backends call it. The first three
+(``schema_forbid``) turn constructs the engines reject or misread into ones they compile
+exactly: subschemas no value satisfies (``false``, ``not: {}``) become ``false`` and forbid
+what they stand for (a property that must be absent), ``not: {"type": ...}`` becomes the
+complementary ``type``, unknown ``format`` values are dropped (any string; listed as
+unenforced) and a ``$ref`` into a recursion with sibling keywords is inlined.
 
 ``close_objects`` (on by default, ``strict_objects``): an object schema that declares
 ``properties`` but says nothing about ``additionalProperties`` (nor ``patternProperties`` or
@@ -28,12 +33,22 @@ import json
 from typing import Any
 
 from radixlm.grammar.schema_checks import anchors_as_pointers, resolve_pointer, schema_nodes
+from radixlm.grammar.schema_forbid import (
+    drop_forbidden_properties,
+    drop_unknown_formats,
+    forbid_unsatisfiable,
+    inline_recursive_ref_siblings,
+    intersect_all_of,
+)
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 
 
-def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
-    """``schema_text`` with ``tighten_one_of`` and (if ``strict_objects``) ``close_objects``
+def rewrite_schema(
+    schema_text: str, strict_objects: bool = True, intersect_objects: bool = False
+) -> str:
+    """``schema_text`` with the ``schema_forbid`` rewrites, ``tighten_one_of``, (if
+    ``strict_objects``) ``close_objects`` and (if ``intersect_objects``) ``intersect_all_of``
     applied; unchanged text when nothing applies or the text is not JSON."""
     try:
         schema = json.loads(schema_text)
@@ -42,9 +57,15 @@ def rewrite_schema(schema_text: str, strict_objects: bool = True) -> str:
     if schema is True:  # the boolean schema any value satisfies: the empty schema
         return "{}"
     changed = anchors_as_pointers(schema)  # first: the walks below follow pointers only
+    changed |= drop_unknown_formats(schema)
+    changed |= inline_recursive_ref_siblings(schema)
+    if intersect_objects:
+        changed |= intersect_all_of(schema)
+    changed |= forbid_unsatisfiable(schema)
     changed |= _visit(schema)
     if strict_objects:
         changed |= close_objects(schema)
+    changed |= drop_forbidden_properties(schema)  # after closing: absent keys stay absent
     return json.dumps(schema) if changed else schema_text
 
 

@@ -43,6 +43,7 @@ class TPGroup:
     device_group: Any = None  # torch ProcessGroup for model collectives; None at size 1
     cpu_group: Any = None  # gloo ProcessGroup for control tensors; None at size 1
     wait_group: Any = None  # gloo ProcessGroup with a long timeout: followers' idle wait
+    ep_size: int = 1  # MoE layers: experts split over this many groups of ranks (models/moe.py)
 
     @classmethod
     def single(cls) -> TPGroup:
@@ -145,7 +146,8 @@ def init_distributed(cfg: Any, tp_rank: int) -> TPGroup:
     wait_group = dist.new_group(ranks, timeout=wait, backend="gloo")
     device_group = dist.group.WORLD if backend == "nccl" else cpu_group
     logger.info("tensor parallel rank %d/%d on %s (%s)", tp_rank, size, device, backend)
-    return TPGroup(tp_rank, size, local_rank, device_group, cpu_group, wait_group)
+    ep_size = int(getattr(cfg, "ep_size", 1))
+    return TPGroup(tp_rank, size, local_rank, device_group, cpu_group, wait_group, ep_size)
 
 
 def cpu_threads_per_rank(total_cores: int, tp_size: int) -> int:

@@ -12,6 +12,13 @@ Shapes: ``q`` is ``[T, num_heads * head_dim]``, ``k`` and ``v`` are
 ``[T, num_kv_heads * head_dim]``; the result is ``[T, num_heads * head_dim]`` in q's dtype.
 Heads are grouped (GQA): query head h reads KV head ``h // (num_heads // num_kv_heads)``.
 
+Two optional layer attributes change the scores (``attention_window`` and ``logit_cap`` read
+them, with the defaults for layers that lack them): ``sliding_window`` (an int W: a query at
+position i sees the keys at positions ``i - W < j <= i``, W keys counting itself; None or 0: the
+whole prefix) and ``logit_cap`` (a float c > 0: every score ``s = scaling * q.k`` becomes
+``c * tanh(s / c)`` before the softmax; 0: none). The pool keeps every token either way, so a
+cached prefix means the same K/V with or without a window (out-of-window K/V are not evicted).
+
 CUDA graphs (decode only). A backend with ``supports_cuda_graph`` True implements three hooks,
 and the graph runner never asks a backend by name:
 
@@ -42,6 +49,43 @@ class AttentionLayer(Protocol):
     num_kv_heads: int
     head_dim: int
     scaling: float
+
+
+def attention_window(layer) -> int:
+    """The layer's sliding window in keys (counting the query's own), 0 for full attention."""
+    window = getattr(layer, "sliding_window", None) or 0
+    if window < 0:
+        raise ValueError(f"layer {layer.layer_id}: sliding_window must be positive, got {window}")
+    return int(window)
+
+
+def logit_cap(layer) -> float:
+    """The layer's tanh soft-cap of the attention scores, 0.0 for none."""
+    cap = getattr(layer, "logit_cap", None) or 0.0
+    if cap < 0:
+        raise ValueError(f"layer {layer.layer_id}: logit_cap must be positive, got {cap}")
+    return float(cap)
+
+
+# (sliding window or 0, soft-cap or 0.0, softmax scale): what a backend that plans per
+# batch (FlashInfer) must know of every layer before the first batch
+AttentionVariant = tuple[int, float, float]
+
+
+def attention_variant(layer) -> AttentionVariant:
+    return attention_window(layer), logit_cap(layer), float(layer.scaling)
+
+
+def attention_variants(model) -> list[AttentionVariant]:
+    """The distinct variants of a model's attention layers (modules with ``layer_id`` and
+    ``scaling``), sorted."""
+    return sorted(
+        {
+            attention_variant(m)
+            for m in model.modules()
+            if hasattr(m, "layer_id") and hasattr(m, "scaling")
+        }
+    )
 
 
 class AttentionBackend(ABC):

@@ -23,6 +23,12 @@ layer's static ``k_scale``/``v_scale`` (Python floats) go to ``run``: FlashInfer
 ``k_scale`` into the softmax scale and multiplies the output by ``v_scale``; with scales of
 1.0 (the default) nothing extra runs. Scales never change, so captured graphs stay valid.
 
+Sliding windows and soft-caps (``base.attention_window``/``logit_cap``) are plan arguments
+(``window_left = W - 1``, ``logits_soft_cap``), as is the softmax scale: the backend is built
+with the model's ``variants`` (``base.attention_variants``) and plans one wrapper per variant
+and batch (Gemma: a sliding and a global one), each layer running its variant's wrapper. The
+wrappers share the workspace; they run one after another on the stream.
+
 CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan_for_capture(fb)`` on the static
 batch before capture and ``plan_for_replay(fb)`` before every replay; each batch size gets its
 own decode wrapper over slices of fixed index buffers.
@@ -34,7 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.kernels.attention.base import AttentionBackend, AttentionLayer
+from radixlm.kernels.attention.base import (
+    AttentionBackend,
+    AttentionLayer,
+    AttentionVariant,
+    attention_variant,
+)
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 
@@ -79,6 +90,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         page_size: int = 1,
         scaling: float | None = None,
         dtype: torch.dtype | None = None,
+        variants: list[AttentionVariant] | None = None,
         use_tensor_cores: bool | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ):
@@ -109,16 +121,24 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.page_size = page_size
         self.scaling = head_dim**-0.5 if scaling is None else scaling
+        # (window, soft-cap, scale) of the model's layers: one wrapper each per batch
+        self.variants = list(variants or [(0, 0.0, self.scaling)])
         group = num_heads // num_kv_heads
         self._tensor_cores = group >= 4 if use_tensor_cores is None else use_tensor_cores
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
-        self._decode_wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-            self._workspace, "NHD", use_tensor_cores=self._tensor_cores
-        )
-        self._prefill_wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self._decode_wrappers = {
+            v: self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_tensor_cores=self._tensor_cores
+            )
+            for v in self.variants
+        }
+        self._prefill_wrappers = {
+            v: self._fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            for v in self.variants
+        }
         self._graph: _GraphBuffers | None = None
-        self._graph_wrappers: dict[int, object] = {}
-        self._active = None  # the wrapper planned for the current batch
+        self._graph_wrappers: dict[tuple[int, AttentionVariant], object] = {}
+        self._active: dict[AttentionVariant, object] = {}  # planned for the current batch
         self._is_decode = False
 
     def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
@@ -145,46 +165,58 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan(fb, for_cuda_graph=True)
 
     def _plan(self, fb, for_cuda_graph: bool) -> None:
+        if for_cuda_graph and not fb.mode.is_decode:
+            raise ValueError("only decode batches can be captured in a CUDA graph")
         table = self._page_table(fb)
         pool = fb.kv_pool
-        common = dict(
-            q_data_type=pool.dtype, kv_data_type=pool.storage_dtype, sm_scale=self.scaling
-        )
         dims = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
         self._is_decode = fb.mode.is_decode
-        if fb.mode.is_decode:
-            wrapper = self._graph_wrapper(fb.batch_size) if for_cuda_graph else self._decode_wrapper
-            wrapper.plan(table.kv_indptr, table.kv_indices, table.last_page_len, *dims, **common)
-        else:
-            if for_cuda_graph:
-                raise ValueError("only decode batches can be captured in a CUDA graph")
-            qo_indptr = _indptr(fb.extend_lens_cpu)
-            wrapper = self._prefill_wrapper
-            wrapper.plan(
-                qo_indptr,
-                table.kv_indptr,
-                table.kv_indices,
-                table.last_page_len,
-                *dims,
-                causal=True,
-                **common,
-            )
-        self._active = wrapper
+        qo_indptr = None if fb.mode.is_decode else _indptr(fb.extend_lens_cpu)
+        self._active = {}
+        for variant in self.variants:
+            window, cap, scale = variant
+            common = dict(q_data_type=pool.dtype, kv_data_type=pool.storage_dtype, sm_scale=scale)
+            if window:
+                common["window_left"] = window - 1  # FlashInfer counts the keys left of the query
+            if cap:
+                common["logits_soft_cap"] = cap
+            if fb.mode.is_decode:
+                wrapper = (
+                    self._graph_wrapper(fb.batch_size, variant)
+                    if for_cuda_graph
+                    else self._decode_wrappers[variant]
+                )
+                wrapper.plan(
+                    table.kv_indptr, table.kv_indices, table.last_page_len, *dims, **common
+                )
+            else:
+                wrapper = self._prefill_wrappers[variant]
+                wrapper.plan(
+                    qo_indptr,
+                    table.kv_indptr,
+                    table.kv_indices,
+                    table.last_page_len,
+                    *dims,
+                    causal=True,
+                    **common,
+                )
+            self._active[variant] = wrapper
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
         self._check_layer(layer)
         self.store_kv(k, v, layer, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
-        assert self._active is not None, "plan(fb) must run before forward"
+        assert self._active, "plan(fb) must run before forward"
+        wrapper = self._active[attention_variant(layer)]
         q3 = q.view(-1, layer.num_heads, layer.head_dim)
         if q3.dtype != fb.kv_pool.dtype:
             q3 = q3.to(fb.kv_pool.dtype)
         paged = (self._paged(k_buf), self._paged(v_buf))
         k_scale, v_scale = fb.kv_pool.get_scales(layer.layer_id)
         if k_scale == 1.0 and v_scale == 1.0:
-            out = self._active.run(q3, paged)
+            out = wrapper.run(q3, paged)
         else:  # Python floats: folded into the softmax scale / output, no host read
-            out = self._active.run(q3, paged, k_scale=k_scale, v_scale=v_scale)
+            out = wrapper.run(q3, paged, k_scale=k_scale, v_scale=v_scale)
         return out.reshape(q.shape[0], layer.num_heads * layer.head_dim).to(q.dtype)
 
     def _paged(self, buf: torch.Tensor) -> torch.Tensor:
@@ -213,10 +245,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         kv_indices = (torch.clamp(slots - 1, min=0) // ps).to(torch.int32)
         return _PageTable(kv_indptr, kv_indices, torch.tensor(last, dtype=torch.int32))
 
-    def _graph_wrapper(self, batch_size: int):
+    def _graph_wrapper(self, batch_size: int, variant: AttentionVariant):
         if self._graph is None:
             raise ValueError("call init_cuda_graph_state before planning for a CUDA graph")
-        wrapper = self._graph_wrappers.get(batch_size)
+        wrapper = self._graph_wrappers.get((batch_size, variant))
         if wrapper is None:
             g = self._graph
             if batch_size + 1 > g.kv_indptr.shape[0]:
@@ -233,7 +265,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 paged_kv_indices_buffer=g.kv_indices,
                 paged_kv_last_page_len_buffer=g.last_page_len[:batch_size],
             )
-            self._graph_wrappers[batch_size] = wrapper
+            self._graph_wrappers[batch_size, variant] = wrapper
         return wrapper
 
     def _check_layer(self, layer: AttentionLayer) -> None:
@@ -247,10 +279,12 @@ class FlashInferAttentionBackend(AttentionBackend):
                 f"{layer.num_kv_heads}/{layer.head_dim}, the backend was built for "
                 f"{self.num_heads}/{self.num_kv_heads}/{self.head_dim}"
             )
-        if abs(layer.scaling - self.scaling) > 1e-6 * self.scaling:
+        if attention_variant(layer) not in self._decode_wrappers:
+            window, cap, scale = attention_variant(layer)
             raise ValueError(
-                f"layer {layer.layer_id} uses attention scaling {layer.scaling}, "
-                f"the backend was built with {self.scaling}"
+                f"layer {layer.layer_id} has sliding window {window}, soft-cap {cap} and "
+                f"attention scaling {scale}; the backend was built for (window, soft-cap, "
+                f"scaling) {self.variants} (pass the model's attention_variants)"
             )
 
 

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from radixlm.kernels.attention.base import AttentionBackend
+from radixlm.kernels.attention.base import AttentionBackend, AttentionVariant
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 
 ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton", "flashinfer")
@@ -69,9 +69,12 @@ def make_attention_backend(
     page_size: int = 1,
     scaling: float | None = None,
     dtype: torch.dtype | None = None,
+    variants: list[AttentionVariant] | None = None,
 ) -> AttentionBackend:
     """Builds the backend ``name`` for ``device``. flashinfer needs the model's attention shape
-    (``num_heads``, ``num_kv_heads``, ``head_dim``) and the KV ``page_size`` at construction."""
+    (``num_heads``, ``num_kv_heads``, ``head_dim``), the KV ``page_size`` and, for layers with
+    sliding windows, soft-caps or another scale, their ``variants`` (``base.attention_variants``)
+    at construction."""
     resolved = resolve_attention_backend(name, device, head_dim, dtype)
     if resolved == "torch":
         return TorchAttentionBackend()
@@ -101,4 +104,5 @@ def make_attention_backend(
         page_size=page_size,
         scaling=scaling,
         dtype=dtype,
+        variants=variants,
     )

@@ -6,6 +6,10 @@ gather is the bandwidth cost, and padding a mixed-length batch to its longest re
 
 An fp8 pool (``kv_pool.get_scales``) is dequantised in the gather: only the gathered rows are
 converted to q's dtype and multiplied by the layer's scale.
+
+A layer's sliding window (``base.attention_window``) narrows each query's keys to its last W
+positions (decode reads only those rows); a soft-capped layer (``base.logit_cap``) takes the
+explicit float32 softmax path, since SDPA has no cap.
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.attention.base import AttentionBackend, AttentionLayer
+from radixlm.kernels.attention.base import (
+    AttentionBackend,
+    AttentionLayer,
+    attention_window,
+    logit_cap,
+)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -60,48 +69,68 @@ class TorchAttentionBackend(AttentionBackend):
         kf = gather_rows(k_buf, self._kv_flat, q.dtype, scales[0])  # [sum(L), kv_heads, d]
         vf = gather_rows(v_buf, self._kv_flat, q.dtype, scales[1])
         out = torch.empty(b, 1, h, 1, d, dtype=q.dtype, device=q.device)
-        offs, gqa = self._kv_offsets, h != layer.num_kv_heads
+        offs, window = self._kv_offsets, attention_window(layer)
         for i in range(b):
             lo, hi = offs[i], offs[i + 1]
-            out[i] = F.scaled_dot_product_attention(
-                qh[i],
-                kf[lo:hi].transpose(0, 1)[None],
-                vf[lo:hi].transpose(0, 1)[None],
-                scale=layer.scaling,
-                enable_gqa=gqa,
+            if window:
+                lo = max(lo, hi - window)
+            out[i] = attend(
+                qh[i], kf[lo:hi].transpose(0, 1)[None], vf[lo:hi].transpose(0, 1)[None], layer
             )
         return out.view(b, h * d)
 
     def _extend(self, q, k_buf, v_buf, scales, layer) -> torch.Tensor:
         out = torch.empty_like(q)
         h, d = layer.num_heads, layer.head_dim
+        window = attention_window(layer)
         for start, prefix, ext, kv_index in self._extend_rows:
             qh = q[start : start + ext].view(ext, h, d).transpose(0, 1)[None]  # [1, H, ext, d]
+            first = max(0, prefix - window + 1) if window else 0  # the first key any row sees
+            kv_index = kv_index[first:]
             # [1, kv_heads, L, d]
             kh = gather_rows(k_buf, kv_index, q.dtype, scales[0]).transpose(0, 1)[None]
             vh = gather_rows(v_buf, kv_index, q.dtype, scales[1]).transpose(0, 1)[None]
-            if prefix == 0:
-                o = F.scaled_dot_product_attention(
-                    qh,
-                    kh,
-                    vh,
-                    is_causal=True,
-                    scale=layer.scaling,
-                    enable_gqa=h != layer.num_kv_heads,
-                )
+            if prefix == 0 and not window:
+                o = attend(qh, kh, vh, layer, causal=True)
             else:
                 rows = torch.arange(ext, device=q.device)[:, None] + prefix
-                mask = torch.arange(prefix + ext, device=q.device)[None, :] <= rows
-                o = F.scaled_dot_product_attention(
-                    qh,
-                    kh,
-                    vh,
-                    attn_mask=mask,
-                    scale=layer.scaling,
-                    enable_gqa=h != layer.num_kv_heads,
-                )
+                cols = torch.arange(first, prefix + ext, device=q.device)[None, :]
+                mask = cols <= rows
+                if window:
+                    mask &= cols > rows - window
+                o = attend(qh, kh, vh, layer, mask=mask)
             out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, h * d)
         return out
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer: AttentionLayer,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention of ``q`` ``[1, H, Lq, d]`` over ``k``/``v`` ``[1, kv_heads, Lk, d]``; ``mask``
+    ``[Lq, Lk]`` bool (True: attend) or ``causal``. SDPA, or with the layer's soft-cap an
+    explicit softmax in float32."""
+    gqa = layer.num_heads != layer.num_kv_heads
+    cap = logit_cap(layer)
+    if not cap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=gqa
+        )
+    if gqa:
+        group = layer.num_heads // layer.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * layer.scaling
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        lq, lk = scores.shape[-2:]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.float()).to(q.dtype)
 
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

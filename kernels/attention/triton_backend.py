@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.kernels.attention.base import AttentionBackend, AttentionLayer
+from radixlm.kernels.attention.base import (
+    AttentionBackend,
+    AttentionLayer,
+    attention_window,
+    logit_cap,
+)
 from radixlm.kernels.attention.triton_decode import decode_attention
 from radixlm.kernels.attention.triton_extend import extend_attention
 
@@ -118,6 +123,8 @@ class TritonAttentionBackend(AttentionBackend):
             scaling=layer.scaling,
             k_scale=k_scale,
             v_scale=v_scale,
+            window=attention_window(layer),
+            softcap=logit_cap(layer),
         )
         if fb.mode.is_decode:
             plan = self._decode

@@ -22,6 +22,9 @@ than bfloat16's 7. ``_decode_config`` uses 0, the path timed on the H200 so far;
 
 The number of splits depends only on the batch size and the layer's shape, never on sequence
 lengths, and no length is read on the host: the launch is safe to capture in a CUDA graph.
+
+Sliding window: the splits cover only the last ``window`` positions of each sequence. Soft-cap:
+the base-2 scores are capped at ``softcap * log2(e)``, the same as capping the natural scores.
 """
 
 from __future__ import annotations
@@ -51,10 +54,13 @@ def _decode_partial_kernel(
     stride_r2t_row,
     qk_scale_log2,  # softmax scale * log2(e) * k_scale
     v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
+    window,  # keys seen (the last `window` of the sequence); 0: all
+    cap_log2,  # soft-cap of the scores times log2(e) (scores are in base 2 here)
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -68,8 +74,9 @@ def _decode_partial_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + bid).to(tl.int32)
     req_row = tl.load(req_slots_ptr + bid).to(tl.int64)
-    split_len = tl.cdiv(seq_len, NUM_SPLITS)
-    start = split * split_len
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # first key seen
+    split_len = tl.cdiv(seq_len - first, NUM_SPLITS)
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_H)
@@ -105,6 +112,8 @@ def _decode_partial_kernel(
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if FP8_DOT != 2:
             qk = qk * qk_scale_log2
+        if SOFTCAP:
+            qk = cap_log2 * _tanh(qk / cap_log2)
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -135,6 +144,12 @@ def _decode_partial_kernel(
             mask=mask_h[:, None] & mask_d[None, :],
         )
         tl.store(part_lse_ptr + row, lse, mask=mask_h)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh through exp (the interpreter and every GPU have it); saturates to +-1."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -190,6 +205,8 @@ def decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     num_splits: int,
+    window: int = 0,
+    softcap: float = 0.0,
     tiles: dict | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -197,7 +214,8 @@ def decode_attention(
     cached tokens (slots ``req_to_token[req_slots[i], :seq_lens[i]]``); returns q's shape/dtype.
     An fp8 ``k_buf``/``v_buf`` holds values / ``k_scale`` (``v_scale``): loaded as fp8 and
     converted in registers, with ``k_scale`` folded into the softmax scale and ``v_scale``
-    applied to the output. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
+    applied to the output. ``window`` > 0: only the last ``window`` keys of each request are
+    read; ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
     ``num_stages``, ``num_warps``; for ``srt/bench/decode_tiles.py``). ``out``: where to write
     (q's shape and dtype, rows may be a view)."""
     batch = q.shape[0]
@@ -234,10 +252,13 @@ def decode_attention(
         req_to_token.stride(0),
         scaling * LOG2E * k_scale,
         v_scale,
+        window,
+        softcap * LOG2E,
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         GROUP=group,
         NUM_SPLITS=num_splits,
+        SOFTCAP=softcap > 0,
         **cfg,
     )
     if direct:

@@ -4,7 +4,9 @@ One launch serves every request of the batch, whatever its prefix and extend len
 is ``[B, num_heads, cdiv(max_extend_len, BLOCK_M)]`` and a program whose block of query rows lies
 past its request's extend length exits at once. Each program reads the request's K/V (prefix and
 new tokens alike, the new ones having just been written to the pool) through ``req_to_token``
-and applies the causal mask ``kv_pos <= prefix_len + row``, with an fp32 online softmax.
+and applies the causal mask ``kv_pos <= prefix_len + row`` (and, with a sliding window W,
+``kv_pos > prefix_len + row - W``, starting its loop at the block's first visible key), with an
+fp32 online softmax.
 fp8 K/V are dequantised in registers as in ``triton_decode``.
 """
 
@@ -14,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention.triton_decode import LOG2E
+from radixlm.kernels.attention.triton_decode import LOG2E, _tanh
 
 
 @triton.jit
@@ -35,6 +37,8 @@ def _extend_kernel(
     stride_r2t_row,
     qk_scale_log2,  # softmax scale * log2(e) * k_scale
     v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
+    window,  # a row at position i sees keys i - window < j <= i; 0: all of j <= i
+    cap_log2,  # soft-cap of the scores times log2(e)
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -43,6 +47,7 @@ def _extend_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     bid = tl.program_id(0)
     head = tl.program_id(1)
@@ -72,7 +77,10 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     kv_end = prefix_len + tl.minimum((mblk + 1) * BLOCK_M, extend_len)
-    for n0 in range(0, kv_end, BLOCK_N):
+    # with a window, the block's first row sees nothing before its own window
+    kv_start = tl.where(window > 0, tl.maximum(prefix_len + mblk * BLOCK_M - window + 1, 0), 0)
+    kv_start = kv_start // BLOCK_N * BLOCK_N
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         mask_n = pos < kv_end
         slots = tl.load(req_to_token_ptr + req_row * stride_r2t_row + pos, mask=mask_n, other=0)
@@ -83,11 +91,17 @@ def _extend_kernel(
             k = k.to(tl.float32)  # the scale is folded into qk_scale_log2
         k = k.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        if SOFTCAP:
+            qk = cap_log2 * _tanh(qk / cap_log2)
         allowed = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        if window > 0:
+            allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
         qk = tl.where(allowed, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        # a row whose window starts past this tile has seen no key yet: keep its sums at 0
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(qk - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if KV_FP8:
@@ -96,7 +110,8 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc * (v_scale / l_i)[:, None]  # every row sees at least kv position 0
+    # every real row sees at least its own key; padding rows past a window may see none
+    out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     tl.store(
         out_ptr + (tok_start + rows)[:, None] * stride_out_tok + head * HEAD_DIM + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -121,12 +136,15 @@ def extend_attention(
     scaling: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens' queries ``q`` ``[T, num_heads * head_dim]`` over
     each request's prefix and new tokens, all read from the pool through ``req_to_token``.
     fp8 K/V buffers are dequantised in the kernel with ``k_scale``/``v_scale`` (see
-    ``triton_decode``). ``out``: where to write (q's shape and dtype, rows may be a view)."""
+    ``triton_decode``). ``window`` > 0: a row at position i sees keys ``i - window < j <= i``;
+    ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``. ``out``: where to write (q's shape and dtype, rows may be a view)."""
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
     assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
@@ -154,8 +172,11 @@ def extend_attention(
         req_to_token.stride(0),
         scaling * LOG2E * k_scale,
         v_scale,
+        window,
+        softcap * LOG2E,
         HEAD_DIM=head_dim,
         GROUP=group,
+        SOFTCAP=softcap > 0,
         **cfg,
     )
     return out

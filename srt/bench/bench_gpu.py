@@ -61,15 +61,17 @@ TINY_LLAMA = dict(
 )
 
 
-def make_model_folder(path: Path, shape: dict) -> Path:
-    """config.json plus a word-level tokenizer covering every id (outputs stay decodable)."""
+def make_model_folder(path: Path, shape: dict, config_class: str = "LlamaConfig") -> Path:
+    """config.json (of transformers' ``config_class``, e.g. ``Qwen3MoeConfig``) plus a
+    word-level tokenizer covering every id (outputs stay decodable)."""
+    import transformers
     from tokenizers import Tokenizer, models
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(
+    getattr(transformers, config_class)(
         **shape,
-        architectures=["LlamaForCausalLM"],
+        architectures=[config_class.removesuffix("Config") + "ForCausalLM"],
         torch_dtype="bfloat16",
         bos_token_id=0,
         eos_token_id=1,

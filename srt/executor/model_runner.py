@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
+from radixlm.kernels.attention.base import attention_variants
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig, resolve
 from radixlm.srt.distributed import (
@@ -102,6 +103,7 @@ class ModelRunner:
             head_dim=mc.head_dim,
             page_size=cfg.page_size,
             dtype=self.dtype,
+            variants=attention_variants(self.model),
         )
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
         if self.kv_pool.is_quantized:  # before graph capture: graphs hold the scales as constants

@@ -117,6 +117,7 @@ class TokenizerManager:
         self._resumed = asyncio.Event()  # set unless one of those two holds new requests
         self._resumed.set()
         self.num_paused = 0  # requests waiting for that update to end
+        self._pause_watchdog: asyncio.Task[None] | None = None  # ends requests held too long
         self._num_paused_in_update = 0  # requests that waited during the current update
 
     # ------------------------------------------------------------------ lifecycle
@@ -137,6 +138,7 @@ class TokenizerManager:
                 pass  # the scheduler was busy or gone: the next query tries again
 
     async def close(self) -> None:
+        self._stop_pause_watchdog()
         if self._prime_task is not None:
             self._prime_task.cancel()
         if self._recv_task is not None:
@@ -254,7 +256,9 @@ class TokenizerManager:
             self.num_paused += 1
             self._num_paused_in_update += 1
             try:
-                await self._resumed.wait()
+                await asyncio.wait_for(self._resumed.wait(), self.cfg.paused_request_timeout_s)
+            except asyncio.TimeoutError:
+                raise self._held_too_long() from None
             finally:
                 self.num_paused -= 1
         self._check_alive()
@@ -373,6 +377,7 @@ class TokenizerManager:
         KV (``in_place``) or back in its waiting queue without it (``retract``)."""
         self.paused_by_request = True
         self._update_gate()
+        self._start_pause_watchdog()
         if mode == "abort":
             self.abort_all()
             return
@@ -381,6 +386,7 @@ class TokenizerManager:
         except GenerateError:
             self.paused_by_request = False
             self._update_gate()
+            self._stop_pause_watchdog()
             raise
         if not reply.ok:
             raise GenerateError(str(reply.data.get("message")), 400, "mode")
@@ -389,6 +395,47 @@ class TokenizerManager:
         await self.control(ContinueReq(), timeout_s=PAUSE_TIMEOUT_S)  # the scheduler runs again
         self.paused_by_request = False
         self._update_gate()
+        self._stop_pause_watchdog()
+
+    def _held_too_long(self) -> GenerateError:
+        limit = self.cfg.paused_request_timeout_s
+        return GenerateError(
+            f"{self.pause_reason or 'generation was paused'}: this request was held for "
+            f"{limit:g} s (--paused-request-timeout-s); retry once the server is ready (/ready)",
+            503,
+            code="paused_timeout",
+        )
+
+    def _start_pause_watchdog(self) -> None:
+        """The requests the paused scheduler holds (``in_place``, ``retract``) end with a 503
+        once the pause lasted ``paused_request_timeout_s``; new ones time out in the gate."""
+        if self._pause_watchdog is None or self._pause_watchdog.done():
+            self._pause_watchdog = asyncio.create_task(self._end_held_requests())
+
+    def _stop_pause_watchdog(self) -> None:
+        if self._pause_watchdog is not None:
+            self._pause_watchdog.cancel()
+            self._pause_watchdog = None
+
+    async def _end_held_requests(self) -> None:
+        await asyncio.sleep(self.cfg.paused_request_timeout_s)
+        if not self.paused_by_request:
+            return
+        held = list(self.front.states.values())
+        if held:
+            logger.warning("ending %d request(s) held by a pause past its limit", len(held))
+        for state in held:  # their groups abort them in the scheduler as they close
+            state.error = self._held_too_long()
+            state.waiter.set()
+
+    @property
+    def pause_reason(self) -> str | None:
+        """Why requests wait now (None: they do not): a pause, or a weight update."""
+        if self.paused_by_request:
+            return "generation is paused (/pause_generation); /continue_generation resumes it"
+        if self._updating:
+            return "the weights are being updated (/update_weights_from_disk)"
+        return None
 
     def _update_gate(self) -> None:
         if self._updating or self.paused_by_request:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,19 +27,10 @@ from radixlm.srt.models.tp_layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from radixlm.srt.models.weight_map import LLAMA_WEIGHTS, WeightMap
 
 if TYPE_CHECKING:  # annotations only: at run time the models never import the executor
     from radixlm.srt.executor.forward_batch import ForwardBatch
-
-# (our parameter, checkpoint name, shard id): checkpoint tensors that go into merged parameters
-STACKED_PARAMS = (
-    ("qkv_proj", "q_proj", "q"),
-    ("qkv_proj", "k_proj", "k"),
-    ("qkv_proj", "v_proj", "v"),
-    ("gate_up_proj", "gate_proj", 0),
-    ("gate_up_proj", "up_proj", 1),
-)
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 @dataclass(frozen=True)
@@ -50,6 +41,7 @@ class DecoderOptions:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm of q and k before rope (Qwen3)
+    sliding_window: int | None = None  # every layer sees its last W keys (Mistral, Phi-3)
 
 
 class GatedMLP(nn.Module):
@@ -84,6 +76,9 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
         self.head_dim = hd = config.head_dim
         self.scaling = self.head_dim**-0.5
+        # read by the attention backends (``kernels/attention/base.py``); Gemma sets them per layer
+        self.sliding_window = options.sliding_window
+        self.logit_cap = 0.0
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, hd, config.num_heads, config.num_kv_heads, heads, options.qkv_bias
         )
@@ -234,10 +229,15 @@ class LlamaModel(nn.Module):
             config.head_dim, config.context_length, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, options, self.rotary_emb, tp)
-            for i in range(config.num_layers)
+            self.make_layer(config, i, options, tp) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def make_layer(
+        self, config: ModelConfig, layer_id: int, options: DecoderOptions, tp: TPGroup
+    ) -> nn.Module:
+        """Decoder layer ``layer_id`` (families with other layers override this)."""
+        return LlamaDecoderLayer(config, layer_id, options, self.rotary_emb, tp)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
@@ -257,7 +257,10 @@ class LlamaForCausalLM(nn.Module):
 
     ``tp``: this rank's tensor-parallel group (default: a single rank). Every rank builds only
     its slices, loads only them, and returns full-vocabulary logits from ``compute_logits``.
+    ``weight_map``: how the family's checkpoint names map onto the parameters.
     """
+
+    weight_map: WeightMap = LLAMA_WEIGHTS
 
     def __init__(
         self,
@@ -269,6 +272,17 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         tp = tp or TPGroup.single()
         self.tp = tp
+        self.check_config(config)
+        self.config = config
+        with torch.device(device), default_dtype(dtype):
+            self.model = self.build_model(config, tp)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """Refuses, naming the option, a checkpoint whose options this class does not implement."""
         hidden_act = getattr(config.hf_config, "hidden_act", "silu")
         if hidden_act != "silu":
             raise ValueError(
@@ -276,12 +290,10 @@ class LlamaForCausalLM(nn.Module):
             )
         if getattr(config.hf_config, "use_sliding_window", False):
             raise ValueError(f"{config.architecture}: sliding-window attention is not supported")
-        self.config = config
-        with torch.device(device), default_dtype(dtype):
-            self.model = LlamaModel(config, self.decoder_options(config), tp)
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
-        if config.tie_word_embeddings:
-            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def build_model(self, config: ModelConfig, tp: TPGroup) -> nn.Module:
+        """The decoder stack (embedding, layers, final norm) under ``self.model``."""
+        return LlamaModel(config, self.decoder_options(config), tp)
 
     @classmethod
     def decoder_options(cls, config: ModelConfig) -> DecoderOptions:
@@ -305,34 +317,48 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: dict[str, set] = {}
         for ckpt_name, tensor in weights:
-            if ckpt_name.endswith(IGNORED_SUFFIXES):
+            if self.weight_map.is_ignored(ckpt_name):
                 continue
             if ckpt_name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            name, shard_id = _param_name(ckpt_name)
-            if name not in params:
-                raise ValueError(
-                    f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}"
-                )
-            param = params[name]
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            try:
-                loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
-            except ValueError as e:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r}: {e}") from e
-            loaded.setdefault(name, set()).add(shard_id)
+            for name, shard_id, part in self.weight_targets(ckpt_name, tensor):
+                if name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {ckpt_name!r} has no place in {type(self).__name__}"
+                    )
+                param = params[name]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                try:
+                    loader(param, part) if shard_id is None else loader(param, part, shard_id)
+                except ValueError as e:
+                    raise ValueError(f"checkpoint tensor {ckpt_name!r}: {e}") from e
+                loaded.setdefault(name, set()).add(shard_id)
         if "lm_head.weight" in params and "lm_head.weight" not in loaded:
             self.lm_head.tie_to(self.model.embed_tokens)  # checkpoints without lm_head share it
             loaded["lm_head.weight"] = {None}
-        _check_all_loaded(params, loaded)
+        missing = self.weight_map.missing(params, loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise ValueError(
+                f"the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}"
+            )
+
+    def weight_targets(
+        self, ckpt_name: str, tensor: Any
+    ) -> list[tuple[str, str | int | None, Any]]:
+        """Where a checkpoint tensor goes: ``(parameter name, shard id or None, tensor)`` for each
+        piece (the seam for checkpoints that fuse what we keep apart, or the reverse).
+        ``tensor`` may be a lazy safetensors slice; a piece may be a slice of it."""
+        name, shard_id = self.weight_map.param_name(ckpt_name)
+        return [(name, shard_id, tensor)]
 
     def checkpoint_tensor(self, ckpt_name: str) -> torch.Tensor:
         """The running weight a checkpoint tensor of Hugging Face name ``ckpt_name`` was loaded
         into (a view: the rows of a merged projection; the embedding for a tied
         ``lm_head.weight``). ``KeyError`` naming an example when the model has no such tensor."""
-        name, shard_id = _param_name(ckpt_name)
+        name, shard_id = self.weight_map.param_name(ckpt_name)
         params = dict(self.named_parameters(remove_duplicate=False))
-        if ckpt_name.endswith(IGNORED_SUFFIXES) or name not in params:
+        if self.weight_map.is_ignored(ckpt_name) or name not in params:
             raise KeyError(
                 f"the model has no weight named {ckpt_name!r} (names are the checkpoint's, such "
                 "as 'model.layers.0.self_attn.q_proj.weight' or 'model.embed_tokens.weight')"
@@ -341,25 +367,8 @@ class LlamaForCausalLM(nn.Module):
         if shard_id is None:
             return weight
         merged = self.get_submodule(name.rsplit(".", 1)[0])
+        if hasattr(merged, "shard_view"):  # expert stacks: one expert's rows
+            return merged.shard_view(shard_id)
         index = merged.SHARDS.index(shard_id) if isinstance(shard_id, str) else shard_id
         offset = sum(merged.output_sizes[:index])
         return weight.narrow(0, offset, merged.output_sizes[index])
-
-
-def _param_name(ckpt_name: str) -> tuple[str, str | int | None]:
-    for merged, part, shard_id in STACKED_PARAMS:
-        if f".{part}." in ckpt_name:
-            return ckpt_name.replace(f".{part}.", f".{merged}."), shard_id
-    return ckpt_name, None
-
-
-def _expected_shards(name: str) -> set:
-    shards = {shard for merged, _, shard in STACKED_PARAMS if f".{merged}." in name}
-    return shards or {None}
-
-
-def _check_all_loaded(params: dict[str, nn.Parameter], loaded: dict[str, set]) -> None:
-    missing = [name for name in params if not _expected_shards(name) <= loaded.get(name, set())]
-    if missing:
-        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
-        raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")

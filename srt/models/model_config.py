@@ -82,6 +82,8 @@ class ModelConfig:
 def _rope_params(hf: Any) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``."""
     params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # per layer type (Gemma 3): the global layers' rope
     if isinstance(params, dict) and "rope_theta" in params:
         theta = float(params["rope_theta"])
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}

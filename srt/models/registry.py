@@ -4,14 +4,30 @@ from __future__ import annotations
 
 from torch import nn
 
+from radixlm.srt.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from radixlm.srt.models.llama import LlamaForCausalLM
+from radixlm.srt.models.mistral import MistralForCausalLM
+from radixlm.srt.models.mixtral import MixtralForCausalLM
+from radixlm.srt.models.olmoe import OlmoeForCausalLM
+from radixlm.srt.models.phi3 import Phi3ForCausalLM
 from radixlm.srt.models.qwen2 import Qwen2ForCausalLM
+from radixlm.srt.models.qwen2_moe import Qwen2MoeForCausalLM
 from radixlm.srt.models.qwen3 import Qwen3ForCausalLM
+from radixlm.srt.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    # Mixture-of-Experts (moe_decoder.py)
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

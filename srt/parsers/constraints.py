@@ -124,15 +124,22 @@ def structural_tag(fmt: dict) -> dict:
 @dataclass(frozen=True)
 class CallFormat:
     """How a format writes calls: ``begin_of(tool) + arguments + end``, several joined by
-    ``separator``. For ``"auto"`` with a strict tool: a ``trigger`` starts a call anywhere in
-    free text; formats whose calls stand only at the start of the output give instead a
-    ``text_pattern`` (a regex of the answers that start no call)."""
+    ``separator``, all between ``opening`` and ``closing``. For ``"auto"`` with a strict tool:
+    a ``trigger`` starts a call anywhere in free text; formats whose calls stand only at the
+    start of the output give instead a ``text_pattern`` (a regex of the answers that start no
+    call). Formats whose arguments are not a JSON object give ``content_of``."""
 
     begin_of: Callable[[ToolSpec], str]
     end: str
     separator: str
     trigger: str | None = None
     text_pattern: str | None = None
+    # the format between begin and end, given the tool and whether its arguments are free
+    # (any object); None: the arguments' JSON schema
+    content_of: Callable[[ToolSpec, bool], dict] | None = None
+    # around the calls of one reply (pythonic's ``[`` and ``]``)
+    opening: str = ""
+    closing: str = ""
 
 
 def choice_format(
@@ -149,17 +156,16 @@ def choice_format(
     check_choice(tools, choice)
     if choice == "none" or not tools:
         return None
-    tags = [
-        call_tag(form.begin_of(t), arguments_schema(t, choice), form.end)
-        for t in chosen_tools(tools, choice)
-    ]
-    calls_only = {
+    tags = [_call_tag(form, t, choice) for t in chosen_tools(tools, choice)]
+    calls_only: dict = {
         "type": "tags_with_separator",
         "tags": tags,
         "separator": form.separator,
         "at_least_one": True,
         "stop_after_first": not parallel,
     }
+    if form.opening or form.closing:
+        calls_only = _between(form, calls_only)
     if forces_calls(choice):
         return calls_only
     if response_schema is not None:
@@ -170,8 +176,28 @@ def choice_format(
     return _auto_format(form, tags, calls_only, parallel)
 
 
+def _call_tag(form: CallFormat, tool: ToolSpec, choice: ToolChoice) -> dict:
+    schema = arguments_schema(tool, choice)
+    if form.content_of is None:
+        return call_tag(form.begin_of(tool), schema, form.end)
+    content = form.content_of(tool, schema is ANY_OBJECT)
+    return {"type": "tag", "begin": form.begin_of(tool), "content": content, "end": form.end}
+
+
+def _between(form: CallFormat, fmt: dict) -> dict:
+    """``fmt`` between the format's opening and closing texts."""
+    parts = [{"type": "const_string", "value": form.opening}, fmt]
+    parts.append({"type": "const_string", "value": form.closing})
+    return {"type": "sequence", "elements": [p for p in parts if p.get("value") != ""]}
+
+
 def _auto_format(form: CallFormat, tags: list[dict], calls_only: dict, parallel: bool) -> dict:
     if form.trigger is not None:
+        if form.opening or form.closing:  # one call per opening (several openings if parallel)
+            tags = [
+                {**t, "begin": form.opening + t["begin"], "end": t["end"] + form.closing}
+                for t in tags
+            ]
         return {
             "type": "triggered_tags",
             "triggers": [form.trigger],

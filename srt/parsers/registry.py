@@ -1,8 +1,9 @@
 """Tool-call parsers by name, and the choice of one from a chat template.
 
-Names: ``hermes`` (aliases ``qwen25``, ``qwen3``), ``llama3``, ``generic`` (JSON replies for
-templates without a tool format) and ``none`` (tools refused). ``auto`` is resolved once from
-the chat template's text by ``resolve_tool_parser``.
+Names: ``hermes`` (aliases ``qwen25``, ``qwen3``), ``qwen3_coder``, ``llama3``, ``pythonic``,
+``mistral`` (``mistral_v11`` for templates of the ``[TOOL_CALLS]name[ARGS]`` form), ``generic``
+(JSON replies for templates without a tool format) and ``none`` (tools refused). ``auto`` is
+resolved once from the chat template's text by ``resolve_tool_parser``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,22 @@ from __future__ import annotations
 from radixlm.srt.parsers.generic import GenericParser
 from radixlm.srt.parsers.hermes import HermesParser
 from radixlm.srt.parsers.llama3 import Llama3Parser
+from radixlm.srt.parsers.mistral import MistralParser, MistralV11Parser
+from radixlm.srt.parsers.pythonic import PythonicParser
+from radixlm.srt.parsers.qwen3_coder import Qwen3CoderParser
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
 
 TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
-    cls.name: cls for cls in (HermesParser, Llama3Parser, GenericParser)
+    cls.name: cls
+    for cls in (
+        HermesParser,
+        Qwen3CoderParser,
+        Llama3Parser,
+        PythonicParser,
+        MistralParser,
+        MistralV11Parser,
+        GenericParser,
+    )
 }
 PARSER_NAMES = tuple(TOOL_PARSERS)
 ALIASES = {"qwen25": "hermes", "qwen3": "hermes"}
@@ -22,9 +35,12 @@ _SPECIAL = ("auto", "none")
 
 def resolve_tool_parser(name: str, chat_template: str | None) -> str:
     """The concrete parser name for the configured ``name``: aliases map to their parser,
-    ``"none"`` stays ``"none"``, ``"auto"`` is read from the template (``<tool_call>`` ->
-    hermes; ``<|python_tag|>`` or an ``ipython`` role -> llama3; anything else, or no
-    template, -> generic). ``ValueError`` for an unknown name."""
+    ``"none"`` stays ``"none"``, ``mistral`` becomes ``mistral_v11`` for a template that writes
+    ``[ARGS]``, and ``"auto"`` is read from the template: ``<function=`` with ``<parameter=`` ->
+    qwen3_coder; ``<tool_call>`` -> hermes; ``[TOOL_CALLS]`` -> mistral (or mistral_v11);
+    ``<|python_start|>`` or the pythonic call example (``[func_name1(``) -> pythonic;
+    ``<|python_tag|>`` or an ``ipython`` role -> llama3; anything else, or no template,
+    -> generic. ``ValueError`` for an unknown name."""
     if name == "none":
         return "none"
     if name == "auto":
@@ -33,12 +49,20 @@ def resolve_tool_parser(name: str, chat_template: str | None) -> str:
     if resolved not in PARSER_NAMES:
         known = sorted({*PARSER_NAMES, *ALIASES, *_SPECIAL})
         raise ValueError(f"unknown tool-call parser {name!r}; known: {known}")
+    if resolved == "mistral" and "[ARGS]" in (chat_template or ""):
+        return "mistral_v11"
     return resolved
 
 
 def _detect(template: str) -> str:
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
     if "<tool_call>" in template:
         return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral_v11" if "[ARGS]" in template else "mistral"
+    if "<|python_start|>" in template or "[func_name1(" in template:
+        return "pythonic"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3"
     return "generic"

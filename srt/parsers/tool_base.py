@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,9 +160,17 @@ class ToolCallParser(ABC):
     state of ``feed``). See the module docstring for the invariant all methods keep."""
 
     name: str = ""
+    # markers of the format that tokenizers make special tokens, which decoding drops unless
+    # told not to (and grammars cannot write)
+    special_markers: tuple[str, ...] = ()
 
     def __init__(self, tools: list[ToolSpec]) -> None:
         self.tools = list(tools)
+
+    def new_call_id(self) -> str:
+        """A fresh id for a call found in an output (OpenAI's ``call_`` and 24 hex digits;
+        formats whose templates check ids give their own)."""
+        return f"call_{uuid.uuid4().hex[:24]}"
 
     def parse(self, text: str) -> ParseResult:
         """The content and calls of a whole output (the streaming machine run once, so parse

@@ -118,6 +118,9 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         grammar=s.grammars.info(),
         prefix_cache=dict(s.stats.totals),  # cumulative; bench_serving reads it per worker
     )
+    expert_load = getattr(s.runner.model, "expert_load", None)  # MoE models only
+    if expert_load is not None:
+        info["expert_load"] = expert_load()
     tiers = s.cache.tier_stats()
     if tiers:
         info["hicache"] = tiers

@@ -19,6 +19,7 @@ if not HAS_CUDA:
 
 pytest.importorskip("triton")
 
+from radixlm.kernels.attention.base import AttentionBackend, attention_variant  # noqa: E402
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from radixlm.kernels.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -38,6 +39,8 @@ class Layer:
     num_kv_heads: int
     head_dim: int
     scaling: float
+    sliding_window: int | None = None
+    logit_cap: float = 0.0
 
 
 @dataclass
@@ -220,6 +223,59 @@ def test_plan_is_per_batch():
     assert_close(run_backend(backend, ext), reference(ext), 1e-4)
 
 
+def naive_reference(case: Case) -> torch.Tensor:
+    """Dense attention written out per request and head (no SDPA, no pool tricks): positions
+    ``i - W < j <= i`` and the tanh soft-cap as the layer says. Checks the torch backend too."""
+    fb, layer = case.fb, case.layer
+    AttentionBackend.store_kv(case.k, case.v, layer, fb)  # what every backend does first
+    k_buf, v_buf = fb.kv_pool.get_kv(0)
+    h, d, group = layer.num_heads, layer.head_dim, layer.num_heads // layer.num_kv_heads
+    out, row = torch.empty(case.q.shape, dtype=torch.float32), 0
+    for i, (p, e) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu, strict=True)):
+        slots = fb.req_to_token_pool.req_to_token[fb.req_slots_cpu[i], : p + e]
+        k, v = k_buf[slots].float().cpu(), v_buf[slots].float().cpu()
+        for t in range(e):
+            pos = p + t
+            q = case.q[row].float().cpu().view(h, d)
+            for head in range(h):
+                s = k[:, head // group] @ q[head] * layer.scaling
+                if layer.logit_cap:
+                    s = layer.logit_cap * torch.tanh(s / layer.logit_cap)
+                j = torch.arange(p + e)
+                seen = j <= pos
+                if layer.sliding_window:
+                    seen &= j > pos - layer.sliding_window
+                w = s.masked_fill(~seen, float("-inf")).softmax(0)
+                out[row, head * d : (head + 1) * d] = w @ v[:, head // group]
+            row += 1
+    return out.to(DEVICE)
+
+
+WINDOW_CASES = [
+    # (window, soft-cap): a window of one key, one shorter than most sequences, one longer
+    # than all, a cap alone, both
+    (1, 0.0),
+    (5, 0.0),
+    (500, 0.0),
+    (None, 1.5),
+    (7, 2.0),
+]
+
+
+@pytest.mark.parametrize("window,cap", WINDOW_CASES)
+@pytest.mark.parametrize("decode", [False, True])
+def test_window_and_softcap_match_naive(window, cap, decode):
+    """torch and triton backends against the written-out reference, extend (prefixes, a mixed
+    step's decode tail) and decode (splits that start inside the window)."""
+    lens = decode_lens([1, 9, 40, 17]) if decode else ([0, 12, 3, 30], [70, 9, 1, 1])
+    case = make_case(*lens, heads=8, kv_heads=2, head_dim=32, page_size=2, decode=decode, seed=9)
+    case.layer.sliding_window, case.layer.logit_cap = window, cap
+    case.q.mul_(4.0)  # scores of a few units: the cap and the window change the result
+    ref = naive_reference(case)
+    assert_close(run_backend(TorchAttentionBackend(), case), ref, 1e-4)
+    assert_close(run_backend(TritonAttentionBackend(num_kv_splits=3), case), ref, 1e-4)
+
+
 # ---------------------------------------------------------------- GPU only ------------------
 
 
@@ -235,6 +291,7 @@ def _gpu_backends(case: Case, page_size: int):
             num_kv_heads=layer.num_kv_heads,
             head_dim=layer.head_dim,
             page_size=page_size,
+            variants=[attention_variant(layer)],
         )
     return backends
 
@@ -338,6 +395,31 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(static_out, reference(case), 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("window,cap", WINDOW_CASES)
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_window_and_softcap(decode, window, cap, page_size):
+    """bf16 windows and soft-caps through both GPU backends (FlashInfer: ``window_left``,
+    ``logits_soft_cap``), against the written-out reference."""
+    lens = decode_lens([1, 9, 140, 17]) if decode else ([0, 12, 3, 100], [150, 9, 1, 1])
+    case = make_case(
+        *lens,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        page_size=page_size,
+        decode=decode,
+        dtype=torch.bfloat16,
+        seed=21,
+    )
+    case.layer.sliding_window, case.layer.logit_cap = window, cap
+    case.q.mul_(4.0)
+    ref = naive_reference(case)
+    for backend in _gpu_backends(case, page_size).values():
+        assert_close(run_backend(backend, case), ref, 3e-2)
 
 
 def _grow_by_one(case: Case, page_size: int) -> None:

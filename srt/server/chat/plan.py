@@ -221,6 +221,8 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
     check_grammar_conflicts(raw, constraint)
     constraint = constraint or reasoning_wrapped(parsing, raw)
     sp = sampling_params(req, _chat_max_tokens(req, tm, len(ids)))
+    if parsing.special_markup and req.skip_special_tokens is None:
+        sp["skip_special_tokens"] = False  # the calls' markup must reach the parser
     if constraint:
         for name in raw:
             del sp[_PASSTHROUGH[name]]

@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import uuid
 from typing import Any
 
-from radixlm.srt.parsers.tool_base import ToolCall, ToolCallDelta
+from radixlm.srt.parsers.tool_base import ToolCall, ToolCallDelta, ToolCallParser
 from radixlm.srt.server.chat.tools import ChatParsing
 
 logger = logging.getLogger(__name__)
@@ -61,13 +60,10 @@ class OfferedCalls:
         return out
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def tool_call_dict(call: ToolCall) -> dict[str, Any]:
+def tool_call_dict(call: ToolCall, parser: ToolCallParser) -> dict[str, Any]:
+    """A call in OpenAI's shape, with a fresh id of the parser's kind."""
     return {
-        "id": new_call_id(),
+        "id": parser.new_call_id(),
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
@@ -88,7 +84,8 @@ def chat_message(parsing: ChatParsing, text: str) -> tuple[dict[str, Any], bool]
     content = None if calls and not text.strip() else text
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
     if calls:
-        message["tool_calls"] = [tool_call_dict(c) for c in calls]
+        assert tool_parser is not None
+        message["tool_calls"] = [tool_call_dict(c, tool_parser) for c in calls]
     if reasoning_parser is not None:
         message["reasoning_content"] = reasoning
     return message, bool(calls)
@@ -164,7 +161,8 @@ class ChoiceStream:
         out: dict[str, Any] = {"index": d.index}
         function: dict[str, Any] = {"arguments": d.arguments}
         if d.index not in self.call_ids:
-            self.call_ids[d.index] = new_call_id()
+            assert self.tools is not None
+            self.call_ids[d.index] = self.tools.new_call_id()
             out["id"] = self.call_ids[d.index]
             out["type"] = "function"
             function = {"name": d.name, "arguments": d.arguments}

@@ -22,7 +22,7 @@ from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
-from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec
+from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec, forces_calls
 from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
 from radixlm.srt.server.chat.request import ChatCompletionRequest, ChatMessage, ToolDef
 from radixlm.srt.server.http.body import check_tool_count
@@ -217,6 +217,11 @@ class ChatParsing:
     def parses_calls(self) -> bool:
         return bool(self.specs) and self.choice != "none" and self.tool_parser != "none"
 
+    @property
+    def special_markup(self) -> bool:
+        """Whether the outputs' call markup may be special tokens that decoding must keep."""
+        return self.parses_calls and bool(make_tool_parser(self.tool_parser, []).special_markers)
+
     def new_tool_parser(self) -> ToolCallParser | None:
         if not self.parses_calls:
             return None
@@ -384,7 +389,26 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
         names_only=len(specs) < offered,  # the other tools must not be called either
     )
     check_tools_supported(parsing)
+    check_forced_markers(parsing, tm.tokenizer)
     return parsing
+
+
+def check_forced_markers(parsing: ChatParsing, tokenizer: Any) -> None:
+    """A choice that forces calls starts the grammar with the format's call marker; where the
+    tokenizer makes that marker a special token (Mistral's ``[TOOL_CALLS]``) no grammar can
+    write it: a 400 naming the cause, not a grammar that cannot compile."""
+    if not (parsing.parses_calls and forces_calls(parsing.choice)):
+        return
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    markers = make_tool_parser(parsing.tool_parser, []).special_markers
+    clash = [m for m in markers if m in special]
+    if clash:
+        raise _bad(
+            f"tool_choice {parsing.choice!r} cannot be enforced for this model: its call "
+            f"marker {clash[0]} is a special token, which the output grammar cannot write; "
+            "send tool_choice 'auto'",
+            "tool_choice",
+        )
 
 
 def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLayout:

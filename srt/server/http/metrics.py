@@ -82,6 +82,20 @@ class ServerMetrics:
         self.speculative = {
             key: gauge(f"speculative_{key}", doc) for key, doc in SPECULATIVE_GAUGES.items()
         }
+        # MoE models: tokens routed to each expert (cumulative) and each layer's imbalance
+        self.expert_tokens = Gauge(
+            PREFIX + "moe_expert_tokens",
+            "Tokens routed to an expert since start (MoE layers)",
+            ["model_name", "layer", "expert"],
+            registry=self.registry,
+        )
+        self.expert_imbalance = Gauge(
+            PREFIX + "moe_expert_imbalance",
+            "Busiest expert's routed tokens over the layer's mean (1: even)",
+            ["model_name", "layer"],
+            registry=self.registry,
+        )
+        self.model_name = model_name
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -120,6 +134,16 @@ class ServerMetrics:
                 value = figures.get(key)
                 if isinstance(value, (int, float)):
                     g.set(value)
+        if info.get("expert_load"):
+            self._update_expert_load(info["expert_load"])
+
+    def _update_expert_load(self, load: dict[str, Any]) -> None:
+        for layer, row, imbalance in zip(
+            load["layers"], load["tokens_per_expert"], load["imbalance"], strict=True
+        ):
+            self.expert_imbalance.labels(self.model_name, str(layer)).set(imbalance)
+            for expert, tokens in enumerate(row):
+                self.expert_tokens.labels(self.model_name, str(layer), str(expert)).set(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -48,6 +48,8 @@ def make_config(model_dir: Path, tp_size: int, port: int, **options: Any):
     }
     if tp_size > 1:
         options.update(tp_size=tp_size, dist_init_addr=f"127.0.0.1:{port}")
+    else:  # the single-rank reference: no expert parallelism either
+        options.pop("ep_size", None)
     return config_from_kwargs(model_path=str(model_dir), **options)
 
 
@@ -113,6 +115,8 @@ def _rank_main(rank: int, model_dir: str, tp_size: int, port: int, out_dir: str,
         result["threads"] = torch.get_num_threads()
         result["kv_heads"] = runner.heads.num_kv_heads
         result["max_total_tokens"] = runner.max_total_tokens
+        blocks = getattr(runner.model, "sparse_blocks", list)()  # MoE models: the expert split
+        result["expert_shard"] = blocks[0][1].experts.shard if blocks else None
         if rank == 0:
             result["tp"] = run_workload(Scheduler(cfg, runner))
             runner.stop_followers()

@@ -21,6 +21,7 @@ class KVSession:
         max_context_len: int = 256,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        backend=None,
     ):
         self.device = torch.device(device)
         self.req_pool = ReqToTokenPool(num_req_slots, max_context_len, self.device)
@@ -33,7 +34,7 @@ class KVSession:
             self.device,
         )
         self.allocator = TokenSlotAllocator(max_total_tokens, 1, self.device)
-        self.backend = TorchAttentionBackend()
+        self.backend = backend or TorchAttentionBackend()
         self.cached_lens: dict[int, int] = {}
 
     def new_request(self) -> int:

@@ -18,7 +18,19 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm"])
+# the MoE one: routed and shared experts give the same rows however the tokens are batched;
+# the sliding-window checkpoints' windows (6 keys) are shorter than the cached prefixes here
+@pytest.fixture(
+    scope="module",
+    params=[
+        "llama3_rope_sharded",
+        "qwen3_qk_norm",
+        "mistral_window",
+        "gemma2_softcap",
+        "gemma3_local_global",
+        "qwen2_moe_shared",
+    ],
+)
 def model(request, tmp_path_factory):
     folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     return load_model(folder, torch.float32, "cpu")
@@ -89,3 +101,24 @@ def _check_rows(out: torch.Tensor, refs: list[torch.Tensor], spans: list[tuple[i
         assert max_rel_err(got, refs[i][lo:hi]) < TOL, f"request {i}, positions {lo}..{hi - 1}"
         start += hi - lo
     assert start == out.shape[0]
+
+
+@pytest.mark.slow  # interpreted kernels: 15-25 s per model on a CPU
+@pytest.mark.parametrize("name", ["gemma2_softcap", "gemma3_local_global"])
+def test_triton_kernels_serve_windowed_models(name, tmp_path):
+    """The Triton kernels (interpreted on a CPU) under a Gemma model: a prefill, an extend on
+    its cache and a mixed step (an extend with a decode row), against the full-prompt logits."""
+    pytest.importorskip("triton")
+    from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
+
+    model = load_model(write_checkpoint(name, tmp_path), torch.float32, "cpu")
+    a, b = tokens(20, seed=5), tokens(14, seed=6)
+    refs = [full_logits(model, a), full_logits(model, b)]
+    session = KVSession(model.config, backend=TritonAttentionBackend())
+    ra, rb = session.new_request(), session.new_request()
+    out = run_logits(model, session, EXTEND, [(ra, a[:9]), (rb, b[:13])])
+    _check_rows(out, refs, [(0, 9), (0, 13)])
+    out = run_logits(model, session, EXTEND, [(ra, a[9:19]), (rb, b[13:14])])  # decode tail
+    _check_rows(out, refs, [(9, 19), (13, 14)])
+    out = run_logits(model, session, DECODE, [(ra, a[19:20])])
+    assert max_rel_err(out[0], refs[0][19]) < 1e-4

@@ -1,4 +1,5 @@
-"""Our Llama / Qwen2 / Qwen3 implementations give transformers' logits on the same checkpoint."""
+"""Our implementations (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, and the MoE families
+Qwen2/3-MoE, Mixtral, OLMoE) give transformers' logits on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tiny_checkpoints import CHECKPOINTS, VOCAB, hf_logits, write_checkpoint
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.loader import load_model
 from radixlm.srt.models.model_config import ModelConfig
-from radixlm.srt.models.registry import get_model_class
+from radixlm.srt.models.registry import get_model_class, supported_architectures
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -75,6 +76,17 @@ def test_bfloat16_model_is_close_to_float32(tmp_path):
     assert torch.get_default_dtype() == torch.float32  # construction restored the default
 
 
+@pytest.mark.parametrize("name", ["gemma2_softcap", "gemma3_local_global"])
+def test_gemma_bfloat16_is_close_to_transformers(name, tmp_path):
+    """bfloat16 through Gemma's (1 + weight) norms, rounded embedding scale and soft-caps."""
+    folder = write_checkpoint(name, tmp_path)
+    ref = hf_logits(folder, PROMPT)
+    model = load_model(folder, torch.bfloat16, "cpu")
+    session = KVSession(model.config, dtype=torch.bfloat16)
+    ours = run_logits(model, session, ForwardMode.EXTEND, [(session.new_request(), PROMPT)])
+    assert max_rel_err(ours, ref) < 5e-2
+
+
 def test_missing_tensor_is_reported(tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -100,10 +112,23 @@ def test_wrong_shape_is_reported(tmp_path):
 
 
 def test_unknown_architecture_lists_supported():
-    with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
-    ):
+    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported") as err:
         get_model_class("GPT2LMHeadModel")
+    named = str(err.value).split("supported architectures: ")[1].split(", ")
+    assert named == supported_architectures()
+    assert {
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "MistralForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
+        "MixtralForCausalLM",
+        "OlmoeForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
+    } <= set(named)
 
 
 def test_unknown_rope_type_is_rejected(tmp_path):
@@ -111,3 +136,56 @@ def test_unknown_rope_type_is_rejected(tmp_path):
 
     with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
         rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_phi3_fused_tensors_split_per_rank(rank, tmp_path):
+    """Each tensor-parallel rank of Phi-3 keeps, from the fused qkv_proj/gate_up_proj read as
+    lazy slices, the rows a Llama rank keeps from the same tensors stored apart."""
+    from radixlm.srt.distributed import TPGroup
+    from radixlm.srt.models.llama import LlamaForCausalLM
+    from radixlm.srt.models.loader import iter_safetensors
+
+    folder = write_checkpoint("phi3_fused_window", tmp_path)
+    config = ModelConfig.from_pretrained(folder)
+    tp = TPGroup(rank=rank, size=2)
+    phi3 = get_model_class("Phi3ForCausalLM")(config, torch.float32, "cpu", tp=tp)
+    phi3.load_weights(iter_safetensors(folder, lazy=True))
+    d, inter = config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * d, config.num_kv_heads * d
+    apart = {}
+    for name, tensor in iter_safetensors(folder):
+        if ".qkv_proj." in name:
+            for part, rows in zip(("q", "k", "v"), tensor.split([q, kv, kv]), strict=True):
+                apart[name.replace(".qkv_proj.", f".{part}_proj.")] = rows
+        elif ".gate_up_proj." in name:
+            for part, rows in zip(("gate", "up"), tensor.split([inter, inter]), strict=True):
+                apart[name.replace(".gate_up_proj.", f".{part}_proj.")] = rows
+        else:
+            apart[name] = tensor
+    llama = LlamaForCausalLM(config, torch.float32, "cpu", tp=tp)
+    llama.load_weights(apart.items())
+    ours, theirs = dict(phi3.named_parameters()), dict(llama.named_parameters())
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)
+    assert ours["model.layers.0.self_attn.qkv_proj.weight"].shape[0] == (q + 2 * kv) // 2
+
+
+@pytest.mark.parametrize(
+    "name,field,value,message",
+    [
+        ("gemma2_softcap", "hidden_activation", "relu", "hidden activation 'relu'"),
+        ("gemma3_local_global", "use_bidirectional_attention", True, "bidirectional"),
+        ("phi3_fused_window", "partial_rotary_factor", 0.75, "partial_rotary_factor 0.75"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(name, field, value, message, tmp_path):
+    folder = write_checkpoint(name, tmp_path)
+    config_file = folder / "config.json"
+    raw = json.loads(config_file.read_text())
+    raw[field] = value
+    if field == "partial_rotary_factor" and isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"][field] = value
+    config_file.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message):
+        load_model(folder, torch.float32, "cpu")

@@ -1,4 +1,6 @@
-"""Tiny randomly initialised Hugging Face checkpoints (2 layers, hidden 64) for model tests."""
+"""Tiny randomly initialised Hugging Face checkpoints (2 layers, hidden 64) for model tests;
+the Mixture-of-Experts ones have 3-4 layers, 8 experts with top-2 routing (GQA: 4 query heads,
+2 KV heads), a shared expert in Qwen2-MoE, and dense layers where the config mixes them."""
 
 from __future__ import annotations
 
@@ -27,6 +29,17 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+GEMMA = dict(  # softcaps small enough to bite on a random model; head_dim != hidden / heads
+    num_hidden_layers=4,
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    sliding_window=6,
+    final_logit_softcapping=2.0,
+    pad_token_id=0,
+)
+MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+LAYERS_3, LAYERS_4 = {"num_hidden_layers": 3}, {"num_hidden_layers": 4}
+
 # name -> (config class name, extra config fields, save_pretrained max_shard_size or None)
 CHECKPOINTS = {
     "llama": ("LlamaConfig", {"rope_theta": 10000.0}, None),
@@ -48,7 +61,60 @@ CHECKPOINTS = {
         {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": True},
         None,
     ),
+    # sliding windows of 6 keys, shorter than the test prompts; 4 layers
+    "mistral_window": (
+        "MistralConfig",
+        {"num_hidden_layers": 4, "sliding_window": 6, "head_dim": 32},
+        None,
+    ),
+    "phi3_fused_window": (
+        "Phi3Config",
+        {"num_hidden_layers": 4, "sliding_window": 6, "pad_token_id": 0},
+        None,
+    ),
+    "gemma2_softcap": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 1.5}, None),
+    "gemma3_local_global": (
+        "Gemma3TextConfig",
+        {
+            **GEMMA,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "num_hidden_layers": 6,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        },
+        None,
+    ),
+    # Mixture of Experts: 8 experts, top-2
+    "qwen3_moe_mixed": (  # layer 1 dense (mlp_only_layers), softmax top-2 renormalised
+        "Qwen3MoeConfig",
+        {**MOE, "head_dim": 16, "norm_topk_prob": True, "mlp_only_layers": [1], **LAYERS_4},
+        None,
+    ),
+    "qwen3_moe_sparse_step": (  # every second layer sparse, weights not renormalised
+        "Qwen3MoeConfig",
+        {**MOE, "head_dim": 16, "decoder_sparse_step": 2, "norm_topk_prob": False, **LAYERS_4},
+        None,
+    ),
+    "qwen2_moe_shared": (  # a shared expert with its sigmoid gate
+        "Qwen2MoeConfig",
+        {**MOE, "shared_expert_intermediate_size": 48, "num_hidden_layers": 3},
+        "60KB",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, **LAYERS_3},
+        None,
+    ),
+    "olmoe_clip_qkv": (  # q/k normalised over their whole width, then clipped
+        "OlmoeConfig",
+        {**MOE, "intermediate_size": 32, "clip_qkv": 1.5, "num_hidden_layers": 3},
+        None,
+    ),
 }
+MOE_CHECKPOINTS = sorted(name for name in CHECKPOINTS if "moe" in name or name == "mixtral")
 
 
 def hf_config(name: str, **overrides):

@@ -306,6 +306,15 @@ def test_generic_render_without_tools_tells_the_history_in_prose() -> None:
         ("qwen3", CHATML_TEMPLATE, "hermes"),
         ("llama3", HERMES_TEMPLATE, "llama3"),
         ("none", HERMES_TEMPLATE, "none"),
+        # Qwen3-Coder writes <tool_call> too: its <function=/<parameter= decide
+        ("auto", "<tool_call>\n<function={{ n }}>\n<parameter={{ k }}>", "qwen3_coder"),
+        ("auto", "{{ '[TOOL_CALLS] [' }}{{ calls | tojson }}", "mistral"),
+        ("auto", "{{ '[TOOL_CALLS]' + name + '[ARGS]' }}", "mistral_v11"),
+        ("mistral", "{{ '[TOOL_CALLS]' + name + '[ARGS]' }}", "mistral_v11"),
+        ("mistral", None, "mistral"),
+        ("auto", "{{ '<|python_start|>' }} ipython", "pythonic"),
+        ("auto", "Reply as [func_name1(params_name1=params_value1)]", "pythonic"),
+        ("pythonic", LLAMA3_TEMPLATE, "pythonic"),
     ],
 )
 def test_resolve_tool_parser(configured: str, template: str | None, expected: str) -> None:
@@ -314,6 +323,6 @@ def test_resolve_tool_parser(configured: str, template: str | None, expected: st
 
 def test_unknown_parser_names_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown tool-call parser"):
-        resolve_tool_parser("mistral", None)
+        resolve_tool_parser("gpt-oss", None)
     with pytest.raises(ValueError, match="no tool-call parser"):
         make_tool_parser("none", [])

@@ -47,9 +47,27 @@ def test_parse_function_call(stack: FakeStack) -> None:
 
 
 @pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        ("qwen3_coder", "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n"
+         "</function>\n</tool_call>"),
+        ("mistral", '[TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "UTC"}}]'),
+        ("mistral", '[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'),
+        ("pythonic", '<|python_start|>[get_time(zone="UTC")]'),
+    ],
+)  # fmt: skip
+def test_parse_function_call_in_the_model_formats(stack: FakeStack, parser, text) -> None:
+    body = {"text": "Checking. " + text, "tools": TOOLS, "tool_call_parser": parser}
+    out = post(stack, "/parse_function_call", body).json()
+    assert out["normal_text"].strip() == "Checking."
+    (call,) = out["calls"]
+    assert call["name"] == "get_time" and json.loads(call["parameters"]) == {"zone": "UTC"}
+
+
+@pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"text": "x", "tool_call_parser": "mistral"}, "tool_call_parser"),
+        ({"text": "x", "tool_call_parser": "gpt-oss"}, "tool_call_parser"),
         ({"text": "x", "tool_call_parser": "none"}, "tool_call_parser"),
         ({"tools": []}, "text"),
         ({"text": "x", "tools": [{"type": "function", "function": {"name": "a b"}}]}, None),
