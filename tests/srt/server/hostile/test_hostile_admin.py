@@ -17,7 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hostile_util import GREEDY, LiveServer, assert_4xx, assert_clean, gen, wait_for
+from hostile_util import (
+    API_KEY,
+    GREEDY,
+    LiveServer,
+    assert_4xx,
+    assert_clean,
+    gen,
+    wait_for,
+)
 
 from radixlm.srt.config import ADMIN_VERBS
 from radixlm.srt.server.http.paths import CHECKPOINT_NOT_FOUND
@@ -50,6 +58,20 @@ def test_empty_keys_are_refused_at_start_up() -> None:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr[-2000:]
         assert flag in done.stderr and "empty" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_llama_dir, tmp_path_factory) -> Iterator[LiveServer]:
+    """A server with ``--api-key`` and no ``--admin-api-key`` (the folder's keyed server has
+    both), for the rules that hold only without an admin key."""
+    s = LiveServer(
+        ["--model-path", str(tiny_llama_dir), "--max-total-tokens", "256"],
+        tmp_path_factory.mktemp("api-key-only"),
+        api_key=API_KEY,
+    )
+    s.start()
+    yield s
+    s.stop()
 
 
 def test_the_api_key_holds_no_admin_verb(keyed: LiveServer) -> None:
