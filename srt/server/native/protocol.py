@@ -256,9 +256,10 @@ class UpdateWeightVersionInput(StrictBody):
     abort_all_requests: bool = False
 
 
-# get_weights_by_name: an answer carries at most executor/weight_update.MAX_WEIGHT_VALUES values
-# (each row one value at least), and a name is a checkpoint tensor's
-MAX_WEIGHT_VALUES = 1 << 20
+# get_weights_by_name: rows past a tensor's end give the whole tensor (SGLang's slicing), an answer
+# is capped by values (executor/weight_update.MAX_WEIGHT_VALUES), this bound is the wire's; a name
+# is a checkpoint tensor's
+MAX_TRUNCATE_ROWS = 1 << 31
 MAX_WEIGHT_NAME_CHARS = 512
 
 
@@ -269,8 +270,7 @@ class GetWeightsByNameInput(StrictBody):
     rid: str | None = None  # SGLang's request base; a read has nothing to name
     _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: check_rid(v)))
     name: str = Field(max_length=MAX_WEIGHT_NAME_CHARS)
-    # more rows than one answer carries values is refused here (a 400), not by the scheduler
-    truncate_size: int = Field(default=100, ge=1, le=MAX_WEIGHT_VALUES)
+    truncate_size: int = Field(default=100, ge=1, le=MAX_TRUNCATE_ROWS)
 
 
 class TokenizeInput(StrictBody):
