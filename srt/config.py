@@ -52,6 +52,29 @@ REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
 # load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
 AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser", "kv_cache_dtype")
 SECRET_FIELDS = ("api_key", "admin_api_key")  # never logged
+# Who may call what (docs/operations/production.md, "Keys", is checked against these lists):
+# the routes served without a key, and the admin routes with whether each is one of the
+# dangerous verbs that, without --admin-api-key, stay off unless
+# --enable-admin-verbs-with-api-key turns them on for the ordinary key.
+OPEN_PATHS = ("/health", "/ready", "/ping", "/metrics")
+ADMIN_ROUTES: tuple[tuple[str, bool], ...] = (
+    ("/flush_cache", False),
+    ("/abort_request", False),  # only with abort_all: true
+    ("/update_weights_from_disk", True),
+    ("/update_weights_from_tensor", True),
+    ("/update_weights_from_distributed", True),
+    ("/update_weights_from_ipc", True),
+    ("/init_weights_update_group", True),
+    ("/destroy_weights_update_group", True),
+    ("/get_weights_by_name", True),
+    ("/update_weight_version", True),
+    ("/pause_generation", True),
+    ("/continue_generation", True),
+    ("/start_profile", True),
+    ("/stop_profile", True),
+)
+ADMIN_VERBS = tuple(path for path, is_dangerous in ADMIN_ROUTES if is_dangerous)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # chunked_prefill_size when not given. With mixed batches a running request waits at most one
 # chunk step for its next token. GPU: an 8B model's chunk of N tokens costs ~N * 16 GFLOP
 # (8,192: ~0.2 s at 650 TFLOP/s). Serving the 8B shape on an H200 (docs/results/serving.md),
@@ -228,9 +251,47 @@ class ServerConfig:
     # server
     host: str = _opt("127.0.0.1", "HTTP host")
     port: int = _opt(30000, "HTTP port")
-    api_key: str | None = _opt(None, "require this bearer key on every request")
+    api_key: str | None = _opt(
+        None,
+        f"bearer key required on every route but {', '.join(OPEN_PATHS)}; without "
+        "--admin-api-key it also guards /flush_cache and /abort_request's abort_all, while the "
+        f"admin verbs ({', '.join(ADMIN_VERBS)}) stay off unless "
+        "--enable-admin-verbs-with-api-key",
+    )
     admin_api_key: str | None = _opt(
-        None, "bearer key for admin routes (/flush_cache, abort_all); default: --api-key"
+        None,
+        "bearer key of the admin routes (accepted on every route): "
+        f"{', '.join(path for path, _ in ADMIN_ROUTES)} (/abort_request: only abort_all)",
+    )
+    enable_admin_verbs_with_api_key: bool = _opt(
+        False,
+        f"serve the admin verbs ({', '.join(ADMIN_VERBS)}) without --admin-api-key: to "
+        "--api-key holders, or to anyone on a non-loopback bind without keys (warned at start-up)",
+    )
+    allowed_hosts: str | None = _opt(
+        None,
+        "comma-separated Host header names served, against DNS rebinding (others: 400); "
+        f"default on a loopback --host: {', '.join(LOOPBACK_HOSTS)} and --host; elsewhere "
+        "off; * turns it off",
+    )
+    torch_profiler_dir: str | None = _opt(
+        None,
+        "folder of /start_profile traces; a client's output_dir must lie inside it (default: "
+        "$RADIXLM_TORCH_PROFILER_DIR, $SGLANG_TORCH_PROFILER_DIR, else the system temp folder)",
+    )
+    weight_update_roots: str | None = _opt(
+        None,
+        "comma-separated folders /update_weights_from_disk may load from (default: the "
+        "folder holding the served model's folder)",
+    )
+    paused_request_timeout_s: float = _opt(
+        600.0,
+        "a request held by /pause_generation longer than this ends with a 503 saying so",
+    )
+    max_sessions_per_caller: int = _opt(
+        256,
+        "most sessions one caller keeps open, of the server's 1,024 (a caller: an API key; "
+        "without keys every client is one anonymous caller, not limited)",
     )
     max_request_body_mb: float = _opt(32.0, "largest request body in MiB (larger: 413)")
     default_max_tokens: int = _opt(
@@ -310,6 +371,8 @@ def validate(cfg: ServerConfig) -> None:
         )
     if cfg.page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
+    if cfg.max_sessions_per_caller < 1:
+        raise ValueError(f"max_sessions_per_caller must be >= 1, got {cfg.max_sessions_per_caller}")
     if cfg.max_running_requests < 1:
         raise ValueError(f"max_running_requests must be >= 1, got {cfg.max_running_requests}")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < 16:
@@ -334,6 +397,7 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
     if cfg.chat_template is not None:
         read_chat_template(cfg.chat_template)
+    _validate_access(cfg)
     _validate_kv_cache_scales(cfg)
     _validate_hicache(cfg)
     _validate_speculative(cfg)
@@ -427,6 +491,69 @@ def read_kv_scales_file(path: str) -> tuple[list[float], list[float]]:
             f"{where}: k_scales has {len(out[0])} entries, v_scales {len(out[1])} (one per layer)"
         )
     return out[0], out[1]
+
+
+def _validate_access(cfg: ServerConfig) -> None:
+    for name in SECRET_FIELDS:
+        key = getattr(cfg, name)
+        if key is not None and not key.strip():
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{name} is empty ({flag} ''): an unset variable in a launch script? An empty "
+                f"key would open the routes it guards; leave {flag} out or give a key"
+            )
+        if key is not None and key != key.strip():
+            raise ValueError(f"{name} has leading or trailing spaces, which no client can send")
+    if cfg.allowed_hosts is not None and not split_list(cfg.allowed_hosts):
+        raise ValueError("allowed_hosts is empty: give host names, or * to turn the check off")
+    if not (cfg.paused_request_timeout_s > 0 and math.isfinite(cfg.paused_request_timeout_s)):
+        raise ValueError(
+            f"paused_request_timeout_s must be a finite number > 0, got "
+            f"{cfg.paused_request_timeout_s}"
+        )
+    if cfg.weight_update_roots is not None and not split_list(cfg.weight_update_roots):
+        raise ValueError("weight_update_roots is empty: give folders, or leave it out")
+
+
+def split_list(value: str) -> list[str]:
+    """The items of a comma-separated flag value, stripped, without empty ones."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def is_loopback_host(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_host_names(cfg: ServerConfig) -> frozenset[str] | None:
+    """The Host header names served (lower case, no port); None when any is (``*``, or a
+    non-loopback bind without ``allowed_hosts``)."""
+    if cfg.allowed_hosts is None:
+        if not is_loopback_host(cfg.host):
+            return None
+        return frozenset({*LOOPBACK_HOSTS, cfg.host.lower().strip("[]")})
+    names = split_list(cfg.allowed_hosts)
+    if "*" in names:
+        return None
+    return frozenset(n.lower().strip("[]") for n in names)
+
+
+def torch_profiler_dir(cfg: ServerConfig) -> str:
+    """The folder of profiler traces: ``torch_profiler_dir``, else the environment's, else the
+    system temp folder; absolute, symlinks resolved."""
+    import os
+    import tempfile
+
+    folder = cfg.torch_profiler_dir
+    for name in ("RADIXLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR"):
+        folder = folder or os.environ.get(name)
+    return os.path.realpath(folder or tempfile.gettempdir())
 
 
 def _validate_speculative(cfg: ServerConfig) -> None:

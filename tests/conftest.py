@@ -30,6 +30,15 @@ os.environ.setdefault(
 )
 
 
+def pytest_configure(config):
+    """One intra-op thread in the test process (``RADIXLM_TEST_THREADS`` to change it): the
+    tests' models are tiny, and two threads' hand-offs cost more than they save, many times more
+    while a test's own server works on the other core. Servers and TP ranks set their own."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("RADIXLM_TEST_THREADS", "1")))
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():
         return

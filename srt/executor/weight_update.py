@@ -155,8 +155,10 @@ def update_weights_from_tensor(
 
 
 # what one get_weights_by_name answer may carry (a float each): 100 rows of an 8B model's
-# embedding are 409,600; the whole of it would be half a billion
-MAX_WEIGHT_VALUES = 1 << 22
+# embedding are 409,600, of a 70B model's 819,200; the whole of it would be half a billion.
+# An answer is ~50 MiB of Python floats and JSON on its way; the HTTP body model refuses more
+# rows than this at once (server/native/protocol.py keeps the same figure).
+MAX_WEIGHT_VALUES = 1 << 20
 
 
 @torch.inference_mode()

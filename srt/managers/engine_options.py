@@ -91,9 +91,9 @@ def plan_engine_scores(
         args["items"],
         args["label_token_ids"],
         vocab_size=vocab_size,
+        max_token_chars=door.max_token_chars,
         **{k: args[k] for k in keys},
     )
-    job.check_text_size(door.max_token_chars)
     ids = [door.tokenize(p, True, "items") if job.is_text else p for p in job.prompts]
     job.check_size(ids)
     return job, ids

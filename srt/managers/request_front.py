@@ -7,9 +7,10 @@ own: a front gives it ``send`` (how a message reaches the scheduler) and its own
   tokenized by the front beforehand (:func:`texts_to_tokenize`), on its own thread or pool.
 - ``open`` / ``release``: the rid registry. Every request has a fresh internal rid (what the
   scheduler knows it by); its client rid (or the internal one) and its ``abort_keys`` name it
-  for ``abort``. A client rid already running is refused. Releasing a call's requests (its
-  end, an error, the caller gone) removes every one and aborts the unfinished ones, on every
-  path; their session turns leave their sessions.
+  for ``abort``, in the namespace of its caller (caller_scope.py: another caller can neither
+  abort it nor hold its rid). A client rid already running in that namespace is refused.
+  Releasing a call's requests (its end, an error, the caller gone) removes every one and
+  aborts the unfinished ones, on every path; their session turns leave their sessions.
 - ``fold``: detokenizer outputs into each request's RequestResult; a finished turn ends.
 - control calls: a fresh ``req_id`` per message, the waiter its reply goes to, the last answer
   to each read-only query, and :func:`is_busy` (a weight update resent while requests run).
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.srt.managers.caller_scope import client_name, scoped
 from radixlm.srt.managers.front_door import FrontDoor
 from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq
 from radixlm.srt.managers.request_group import GenerateError
@@ -92,13 +94,16 @@ class RequestFront:
         door: Callable[[], FrontDoor],
         send: Callable[[Any], None],
         send_abort: Callable[[str], None] | None = None,
+        max_sessions_per_caller: int | None = None,
     ) -> None:
         self.door = door
         self.send = send
         self.send_abort = send_abort or (lambda rid: send(AbortReq(rid=rid)))
         self.states: dict[str, ReqState] = {}  # internal rid -> state
         self.client_rids: dict[str, list[str]] = {}  # client rid or abort key -> internal rids
-        self.sessions = SessionManager(abort=self.abort)
+        self.sessions = SessionManager(
+            abort=self.abort, max_sessions_per_caller=max_sessions_per_caller
+        )
         self.pending: dict[str, Any] = {}  # control req_id -> the waiter of its reply
         self._last_read: dict[type, tuple[float, ControlReply]] = {}  # read-only verb -> answer
         self.lock = threading.RLock()
@@ -139,20 +144,22 @@ class RequestFront:
         return PreparedReq(inp, params, msg, inp.rid if inp.rid is not None else rid, plan)
 
     def open(
-        self, prepared: list[PreparedReq], waiter: Callable[[], Any]
+        self, prepared: list[PreparedReq], waiter: Callable[[], Any], namespace: str = ""
     ) -> tuple[list[ReqState], list[str]]:
-        """Registers the requests under their client rids and abort keys, adds their session
-        turns, and sends them; their states and keys (give both to :meth:`release`). Raises
-        GenerateError 400, registering nothing, when one of those rids is already running.
-        ``waiter()`` makes each state's waiter."""
-        keys_of = [(p.client_rid, *p.inp.abort_keys) for p in prepared]
+        """Registers the requests under their client rids and abort keys (in ``namespace``,
+        the caller's), adds their session turns, and sends them; their states and keys (give
+        both to :meth:`release`). Raises GenerateError 400, registering nothing, when one of
+        those rids is already running. ``waiter()`` makes each state's waiter."""
+        keys_of = [
+            tuple(scoped(namespace, k) for k in (p.client_rid, *p.inp.abort_keys)) for p in prepared
+        ]
         keys = list(dict.fromkeys(k for ks in keys_of for k in ks))
         states: list[ReqState] = []
         with self.lock:
             taken = [k for k in keys if k in self.client_rids]
             if taken:
                 raise GenerateError(
-                    f"a request with rid {taken[0]!r} is already running; "
+                    f"a request with rid {client_name(taken[0])!r} is already running; "
                     "rids must be unique among running requests",
                     400,
                     "rid",
@@ -215,8 +222,8 @@ class RequestFront:
             )
 
     def abort(self, client_rid: str) -> int:
-        """Aborts the running requests registered under ``client_rid`` (exact match); returns
-        how many."""
+        """Aborts the running requests registered under ``client_rid`` (exact match; a key of
+        caller_scope.scoped for a caller's rid); returns how many."""
         with self.lock:
             rids = [r for r in self.client_rids.get(client_rid, []) if r in self.states]
         for rid in rids:

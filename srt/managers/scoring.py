@@ -52,19 +52,20 @@ class ScoreJob:
     temperature: float = 1.0
     return_token_logprobs: bool = False
 
-    def check_text_size(self, max_token_chars: int) -> None:
-        """Before text prompts are tokenized: more characters in all than MAX_SCORE_TOKENS
-        tokens can spell (a long query is repeated in every item's prompt) is a 400."""
-        if self.is_text:
-            chars = sum(len(p) for p in self.prompts)
-            if chars > MAX_SCORE_TOKENS * max_token_chars:
-                raise GenerateError(
-                    f"the {len(self.prompts)} prompts (query and item each) hold {chars} "
-                    f"characters, more than {MAX_SCORE_TOKENS} tokens can spell; send the "
-                    "items in several requests",
-                    400,
-                    "items",
-                )
+    def check_query_tokens(self, num_query_tokens: int) -> None:
+        """Before the prompts are tokenized: ``num_query_tokens``, a lower bound of the query's
+        tokens in each prompt (see :func:`query_core`), repeated in every item's prompt, must
+        leave room under MAX_SCORE_TOKENS; else a 400 before the items are tokenized."""
+        # a word cut at either end of the core may spell a few more tokens than it does whole
+        least = max(num_query_tokens - SCORE_CUT_TOKENS, 0) * len(self.prompts)
+        if least > MAX_SCORE_TOKENS:
+            raise GenerateError(
+                f"the query has at least {num_query_tokens} tokens, repeated in each of the "
+                f"{len(self.prompts)} prompts: more than {MAX_SCORE_TOKENS} tokens per request; "
+                "send the items in several requests",
+                400,
+                "items",
+            )
 
     def check_size(self, prompt_ids: list[list[int]]) -> None:
         """The tokenized prompts: none empty, MAX_SCORE_TOKENS in all."""
@@ -125,19 +126,45 @@ def label_scores(logprobs: list[float], apply_softmax: bool, temperature: float)
     return [w / total for w in weights]
 
 
+SCORE_QUERY_EDGE_CHARS = 256  # a query's ends may merge with an item's tokens when joined
+SCORE_CUT_TOKENS = 8  # slack for the words cut at the core's ends
+
+
+def query_core(query: str) -> str:
+    """The part of a text query whose tokens every prompt holds whatever item it is joined
+    with: its ends (where the item's text may merge into the query's words) cut off."""
+    return query[SCORE_QUERY_EDGE_CHARS:-SCORE_QUERY_EDGE_CHARS]
+
+
+def check_text_size(query: str, items: list[str], max_token_chars: int) -> None:
+    """Before text prompts are built and tokenized: more characters in all than
+    MAX_SCORE_TOKENS tokens can spell (the query is repeated in every item's prompt) is a
+    400."""
+    chars = len(query) * len(items) + sum(len(item) for item in items)
+    if chars > MAX_SCORE_TOKENS * max_token_chars:
+        raise GenerateError(
+            f"the {len(items)} prompts (query and item each) hold {chars} characters, more "
+            f"than {MAX_SCORE_TOKENS} tokens can spell; send the items in several requests",
+            400,
+            "items",
+        )
+
+
 def plan_scores(
     query: Any,
     items: Any,
     label_token_ids: Any,
     *,
     vocab_size: int,
+    max_token_chars: int,
     apply_softmax: bool = False,
     item_first: bool = False,
     temperature: float = 1.0,
     return_token_logprobs: bool = False,
 ) -> ScoreJob:
     """Checks a scoring request's arguments (SGLang's ``score_request`` names and rules) and
-    builds each item's prompt; GenerateError 400 naming the argument."""
+    builds each item's prompt (text prompts no longer in all than MAX_SCORE_TOKENS tokens of
+    ``max_token_chars`` characters can spell); GenerateError 400 naming the argument."""
     _check_temperature(temperature, apply_softmax)
     if items is None:
         raise GenerateError(
@@ -162,6 +189,7 @@ def plan_scores(
         return_token_logprobs=return_token_logprobs,
     )
     if is_text and isinstance(query, str):
+        check_text_size(query, item_list, max_token_chars)
         texts = [item + query if item_first else query + item for item in item_list]
         return ScoreJob(texts, labels, True, **options)
     if not isinstance(query, list) or not all(isinstance(item, list) for item in item_list):

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.srt.managers.caller_scope import client_name, scoped
 from radixlm.srt.managers.request_group import GenerateError
 
 
@@ -97,10 +98,11 @@ class Turn:
 
 @dataclass(eq=False)
 class Session:
-    session_id: str
+    session_id: str  # its key: the client's id in its caller's namespace (caller_scope.py)
     capacity: int  # capacity_of_str_len: a turn's input + max_new_tokens, in tokens
     timeout_s: float | None
     last_used_s: float
+    namespace: str = ""  # its caller's
     turns: dict[str, Turn] = field(default_factory=dict)
     num_running: int = 0
 
@@ -109,6 +111,15 @@ class Session:
         if self.timeout_s is None or self.num_running:
             return False
         return now - self.last_used_s > self.timeout_s
+
+    @property
+    def name(self) -> str:
+        """The id as its caller sent it."""
+        return client_name(self.session_id)
+
+    def turn_key(self, turn: Turn) -> str:
+        """The rid-registry key of one of its turns (what aborts it)."""
+        return scoped(self.namespace, turn.rid)
 
     @property
     def num_stored_tokens(self) -> int:

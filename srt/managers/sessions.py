@@ -23,9 +23,14 @@ token ids are used as sent.
 A turn that ends otherwise (aborted, failed, client gone) leaves the session, and so does every
 turn of a closed session; turns still running when their session closes are aborted.
 
+Session ids live in the namespace of their caller (caller_scope.py): the key of a session is
+its id scoped by the caller's namespace, so another caller can neither continue, close nor
+probe it (its id "does not exist" for them), nor take its id.
+
 Limits (each refusal is a 400 naming the problem): ``capacity_of_str_len`` bounds, in tokens,
 a turn's input plus its ``max_new_tokens``; a server holds at most ``max_sessions`` open
-sessions, a session at most ``max_turns`` turns and all sessions together ``max_tokens``
+sessions, one caller (a non-empty namespace) at most ``max_sessions_per_caller`` of them, a
+session at most ``max_turns`` turns and all sessions together ``max_tokens``
 stored tokens (a running turn reserves its new tokens and ``max_new_tokens``). A session opened
 with ``timeout`` is closed once it has been idle (no turn running) that many
 seconds (looked for at most once a second, at the next session operation). When a new session
@@ -45,6 +50,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
+from radixlm.srt.managers.caller_scope import client_name, scoped
 from radixlm.srt.managers.session_state import (
     Session,
     SessionParams,
@@ -79,8 +85,11 @@ class SessionManager:
         max_tokens: int = MAX_STORED_TOKENS,
         clock: Callable[[], float] = time.monotonic,
         min_idle_evict_s: float = MIN_IDLE_EVICT_S,
+        max_sessions_per_caller: int | None = None,
     ) -> None:
         self.abort = abort
+        self.max_sessions_per_caller = max_sessions_per_caller
+        self._num_by_caller: dict[str, int] = {}  # namespace -> open sessions
         self.max_sessions = max_sessions
         self.max_turns = max_turns
         self.max_tokens = max_tokens
@@ -93,9 +102,14 @@ class SessionManager:
 
     # ------------------------------------------------------------------ open and close
     def open(
-        self, capacity: int, session_id: str | None = None, timeout_s: float | None = None
+        self,
+        capacity: int,
+        session_id: str | None = None,
+        timeout_s: float | None = None,
+        namespace: str = "",
     ) -> str:
-        """Opens a session; returns its id (a fresh one when ``session_id`` is None)."""
+        """Opens a session of the caller of ``namespace``; returns its id (a fresh one when
+        ``session_id`` is None), as the caller names it."""
         self.sweep()
         if type(capacity) is not int or capacity < 1:
             raise bad(
@@ -109,12 +123,14 @@ class SessionManager:
             session_id = uuid.uuid4().hex
         elif not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
             raise bad(f"session_id must have 1 to {MAX_SESSION_ID_CHARS} characters", "session_id")
-        if session_id in self.sessions:
+        key = scoped(namespace, session_id)
+        if key in self.sessions:
             raise bad(
                 f"session id {session_id} already exists, cannot open it again; close it first "
                 "or open the session without a session_id",
                 "session_id",
             )
+        self._check_caller_quota(namespace)
         if len(self.sessions) >= self.max_sessions:
             self._evict_idle(lambda: len(self.sessions) < self.max_sessions)
         if len(self.sessions) >= self.max_sessions:
@@ -124,16 +140,35 @@ class SessionManager:
                 "longer use",
                 "session_id",
             )
-        self.sessions[session_id] = Session(session_id, capacity, timeout_s, self.clock())
+        self.sessions[key] = Session(key, capacity, timeout_s, self.clock(), namespace)
+        self._num_by_caller[namespace] = self._num_by_caller.get(namespace, 0) + 1
         return session_id
 
-    def close(self, session_id: str) -> None:
-        """Closes the session: its turns are dropped, running ones aborted."""
-        self._drop_session(self._get(session_id, "session_id"))
+    def _check_caller_quota(self, namespace: str) -> None:
+        """A caller (a non-empty namespace) keeps at most ``max_sessions_per_caller`` open:
+        its own sessions idle for ``min_idle_evict_s`` are closed first (LRU)."""
+        quota = self.max_sessions_per_caller
+        if not namespace or quota is None:
+            return
+        if self._num_by_caller.get(namespace, 0) >= quota:
+            others = frozenset(k for k, s in self.sessions.items() if s.namespace != namespace)
+            self._evict_idle(lambda: self._num_by_caller.get(namespace, 0) < quota, others)
+        if self._num_by_caller.get(namespace, 0) >= quota:
+            raise bad(
+                f"you have {quota} sessions open, the most one caller keeps "
+                "(--max-sessions-per-caller), and none has been idle for "
+                f"{self.min_idle_evict_s:g} s; close the sessions you no longer use",
+                "session_id",
+            )
+
+    def close(self, session_id: str, namespace: str = "") -> None:
+        """Closes the caller's session: its turns are dropped, running ones aborted."""
+        self._drop_session(self._get(scoped(namespace, session_id), "session_id"))
 
     def clear(self) -> None:
         """Drops every session without aborting anything (the server is shutting down)."""
         self.sessions.clear()
+        self._num_by_caller.clear()
         self.num_stored_tokens = 0
 
     def sweep(self) -> None:
@@ -167,17 +202,22 @@ class SessionManager:
 
     def _drop_session(self, session: Session) -> None:
         del self.sessions[session.session_id]
+        left = self._num_by_caller[session.namespace] - 1
+        if left:
+            self._num_by_caller[session.namespace] = left
+        else:
+            del self._num_by_caller[session.namespace]
         self.num_stored_tokens -= session.num_stored_tokens
         for turn in session.turns.values():
             if turn.is_running:
-                self.abort(turn.rid)
+                self.abort(session.turn_key(turn))
 
     def _get(self, session_id: str, param: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
             raise bad(
-                f"Invalid request: session id {session_id} does not exist (it was never opened, "
-                "was closed, timed out, or was closed for room after "
+                f"Invalid request: session id {client_name(session_id)} does not exist (it was "
+                "never opened, was closed, timed out, or was closed for room after "
                 f"{self.min_idle_evict_s:g} s idle); open a session with /open_session first",
                 param,
             )
@@ -225,14 +265,14 @@ class SessionManager:
         parent = session.turns.get(params.rid)
         if parent is None:
             raise bad(
-                f"session {session.session_id} has no request with rid {params.rid!r} to "
+                f"session {session.name} has no request with rid {params.rid!r} to "
                 "continue from (a turn that did not finish normally, or one dropped by "
                 "replace, leaves the session)",
                 "session_params.rid",
             )
         if parent.is_running:
             raise bad(
-                f"request {params.rid!r} of session {session.session_id} is still running; "
+                f"request {params.rid!r} of session {session.name} is still running; "
                 "continue from it once it has finished",
                 "session_params.rid",
             )
@@ -273,14 +313,14 @@ class SessionManager:
         for plan, rid, session in zip(plans, rids, sessions, strict=True):
             if plan.parent is not None and session.turns.get(plan.parent.rid) is not plan.parent:
                 raise bad(
-                    f"turn {plan.parent.rid!r} of session {session.session_id} was dropped while "
+                    f"turn {plan.parent.rid!r} of session {session.name} was dropped while "
                     "this request was being prepared; send it again"
                 )
             if plan.params.replace:
                 dropped = replaced_turns(session, plan.parent)
             if rid in session.turns and session.turns[rid] not in dropped:
                 raise bad(
-                    f"rid {rid!r} already names a request of session {session.session_id}; give "
+                    f"rid {rid!r} already names a request of session {session.name}; give "
                     "each turn its own rid",
                     "rid",
                 )
@@ -288,7 +328,7 @@ class SessionManager:
             num_turns = len(session.turns) - len(dropped) + added[session.session_id]
             if num_turns > self.max_turns:
                 raise bad(
-                    f"session {session.session_id} would hold {num_turns} requests, more than "
+                    f"session {session.name} would hold {num_turns} requests, more than "
                     f"the {self.max_turns} a session keeps; drop branches with "
                     "session_params.replace or open a new session"
                 )
@@ -338,7 +378,7 @@ class SessionManager:
         self.num_stored_tokens -= turn.reserved
         if turn.is_running:
             session.num_running -= 1
-            self.abort(turn.rid)
+            self.abort(session.turn_key(turn))
 
     # ------------------------------------------------------------------ state
     def info(self) -> dict[str, int]:
@@ -353,7 +393,12 @@ class SessionManager:
         }
 
     def check_integrity(self) -> None:
-        """Token counts add up and every turn's tree links stay inside its session."""
+        """Token counts add up, every turn's tree links stay inside its session and the
+        sessions per caller are counted right."""
+        callers: dict[str, int] = {}
+        for session in self.sessions.values():
+            callers[session.namespace] = callers.get(session.namespace, 0) + 1
+        assert callers == self._num_by_caller, (callers, self._num_by_caller)
         total = 0
         for session in self.sessions.values():
             turns = session.turns

@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.managers.caller_scope import scoped
 from radixlm.srt.managers.front_door import FrontDoor, ModelLimits
 from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq, RequestObserver
 from radixlm.srt.managers.request_checks import sample_seed
@@ -90,7 +91,12 @@ class TokenizerManager:
         self.endpoints = endpoints
         self.observer = observer
         self.info: dict[str, Any] = {}  # the scheduler's ready_info()
-        self.front = RequestFront(lambda: self.door, self._send, self._send_abort)
+        self.front = RequestFront(
+            lambda: self.door,
+            self._send,
+            self._send_abort,
+            max_sessions_per_caller=cfg.max_sessions_per_caller,
+        )
         self.sessions = self.front.sessions
         self.control_timeout_s = CONTROL_TIMEOUT_S
         self._load_query: asyncio.Task[ControlReply] | None = None
@@ -111,6 +117,7 @@ class TokenizerManager:
         self._resumed = asyncio.Event()  # set unless one of those two holds new requests
         self._resumed.set()
         self.num_paused = 0  # requests waiting for that update to end
+        self._pause_watchdog: asyncio.Task[None] | None = None  # ends requests held too long
         self._num_paused_in_update = 0  # requests that waited during the current update
 
     # ------------------------------------------------------------------ lifecycle
@@ -131,6 +138,7 @@ class TokenizerManager:
                 pass  # the scheduler was busy or gone: the next query tries again
 
     async def close(self) -> None:
+        self._stop_pause_watchdog()
         if self._prime_task is not None:
             self._prime_task.cancel()
         if self._recv_task is not None:
@@ -248,7 +256,9 @@ class TokenizerManager:
             self.num_paused += 1
             self._num_paused_in_update += 1
             try:
-                await self._resumed.wait()
+                await asyncio.wait_for(self._resumed.wait(), self.cfg.paused_request_timeout_s)
+            except asyncio.TimeoutError:
+                raise self._held_too_long() from None
             finally:
                 self.num_paused -= 1
         self._check_alive()
@@ -259,15 +269,18 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ request lifecycle
     def open(
-        self, prepared: list[PreparedReq], probe: DisconnectProbe | None = None
+        self,
+        prepared: list[PreparedReq],
+        probe: DisconnectProbe | None = None,
+        namespace: str = "",
     ) -> RequestGroup:
         """Registers the requests under their client rids (and ``inp.abort_keys``, such as the
-        rid of all ``n`` samples) and sends them. Use the group as a ``with`` block: its end
-        removes every state. Raises GenerateError 400, registering nothing, when one of those
-        rids is already in flight."""
+        rid of all ``n`` samples) in the caller's ``namespace`` (caller_scope.py) and sends
+        them. Use the group as a ``with`` block: its end removes every state. Raises
+        GenerateError 400, registering nothing, when one of those rids is already in flight."""
         self._check_alive()
         event = asyncio.Event()
-        states, keys = self.front.open(prepared, lambda: event)
+        states, keys = self.front.open(prepared, lambda: event, namespace)
         return RequestGroup(self.front, self.output, states, keys, probe, event)
 
     @property
@@ -282,10 +295,10 @@ class TokenizerManager:
         """For tests: no request state and no client rid is left."""
         self.front.assert_no_requests()
 
-    def abort(self, client_rid: str) -> int:
-        """Aborts the running requests registered under ``client_rid`` (exact match); returns
-        how many."""
-        return self.front.abort(client_rid)
+    def abort(self, client_rid: str, namespace: str = "") -> int:
+        """Aborts the running requests registered under ``client_rid`` (exact match) in the
+        caller's ``namespace``; returns how many."""
+        return self.front.abort(scoped(namespace, client_rid))
 
     def abort_all(self) -> None:
         self.front.abort_all()
@@ -364,6 +377,7 @@ class TokenizerManager:
         KV (``in_place``) or back in its waiting queue without it (``retract``)."""
         self.paused_by_request = True
         self._update_gate()
+        self._start_pause_watchdog()
         if mode == "abort":
             self.abort_all()
             return
@@ -372,6 +386,7 @@ class TokenizerManager:
         except GenerateError:
             self.paused_by_request = False
             self._update_gate()
+            self._stop_pause_watchdog()
             raise
         if not reply.ok:
             raise GenerateError(str(reply.data.get("message")), 400, "mode")
@@ -380,6 +395,47 @@ class TokenizerManager:
         await self.control(ContinueReq(), timeout_s=PAUSE_TIMEOUT_S)  # the scheduler runs again
         self.paused_by_request = False
         self._update_gate()
+        self._stop_pause_watchdog()
+
+    def _held_too_long(self) -> GenerateError:
+        limit = self.cfg.paused_request_timeout_s
+        return GenerateError(
+            f"{self.pause_reason or 'generation was paused'}: this request was held for "
+            f"{limit:g} s (--paused-request-timeout-s); retry once the server is ready (/ready)",
+            503,
+            code="paused_timeout",
+        )
+
+    def _start_pause_watchdog(self) -> None:
+        """The requests the paused scheduler holds (``in_place``, ``retract``) end with a 503
+        once the pause lasted ``paused_request_timeout_s``; new ones time out in the gate."""
+        if self._pause_watchdog is None or self._pause_watchdog.done():
+            self._pause_watchdog = asyncio.create_task(self._end_held_requests())
+
+    def _stop_pause_watchdog(self) -> None:
+        if self._pause_watchdog is not None:
+            self._pause_watchdog.cancel()
+            self._pause_watchdog = None
+
+    async def _end_held_requests(self) -> None:
+        await asyncio.sleep(self.cfg.paused_request_timeout_s)
+        if not self.paused_by_request:
+            return
+        held = list(self.front.states.values())
+        if held:
+            logger.warning("ending %d request(s) held by a pause past its limit", len(held))
+        for state in held:  # their groups abort them in the scheduler as they close
+            state.error = self._held_too_long()
+            state.waiter.set()
+
+    @property
+    def pause_reason(self) -> str | None:
+        """Why requests wait now (None: they do not): a pause, or a weight update."""
+        if self.paused_by_request:
+            return "generation is paused (/pause_generation); /continue_generation resumes it"
+        if self._updating:
+            return "the weights are being updated (/update_weights_from_disk)"
+        return None
 
     def _update_gate(self) -> None:
         if self._updating or self.paused_by_request:

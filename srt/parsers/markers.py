@@ -39,17 +39,32 @@ class MarkerSplitter:
         self._held = ""
 
     def scan(self, text: str, pos: int = 0) -> tuple[str, str, int | None]:
-        held = self._held
-        s = held + text[pos:]
-        found = s.find(self.marker)
+        """Linear in what it consumes: only the text up to the marker is copied, never the
+        rest of ``text`` (a text of many markers is scanned once, not once per marker)."""
+        held, marker = self._held, self.marker
+        found = self._find(text, pos)
         if found >= 0:
+            after = found + len(marker)  # in held + text[pos:]
+            s = held + text[pos : pos + after - len(held)]
             start = whitespace_start(s, found, self._ws_limit)
             self._held = ""
-            after = found + len(self.marker)
             return s[:start], s[start:after], pos + after - len(held)
-        keep = whitespace_start(s, len(s) - partial_suffix(s, self.marker), self._ws_limit)
+        s = held + text[pos:]  # all of it is consumed: shown or held
+        keep = whitespace_start(s, len(s) - partial_suffix(s, marker), self._ws_limit)
         self._held = s[keep:]
         return s[:keep], "", None
+
+    def _find(self, text: str, pos: int) -> int:
+        """Where the marker starts in ``held + text[pos:]`` (-1: nowhere), without building
+        that string: one that starts in the held part ends within ``len(marker) - 1``
+        characters of ``pos``."""
+        held, marker = self._held, self.marker
+        if held:
+            found = (held + text[pos : pos + len(marker) - 1]).find(marker)
+            if found >= 0:
+                return found
+        found = text.find(marker, pos)
+        return found - pos + len(held) if found >= 0 else -1
 
     def flush(self) -> str:
         """End of input: what is held back (whitespace, a partial marker)."""

@@ -7,6 +7,12 @@
 Chrome trace, ``{output_dir}/{prefix-}{profile_id}-TP-{rank}.trace.json.gz``, which Perfetto and
 ``chrome://tracing`` open. ``start_step`` waits that many steps before recording. With tensor
 parallelism only rank 0 (the scheduler that reads requests) records.
+
+The profile is a side job of the step: :meth:`StepProfiler.step` never raises. A trace that
+cannot be written when the profile ends by itself (an unwritable folder, a full disk) is logged
+and reported by the next ``/stop_profile``; the requests of that step never see it. The default
+folder is ``config.torch_profiler_dir`` (the HTTP routes keep a client's ``output_dir`` inside
+it: srt/server/http/paths.py).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from radixlm.srt.messages import StartProfileReq
 logger = logging.getLogger(__name__)
 
 MAX_PROFILE_STEPS = 10_000
-PROFILE_DIR_ENVS = ("RADIXLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
+MAX_NAME_CHARS = 128  # profile_id and profile_prefix: parts of one file name (255 bytes at most)
 ACTIVITIES = ("CPU", "GPU", "MEM")
 # ProfileReq fields accepted only at their off values (what this profiler does not do)
 OFF_ONLY = {
@@ -34,13 +40,6 @@ OFF_ONLY = {
     "profile_stages": (None,),
     "detailed_annotations": (None, False),
 }
-
-
-def default_profile_dir() -> str:
-    for name in PROFILE_DIR_ENVS:
-        if os.environ.get(name):
-            return os.environ[name]
-    return "/tmp"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class ProfileArgs:
     record_shapes: bool
 
     @classmethod
-    def parse(cls, req: StartProfileReq, on_gpu: bool) -> ProfileArgs:
+    def parse(cls, req: StartProfileReq, on_gpu: bool, default_dir: str) -> ProfileArgs:
         """The request's ProfileReq fields, checked; ValueError (its first word the field)."""
         for name, off in OFF_ONLY.items():
             if getattr(req, name) not in off:
@@ -76,10 +75,16 @@ class ProfileArgs:
             if value is not None and (not isinstance(value, str) or not value or "\0" in value):
                 raise ValueError(f"{name} must be a non-empty string")
         for name in ("profile_id", "profile_prefix"):
-            if "/" in (getattr(req, name) or ""):
+            value = getattr(req, name) or ""
+            if "/" in value or os.sep in value or value in (".", ".."):
                 raise ValueError(f"{name} is part of a file name and may not hold '/'")
+            if len(value) > MAX_NAME_CHARS:
+                raise ValueError(
+                    f"{name} is part of a file name: at most {MAX_NAME_CHARS} characters, "
+                    f"got {len(value)}"
+                )
         return cls(
-            output_dir=req.output_dir or default_profile_dir(),
+            output_dir=req.output_dir or default_dir,
             profile_id=req.profile_id or str(int(time.time())),
             prefix=req.profile_prefix or "",
             num_steps=min(num_steps or MAX_PROFILE_STEPS, MAX_PROFILE_STEPS),
@@ -96,9 +101,11 @@ class ProfileArgs:
 
 
 class StepProfiler:
-    def __init__(self, on_gpu: bool) -> None:
+    def __init__(self, on_gpu: bool, default_dir: str) -> None:
         self.on_gpu = on_gpu
+        self.default_dir = default_dir
         self.args: ProfileArgs | None = None
+        self.last_error: str | None = None  # a profile that ended by itself unwritten
         self._prof: torch.profiler.profile | None = None
         self._wait = 0  # steps before recording starts
         self._steps = 0  # steps recorded
@@ -111,9 +118,10 @@ class StepProfiler:
     def start(self, req: StartProfileReq) -> dict[str, Any]:
         if self.args is not None:
             raise ValueError("profile is already running; stop it first (/stop_profile)")
-        args = ProfileArgs.parse(req, self.on_gpu)
+        args = ProfileArgs.parse(req, self.on_gpu, self.default_dir)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         self.args, self._wait, self._steps = args, args.start_step, 0
+        self.last_error = None
         if self._wait == 0:
             self._open()
         return {"message": f"profiling; the trace goes to {args.path}", "path": str(args.path)}
@@ -132,9 +140,19 @@ class StepProfiler:
         self._prof.start()
 
     def step(self) -> None:
-        """After each scheduler step: counts it, and ends the profile after ``num_steps``."""
+        """After each scheduler step: counts it, and ends the profile after ``num_steps``.
+        Never raises: a failure ends the profile and is kept for ``/stop_profile``."""
         if self.args is None:
             return
+        try:
+            self._count_step()
+        except Exception as e:  # a side job: the step's requests must not fail with it
+            logger.exception("the profile failed and was ended")
+            self.last_error = f"the profile failed and was ended: {e}"
+            self.args, self._prof = None, None
+
+    def _count_step(self) -> None:
+        assert self.args is not None
         if self._prof is None:
             self._wait -= 1
             if self._wait <= 0:
@@ -149,12 +167,18 @@ class StepProfiler:
         """Ends the profile and writes its trace; ValueError when none runs."""
         args, prof = self.args, self._prof
         if args is None:
+            error, self.last_error = self.last_error, None
+            if error is not None:
+                raise ValueError(error)
             raise ValueError("no profile is running; start one with /start_profile")
         self.args, self._prof = None, None
         if prof is None:  # stopped before start_step was reached: nothing recorded
             return {"message": "profile stopped before it started recording", "path": None}
         prof.stop()
-        prof.export_chrome_trace(str(args.path))
+        try:
+            prof.export_chrome_trace(str(args.path))
+        except Exception as e:  # torch raises RuntimeError for an unwritable file
+            raise ValueError(f"the trace could not be written to {args.path}: {e}") from e
         self.last_path = str(args.path)
         logger.info("profile of %d step(s) written to %s", self._steps, args.path)
         return {"message": f"profile written to {args.path}", "path": str(args.path)}

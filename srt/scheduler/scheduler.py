@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from radixlm.srt.config import ServerConfig
+from radixlm.srt.config import ServerConfig, torch_profiler_dir
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.model_runner import ModelRunner
 from radixlm.srt.messages import (
@@ -110,7 +110,7 @@ class Scheduler:
         self.admission = PrefillAdmission(r.cfg, self.kv, self.stats)
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
-        self.profiler = StepProfiler(on_gpu=r.device.type == "cuda")  # /start_profile
+        self.profiler = StepProfiler(r.device.type == "cuda", torch_profiler_dir(cfg))
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:

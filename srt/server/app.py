@@ -13,10 +13,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from radixlm.srt.config import ServerConfig
+from radixlm.srt.config import ServerConfig, allowed_host_names, torch_profiler_dir
 from radixlm.srt.managers.model_info import served_model_name
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.server.anthropic import messages as anthropic_messages
+from radixlm.srt.server.http.access import log_access_warnings
 from radixlm.srt.server.http.deps import json_response
 from radixlm.srt.server.http.errors import error_response, install_error_handlers
 from radixlm.srt.server.http.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -24,8 +25,10 @@ from radixlm.srt.server.http.middleware import (  # noqa: F401  (OPEN_PATHS: re-
     OPEN_PATHS,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
+    HostAllowListMiddleware,
 )
 from radixlm.srt.server.http.openapi import install_openapi
+from radixlm.srt.server.http.paths import weight_update_roots
 from radixlm.srt.server.native import admin as native_admin
 from radixlm.srt.server.native import generate as native_generate
 from radixlm.srt.server.native import health as native_health
@@ -92,6 +95,8 @@ def create_app(
     app.state.served_model_name = name
     app.state.accepted_model_names = accepted_model_names(tm.cfg, tm.info, name)
     app.state.created = int(time.time())
+    app.state.profile_dir = torch_profiler_dir(tm.cfg)  # /start_profile writes only here
+    app.state.weight_update_roots = weight_update_roots(tm.cfg, tm.info.get("model_path"))
     install_error_handlers(app)
     app.include_router(native_generate.router)
     app.include_router(native_sessions.router)
@@ -119,6 +124,10 @@ def create_app(
         app.add_middleware(
             ApiKeyMiddleware, api_key=tm.cfg.api_key, admin_api_key=tm.cfg.admin_api_key
         )
+    host_names = allowed_host_names(tm.cfg)
+    if host_names is not None:  # outermost: a rebound name gets nothing, not even a 401
+        app.add_middleware(HostAllowListMiddleware, names=host_names)
+    log_access_warnings(tm.cfg)
     return app
 
 
@@ -126,7 +135,10 @@ async def health(request: Request) -> Response:
     """``/health``, ``/ready`` and ``/ping``: 200 while the server can serve (a draining server answers
     every route 503: supervisor.DrainGate); 503 once a child died, or while the launcher's probe
     (``app.state.health_problem``: process states and heartbeats) names a problem. Answered
-    without the scheduler, so a long step does not make it fail."""
+    without the scheduler, so a long step does not make it fail. While generation is paused (or
+    weights load), ``/ready`` is a 503 naming the reason and ``/health`` and ``/ping`` stay 200
+    (the process is alive: sglang-router and supervisors must not restart it) with
+    ``"status": "paused"``."""
     tm: TokenizerManager = request.app.state.tm
     if not tm.is_alive:
         return error_response(f"server unavailable: {tm.dead_reason}", 503)
@@ -134,7 +146,12 @@ async def health(request: Request) -> Response:
     problem = probe() if probe is not None else None
     if problem is not None:
         return error_response(f"server unavailable: {problem}", 503)
-    return json_response({"status": "ok"})
+    paused = tm.pause_reason
+    if paused is None:
+        return json_response({"status": "ok"})
+    if request.url.path == "/ready":
+        return error_response(f"not ready: {paused}", 503)
+    return json_response({"status": "paused", "reason": paused})
 
 
 async def metrics_route(request: Request) -> Response:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -31,10 +31,11 @@ from radixlm.srt.server.anthropic.messages_input import (
     CountTokensRequest,
     MessagesRequest,
     chat_request,
+    precheck,
 )
 from radixlm.srt.server.chat.plan import chat_plan, finish_reason, name_grammar_error
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.http.deps import check_model, get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse, started_updates
@@ -97,6 +98,10 @@ def _messages_fields(e: GenerateError) -> GenerateError:
     return e
 
 
+def _precheck(request: Request) -> Callable[[dict[str, Any]], None]:
+    return lambda data: precheck(data, get_tm(request).context_length)
+
+
 async def _plan(request: Request, req: CountTokensRequest):
     state = request.app.state
     check_model(req.model, state.accepted_model_names, state.served_model_name)
@@ -125,7 +130,7 @@ def _message_body(
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest), responses=STREAM_RESPONSE)
 async def messages(request: Request) -> Response:
-    req = await parse_body(request, MessagesRequest)
+    req = await parse_body(request, MessagesRequest, None, _precheck(request))
     tm, chat, plan = await _plan(request, req)
     try:
         prepared = await tm.prepare_all(plan.inputs)
@@ -138,7 +143,10 @@ async def messages(request: Request) -> Response:
         for inp in plan.inputs:
             inp.sampling_params = {**(inp.sampling_params or {}), "max_new_tokens": None}
         prepared = await tm.prepare_all(plan.inputs)
-    group = tm.open(prepared, request)
+    user = (req.metadata or {}).get("user_id")
+    group = tm.open(
+        prepared, request, caller_namespace(request, user if isinstance(user, str) else None)
+    )
     message_id = f"msg_{uuid.uuid4().hex}"
     try:  # a grammar that does not compile: a 400 naming the field that asked for it
         if req.stream:
@@ -175,7 +183,7 @@ async def messages(request: Request) -> Response:
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as the Messages route would send it (template, tools, system)."""
-    req = await parse_body(request, CountTokensRequest)
+    req = await parse_body(request, CountTokensRequest, None, _precheck(request))
     tm, _, plan = await _plan(request, req)
     (prepared,) = await tm.prepare_all(plan.inputs)
     return json_response({"input_tokens": len(prepared.msg.input_ids)})

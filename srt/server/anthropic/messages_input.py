@@ -35,7 +35,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
 from radixlm.srt.server.chat.request import ChatCompletionRequest, SGLangSamplingExtras
-from radixlm.srt.server.http.body import StrictBody
+from radixlm.srt.server.http.body import StrictBody, check_list_len, check_tool_count
 from radixlm.srt.server.http.errors import describe_validation_error
 
 THINKING_TYPES = ("enabled", "disabled", "adaptive")
@@ -75,6 +75,23 @@ class MessagesRequest(CountTokensRequest, SGLangSamplingExtras):
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     inference_geo: str | None = None  # where Anthropic would run it: a hint
+
+
+def precheck(data: dict[str, Any], max_items: int) -> None:
+    """Sizes before the body is validated (and before any per-tool or per-block work): at most
+    MAX_TOOLS tools; no more messages, nor content blocks, than the context has tokens."""
+    check_tool_count(data.get("tools"))
+    messages = data.get("messages")
+    check_list_len(messages, max_items, "messages")
+    blocks = sum(
+        len(m["content"])
+        for m in (messages if isinstance(messages, list) else ())
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+    )
+    system = data.get("system")
+    blocks += len(system) if isinstance(system, list) else 0
+    if blocks > max_items:
+        raise ValueError(f"messages hold {blocks} content blocks; at most {max_items}")
 
 
 def _bad(message: str, param: str) -> GenerateError:

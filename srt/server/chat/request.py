@@ -55,6 +55,7 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    user: str | None = None  # without API keys, the namespace of the request's rid
 
 
 class JsonSchemaFormat(StrictBody):

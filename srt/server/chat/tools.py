@@ -25,6 +25,7 @@ from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec, forces_calls
 from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
 from radixlm.srt.server.chat.request import ChatCompletionRequest, ChatMessage, ToolDef
+from radixlm.srt.server.http.body import check_tool_count
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -84,8 +85,14 @@ def _check_parameters(schema: dict[str, Any], param: str) -> None:
 
 
 def tool_specs(tools: list[ToolDef] | None) -> list[ToolSpec]:
-    """The request's function tools, checked: kind, name, uniqueness, parameters schema."""
+    """The request's function tools, checked: their number first (MAX_TOOLS, before any
+    per-tool work), then each one's kind, name, uniqueness and parameters schema."""
+    try:
+        check_tool_count(tools)
+    except ValueError as e:
+        raise _bad(str(e), "tools") from None
     specs: list[ToolSpec] = []
+    names: set[str] = set()
     for i, tool in enumerate(tools or ()):
         param = f"tools[{i}]"
         if tool.type != "function":
@@ -100,10 +107,11 @@ def tool_specs(tools: list[ToolDef] | None) -> list[ToolSpec]:
                 "underscores or dashes",
                 f"{param}.function.name",
             )
-        if any(s.name == fn.name for s in specs):
+        if fn.name in names:
             raise _bad(f"two tools are named {fn.name!r}; tool names must be unique", "tools")
         parameters = fn.parameters or EMPTY_PARAMETERS
         _check_parameters(parameters, f"{param}.function.parameters")
+        names.add(fn.name)
         specs.append(ToolSpec(fn.name, fn.description, parameters, bool(fn.strict)))
     return specs
 

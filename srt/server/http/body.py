@@ -3,6 +3,7 @@ size checks on the decoded JSON, among them the most sequences one request may a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,13 +12,40 @@ from pydantic import BaseModel, ConfigDict
 from radixlm.srt.managers.generate_call import MAX_SEQUENCES_PER_REQUEST
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 
+# A client's ids (rids, session ids): visible ASCII, no spaces, bounded. A rid names every
+# sequence of its request (``rid_0``, ``rid_1``, ...) and a session turn, so its length is
+# what a body could otherwise multiply; the caller's namespace is joined to it with a newline
+# (managers/caller_scope.py), which no id holds.
+MAX_RID_CHARS = 128
+MAX_SESSION_ID_CHARS = 256
+_CLIENT_ID = re.compile(r"[!-~]+")
+
+
+def check_client_id(value: Any, name: str, max_chars: int) -> Any:
+    """``value`` (a string, or a batch's list of them) is 1 to ``max_chars`` visible ASCII
+    characters each; ValueError naming ``name`` otherwise. None passes."""
+    for one in value if isinstance(value, list) else [value]:
+        if not isinstance(one, str):
+            continue  # the model's type check answers
+        if not one:
+            raise ValueError(f"{name} must be a non-empty string (or left out)")
+        if len(one) > max_chars or not _CLIENT_ID.fullmatch(one):
+            shown = repr(one[:40]) + ("..." if len(one) > 40 else "")
+            raise ValueError(
+                f"{name} must be 1 to {max_chars} visible ASCII characters (letters, digits, "
+                f"punctuation; no spaces), got {shown} ({len(one)} characters)"
+            )
+    return value
+
 
 def check_rid(rid: Any) -> Any:
-    """A client's rid (or a batch's list of them) is never empty: ``/abort_request`` reads an
-    empty rid as none, so a request sent with one could not be aborted."""
-    if rid == "" or (isinstance(rid, list) and "" in rid):
-        raise ValueError("rid must be a non-empty string (or left out)")
-    return rid
+    """A client's rid (or a batch's list of them): never empty (``/abort_request`` reads an
+    empty rid as none, so a request sent with one could not be aborted), bounded."""
+    return check_client_id(rid, "rid", MAX_RID_CHARS)
+
+
+def check_session_id(session_id: Any) -> Any:
+    return check_client_id(session_id, "session_id", MAX_SESSION_ID_CHARS)
 
 
 class StrictBody(BaseModel):
@@ -33,6 +61,17 @@ Precheck = Callable[[dict[str, Any]], None]
 def check_list_len(value: Any, limit: int, name: str) -> None:
     if isinstance(value, list) and len(value) > limit:
         raise ValueError(f"{name} has {len(value)} entries; at most {limit}")
+
+
+# The most tools one request may offer, in every dialect (OpenAI chat, Responses, Anthropic
+# Messages and count_tokens, /parse_function_call): OpenAI's own limit. Checked on the decoded
+# JSON, before any per-tool work (each tool's schema is checked, ~1 ms each, on the event loop).
+MAX_TOOLS = 128
+
+
+def check_tool_count(tools: Any) -> None:
+    """``tools`` (a body's list, as decoded) holds at most MAX_TOOLS entries; ValueError."""
+    check_list_len(tools, MAX_TOOLS, "tools")
 
 
 def precheck_batch(data: dict[str, Any], max_items: int, context_length: int) -> None:

@@ -3,6 +3,7 @@ JSON responses, the check of a request's ``model``."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
@@ -10,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.server.http.middleware import bearer_token
 
 
 def json_response(obj: Any, status_code: int = 200) -> Response:
@@ -18,6 +20,22 @@ def json_response(obj: Any, status_code: int = 200) -> Response:
 
 def get_tm(request: Request) -> TokenizerManager:
     return request.app.state.tm
+
+
+def caller_namespace(request: Request, user: str | None = None) -> str:
+    """The namespace of the caller's rids and session ids (managers/caller_scope.py): a digest
+    of the API key it sent when the server has keys (the key itself is never kept), else of
+    the ``user`` it names (OpenAI's ``user``, Anthropic's ``metadata.user_id``), else the
+    empty namespace, which every anonymous caller shares."""
+    cfg = request.app.state.tm.cfg
+    if cfg.api_key is not None or cfg.admin_api_key is not None:
+        token = bearer_token(dict(request.scope.get("headers") or []))
+        return "k" + hashlib.blake2b(token, digest_size=12).hexdigest()
+    if user:
+        return (
+            "u" + hashlib.blake2b(user.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+        )
+    return ""
 
 
 def check_model_name(request: Request, model: str | None) -> None:

@@ -1,41 +1,24 @@
-"""ASGI middleware and checks in front of the routes: API keys, the admin key, body size.
+"""ASGI middleware in front of the routes: the Host allow-list, API keys, body size.
 
 Keys (``Authorization: Bearer <key>``, or ``x-api-key: <key>`` as Anthropic's clients send;
-constant-time comparison, never logged):
-- ``--api-key`` guards every route except OPEN_PATHS;
-- ``--admin-api-key`` guards the admin routes (``/flush_cache``, ``abort_all``); it is accepted
-  on the other routes too. Without it, the API key (when set) guards the admin routes as well.
+constant-time comparison, never logged): ``--api-key`` guards every route except OPEN_PATHS, and
+``--admin-api-key`` is accepted wherever it is. Which admin routes need which key: access.py.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-from fastapi import Request
 
-from radixlm.srt.config import ServerConfig
+from radixlm.srt.config import OPEN_PATHS as OPEN_PATH_LIST
 from radixlm.srt.managers.tokenizer_manager import GenerateError
+from radixlm.srt.server.http.access import bearer_token, matches
 from radixlm.srt.server.http.errors import ANTHROPIC_PATHS, error_body
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/metrics"})
-
-
-def bearer_token(headers: Any) -> bytes:
-    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key: <key>`` (what
-    Anthropic's clients send)."""
-    if not isinstance(headers, dict):
-        return b""
-    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-    if scheme.lower() == b"bearer":
-        return token.strip()
-    return headers.get(b"x-api-key", b"").strip()
-
-
-def _matches(token: bytes, key: str | None) -> bool:
-    return key is not None and hmac.compare_digest(token, key.encode())
+OPEN_PATHS = frozenset(OPEN_PATH_LIST)
+MAX_HOST_SHOWN = 100  # characters of a refused Host header echoed in the error
 
 
 async def _send_error(
@@ -75,7 +58,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         token = bearer_token(dict(scope.get("headers") or []))
-        if _matches(token, self._key) or _matches(token, self._admin_key):
+        if matches(token, self._key) or matches(token, self._admin_key):
             await self.app(scope, receive, send)
             return
         await _send_error(
@@ -88,23 +71,43 @@ class ApiKeyMiddleware:
         )
 
 
-def require_admin(request: Request) -> None:
-    """Raises GenerateError 401/403 unless the request may use admin routes."""
-    cfg: ServerConfig = request.app.state.tm.cfg
-    if cfg.admin_api_key is None:
-        return  # the API key middleware already checked --api-key, if there is one
-    token = bearer_token(dict(request.scope.get("headers") or []))
-    if _matches(token, cfg.admin_api_key):
-        return
-    if token and _matches(token, cfg.api_key):
-        raise GenerateError(
-            "this route needs the admin API key (--admin-api-key)", 403, code="admin_key_required"
+def host_name(host: str) -> str:
+    """The name of a Host header, lower case, without its port or a final dot:
+    ``[::1]:30000`` -> ``::1``, ``LocalHost.:80`` -> ``localhost``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        name = host.partition(":")[0]
+    else:
+        name = host  # a bare name, or a bare IPv6 address (not a valid Host, kept as is)
+    return name.rstrip(".")
+
+
+class HostAllowListMiddleware:
+    """400 for a request whose Host header names another host (DNS rebinding: a web page of
+    evil.example whose name now resolves to 127.0.0.1 sends ``Host: evil.example``)."""
+
+    def __init__(self, app: Any, names: frozenset[str]) -> None:
+        self.app = app
+        self.names = names
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        if host_name(raw) in self.names:
+            await self.app(scope, receive, send)
+            return
+        shown = raw[:MAX_HOST_SHOWN] if raw else "none"
+        await _send_error(
+            scope,
+            send,
+            f"this server does not answer for the host {shown!r} (--allowed-hosts)",
+            400,
+            "host_not_allowed",
         )
-    raise GenerateError(
-        "this route needs the admin API key: send Authorization: Bearer <admin key>",
-        401,
-        code="invalid_api_key",
-    )
 
 
 class BodyLimitMiddleware:

@@ -20,7 +20,8 @@ from radixlm.srt.messages import (
     StopProfileReq,
     UpdateWeightsFromDiskReq,
 )
-from radixlm.srt.server.http.deps import get_tm, json_response
+from radixlm.srt.server.http.access import require_admin
+from radixlm.srt.server.http.deps import caller_namespace, get_tm, json_response
 from radixlm.srt.server.http.errors import (
     check_json_content_type,
     describe_validation_error,
@@ -28,8 +29,8 @@ from radixlm.srt.server.http.errors import (
     json_object,
     parse_body,
 )
-from radixlm.srt.server.http.middleware import require_admin
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
+from radixlm.srt.server.http.paths import checkpoint_path, profile_output_dir
 from radixlm.srt.server.native.protocol import (
     AbortRequestInput,
     ContinueGenerationInput,
@@ -71,10 +72,18 @@ async def update_weights_from_disk(request: Request) -> Response:
     if refused is not None:
         raise GenerateError(f"{refused} is not supported; leave it out or off", 400, refused)
     args = body.model_dump(include={"model_path", "load_format", "flush_cache", "weight_version"})
+    try:
+        args["model_path"] = checkpoint_path(request.app.state.weight_update_roots, body.model_path)
+    except GenerateError as e:  # one message for every path it may not load
+        return _weights_answer(False, e.message, 0)
     ok, message, paused = await get_tm(request).update_weights_from_disk(
         UpdateWeightsFromDiskReq(**args), abort_all=body.abort_all_requests
     )
-    answer = {"success": ok, "message": message, "num_paused_requests": paused}
+    return _weights_answer(ok, message, paused)
+
+
+def _weights_answer(ok: bool, message: str, num_paused: int) -> Response:
+    answer = {"success": ok, "message": message, "num_paused_requests": num_paused}
     if not ok:  # SGLang's fields, and the error object every other 4xx here carries
         answer.update(error_body(message, 400, "model_path"))
     return json_response(answer, 200 if ok else 400)
@@ -185,6 +194,7 @@ async def start_profile(request: Request) -> Response:
     sends a GET without a body (the trace then goes to the default folder)."""
     require_admin(request)
     args = await _optional_json_object(request)
+    args["output_dir"] = profile_output_dir(request.app.state.profile_dir, args.get("output_dir"))
     reply = await get_tm(request).control(StartProfileReq(**args))
     if not reply.ok:
         raise GenerateError(reply.data.get("message", "cannot start the profile"), 400)
@@ -230,4 +240,5 @@ async def abort_request(request: Request) -> Response:
             400,
             "rid",
         )
-    return json_response({"message": "abort sent", "num_aborted": tm.abort(body.rid)})
+    num = tm.abort(body.rid, caller_namespace(request))  # the caller's own rids only
+    return json_response({"message": "abort sent", "num_aborted": num})

@@ -5,6 +5,7 @@ info for routers), score.py and parse.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from radixlm.srt.managers.caller_scope import scoped
 from radixlm.srt.managers.generate_call import (
     MAX_SEQUENCES_PER_REQUEST,
     GenerateCall,
@@ -25,7 +27,12 @@ from radixlm.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixlm.srt.server.http.body import batch_precheck
-from radixlm.srt.server.http.deps import check_model_name, get_tm, json_response
+from radixlm.srt.server.http.deps import (
+    caller_namespace,
+    check_model_name,
+    get_tm,
+    json_response,
+)
 from radixlm.srt.server.http.errors import (
     check_json_content_type,
     json_object,
@@ -133,12 +140,15 @@ async def _open(request: Request, body: GenerateReqInput) -> tuple[RequestGroup,
     body.check()
     check_model_name(request, body.model)
     tm = get_tm(request)
+    namespace = caller_namespace(request)
     session = body.session_params.to_params() if body.session_params is not None else None
+    if session is not None:  # the caller's session (managers/caller_scope.py)
+        session = dataclasses.replace(session, id=scoped(namespace, session.id))
     inputs, is_batch = split_call(
         GenerateCall.from_fields({**dict(body), "session_params": session})
     )
     prepared = await tm.prepare_all(inputs)
-    return tm.open(prepared, request), is_batch
+    return tm.open(prepared, request, namespace), is_batch
 
 
 async def _generate(request: Request, body: GenerateReqInput) -> Response:

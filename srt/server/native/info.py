@@ -21,6 +21,7 @@ from fastapi.responses import PlainTextResponse, Response
 from radixlm.srt.managers.model_info import model_info_of
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
 from radixlm.srt.messages import ServerInfoReq
+from radixlm.srt.server.http.access import is_admin_caller, redact_paths
 from radixlm.srt.server.http.deps import get_tm, json_response
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES
 
@@ -69,37 +70,51 @@ def model_info(tm: TokenizerManager, served_model_name: str) -> dict[str, Any]:
 @router.get("/get_model_info")
 @router.get("/model_info")
 async def get_model_info(request: Request) -> Response:
-    return json_response(model_info(get_tm(request), request.app.state.served_model_name))
+    """SGLang's model info; local paths only for admin callers (others see the served name in
+    ``model_path`` and ``tokenizer_path``: access.redact_paths)."""
+    name = request.app.state.served_model_name
+    return json_response(_for_caller(request, model_info(get_tm(request), name)))
+
+
+def _for_caller(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
+    if is_admin_caller(request):
+        return answer
+    return redact_paths(answer, request.app.state.served_model_name)
 
 
 @router.get("/get_server_info")
 @router.get("/server_info")
 async def get_server_info(request: Request) -> Response:
     """The resolved configuration (keys left out), the scheduler's ready report and its
-    current state, and the figures a router reads (``dp_size``, ``max_total_num_tokens``...)."""
+    current state, and the figures a router reads (``dp_size``, ``max_total_num_tokens``...);
+    local paths only for admin callers."""
     tm = get_tm(request)
     reply = await tm.control(ServerInfoReq())
     config = {k: v for k, v in dataclasses.asdict(tm.cfg).items() if k not in SECRET_CONFIG_FIELDS}
     return json_response(
-        {
-            **config,
-            **tm.info,
-            "served_model_name": request.app.state.served_model_name,
-            "dp_size": 1,
-            "tp_size": tm.cfg.tp_size,  # the ranks behind this one HTTP server
-            "pp_size": 1,
-            "max_total_num_tokens": tm.max_total_tokens,
-            "max_req_input_len": min(tm.context_length, tm.max_total_tokens) - 1,
-            "kv_pool": reply.data,
-            "internal_states": [reply.data],
-            "sessions": tm.sessions.info(),
-            "num_inflight_requests": tm.num_request_states,
-            "num_request_states": tm.num_request_states,
-            "weight_version": reply.data.get("weight_version"),  # update_weights_from_disk's
-            "weight_update_pending": tm.weight_update_pending,  # new requests wait meanwhile
-            "num_paused_requests": tm.num_paused,
-            "version": request.app.version,
-        }
+        _for_caller(
+            request,
+            {
+                **config,
+                **tm.info,
+                "served_model_name": request.app.state.served_model_name,
+                "dp_size": 1,
+                "tp_size": tm.cfg.tp_size,  # the ranks behind this one HTTP server
+                "pp_size": 1,
+                "max_total_num_tokens": tm.max_total_tokens,
+                "max_req_input_len": min(tm.context_length, tm.max_total_tokens) - 1,
+                "kv_pool": reply.data,
+                "internal_states": [reply.data],
+                "sessions": tm.sessions.info(),
+                "num_inflight_requests": tm.num_request_states,
+                "num_request_states": tm.num_request_states,
+                "weight_version": reply.data.get("weight_version"),  # update_weights_from_disk's
+                "weight_update_pending": tm.weight_update_pending,  # new requests wait meanwhile
+                "num_paused_requests": tm.num_paused,
+                "paused": tm.pause_reason,  # why requests wait now; None while they do not
+                "version": request.app.version,
+            },
+        )
     )
 
 

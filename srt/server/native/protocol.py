@@ -30,11 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.sessions import SessionParams
-from radixlm.srt.server.http.body import StrictBody, check_list_len, check_rid
+from radixlm.srt.server.http.body import (
+    StrictBody,
+    check_list_len,
+    check_rid,
+    check_session_id,
+)
 
 
 class OffValues:
@@ -92,6 +97,8 @@ class SessionParamsInput(StrictBody):
     model_config = ConfigDict(extra="forbid", strict=True)
     id: str | None = None
     rid: str | None = None
+    _id_bounded = field_validator("id")(classmethod(lambda cls, v: check_session_id(v)))
+    _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: check_rid(v)))
     offset: int | None = None
     replace: bool | None = None
     drop_previous_output: bool | None = None
@@ -183,6 +190,7 @@ class OpenSessionInput(StrictBody):
     model_config = ConfigDict(extra="forbid", strict=True)
     capacity_of_str_len: int
     session_id: str | None = None
+    _id_bounded = field_validator("session_id")(classmethod(lambda cls, v: check_session_id(v)))
     streaming: bool | None = None
     timeout: float | None = None
 
@@ -190,10 +198,12 @@ class OpenSessionInput(StrictBody):
 class CloseSessionInput(StrictBody):
     model_config = ConfigDict(extra="forbid", strict=True)
     session_id: str
+    _id_bounded = field_validator("session_id")(classmethod(lambda cls, v: check_session_id(v)))
 
 
 class AbortRequestInput(StrictBody):
-    rid: str = ""
+    rid: str = ""  # "": none (abort_all, or a 400)
+    _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: v and check_rid(v)))
     abort_all: bool = False  # needs the admin key when one is set
 
 
@@ -246,13 +256,21 @@ class UpdateWeightVersionInput(StrictBody):
     abort_all_requests: bool = False
 
 
+# get_weights_by_name: rows past a tensor's end give the whole tensor (SGLang's slicing), an answer
+# is capped by values (executor/weight_update.MAX_WEIGHT_VALUES), this bound is the wire's; a name
+# is a checkpoint tensor's
+MAX_TRUNCATE_ROWS = 1 << 31
+MAX_WEIGHT_NAME_CHARS = 512
+
+
 class GetWeightsByNameInput(StrictBody):
     """SGLang's ``GetWeightsByNameReqInput``: a checkpoint tensor's name, rows to return."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     rid: str | None = None  # SGLang's request base; a read has nothing to name
-    name: str
-    truncate_size: int = 100
+    _rid_bounded = field_validator("rid")(classmethod(lambda cls, v: check_rid(v)))
+    name: str = Field(max_length=MAX_WEIGHT_NAME_CHARS)
+    truncate_size: int = Field(default=100, ge=1, le=MAX_TRUNCATE_ROWS)
 
 
 class TokenizeInput(StrictBody):

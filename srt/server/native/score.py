@@ -19,6 +19,7 @@ from radixlm.srt.managers.scoring import (
     SCORE_SAMPLING_PARAMS,
     ScoreResult,
     plan_scores,
+    query_core,
 )
 from radixlm.srt.managers.tokenizer_manager import GenerateInput
 from radixlm.srt.server.http.body import StrictBody, check_list_len
@@ -101,12 +102,17 @@ async def score(request: Request) -> Response:
         body.items,
         body.label_token_ids,
         vocab_size=tm.vocab_size,
+        max_token_chars=tm.door.max_token_chars,
         apply_softmax=body.apply_softmax,
         item_first=body.item_first,
         temperature=body.temperature,
         return_token_logprobs=body.return_token_logprobs,
     )
-    job.check_text_size(tm.door.max_token_chars)
+    if job.is_text and isinstance(body.query, str) and len(job.prompts) > 1:
+        # pre-count: the query's tokens (once) times the items, before every prompt is
+        # tokenized (a long query in a thousand prompts is seconds of tokenizing)
+        core = await tm.tokenize_async(query_core(body.query), False, "query")
+        job.check_query_tokens(len(core))
     if job.is_text:
         prompt_ids = [await tm.tokenize_async(t, param="items") for t in job.prompts]
     else:

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
-from radixlm.srt.server.http.deps import get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, json_body
 from radixlm.srt.server.native.protocol import CloseSessionInput, OpenSessionInput
@@ -28,7 +28,10 @@ async def open_session(request: Request) -> Response:
             "unsupported_parameter",
         )
     tm = get_tm(request)
-    return json_response(tm.sessions.open(body.capacity_of_str_len, body.session_id, body.timeout))
+    namespace = caller_namespace(request)
+    return json_response(
+        tm.sessions.open(body.capacity_of_str_len, body.session_id, body.timeout, namespace)
+    )
 
 
 @router.post("/close_session", openapi_extra=json_body(CloseSessionInput))
@@ -36,5 +39,5 @@ async def close_session(request: Request) -> Response:
     """Closes a session: its turns are dropped and its running requests aborted. The answer
     is an empty 200, as SGLang's."""
     body = await parse_body(request, CloseSessionInput)
-    get_tm(request).sessions.close(body.session_id)
+    get_tm(request).sessions.close(body.session_id, caller_namespace(request))
     return Response(status_code=200)

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from radixlm.srt.server.chat.plan import chat_logprobs, chat_plan, finish_reason, usage
 from radixlm.srt.server.chat.request import ChatCompletionRequest
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.http.deps import get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse
@@ -145,7 +145,7 @@ async def chat_completions(request: Request) -> Response:
         logprobs=body.logprobs,
         **stream_options(body),
     )
-    group = tm.open(prepared, request)
+    group = tm.open(prepared, request, caller_namespace(request, body.user))
     if body.stream:
         call.object = "chat.completion.chunk"
         updates = await answered(group, body, stream=True)

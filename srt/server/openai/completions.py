@@ -25,7 +25,7 @@ from radixlm.srt.server.chat.plan import (
     usage,
 )
 from radixlm.srt.server.http.body import batch_precheck
-from radixlm.srt.server.http.deps import get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, get_tm, json_response
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse
@@ -207,7 +207,7 @@ async def completions(request: Request) -> Response:
         top_logprobs=bool(body.logprobs),
         **stream_options(body),
     )
-    group = tm.open(prepared, request)
+    group = tm.open(prepared, request, caller_namespace(request, body.user))
     if body.stream:
         updates = await answered(group, body, stream=True)
         return ClosingStreamingResponse(

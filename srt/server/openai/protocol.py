@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.srt.server.chat.request import OpenAISamplingFields, ResponseFormat
-from radixlm.srt.server.http.body import check_list_len
+from radixlm.srt.server.http.body import check_list_len, check_tool_count
 from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
 _UNSUPPORTED_BOTH = {
@@ -122,7 +122,7 @@ def precheck_chat(data: dict[str, Any], max_items: int) -> None:
             )
     messages = data.get("messages")
     check_list_len(messages, max_items, "messages")
-    check_list_len(data.get("tools"), max_items, "tools")
+    check_tool_count(data.get("tools"))
     parts = sum(
         len(m["content"])
         for m in messages or ()

@@ -29,7 +29,7 @@ from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError, RequestGroup
 from radixlm.srt.server.chat.plan import chat_plan, name_grammar_error
-from radixlm.srt.server.http.deps import check_model, get_tm, json_response
+from radixlm.srt.server.http.deps import caller_namespace, check_model, get_tm, json_response
 from radixlm.srt.server.http.errors import error_body, parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse
@@ -148,7 +148,7 @@ async def create_response(request: Request) -> Response:
         raise
     prepared = await tm.prepare_all(plan.inputs)
     call = ResponseCall(req, model, plan, chat)
-    group = tm.open(prepared, request)
+    group = tm.open(prepared, request, caller_namespace(request, req.user))
     conversation = history + messages
     if req.stream is True:
         return ClosingStreamingResponse(_stream(call, group, store, conversation), group.close)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError
 from radixlm.srt.server.chat.request import ChatCompletionRequest, SGLangSamplingExtras
-from radixlm.srt.server.http.body import check_list_len
+from radixlm.srt.server.http.body import check_list_len, check_tool_count
 from radixlm.srt.server.http.errors import describe_validation_error
 from radixlm.srt.server.openai.vllm_compat import translate_vllm_fields
 
@@ -336,7 +336,7 @@ def precheck(data: dict[str, Any], max_items: int) -> None:
             raise ValueError(f"{name} is not a field this server's Responses API implements")
     items = data.get("input")
     check_list_len(items if isinstance(items, list) else None, max_items, "input")
-    check_list_len(data.get("tools"), max_items, "tools")
+    check_tool_count(data.get("tools"))
 
 
 _ITEM_ID_PREFIXES = {

@@ -18,6 +18,7 @@ local port.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -308,6 +309,11 @@ def serve(cfg: ServerConfig, supervisor: Supervisor) -> None:
     )
     server = SupervisedServer(config, supervisor)
     supervisor.server = server
+    # What start-up made (torch, the tokenizer, the app: ~350k objects) is moved out of the
+    # collector's reach: else every full collection, which a large request body's allocations
+    # trigger, walks all of it on the event loop (~0.4 s during which no client is answered).
+    gc.collect()
+    gc.freeze()
     server.run()
 
 

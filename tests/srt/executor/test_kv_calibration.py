@@ -228,6 +228,7 @@ def test_engine_reports_the_scales_and_leaks_nothing(tiny_llama_dir):
         plain.shutdown()
 
 
+@pytest.mark.slow
 def test_tensor_parallel_ranks_calibrate_together(tiny_llama_dir, tmp_path):
     """Every rank runs the calibration forward (the model's collectives pair up) and then
     serves: TP=2 with calibrated fp8 KV completes the harness's workload like TP=1."""

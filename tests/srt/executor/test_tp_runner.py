@@ -73,6 +73,7 @@ def _check_equal_to_tp1(results: list[dict], tol: float) -> None:
     assert len(outputs) == len(tp_harness.PROMPTS) + 1
 
 
+@pytest.mark.slow
 def test_tp2_logits_and_greedy_tokens_equal_tp1(tiny_variant, tmp_path):
     folder, options = tiny_variant
     results = tp_harness.run_ranks(folder, tmp_path, **options)
@@ -87,6 +88,7 @@ def test_tp2_logits_and_greedy_tokens_equal_tp1(tiny_variant, tmp_path):
     assert [r["threads"] for r in results] == [cpu_threads_per_rank(cores, 2)] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "stall"])
 def test_follower_raises_when_rank0_dies_or_stalls(tiny_llama_dir, tmp_path, how):
     """``exit``: rank 0's process ends while the follower waits for a step (its connection

@@ -15,7 +15,8 @@ from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models import llama
 from radixlm.srt.models.loader import load_model
 
-pytestmark = pytest.mark.skipif(gemv.triton is None, reason="needs triton")
+# the Triton interpreter makes these minutes of CPU: part of the full suite, not the inner loop
+pytestmark = [pytest.mark.skipif(gemv.triton is None, reason="needs triton"), pytest.mark.slow]
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 

@@ -65,6 +65,7 @@ def _scan_in_pieces(text: str, rng: random.Random, object_only: bool = False):
     return scanner, pos
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_json_values, st.integers(0, 2**32))
 def test_valid_json_is_read_whole_and_every_safe_prefix_closes(value, seed) -> None:

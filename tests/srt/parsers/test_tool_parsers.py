@@ -473,3 +473,18 @@ def test_long_outputs_take_linear_time(name: str) -> None:
     assert large < 8 * small * 2, (small, large)  # 8x the text; quadratic would be ~64x
     result = _parse(name, output(12_000))
     assert json.loads(result.calls[0].arguments)["items"][-1] == 11_999
+
+
+def test_many_markers_in_one_text_take_linear_time() -> None:
+    """Every marker used to copy the rest of the text (8x the markers took ~64x the time)."""
+    import time
+
+    def parse_time(n: int) -> float:
+        text = "<tool_call>x" * n
+        start = time.perf_counter()
+        result = _parse("hermes", text)
+        assert result.content == text and result.calls == []
+        return time.perf_counter() - start
+
+    small, large = parse_time(10_000), parse_time(80_000)
+    assert large < 8 * small * 2.5, (small, large)

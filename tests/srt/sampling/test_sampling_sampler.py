@@ -350,6 +350,7 @@ def test_two_level_inverse_cdf_equals_one_level() -> None:
     assert bool((weights.gather(1, two.unsqueeze(1)) > 0).all())
 
 
+@pytest.mark.slow
 def test_wide_vocabulary_temperature_sampling_frequencies() -> None:
     n, vocab = 40000, 3000  # wider than two CDF blocks: the two-level draw
     row = torch.full((vocab,), -20.0)

@@ -183,6 +183,36 @@ def test_profile_start_and_stop(sched, tmp_path) -> None:
     assert not bad.ok and bad.data["message"].startswith("num_steps")
 
 
+def test_a_profile_that_cannot_be_written_fails_no_request(sched, tmp_path) -> None:
+    """The trace is written in the step that ends the profile (num_steps); when that fails (its
+    folder became a file) the step's requests still finish normally, and the next /stop_profile
+    reports the failure."""
+    folder = tmp_path / "traces"
+    reply = ask(sched, StartProfileReq(output_dir=str(folder), profile_id="t", num_steps=2))
+    assert reply.ok
+    folder.rmdir()
+    folder.write_text("")  # the export now meets a file where its folder was
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    sched.handle(TokenizedGenerateReq("p", list(range(300, 310)), params))
+    outs = []
+    while sched.wants_step():
+        outs.append(run_step(sched))
+    reasons = [r for out in outs if out is not None for r in out.finish_reason if r]
+    assert reasons == [{"type": "length", "length": 6}], reasons
+    assert not sched.profiler.is_active
+    reply = ask(sched, StopProfileReq())
+    assert not reply.ok and "could not be written" in reply.data["message"]
+    reply = ask(sched, StopProfileReq())  # reported once
+    assert not reply.ok and "no profile is running" in reply.data["message"]
+
+
+def test_profile_names_are_bounded(sched, tmp_path) -> None:
+    for name in ("profile_id", "profile_prefix"):
+        reply = ask(sched, StartProfileReq(output_dir=str(tmp_path), **{name: "x" * 300}))
+        assert not reply.ok and reply.data["message"].startswith(name), reply.data
+    assert not sched.profiler.is_active
+
+
 @dataclass
 class RebootReq(ControlMessage):
     verb: ClassVar[str] = "reboot"

@@ -209,6 +209,7 @@ def test_abort_while_speculating(tiny_llama_dir):
     assert s.server_info()["speculative"]["num_accepted_tokens"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["one-hot", "prob"])
 def test_seeded_sampled_requests_are_reproducible(varied_llama_dir, tokenizer, drafter_kind):
     """Temperatures where drafts of the greedy continuation are mostly accepted (0.03) and

@@ -5,13 +5,22 @@ What is checked is what a user of SGLang or vLLM expects: a 4xx in the OpenAI er
 ``hostile_util.assert_clean``: /health is 200, no request state is left and the idle KV pool adds
 up. Two servers over a tiny random Llama with SmolLM2's tokenizer (fast start), shared by the
 folder's modules: the main one (context 512, KV pool 2048) and one with ``--api-key`` and a
-256-token pool.
+256-token pool (and ``--admin-api-key``: two callers with keys of their own).
 """
 
 from __future__ import annotations
 
 import pytest
-from hostile_util import API_KEY, CONTEXT, POOL, SMALL_POOL, LiveServer, assert_clean, start_all
+from hostile_util import (
+    ADMIN_KEY,
+    API_KEY,
+    CONTEXT,
+    POOL,
+    SMALL_POOL,
+    LiveServer,
+    assert_clean,
+    start_all,
+)
 
 
 @pytest.fixture(scope="package")
@@ -22,7 +31,7 @@ def servers(tiny_llama_dir, tmp_path_factory):
         tmp_path_factory.mktemp("main"),
     )
     keyed = LiveServer(
-        [*common, "--max-total-tokens", str(SMALL_POOL)],
+        [*common, "--max-total-tokens", str(SMALL_POOL), "--admin-api-key", ADMIN_KEY],
         tmp_path_factory.mktemp("keyed"),
         api_key=API_KEY,
     )

@@ -335,6 +335,7 @@ CONTEXT = 512
 POOL = 2048
 SMALL_POOL = 256
 API_KEY = "hostile-test-key"
+ADMIN_KEY = "hostile-admin-key"
 GREEDY = {"temperature": 0}
 
 

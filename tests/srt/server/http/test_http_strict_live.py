@@ -38,7 +38,9 @@ def server(tiny_llama_dir, start_server) -> ServerProcess:
 
 
 def info(server: ServerProcess) -> dict:
-    return httpx.get(server.url + "/get_server_info", timeout=30).json()
+    """/get_server_info as the admin sees it (local paths included)."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    return httpx.get(server.url + "/get_server_info", headers=admin, timeout=30).json()
 
 
 @pytest.fixture(autouse=True)

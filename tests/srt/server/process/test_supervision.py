@@ -231,6 +231,7 @@ def _beat_then_sleep(path: str) -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_heartbeat_age_grows_while_the_process_is_frozen(tmp_path: Path) -> None:
     path = str(tmp_path / "child.heartbeat")
     create_heartbeat_file(path)
