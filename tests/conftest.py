@@ -30,13 +30,18 @@ os.environ.setdefault(
 )
 
 
+# One intra-op thread per process (``RADIXLM_TEST_THREADS`` to change it), in the test process and,
+# through OMP_NUM_THREADS, in the servers and ranks it starts (TP ranks set their own): the tests'
+# models are small and the suite runs two workers, so every core is busy; two threads' hand-offs
+# then cost more than they save, many times more when the other core is taken.
+_TEST_THREADS = os.environ.get("RADIXLM_TEST_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", _TEST_THREADS)
+
+
 def pytest_configure(config):
-    """One intra-op thread in the test process (``RADIXLM_TEST_THREADS`` to change it): the
-    tests' models are tiny, and two threads' hand-offs cost more than they save, many times more
-    while a test's own server works on the other core. Servers and TP ranks set their own."""
     import torch
 
-    torch.set_num_threads(int(os.environ.get("RADIXLM_TEST_THREADS", "1")))
+    torch.set_num_threads(int(_TEST_THREADS))
 
 
 def pytest_collection_modifyitems(config, items):
