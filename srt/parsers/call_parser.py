@@ -22,7 +22,38 @@ from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolCallParser, ToolSpe
 Step = Callable[[Any, str, int], int]  # (parser, text, pos) -> the index to go on from
 
 
-class CallStreamParser(ToolCallParser):
+class MarkupSteps:
+    """Steps the marker-driven parsers share (they keep ``_em``, an Emitter, ``_state`` and,
+    for markup held before a call stands, ``_budget`` characters)."""
+
+    _em: Emitter
+    _state: int
+    _budget: int
+
+    def _content_until(
+        self, splitter: MarkerSplitter, text: str, pos: int, state: int
+    ) -> tuple[int, str]:
+        """Content up to ``splitter``'s marker, which is held (moving to ``state``); returns
+        the index to go on from and the content text shown."""
+        before, marker, after = splitter.scan(text, pos)
+        self._em.content(before)
+        if after is None:
+            return len(text), before
+        self._em.hold(marker)
+        self._state = state
+        return after, before
+
+    def _hold(self, text: str) -> bool:
+        """Holds markup; False (nothing held) when it would pass the budget: then it is not a
+        call."""
+        if len(text) > self._budget:
+            return False
+        self._budget -= len(text)
+        self._em.hold(text)
+        return True
+
+
+class CallStreamParser(MarkupSteps, ToolCallParser):
     """``feed`` runs the step of the current state until the delta is read."""
 
     STEPS: ClassVar[Mapping[int, Step]]
@@ -39,19 +70,6 @@ class CallStreamParser(ToolCallParser):
         while pos < len(delta):
             pos = self.STEPS[self._state](self, delta, pos)
         return self._em.take()
-
-    def _content_until(
-        self, splitter: MarkerSplitter, text: str, pos: int, state: int
-    ) -> tuple[int, str]:
-        """Content up to ``splitter``'s marker, which is held (moving to ``state``); returns
-        the index to go on from and the content text shown."""
-        before, marker, after = splitter.scan(text, pos)
-        self._em.content(before)
-        if after is None:
-            return len(text), before
-        self._em.hold(marker)
-        self._state = state
-        return after, before
 
     def _await_call(self, text: str, pos: int) -> int:
         """A step after a marker or a call: whitespace is held, ``{`` starts a call, anything

@@ -124,22 +124,11 @@ class MistralParser(CallStreamParser):
         return self._em.take()
 
     def _content(self, text: str, pos: int) -> int:
-        before, marker, after = self._splitter.scan(text, pos)
-        self._em.content(before)
-        if before:
+        stop, shown = self._content_until(self._splitter, text, pos, _MARKED)
+        if shown:
             self._after_block = False
-        if after is None:
-            return len(text)
-        self._em.hold(marker)
-        self._state, self._budget = _MARKED, HEADER_LIMIT
-        return after
-
-    def _hold(self, text: str) -> bool:
-        if len(text) > self._budget:
-            return False
-        self._budget -= len(text)
-        self._em.hold(text)
-        return True
+        self._budget = HEADER_LIMIT  # for the markup after a marker
+        return stop
 
     def _marked(self, text: str, pos: int) -> int:
         """After ``[TOOL_CALLS]``: the array's ``[`` or a call's name."""

@@ -25,6 +25,7 @@ from radixlm.srt.parsers.call_args import (
     literal_value,
     parameters_format,
 )
+from radixlm.srt.parsers.call_parser import MarkupSteps
 from radixlm.srt.parsers.call_stream import HEADER_LIMIT, Emitter
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import CallFormat, choice_format, structural_tag
@@ -64,7 +65,7 @@ CALL_FORMAT = CallFormat(
 )
 
 
-class PythonicParser(ToolCallParser):
+class PythonicParser(MarkupSteps, ToolCallParser):
     """``[name(key=literal, ...), ...]`` replies."""
 
     name = "pythonic"
@@ -110,13 +111,6 @@ class PythonicParser(ToolCallParser):
         self._state = _CONTENT
         return self._em.take()
 
-    def _hold(self, text: str) -> bool:
-        if len(text) > self._budget:
-            return False
-        self._budget -= len(text)
-        self._em.hold(text)
-        return True
-
     def _resume_content(self, pos: int) -> int:
         self._em.release()
         self._state, self._after_list = _CONTENT, False
@@ -137,15 +131,11 @@ class PythonicParser(ToolCallParser):
         return pos
 
     def _content(self, text: str, pos: int) -> int:
-        before, marker, after = self._splitter.scan(text, pos)
-        self._em.content(before)
-        if before:
+        stop, shown = self._content_until(self._splitter, text, pos, _TAGGED)
+        if shown:
             self._after_list = False
-        if after is None:
-            return len(text)
-        self._em.hold(marker)
-        self._state, self._budget = _TAGGED, HEADER_LIMIT
-        return after
+        self._budget = HEADER_LIMIT  # for the markup after a marker
+        return stop
 
     def _tagged(self, text: str, pos: int) -> int:
         c = text[pos]

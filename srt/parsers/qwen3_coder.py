@@ -39,6 +39,7 @@ from radixlm.srt.parsers.call_args import (
     typed_value,
     value_types,
 )
+from radixlm.srt.parsers.call_parser import MarkupSteps
 from radixlm.srt.parsers.call_stream import HEADER_LIMIT, Emitter
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import CallFormat, choice_format, structural_tag
@@ -90,7 +91,7 @@ CALL_FORMAT = CallFormat(
 )
 
 
-class Qwen3CoderParser(ToolCallParser):
+class Qwen3CoderParser(MarkupSteps, ToolCallParser):
     """``<tool_call>`` blocks of ``<function=NAME>`` with ``<parameter=NAME>`` values."""
 
     name = "qwen3_coder"
@@ -148,14 +149,6 @@ class Qwen3CoderParser(ToolCallParser):
     def _open_block(self, marker: str) -> None:
         self._em.hold(marker)
         self._state, self._tail, self._budget = _OPEN, "", HEADER_LIMIT
-
-    def _hold(self, text: str) -> bool:
-        """Holds markup; False (nothing held) when that is too much: then it is not a call."""
-        if len(text) > self._budget:
-            return False
-        self._budget -= len(text)
-        self._em.hold(text)
-        return True
 
     def _not_a_call(self, pos: int) -> int:
         """The held markup is content; the text from ``pos`` is read as content."""
