@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,19 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.srt.executor.transfer import HostReadback, tensor_to_device
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled buffer. On the CPU it is backed by an anonymous memory map: the kernel hands
+    out zero pages when they are first touched, so a pool of gigabytes costs nothing at start-up
+    (``torch.zeros`` writes every byte, seconds per GiB on a virtual machine) and the process's
+    resident memory grows with the KV actually written rather than with the pool's size."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 class ReqToTokenPool:
@@ -181,12 +195,8 @@ class KVPool:
         self.device = device
         shape = (max_total_tokens + 1, num_kv_heads, head_dim)
         # per layer: [max_total_tokens + 1, num_kv_heads, head_dim] storage_dtype on `device`
-        self.k_buffers = [
-            torch.zeros(shape, dtype=self.storage_dtype, device=device) for _ in range(num_layers)
-        ]
-        self.v_buffers = [
-            torch.zeros(shape, dtype=self.storage_dtype, device=device) for _ in range(num_layers)
-        ]
+        self.k_buffers = [zeros(shape, self.storage_dtype, device) for _ in range(num_layers)]
+        self.v_buffers = [zeros(shape, self.storage_dtype, device) for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_token(

@@ -1,7 +1,7 @@
 """FP8 KV on the default model (CPU): greedy decoding with an fp8_e4m3 KV cache and calibrated
 scales (the default ``--kv-cache-scales calibrate``) against the plain cache of the same compute
-dtype, over 32 new tokens on sixteen varied prompts, in float32 (the CPU default) and in
-bfloat16 (the reference the fp8-KV issue names: a bf16 KV cache).
+dtype, over 32 new tokens on sixteen varied prompts in float32 (the CPU default) and on the
+first eight of them in bfloat16 (the reference the fp8-KV issue names: a bf16 KV cache).
 
 e4m3 keeps 3 mantissa bits (relative error <= 2^-4 per stored value; 2.6% RMS on SmolLM2's K
 and V at any scale), so the logits move a little and a greedy run takes another token where the
@@ -76,7 +76,10 @@ TOP_LOGPROBS = 20  # bf16 logits tie often: the fp8 token may be tied with the 6
 # per compute dtype: the plain log-prob gap allowed at a divergence (measured 0.47 and 1.0
 # nats) and the fewest prompts that must agree on all 32 tokens (measured 6 and 4)
 NEAR_TIE_NATS = {"float32": 0.75, "bfloat16": 1.5}
-MIN_FULL_AGREEMENT = {"float32": 4, "bfloat16": 3}
+MIN_FULL_AGREEMENT = {"float32": 4, "bfloat16": 1}
+# bf16 matmuls are slow on CPUs without native bf16 (about 2.5x fp32 here): the bf16 run takes
+# the first eight prompts (measured 2 of 8 in full agreement in both runs above)
+PROMPTS_FOR = {"float32": PROMPTS, "bfloat16": PROMPTS[:8]}
 
 
 def _agreement(a: list[int], b: list[int]) -> int:
@@ -101,7 +104,7 @@ def _plain_outputs(smol_engine: Engine, dtype: str) -> list[dict]:
     own = None if (info["device"], info["dtype"]) == ("cpu", dtype) else _engine(dtype)
     try:
         return (own or smol_engine).generate(
-            PROMPTS, GREEDY, return_logprob=True, top_logprobs_num=TOP_LOGPROBS
+            PROMPTS_FOR[dtype], GREEDY, return_logprob=True, top_logprobs_num=TOP_LOGPROBS
         )
     finally:
         if own is not None:
@@ -117,7 +120,7 @@ def test_calibrated_fp8_e4m3_kv_greedy_agrees_with_plain_kv(smol_engine, dtype):
         info = engine.get_server_info()
         assert info["kv_dtype"] == "float8_e4m3fn"
         assert info["kv_scales"]["v"] != [1.0] * len(info["kv_scales"]["v"])  # calibrated
-        fp8 = [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
+        fp8 = [o["output_ids"] for o in engine.generate(PROMPTS_FOR[dtype], GREEDY)]
         assert engine.scheduler.check_idle()
     finally:
         engine.shutdown()
@@ -130,7 +133,9 @@ def test_calibrated_fp8_e4m3_kv_greedy_agrees_with_plain_kv(smol_engine, dtype):
     seconds = time.perf_counter() - start
     full = sum(a == NEW_TOKENS for a in agreement)
     print(f"\n{dtype}: calibrated fp8_e4m3 vs plain KV, tokens before the first divergence:")
-    print(f"{agreement} ({full}/{len(PROMPTS)} fully, mean {sum(agreement) / len(agreement):.1f})")
+    print(
+        f"{agreement} ({full}/{len(agreement)} fully, mean {sum(agreement) / len(agreement):.1f})"
+    )
     print(
         f"plain log-prob gaps at the divergences: {[round(g, 3) for g in gaps]} ({seconds:.1f} s)"
     )
