@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -42,6 +43,21 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(int(_TEST_THREADS))
+
+
+# A module whose top-level ``pytestmark`` marks it slow as a whole: under ``-m "not slow"`` every
+# one of its tests would be deselected, so it is not imported at all (some import heavy clients).
+_WHOLE_MODULE_SLOW = re.compile(
+    r"^pytestmark = (pytest\.mark\.slow|\[[^\n]*pytest\.mark\.slow[^\n]*\])$", re.M
+)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("markexpr", "") != "not slow":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return bool(_WHOLE_MODULE_SLOW.search(collection_path.read_text())) or None
 
 
 def pytest_collection_modifyitems(config, items):
