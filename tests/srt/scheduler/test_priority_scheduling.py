@@ -12,6 +12,8 @@ from radixlm.srt.messages import TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QUEUE_FULL
 
+pytestmark = pytest.mark.slow  # seconds of CPU per test (a tiny model, many steps)
+
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
