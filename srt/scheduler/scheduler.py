@@ -424,15 +424,18 @@ class Scheduler:
             return
         head = self.rule.first(self.waiting)
         adm = self.admission
+        # what the admission will ask of the pool (prefill.py), less what the retracted give
+        # back: their KV, and the share of their output the admission keeps free
+        short = adm.need(head) - self.kv.room() + adm.reserve(self.running)
+        free_slots = self.kv.free_req_slots()
 
         def fits(gone: list[Req]) -> bool:
-            left = [r for r in self.running if r not in gone]
-            if len(left) >= adm.max_running_requests:
+            if len(self.running) - len(gone) >= adm.max_running_requests:
                 return False
-            if self.kv.free_req_slots() + len(gone) < 1:
+            if free_slots + len(gone) < 1:
                 return False
-            freed = sum(r.num_kv_tokens for r in gone)
-            return adm.need(head) <= self.kv.room() + freed - adm.reserve(left)
+            freed = sum(r.num_kv_tokens + adm.reserve([r]) for r in gone)
+            return short <= freed
 
         victims = self.rule.plan_preemption(head, self.running, fits)
         for victim in victims:

@@ -20,13 +20,9 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 @pytest.fixture
 def make(tiny_llama_dir):
     def build(**opts) -> Scheduler:
+        opts.setdefault("max_total_tokens", 4096)
         return Scheduler(
-            config_from_kwargs(
-                model_path=str(tiny_llama_dir),
-                log_level="warning",
-                max_total_tokens=4096,
-                **opts,
-            )
+            config_from_kwargs(model_path=str(tiny_llama_dir), log_level="warning", **opts)
         )
 
     return build
@@ -170,3 +166,18 @@ def test_fair_scheduling_takes_callers_round_robin(make) -> None:
     for rid, caller in [("burst-0", "burst"), ("burst-1", "burst"), ("other-0", "other")]:
         submit(plain, rid, 1, caller=caller)
     assert drive(plain)[0] == ["first", "burst-0", "burst-1", "other-0"]
+
+
+def test_preemption_when_the_kv_pool_has_no_room(make) -> None:
+    alone = make(max_total_tokens=160)
+    submit(alone, "victim", 40, priority=0, prompt_len=60)
+    _, ref = drive(alone)
+    s = make(enable_priority_scheduling=True, max_total_tokens=160)
+    submit(s, "victim", 40, priority=0, prompt_len=60)
+    for _ in range(3):
+        s.step()
+    submit(s, "urgent", 20, priority=50, prompt_len=70)  # needs more than is left
+    done, got = drive(s)
+    assert done == ["urgent", "victim"] and s.num_preemptions == 1
+    assert got["victim"]["ids"] == ref["victim"]["ids"]
+    assert s.check_idle()
