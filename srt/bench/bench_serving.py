@@ -31,7 +31,9 @@ FILE`` has the server it starts write the scheduler's step timeline there
 (``RADIXLM_STEP_TIMELINE``; a running server must have been started with it) and prints, per
 rate, the share of mixed / prefill / decode steps, the idle share and the mean decode batch
 (``step_timeline.py``). ``--dummy-tiny`` is ``--dummy-8b`` on a tiny random Llama (4,096-token
-context): the same command runs on a CPU.
+context): the same command runs on a CPU. ``--high-priority-share F`` sends priority
+``--high-priority`` (100) on a share F of the requests and 0 on the rest, and reports each
+class's TTFT (serve with ``--enable-priority-scheduling``).
 
 Datasets: ``random`` (lengths uniform in [len * range_ratio, len]), ``sharegpt-like``
 (lognormal lengths, ShareGPT's long tail: ``--random-input-len`` and ``--random-output-len``
@@ -71,6 +73,8 @@ from radixlm.srt.bench.serving_capacity import (
     parse_goodput,
     plot,
     print_capacity,
+    priority_classes,
+    ttft_by_priority,
 )
 from radixlm.srt.bench.serving_report import (
     RequestOutput,
@@ -99,13 +103,17 @@ async def _sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
         yield orjson.loads(data)
 
 
-async def send_request(client: httpx.AsyncClient, url: str, req: BenchRequest) -> RequestOutput:
+async def send_request(
+    client: httpx.AsyncClient, url: str, req: BenchRequest, priority: int | None = None
+) -> RequestOutput:
     """Streams one /generate request and times each arriving token."""
     body = {
         "input_ids": req.input_ids,
         "stream": True,
         "sampling_params": {"temperature": 0, "max_new_tokens": req.output_len, "ignore_eos": True},
     }
+    if priority is not None:
+        body["priority"] = priority
     out = RequestOutput(prompt_len=len(req.input_ids))
     start = last = time.perf_counter()
     try:
@@ -182,6 +190,7 @@ async def run_benchmark(
     max_concurrency: int | None,
     seed: int,
     progress: Progress | None = None,
+    priorities: dict[int, int] | None = None,
 ) -> tuple[list[RequestOutput], float]:
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -189,11 +198,12 @@ async def run_benchmark(
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
 
         async def one(req: BenchRequest) -> RequestOutput:
+            prio = (priorities or {}).get(id(req))
             if limit is None:
-                out = await send_request(client, url, req)
+                out = await send_request(client, url, req, prio)
             else:
                 async with limit:
-                    out = await send_request(client, url, req)
+                    out = await send_request(client, url, req, prio)
             if progress is not None:
                 progress.done(out)
             return out
@@ -382,6 +392,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         default=None,
         help="scheduler step timeline file (the started server writes it); summarised per rate",
     )
+    ap.add_argument(
+        "--high-priority-share",
+        type=float,
+        default=0.0,
+        help="this share of requests sends priority --high-priority, the rest priority 0 "
+        "(serve with --enable-priority-scheduling); TTFT is then reported per class",
+    )
+    ap.add_argument("--high-priority", type=int, default=100, help="the high class's priority")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
     ap.add_argument("--output-file", default=None, help="append each rate's results (JSON lines)")
     ap.add_argument("--seed", type=int, default=1)
@@ -395,6 +413,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
             vars(args).update(parse_goodput(args.goodput))
         except ValueError as e:
             ap.error(str(e))
+    if not 0 <= args.high_priority_share <= 1:
+        ap.error("--high-priority-share must be in [0, 1]")
     if args.capacity_search < 0:
         ap.error("--capacity-search must be >= 0")
     if args.dummy_8b and args.dummy_tiny:
@@ -412,10 +432,13 @@ def run_rate(
         flush_caches(args.worker_urls or [url])
     before = read_worker_totals(args.worker_urls) if args.worker_urls else []
     progress = Progress(f"rate {rate:g}", len(reqs))
+    priorities = priority_classes(reqs, args.high_priority_share, args.high_priority, args.seed)
     outs, duration = asyncio.run(
-        run_benchmark(url, reqs, rate, args.max_concurrency, args.seed, progress)
+        run_benchmark(url, reqs, rate, args.max_concurrency, args.seed, progress, priorities)
     )
     summary = summarize(outs, duration, Slo(args.slo_ttft_s, args.slo_tpot_ms))
+    if priorities:
+        summary["by_priority"] = ttft_by_priority(reqs, outs, priorities)
     if args.worker_urls:
         after = read_worker_totals(args.worker_urls)
         summary["workers"] = worker_deltas(args.worker_urls, before, after)

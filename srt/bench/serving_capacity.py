@@ -6,18 +6,56 @@ Capacity: the highest offered rate (requests/s) whose goodput is at least ``CAPA
 of it. ``--capacity-search N`` runs N more rates after those of ``--request-rates``, each the
 midpoint between the highest rate that met the share and the lowest one above it that did not
 (bisection; it assumes goodput falls once the server is saturated).
+
+Priority classes (``--high-priority-share``): a share of the requests sends a high priority,
+the rest priority 0, and each class's TTFT is reported apart, to compare a high-priority
+request's TTFT under a saturating low-priority load with an idle server's (a low rate).
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from typing import Any
 
 from radixlm.srt.bench.datasets import BenchRequest
+from radixlm.srt.bench.serving_report import percentiles
 
 CAPACITY_SHARE = 0.9
 GOODPUT_KEYS = {"ttft": "slo_ttft_s", "tpot": "slo_tpot_ms"}
+
+
+def priority_classes(
+    reqs: list[BenchRequest], share: float, high: int, seed: int
+) -> dict[int, int] | None:
+    """``id(request) -> priority``: a random ``share`` of the requests (fixed by ``seed``) gets
+    ``high``, the others 0; None when ``share`` is 0 (no priorities sent)."""
+    if share <= 0:
+        return None
+    rng = random.Random(seed + 7)
+    return {id(r): high if rng.random() < share else 0 for r in reqs}
+
+
+def ttft_by_priority(
+    reqs: list[BenchRequest], outs: list[Any], priorities: dict[int, int]
+) -> dict[str, Any]:
+    """TTFT percentiles (ms) of each priority class's successful requests; printed."""
+    out: dict[str, Any] = {}
+    for prio in sorted(set(priorities.values()), reverse=True):
+        ttfts = [
+            o.ttft_s
+            for r, o in zip(reqs, outs, strict=True)
+            if priorities[id(r)] == prio and o.success
+        ]
+        p = percentiles(ttfts)
+        out[str(prio)] = {"requests": len(ttfts), "ttft_ms": p}
+        print(
+            f"priority {prio}: {len(ttfts)} requests, TTFT p50 {p['p50']:.1f} ms, "
+            f"p99 {p['p99']:.1f} ms",
+            flush=True,
+        )
+    return out
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:

@@ -17,7 +17,10 @@ from radixlm.srt.bench.serving_capacity import (
     next_probe,
     parse_goodput,
     plot,
+    priority_classes,
+    ttft_by_priority,
 )
+from radixlm.srt.bench.serving_report import RequestOutput
 from radixlm.srt.bench.step_timeline import read_records, summarize_steps
 from radixlm.srt.scheduler.timeline import FileTimeline, StepTimeline
 
@@ -61,6 +64,20 @@ def test_capacity_is_the_highest_rate_meeting_90_percent_and_the_search_bisects(
     assert next_probe([2.0, math.inf], [_s(2.0), _s(3.0)]) is None  # nothing failed
     assert capacity([8.0], [_s(1.0)]) is None
     assert next_probe([8.0], [_s(1.0)]) == 4.0
+
+
+def test_priority_classes_and_their_ttft(capsys) -> None:
+    reqs = [BenchRequest([1], 1) for _ in range(200)]
+    assert priority_classes(reqs, 0.0, 100, 1) is None
+    classes = priority_classes(reqs, 0.25, 100, 1)
+    assert classes == priority_classes(reqs, 0.25, 100, 1)  # fixed by the seed
+    high = [r for r in reqs if classes[id(r)] == 100]
+    assert 30 <= len(high) <= 70 and set(classes.values()) == {0, 100}
+    outs = [RequestOutput(success=True, ttft_s=0.1 if classes[id(r)] else 2.0) for r in reqs]
+    got = ttft_by_priority(reqs, outs, classes)
+    assert got["100"]["requests"] == len(high) and got["100"]["ttft_ms"]["p50"] == 100.0
+    assert got["0"]["ttft_ms"]["p99"] == 2000.0
+    assert "priority 100:" in capsys.readouterr().out
 
 
 def test_plot_writes_a_png_or_says_why_not(tmp_path, capsys) -> None:
@@ -129,6 +146,7 @@ def test_the_issue_command_runs_on_the_cpu_with_a_tiny_random_model(tmp_path, ca
             *("--goodput", "ttft:100000", "tpot:100000", "--capacity-search", "1"),
             *("--step-timeline", str(timeline), "--plot", str(tmp_path / "p.png")),
             *("--max-total-tokens", "512"),  # prompts over 512 tokens: clipped
+            *("--high-priority-share", "0.5", "--enable-priority-scheduling"),
         ]
     )
     out = capsys.readouterr().out
@@ -137,6 +155,7 @@ def test_the_issue_command_runs_on_the_cpu_with_a_tiny_random_model(tmp_path, ca
     assert len(summaries) == 3 and "Request rate (req/s)                                25.0" in out
     for s in summaries:
         assert s["failed"] == 0 and s["step_timeline"]["steps"] > 0
+        assert sum(c["requests"] for c in s["by_priority"].values()) == 6
     assert "capacity: " in out and (tmp_path / "p.png").exists() == bool(
         importlib.util.find_spec("matplotlib")
     )
