@@ -181,3 +181,18 @@ def test_preemption_when_the_kv_pool_has_no_room(make) -> None:
     assert done == ["urgent", "victim"] and s.num_preemptions == 1
     assert got["victim"]["ids"] == ref["victim"]["ids"]
     assert s.check_idle()
+
+
+def test_the_engine_takes_sglangs_priority_keyword(tiny_llama_dir) -> None:
+    from radixlm.srt import Engine
+
+    with Engine(
+        model_path=str(tiny_llama_dir),
+        enable_priority_scheduling=True,
+        max_total_tokens=2048,
+        log_level="warning",
+    ) as engine:
+        out = engine.generate("Hi", {"max_new_tokens": 2, "ignore_eos": True}, priority=5)
+        assert out["meta_info"]["completion_tokens"] == 2
+        with pytest.raises(ValueError, match="priority must be an integer"):
+            engine.generate("Hi", {"max_new_tokens": 2}, priority="high")
