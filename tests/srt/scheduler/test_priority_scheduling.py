@@ -132,6 +132,7 @@ def test_a_full_queue_refuses_with_503_and_leaks_nothing(make) -> None:
     assert done[:2] == ["q3", "q4"]  # refused at once, reported by the next step
     assert [r for r in done if r not in ("q3", "q4")] == ["run", "q1", "q2"]
     assert s.gate.num_refused == 2 and s.check_idle() and not s.live
+    assert s.server_info()["num_refused"] == 2
 
 
 def test_with_priorities_a_full_queue_pushes_out_the_worst_waiting_request(make) -> None:
