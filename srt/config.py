@@ -187,6 +187,28 @@ class ServerConfig:
         "how much KV a new request must leave for the running ones' future tokens (0: admit "
         "while the pool has room, retracting later; larger: fewer retractions, smaller batches)",
     )
+    # priority, bounded queue and fairness (SGLang's flags; docs/operations/overload.md)
+    enable_priority_scheduling: bool = _opt(
+        False, "order the waiting queue by each request's priority (higher first), FCFS within one"
+    )
+    schedule_low_priority_values_first: bool = _opt(
+        False, "with --enable-priority-scheduling: lower priority values run first"
+    )
+    priority_scheduling_preemption_threshold: int = _opt(
+        10, "smallest priority difference for which a waiting request retracts running ones"
+    )
+    abort_on_priority_when_disabled: bool = _opt(
+        False, "without --enable-priority-scheduling: refuse (503) requests that set a priority"
+    )
+    max_queued_requests: int | None = _opt(
+        None, "most requests waiting for admission; a new one past it gets 503 (default: no cap)"
+    )
+    ttft_target_ms: float | None = _opt(
+        None, "refuse (503) a new request whose estimated time to first token exceeds this"
+    )
+    enable_fair_scheduling: bool = _opt(
+        False, "round robin between callers (API key, else `user`) within a priority"
+    )
     disable_radix_cache: bool = _opt(False, "turn the prefix cache off")
     attention_backend: str = _opt("auto", "attention kernels", ATTENTION_BACKENDS)
     grammar_backend: str = _opt(
@@ -381,6 +403,10 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(
             f"schedule_conservativeness must be in [0, 100], got {cfg.schedule_conservativeness}"
         )
+    if cfg.max_queued_requests is not None and cfg.max_queued_requests < 1:
+        raise ValueError(f"max_queued_requests must be >= 1, got {cfg.max_queued_requests}")
+    if cfg.ttft_target_ms is not None and not cfg.ttft_target_ms > 0:
+        raise ValueError(f"ttft_target_ms must be > 0, got {cfg.ttft_target_ms}")
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
     if not cfg.grammar_compile_timeout_s > 0:

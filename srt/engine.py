@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.managers.engine_options import (
+    ENGINE_GENERATE_EXTRAS,
     check_score_options,
     check_sglang_options,
     plan_engine_scores,
@@ -160,7 +161,8 @@ class Engine:
         self._call(engine_prompts, prompt, args["input_ids"], args["sampling_params"])
         session = self._call(SessionParams.from_dict, args["session_params"] or {})
         text = prompt if prompt is None or isinstance(prompt, str) else list(prompt)
-        call = GenerateCall.from_fields({**args, "text": text, "session_params": session})
+        extras = {k: args["sglang_options"].get(k) for k in ENGINE_GENERATE_EXTRAS}
+        call = GenerateCall.from_fields({**args, **extras, "text": text, "session_params": session})
         prepared, is_batch = self._prepare(call)
         if args["stream"] and is_batch:
             raise ValueError("stream=True takes a single prompt with n=1")

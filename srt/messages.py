@@ -50,6 +50,8 @@ class TokenizedGenerateReq:
     # schema, which has no text to compile); None: no grammar, or a sender that left it to
     # the scheduler, which then takes the kind of the grammar field that is set
     grammar_kind: str | None = None
+    priority: int | None = None  # SGLang's request priority (only with priority scheduling)
+    caller: str = ""  # the caller's namespace (managers/caller_scope.py), for fair scheduling
 
 
 @dataclass

@@ -22,6 +22,19 @@ output token after the first (TPOT) and end-to-end latency (E2E); then one line 
 (``serving_report.py`` has the definitions). With ``--worker-urls`` (radixlm workers behind
 the router at ``--base-url``), each worker's admitted requests and prefix-cache hit rate.
 
+At capacity (``serving_capacity.py``): prompts longer than the served context are clipped to
+fit (the output says how many); ``--goodput ttft:MS tpot:MS`` sets the SLO in milliseconds;
+the capacity (the highest rate whose goodput is >= 90% of it) follows the rate table, and
+``--capacity-search N`` bisects N more rates towards it; ``--plot FILE.png`` draws TTFT, TPOT
+and goodput against the offered rate (matplotlib: the ``bench`` extra). ``--step-timeline
+FILE`` has the server it starts write the scheduler's step timeline there
+(``RADIXLM_STEP_TIMELINE``; a running server must have been started with it) and prints, per
+rate, the share of mixed / prefill / decode steps, the idle share and the mean decode batch
+(``step_timeline.py``). ``--dummy-tiny`` is ``--dummy-8b`` on a tiny random Llama (4,096-token
+context): the same command runs on a CPU. ``--high-priority-share F`` sends priority
+``--high-priority`` (100) on a share F of the requests and 0 on the rest, and reports each
+class's TTFT (serve with ``--enable-priority-scheduling``).
+
 Datasets: ``random`` (lengths uniform in [len * range_ratio, len]), ``sharegpt-like``
 (lognormal lengths, ShareGPT's long tail: ``--random-input-len`` and ``--random-output-len``
 are the means, ``--length-sigma`` the shape, capped at ``--max-input-len`` /
@@ -35,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import tempfile
 import time
@@ -53,6 +67,15 @@ from radixlm.srt.bench.datasets import (
     random_requests,
     shared_prefix_requests,
 )
+from radixlm.srt.bench.serving_capacity import (
+    clip_to_context,
+    next_probe,
+    parse_goodput,
+    plot,
+    print_capacity,
+    priority_classes,
+    ttft_by_priority,
+)
 from radixlm.srt.bench.serving_report import (
     RequestOutput,
     Slo,
@@ -62,8 +85,11 @@ from radixlm.srt.bench.serving_report import (
     summarize,
     worker_deltas,
 )
+from radixlm.srt.bench.step_timeline import print_summary, read_records, summarize_steps
+from radixlm.srt.scheduler.timeline import ENV_VAR as TIMELINE_ENV
 
 DUMMY_8B_FOLDER = "/tmp/radixlm-llama3-8b-shape"
+DUMMY_TINY_FOLDER = "/tmp/radixlm-tiny-llama-shape"
 
 
 # ---------------------------------------------------------------------- one request
@@ -77,13 +103,17 @@ async def _sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
         yield orjson.loads(data)
 
 
-async def send_request(client: httpx.AsyncClient, url: str, req: BenchRequest) -> RequestOutput:
+async def send_request(
+    client: httpx.AsyncClient, url: str, req: BenchRequest, priority: int | None = None
+) -> RequestOutput:
     """Streams one /generate request and times each arriving token."""
     body = {
         "input_ids": req.input_ids,
         "stream": True,
         "sampling_params": {"temperature": 0, "max_new_tokens": req.output_len, "ignore_eos": True},
     }
+    if priority is not None:
+        body["priority"] = priority
     out = RequestOutput(prompt_len=len(req.input_ids))
     start = last = time.perf_counter()
     try:
@@ -160,6 +190,7 @@ async def run_benchmark(
     max_concurrency: int | None,
     seed: int,
     progress: Progress | None = None,
+    priorities: dict[int, int] | None = None,
 ) -> tuple[list[RequestOutput], float]:
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -167,11 +198,12 @@ async def run_benchmark(
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
 
         async def one(req: BenchRequest) -> RequestOutput:
+            prio = (priorities or {}).get(id(req))
             if limit is None:
-                out = await send_request(client, url, req)
+                out = await send_request(client, url, req, prio)
             else:
                 async with limit:
-                    out = await send_request(client, url, req)
+                    out = await send_request(client, url, req, prio)
             if progress is not None:
                 progress.done(out)
             return out
@@ -239,11 +271,18 @@ def server_url(args: argparse.Namespace, server_args: list[str]) -> Iterator[str
         return
     from radixlm.srt.server.process.server_process import ServerProcess
 
-    if args.dummy_8b:
-        from radixlm.srt.bench.bench_gpu import LLAMA3_8B, make_model_folder
+    if args.dummy_8b or args.dummy_tiny:
+        from radixlm.srt.bench.bench_gpu import LLAMA3_8B, TINY_LLAMA, make_model_folder
 
-        folder = make_model_folder(Path(DUMMY_8B_FOLDER), dict(LLAMA3_8B))
+        folder = (
+            make_model_folder(Path(DUMMY_8B_FOLDER), dict(LLAMA3_8B))
+            if args.dummy_8b
+            else make_model_folder(Path(DUMMY_TINY_FOLDER), dict(TINY_LLAMA))
+        )
         server_args = ["--model-path", str(folder), "--load-format", "dummy", *server_args]
+    if args.step_timeline:
+        Path(args.step_timeline).write_bytes(b"")  # this run's steps only
+        os.environ[TIMELINE_ENV] = str(Path(args.step_timeline).resolve())
     log = tempfile.NamedTemporaryFile(prefix="radixlm-bench-server-", suffix=".log", delete=False)
     print(f"starting radixlm serve {' '.join(server_args)} (log: {log.name})", flush=True)
     try:
@@ -292,6 +331,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="serve random weights of Llama-3-8B's shapes (GPU); implies --random-ids",
     )
+    ap.add_argument(
+        "--dummy-tiny",
+        action="store_true",
+        help="serve random weights of a tiny Llama (CPU smoke runs); implies --random-ids",
+    )
     ap.add_argument("--random-ids", action="store_true", help="prompts of random token ids")
     ap.add_argument(
         "--dataset-name",
@@ -328,6 +372,34 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     ap.add_argument("--slo-ttft-s", type=float, default=1.0, help="goodput: TTFT limit")
     ap.add_argument("--slo-tpot-ms", type=float, default=50.0, help="goodput: TPOT limit")
+    ap.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="goodput SLO in milliseconds: ttft:MS tpot:MS (instead of --slo-ttft-s/--slo-tpot-ms)",
+    )
+    ap.add_argument(
+        "--capacity-search",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the rates, N more bisecting towards the capacity (goodput >= 90%% of rate)",
+    )
+    ap.add_argument("--plot", default=None, help="PNG of TTFT, TPOT, goodput against the rate")
+    ap.add_argument(
+        "--step-timeline",
+        default=None,
+        help="scheduler step timeline file (the started server writes it); summarised per rate",
+    )
+    ap.add_argument(
+        "--high-priority-share",
+        type=float,
+        default=0.0,
+        help="this share of requests sends priority --high-priority, the rest priority 0 "
+        "(serve with --enable-priority-scheduling); TTFT is then reported per class",
+    )
+    ap.add_argument("--high-priority", type=int, default=100, help="the high class's priority")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
     ap.add_argument("--output-file", default=None, help="append each rate's results (JSON lines)")
     ap.add_argument("--seed", type=int, default=1)
@@ -336,8 +408,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         ap.error("--max-concurrency must be >= 1")
     if not (args.slo_ttft_s > 0 and args.slo_tpot_ms > 0):
         ap.error("--slo-ttft-s and --slo-tpot-ms must be > 0")
+    if args.goodput:
+        try:
+            vars(args).update(parse_goodput(args.goodput))
+        except ValueError as e:
+            ap.error(str(e))
+    if not 0 <= args.high_priority_share <= 1:
+        ap.error("--high-priority-share must be in [0, 1]")
+    if args.capacity_search < 0:
+        ap.error("--capacity-search must be >= 0")
+    if args.dummy_8b and args.dummy_tiny:
+        ap.error("give one of --dummy-8b and --dummy-tiny")
     args.worker_urls = [u for u in (args.worker_urls or "").split(",") if u]
-    args.random_ids = args.random_ids or args.dummy_8b
+    args.random_ids = args.random_ids or args.dummy_8b or args.dummy_tiny
     return args, server_args
 
 
@@ -349,10 +432,13 @@ def run_rate(
         flush_caches(args.worker_urls or [url])
     before = read_worker_totals(args.worker_urls) if args.worker_urls else []
     progress = Progress(f"rate {rate:g}", len(reqs))
+    priorities = priority_classes(reqs, args.high_priority_share, args.high_priority, args.seed)
     outs, duration = asyncio.run(
-        run_benchmark(url, reqs, rate, args.max_concurrency, args.seed, progress)
+        run_benchmark(url, reqs, rate, args.max_concurrency, args.seed, progress, priorities)
     )
     summary = summarize(outs, duration, Slo(args.slo_ttft_s, args.slo_tpot_ms))
+    if priorities:
+        summary["by_priority"] = ttft_by_priority(reqs, outs, priorities)
     if args.worker_urls:
         after = read_worker_totals(args.worker_urls)
         summary["workers"] = worker_deltas(args.worker_urls, before, after)
@@ -364,26 +450,59 @@ def run_rate(
         ("Max concurrency", args.max_concurrency or "-"),
     ]
     print_report(summary, header, best)
+    if args.step_timeline and Path(args.step_timeline).exists():
+        records, args.timeline_offset = read_records(args.step_timeline, args.timeline_offset)
+        summary["step_timeline"] = summarize_steps(records)
+        print_summary(summary["step_timeline"], f" (rate {rate:g})")
     return summary
+
+
+def fit_context(url: str, reqs: list[BenchRequest]) -> list[BenchRequest]:
+    """The requests clipped to the server's context (prompt + output); says how many were."""
+    info = httpx.get(url + "/server_info", timeout=30).json()
+    limit = int(info["max_req_input_len"]) + 1
+    reqs, clipped = clip_to_context(reqs, limit)
+    if clipped:
+        print(
+            f"clipped {clipped} of {len(reqs)} requests to fit the served context of {limit} "
+            "tokens (prompt + output)",
+            flush=True,
+        )
+    return reqs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Runs every rate; returns one summary per rate."""
     args, server_args = parse_args(argv)
-    summaries = []
+    summaries: list[dict] = []
+    rates: list[float] = []
+    args.timeline_offset = 0
     with server_url(args, server_args) as url:
-        reqs = build_requests(args, load_tokenizer(args, url))
+        reqs = fit_context(url, build_requests(args, load_tokenizer(args, url)))
         best = best_hit_rate(reqs) if args.dataset_name not in ("random", "sharegpt-like") else None
         warm_up(url, reqs)
-        for rate in args.request_rates:
+        if args.step_timeline and Path(args.step_timeline).exists():  # not the warm-up's steps
+            args.timeline_offset = Path(args.step_timeline).stat().st_size
+        queue = list(args.request_rates)
+        searches = args.capacity_search
+        while queue:
+            rate = queue.pop(0)
             summary = run_rate(args, url, reqs, rate, best)
+            rates.append(rate)
             summaries.append(summary)
             if args.output_file:
                 with open(args.output_file, "ab") as f:
                     record = {"args": vars(args), "request_rate": rate, **summary}
                     f.write(orjson.dumps(record, default=str) + b"\n")
+            if not queue and searches > 0 and (probe := next_probe(rates, summaries)):
+                searches -= 1
+                queue.append(probe)
     if len(summaries) > 1:
-        print_rate_table(args.request_rates, summaries)
+        order = sorted(range(len(rates)), key=lambda i: rates[i])
+        print_rate_table([rates[i] for i in order], [summaries[i] for i in order])
+        print_capacity(rates, summaries)
+    if args.plot:
+        plot(rates, summaries, args.plot)
     return summaries
 
 

@@ -37,7 +37,6 @@ SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
             "disagg_prefill_dp_rank",
             "kv_hints",
             "data_parallel_rank",
-            "priority",
             "session_id",
         )
     ),
@@ -47,6 +46,8 @@ SGLANG_GENERATE_DEFAULTS: dict[str, Any] = {
     "routed_experts_start_len": 0,
 }
 _ACCEPTED_ANY = ("external_trace_header",)
+# SGLang's Engine.generate keywords this engine implements beyond its own signature
+ENGINE_GENERATE_EXTRAS = ("priority",)
 # SGLang's Engine.score keywords for what this engine does not do, with their off values
 SCORE_OFF_OPTIONS: dict[str, Any] = {
     "embed_override_token_id": None,
@@ -60,7 +61,7 @@ SCORE_OFF_OPTIONS: dict[str, Any] = {
 
 def check_sglang_options(options: dict[str, Any]) -> None:
     for name, value in options.items():
-        if name in _ACCEPTED_ANY:
+        if name in _ACCEPTED_ANY or name in ENGINE_GENERATE_EXTRAS:
             continue
         if name not in SGLANG_GENERATE_DEFAULTS:
             raise TypeError(f"generate() got an unexpected keyword argument {name!r}")

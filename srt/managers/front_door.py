@@ -145,12 +145,19 @@ class FrontDoor:
         top_logprobs_num: int = 0,
         token_ids_logprob: list[int] | None = None,
         stream: bool = False,
+        priority: int | None = None,
     ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
         after the length and logprob checks; ``input_ids`` and ``params`` come from this
         door (:meth:`tokenize` or :meth:`check_input_ids`, :meth:`parse_params`)."""
         if not input_ids:
             raise GenerateError("the prompt is empty; send at least one token", 400)
+        if priority is not None and (type(priority) is not int or abs(priority) >= 2**62):
+            raise GenerateError(
+                f"priority must be an integer below 2**62 in size, got {priority!r}",
+                400,
+                "priority",
+            )
         limits = self.limits
         if params.max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null
             left = max(limits.context_length - len(input_ids), 0)
@@ -173,6 +180,7 @@ class FrontDoor:
             token_ids_logprob=token_ids if return_logprob else None,
             stream=stream,
             grammar_kind=grammar_kind(params),
+            priority=priority,
         )
 
     def prepare(

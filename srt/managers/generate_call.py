@@ -59,6 +59,7 @@ class GenerateCall:
     session_params: SessionParams | None = None  # a turn of a session (sessions.py)
     log_metrics: bool = True
     return_prompt_token_ids: bool = False
+    priority: int | None = None
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> GenerateCall:

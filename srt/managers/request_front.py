@@ -169,6 +169,7 @@ class RequestFront:
                 self.client_rids[key] = []
             try:
                 for p, p_keys in zip(prepared, keys_of, strict=True):
+                    p.msg.caller = namespace  # fair scheduling's caller (queue_order.py)
                     states.append(self._register(p, p_keys, waiter()))
                     self.send(p.msg)
             except BaseException:

@@ -87,7 +87,7 @@ class PrefillAdmission:
         """Slots kept free for the future output of ``running``."""
         return self.reserve_ratio * sum(future_tokens(r) for r in running)
 
-    def _need(self, req: Req) -> float:
+    def need(self, req: Req) -> float:
         """Slots a request still wants: the rest of its prompt (beyond the slots it holds) and
         its share of reserve for the output."""
         return req.fill_len - req.num_kv_tokens + self.reserve_ratio * future_tokens(req)
@@ -133,7 +133,7 @@ class PrefillAdmission:
             if used == 0:
                 return None
             budget -= used
-            promised += self._need(chunked)
+            promised += self.need(chunked)
         for req in policy.order(waiting, self.kv.cache):
             if budget <= 0 or not batch.all_complete():
                 break
@@ -146,7 +146,7 @@ class PrefillAdmission:
                 continue
             waiting.remove(req)
             budget -= used
-            promised += self._need(req)
+            promised += self.need(req)
         return batch if batch.reqs else None
 
     def _admit(
@@ -162,7 +162,7 @@ class PrefillAdmission:
         if shares_uncached_prefix(req, batch):
             self.kv.release(req)  # defer: next step it finds that prefix in the cache
             return 0
-        if not alone and self._need(req) > self.kv.room() - promised:
+        if not alone and self.need(req) > self.kv.room() - promised:
             self.kv.release(req)  # would take slots the running requests will need
             return -1
         first_time = not req.admitted  # not a retracted request (or chunked prompt) coming back

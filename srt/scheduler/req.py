@@ -51,6 +51,13 @@ class Req:
     admitted: bool = False  # admitted once (a retracted request coming back keeps its figures)
     prefetch: Any = None  # the prefix cache's prefetch handle while the request waits
 
+    # queue order (queue_order.py): priority as given (None: the lowest), the caller's
+    # namespace, and the arrival number (FCFS within a priority; kept across retractions)
+    priority: int | None = None
+    caller: str = ""
+    arrival: int = 0
+    arrival_time: float = 0.0  # time.monotonic() when the scheduler received it
+
     # constrained decoding (stays unset for unconstrained requests)
     grammar: GrammarMatcher | None = None  # has accepted exactly output_ids; set once compiled
 

@@ -57,11 +57,14 @@ from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
 from radixlm.srt.scheduler.profiling import StepProfiler
+from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QueueGate, overloaded
+from radixlm.srt.scheduler.queue_order import PriorityRule, RankedPolicy
 from radixlm.srt.scheduler.reports import LoadStats, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.speculative_step import SpeculativeStep
 from radixlm.srt.scheduler.stop import StopChecker
+from radixlm.srt.scheduler.timeline import StepTimeline
 from radixlm.srt.speculative import make_drafter
 
 logger = logging.getLogger(__name__)
@@ -82,6 +85,12 @@ class Scheduler:
         self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
         self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
         self.policy = make_policy(cfg.schedule_policy)
+        self.rule = PriorityRule.from_config(cfg)  # priority, fairness, preemption
+        if self.rule.reorders:
+            self.policy = RankedPolicy(self.policy, self.rule)
+        self.gate = QueueGate.from_config(cfg, self.rule)  # queue bound, TTFT target
+        self.num_arrivals = 0
+        self.num_preemptions = 0
         self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, r.cfg.page_size)
         # mask rows filled on a worker thread during the forward pass pay off when the forward
         # runs on a GPU; on a CPU the forward uses every core and the worker slowed it down
@@ -111,6 +120,7 @@ class Scheduler:
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
         self.profiler = StepProfiler(r.device.type == "cuda", torch_profiler_dir(cfg))
+        self.timeline = StepTimeline.from_env()  # RADIXLM_STEP_TIMELINE: a record per step
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
@@ -141,7 +151,12 @@ class Scheduler:
             top_logprobs_num=msg.top_logprobs_num,
             token_ids_logprob=msg.token_ids_logprob,
             stream=msg.stream,
+            priority=msg.priority,
+            caller=msg.caller,
+            arrival=self.num_arrivals,
+            arrival_time=time.monotonic(),
         )
+        self.num_arrivals += 1
         self.live.add(req)
         try:
             self._queue(req, msg)
@@ -163,6 +178,8 @@ class Scheduler:
             req.finish({"type": "abort", "message": str(e), "status_code": 400})
             self.finished_outside_step.append(req)
             return
+        if not self._passes_gate(req):
+            return
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.params.seed)
         if spec is not None:
@@ -170,6 +187,35 @@ class Scheduler:
         else:
             self.waiting.append(req)
         req.prefetch = self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading
+
+    def _passes_gate(self, req: Req) -> bool:
+        """Whether ``req`` may wait for admission (queue_gate.py); a refused request, or a
+        waiting one it pushes out, finishes with 503 and is reported by the next step."""
+        if req.priority is not None and not self.rule.enabled:
+            if self.cfg.abort_on_priority_when_disabled:
+                req.finish(
+                    overloaded(
+                        "Using priority is disabled for this server. Please send a new request "
+                        "without a priority."
+                    )
+                )
+                self.finished_outside_step.append(req)
+                return False
+            req.priority = None  # SGLang: ignored when priority scheduling is off
+        chunk_left = (
+            0 if self.chunked is None else self.chunked.fill_len - self.chunked.num_kv_tokens
+        )
+        refusal, victim = self.gate.check(
+            req, self.waiting, len(self.grammars.queue.pending), chunk_left
+        )
+        if refusal is not None:
+            req.finish(overloaded(refusal))
+            self.finished_outside_step.append(req)
+            return False
+        if victim is not None:
+            self.waiting.remove(victim)
+            self._finish_between_steps(victim, overloaded(PUSHED_OUT))
+        return True
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).
@@ -238,6 +284,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
+        self.timeline.begin(self)
         self._admit_compiled_grammars()
         touched: list[Req] = []
         if self.inflight is not None and not self._can_chain_decode():
@@ -245,8 +292,10 @@ class Scheduler:
         batch, is_prefill = None, False
         if self.paused is None:
             if self.inflight is None:
+                self._preempt_for_priority()
                 batch, is_prefill = self._schedule_prefill()
             batch = batch or self._schedule_decode()
+        self.timeline.batch(self, batch)
         if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
             self.num_forward_steps += 1
@@ -271,6 +320,7 @@ class Scheduler:
                     req.output_ids.append(PENDING_TOKEN)
         if not self.has_work():
             self.check_idle()
+        self.timeline.end(self)
         return out
 
     def _admit_compiled_grammars(self) -> None:
@@ -299,6 +349,8 @@ class Scheduler:
         )
         if prefill is None:
             return decode, False
+        for req in prefill.reqs:
+            self.rule.note_served(req)  # fair scheduling's round robin
         self.chunked = None  # its piece is in the batch; _run sets it again until it completes
         return (prefill if decode is None else mixed_batch(prefill, decode)), True
 
@@ -355,9 +407,50 @@ class Scheduler:
                 victim.seq_len,
                 self.admission.reserve_ratio,
             )
-            self.kv.release(victim)
-            victim.status = ReqStatus.WAITING
-            self.waiting.appendleft(victim)
+            self._requeue(victim)
+
+    def _requeue(self, victim: Req) -> None:
+        """A retracted request gives its KV back and waits again (its output is kept; its
+        tokens are recomputed when it is admitted again)."""
+        self.kv.release(victim)
+        victim.status = ReqStatus.WAITING
+        self.waiting.appendleft(victim)
+
+    # ---------------------------------------------------------------- priority preemption
+    def _preempt_for_priority(self) -> None:
+        """Retracts lower-priority running requests so that the first waiting request fits
+        (queue_order.py); nothing when it fits or when no allowed retraction makes it fit."""
+        if not self.rule.may_preempt(self.waiting, self.running) or self.chunked is not None:
+            return
+        head = self.rule.first(self.waiting)
+        adm = self.admission
+        # what the admission will ask of the pool (prefill.py), less what the retracted give
+        # back: their KV, and the share of their output the admission keeps free
+        short = adm.need(head) - self.kv.room() + adm.reserve(self.running)
+        free_slots = self.kv.free_req_slots()
+
+        def fits(gone: list[Req]) -> bool:
+            if len(self.running) - len(gone) >= adm.max_running_requests:
+                return False
+            if free_slots + len(gone) < 1:
+                return False
+            freed = sum(r.num_kv_tokens + adm.reserve([r]) for r in gone)
+            return short <= freed
+
+        victims = self.rule.plan_preemption(head, self.running, fits)
+        for victim in victims:
+            self.running.remove(victim)
+            self.spec.release(victim)
+            self.num_retractions += 1
+            self.num_preemptions += 1
+            logger.info(
+                "retracting request %s (priority %s) for request %s (priority %s)",
+                victim.rid,
+                victim.priority,
+                head.rid,
+                head.priority,
+            )
+            self._requeue(victim)
 
     # ---------------------------------------------------------------- overlap scheduling
     def _overlappable(self, batch: ScheduledBatch) -> bool:
@@ -375,6 +468,8 @@ class Scheduler:
             return False
         if self.waiting and not self.admission.blocked(self.waiting, self.running):
             return False  # resolve first: the next step may admit some
+        if self.rule.may_preempt(self.waiting, self.running):
+            return False  # resolve first: the next step may retract some for a waiting one
         if self.spec.enabled and any(self.spec.is_candidate(r) for r in self.running):
             return False  # their next step may speculate: it needs their tokens on the host
         in_flight = {id(r) for r in self.inflight.reqs}
@@ -427,7 +522,9 @@ class Scheduler:
         masks = self.grammars.fill_masks(sample_reqs)
         next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
         if is_prefill:  # what recomputing costs, for a tiered cache's load-or-recompute choice
-            self.cache.observe_prefill(sum(batch.extend_lens), time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.cache.observe_prefill(sum(batch.extend_lens), elapsed)
+            self.gate.observe_prefill(sum(batch.extend_lens), elapsed)
         for req, tok in zip(sample_reqs, next_ids, strict=True):
             if not req.is_finished:  # else its mask row or its sampling failed
                 self._take_token(req, tok)

@@ -56,6 +56,7 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # without API keys, the namespace of the request's rid
+    priority: int | None = None  # SGLang's: orders the queue with --enable-priority-scheduling
 
 
 class JsonSchemaFormat(StrictBody):

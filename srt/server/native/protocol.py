@@ -22,8 +22,10 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   processors, hidden states, routed experts, disaggregation, cache salts and extra keys,
   sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
   its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
-  ``priority`` is refused unless null: this server has no priority scheduling (SGLang refuses
-  it the same way when priority scheduling is off).
+
+``priority`` (an integer, one for every prompt of a batch) orders the queue with
+``--enable-priority-scheduling`` (scheduler/queue_order.py); without it the value is ignored,
+or refused with 503 under ``--abort-on-priority-when-disabled`` (SGLang's contract).
 """
 
 from __future__ import annotations
@@ -157,14 +159,6 @@ class GenerateReqInput(StrictBody):
                     400,
                     name,
                 )
-        if self.priority is not None:
-            raise GenerateError(
-                "priority is not supported: this server has no priority scheduling; send the "
-                "request without a priority",
-                400,
-                "priority",
-                "unsupported_parameter",
-            )
         if self.session_id is not None and self.session_params is not None:
             raise GenerateError(
                 "session_id and session_params cannot both be set", 400, "session_id"

@@ -48,7 +48,6 @@ _UNSUPPORTED_BOTH = {
     "watermark": (None,),
     "extra_key": (None, ""),
     "cache_salt": (None, ""),
-    "priority": (None, 0),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
     "bad_words": (None, []),

@@ -82,7 +82,7 @@ def test_the_sequence_cap() -> None:
 
 def test_a_call_is_read_from_fields_by_name_and_the_engine_shapes_are_checked() -> None:
     call = GenerateCall.from_fields({"text": "a", "stream": True, "model": "m", "priority": 1})
-    assert call == GenerateCall(text="a", stream=True)
+    assert call == GenerateCall(text="a", stream=True, priority=1)
     engine_prompts("a", None, [{}])
     with pytest.raises(GenerateError, match="pass exactly one of prompt"):
         engine_prompts(None, None, None)

@@ -245,7 +245,6 @@ def test_generate_fields_implemented_accepted_or_refused(stack: FakeStack) -> No
     for field, value, code in [
         ("data_parallel_rank", 1, None),
         ("routed_dp_rank", 2, None),
-        ("priority", 1, "unsupported_parameter"),
         ("token_ids_logprob", [10**6], None),  # implemented: ids of the vocabulary only
         ("return_hidden_states", True, "unsupported_parameter"),
         ("cache_salt", "tenant", "unsupported_parameter"),

@@ -76,7 +76,6 @@ def test_openai_client_sending_explicit_nones(idle_stack: FakeStack) -> None:
         ("moderation", {"model": "omni-moderation-latest"}),
         ("lora_path", "adapter"),
         ("return_hidden_states", True),
-        ("priority", 3),
         ("bad_words", ["x"]),
         ("allowed_token_ids", [1, 2]),
         ("prompt_logprobs", 1),
@@ -100,6 +99,7 @@ def test_extensions_not_implemented_are_400s_naming_them(idle_stack, field, valu
     [
         ("lora_path", None),
         ("priority", 0),
+        ("priority", 3),  # ordering only with --enable-priority-scheduling; else ignored
         ("echo", False),
         ("return_hidden_states", False),
         ("user", "u1"),
