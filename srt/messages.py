@@ -50,6 +50,9 @@ class TokenizedGenerateReq:
     # schema, which has no text to compile); None: no grammar, or a sender that left it to
     # the scheduler, which then takes the kind of the grammar field that is set
     grammar_kind: str | None = None
+    # the prefix-cache partition (the radix tree's namespace, the disk pages' chained keys):
+    # prefixes are shared only between requests with the same salt; None: the shared one
+    cache_salt: str | None = None
 
 
 @dataclass

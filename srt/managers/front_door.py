@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from radixlm.srt.managers.request_checks import (
+    check_cache_salt,
     check_lengths,
     check_logprob_args,
     check_token_ids_logprob,
@@ -145,6 +146,7 @@ class FrontDoor:
         top_logprobs_num: int = 0,
         token_ids_logprob: list[int] | None = None,
         stream: bool = False,
+        cache_salt: str | None = None,
     ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
         after the length and logprob checks; ``input_ids`` and ``params`` come from this
@@ -173,6 +175,7 @@ class FrontDoor:
             token_ids_logprob=token_ids if return_logprob else None,
             stream=stream,
             grammar_kind=grammar_kind(params),
+            cache_salt=check_cache_salt(cache_salt),
         )
 
     def prepare(

@@ -37,6 +37,7 @@ class GenerateInput:
     session_params: SessionParams | None = None  # a turn of a session (sessions.py)
     log_metrics: bool = True  # false: left out of the latency metrics
     return_prompt_token_ids: bool = False  # the response gets the ids the request ran on
+    cache_salt: str | None = None  # shares cached prefixes only with the same salt
 
     @property
     def continues_session(self) -> bool:

@@ -56,9 +56,9 @@ class KVManager:
         fill = req.fill_ids
         limit = req.max_prefix_match()
         if self._could_fit(req):
-            match = self.cache.match_and_load(fill[:limit])
+            match = self.cache.match_and_load(fill[:limit], req.cache_salt)
         else:  # loading from a slower tier would evict work it cannot use this step
-            match = self.cache.match_prefix(fill[:limit])
+            match = self.cache.match_prefix(fill[:limit], req.cache_salt)
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
@@ -150,7 +150,7 @@ class KVManager:
     def _insert(self, req: Req, tokens: list[int], kv: torch.Tensor) -> InsertResult:
         """Inserts the request's KV into the prefix cache and frees the request's copies of
         positions the cache already held (its own locked prefix is the cache's already)."""
-        inserted = self.cache.insert(tokens, kv)
+        inserted = self.cache.insert(tokens, kv, req.cache_salt)
         if inserted.num_present > req.num_cached_prefix:
             self.allocator.free(kv[req.num_cached_prefix : inserted.num_present])
         return inserted

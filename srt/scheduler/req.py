@@ -50,6 +50,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted: bool = False  # admitted once (a retracted request coming back keeps its figures)
     prefetch: Any = None  # the prefix cache's prefetch handle while the request waits
+    cache_salt: str | None = None  # the prefix cache's namespace: shares only with the same
 
     # constrained decoding (stays unset for unconstrained requests)
     grammar: GrammarMatcher | None = None  # has accepted exactly output_ids; set once compiled

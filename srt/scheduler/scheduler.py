@@ -141,6 +141,7 @@ class Scheduler:
             top_logprobs_num=msg.top_logprobs_num,
             token_ids_logprob=msg.token_ids_logprob,
             stream=msg.stream,
+            cache_salt=msg.cache_salt,
         )
         self.live.add(req)
         try:
@@ -169,7 +170,8 @@ class Scheduler:
             self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
-        req.prefetch = self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading
+        # a disk tier starts reading
+        req.prefetch = self.cache.prefetch(req.prompt_ids, req.cache_salt)
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Ends the request whose rid is exactly ``rid`` (every request with ``abort_all``).

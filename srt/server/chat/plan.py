@@ -130,6 +130,7 @@ def expand(
                 top_logprobs_num=top_num,
                 return_text_in_logprobs=True,
                 stream=req.stream,
+                cache_salt=req.cache_salt,
             )
         )
 

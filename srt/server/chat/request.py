@@ -56,6 +56,9 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # without API keys, the namespace of the request's rid
+    # vLLM's and SGLang's: cached prefixes are shared only between requests with the same
+    # salt, in every KV tier ("" or null: no salt); checked by the front door
+    cache_salt: str | None = None
 
 
 class JsonSchemaFormat(StrictBody):
