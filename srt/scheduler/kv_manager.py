@@ -25,6 +25,8 @@ class KVManager:
         self.req_to_token_pool = req_to_token_pool
         self.cache = cache
         self.page_size = allocator.page_size
+        # held session prefixes (retention.py), let go when the pool is short; None: none
+        self.retention = None
 
     @property
     def max_total_tokens(self) -> int:
@@ -39,7 +41,14 @@ class KVManager:
         if short > 0:
             self.cache.evict(short)
             self.allocator.collect_freed()
+        while self.allocator.available_size() < num_tokens and self._release_a_hold():
+            self.cache.evict(num_tokens - self.allocator.available_size())
+            self.allocator.collect_freed()
         return self.allocator.available_size() >= num_tokens
+
+    def _release_a_hold(self) -> bool:
+        """Running requests come before held session prefixes: the oldest hold goes."""
+        return self.retention is not None and self.retention.release_for_room()
 
     def room(self) -> int:
         """Slots a request could get now: free ones plus unlocked cached prefixes (slots freed

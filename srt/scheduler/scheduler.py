@@ -39,6 +39,7 @@ from radixlm.srt.messages import (
     BatchTokenOut,
     ControlMessage,
     ControlReply,
+    ReleaseSessionReq,
     TokenizedGenerateReq,
 )
 from radixlm.srt.sampling.params import SamplingParams
@@ -59,6 +60,7 @@ from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
 from radixlm.srt.scheduler.profiling import StepProfiler
 from radixlm.srt.scheduler.reports import LoadStats, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
+from radixlm.srt.scheduler.retention import make_retention
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.speculative_step import SpeculativeStep
 from radixlm.srt.scheduler.stop import StopChecker
@@ -76,6 +78,7 @@ class Scheduler:
         r = self.runner
         self.kv = make_kv_manager(r.cfg, r)  # the runner's config is resolved (page size)
         self.cache = self.kv.cache
+        self.retention = make_retention(cfg, self.kv)  # session prefixes held between turns
         eos = set(r.model_config.eos_token_ids)
         if r.tokenizer.eos_token_id is not None:
             eos.add(r.tokenizer.eos_token_id)
@@ -118,6 +121,8 @@ class Scheduler:
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid, msg.abort_all)
+        elif isinstance(msg, ReleaseSessionReq):
+            self.retention.release(msg.key)
         elif isinstance(msg, ControlMessage):
             return handle_control(self, msg)  # control.py: one handler per verb
         else:
@@ -142,6 +147,7 @@ class Scheduler:
             token_ids_logprob=msg.token_ids_logprob,
             stream=msg.stream,
             cache_salt=msg.cache_salt,
+            retain_key=msg.retain_key,
         )
         self.live.add(req)
         try:
@@ -241,6 +247,7 @@ class Scheduler:
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
         self._admit_compiled_grammars()
+        self.retention.expire()
         touched: list[Req] = []
         if self.inflight is not None and not self._can_chain_decode():
             touched += self._resolve_inflight()
@@ -485,4 +492,6 @@ class Scheduler:
                 self.spec.release(req)
                 self.kv.release(req, keep_in_cache)
                 self.kv.drop_prefetch(req)
+                if req.retain_key is not None and keep_in_cache and req.is_normal_finish:
+                    self.retention.hold(req.retain_key, req.fill_ids, req.cache_salt)
         return reqs
