@@ -456,6 +456,7 @@ class HiRadixCache(RadixCache):
         page_ids = self.host_pool.page_ids(host)
         for page_id, payload in zip(page_ids.tolist(), payloads, strict=False):
             self.host_pool.write_page_bytes(page_id, payload)
+        self.disk.recycle(payloads)
         key = tuple(t for page in pages[: len(payloads)] for t in page)
         node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
         node.host_slots = host
