@@ -211,6 +211,16 @@ class StorageIO:
             self._read_queue.put(_Read(key, tokens, future))
         return future
 
+    def recycle(self, payload: Payload) -> None:
+        """Gives a read's payload back to the store once copied out (stores that reuse read
+        buffers take it; others ignore it). The caller must not use ``payload`` afterwards."""
+        recycle = getattr(self.store, "recycle", None)
+        if recycle is not None:
+            try:
+                recycle(payload)
+            except Exception:  # a cache: a failing store only loses the buffer
+                pass
+
     def exists(self, key: bytes) -> bool:
         """Whether ``key`` is stored or waiting in the write queue (False if the store fails)."""
         check_key(key)

@@ -18,13 +18,17 @@ Residency rules (checked by ``check_integrity``):
 
 Eviction. ``evict(n)`` (device memory) takes unlocked device leaves (nodes with no child on the
 device) in LRU order: a backed-up node only drops its device slots and stays in the tree as
-host-only; under ``write_back`` a node is backed up first; any other node is removed (it has
-no children then). The host pool evicts on its own when it needs room: host-only leaves with no
+host-only; under ``write_back`` (and ``write_through_selective`` with a disk tier) a node is
+backed up first; any other node is removed (it has no children then). The host pool evicts on its own when it needs room: host-only leaves with no
 locks are removed, and nodes also on the device drop their host copy when no child has one.
 
 Write policies: ``write_through`` backs a node up when it is inserted; ``write_through_selective``
-when an admission matches through it for the second time; ``write_back`` only when it is
-evicted from the device. A finished host copy is also queued for the disk tier, if there is one.
+when an admission matches through it for the second time, and, with a disk tier, when it leaves
+the device (a conversation's opening churned out by other conversations before its second hit
+is kept for a restart);
+``write_back`` only when it is evicted from the device. A finished host copy is also queued for
+the disk tier, if there is one. ``close`` (a graceful stop) writes what is still only on the
+device to the disk tier too, within ``SAVE_ON_CLOSE_S``: a restart is warm for what was served.
 
 Load-back. ``match_and_load`` walks the tree, then follows the chain of page keys on disk past
 the tree's end; host and disk pages are brought back into fresh device slots all at once, or not
@@ -54,6 +58,7 @@ logger = logging.getLogger(__name__)
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
+SAVE_ON_CLOSE_S = 3.0  # close() writes device-only prefixes to disk for at most this long
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
 
@@ -249,7 +254,7 @@ class HiRadixCache(RadixCache):
             if not self._dev_leaf(node):
                 continue
             parent = node.parent
-            if self.write_policy == "write_back" and node.host_slots is None:
+            if node.host_slots is None and self._keeps_on_evict(node):
                 self._backup(node)
             if node.write_op is not None:
                 self._finish_write(node, wait=True)
@@ -262,6 +267,12 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
         self._drop_empty_namespaces()
         return num_freed
+
+    def _keeps_on_evict(self, node: TreeNode) -> bool:
+        """Whether a node leaving the device without a host copy gets one first."""
+        if self.write_policy == "write_back":
+            return True
+        return self.write_policy == "write_through_selective" and self.disk is not None
 
     def _dev_leaf(self, node: TreeNode) -> bool:
         """An unlocked device node without children on the device: the next to leave it."""
@@ -445,6 +456,7 @@ class HiRadixCache(RadixCache):
         page_ids = self.host_pool.page_ids(host)
         for page_id, payload in zip(page_ids.tolist(), payloads, strict=False):
             self.host_pool.write_page_bytes(page_id, payload)
+        self.disk.recycle(payloads)
         key = tuple(t for page in pages[: len(payloads)] for t in page)
         node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
         node.host_slots = host
@@ -524,13 +536,50 @@ class HiRadixCache(RadixCache):
         self.storage = storage
         self.disk = None if storage is None else DiskPages(storage, self.page_size, self.stats)
 
-    def close(self) -> None:
+    def close(self, save_s: float = SAVE_ON_CLOSE_S) -> None:
+        """Finishes the copies in flight; with a disk tier, first writes the prefixes only the
+        device holds to disk (parents first, for at most ``save_s``), then flushes the writer."""
+        self._finish_pending_writes()
+        if self.disk is not None:
+            self._save_device_only(time.monotonic() + save_s)
+            self.disk.close()
+
+    def _finish_pending_writes(self) -> None:
         self._progress()
         for node in self._pending_writes:
-            self._finish_write(node, wait=True)
+            if node.write_op is not None:
+                self._finish_write(node, wait=True)
         self._pending_writes = []
-        if self.disk is not None:
-            self.disk.close()
+
+    def _save_device_only(self, deadline: float) -> None:
+        """Device nodes without a host copy are backed up and their pages queued for the disk
+        writer, which is drained whenever the host pool or the write queue would otherwise
+        drop a queued page; stops at ``deadline``."""
+        storage = self.disk.storage
+        bytes_per_token = self.host_pool.bytes_per_token
+        for node in self._parents_first():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("hicache: stopped saving device-only prefixes to disk in time")
+                return
+            if node.kv_slots is None or node.host_slots is not None or node.page_keys is None:
+                continue
+            num_bytes = len(node.key) * bytes_per_token
+            queue_full = storage.pending_write_bytes() + num_bytes > storage.max_pending_write_bytes
+            if queue_full or self.host_pool.available_size() < len(node.key):
+                storage.flush(left)  # host pages about to be reused are on disk first
+            if self._backup(node):
+                self._finish_pending_writes()
+
+    def _parents_first(self) -> list[TreeNode]:
+        out = []
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            if not node.is_root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
 
     def tier_stats(self) -> dict[str, Any]:
         self._progress()

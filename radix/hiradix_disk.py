@@ -135,6 +135,11 @@ class DiskPages:
             if not self.storage.submit_write(key, tokens, snapshot, host_pool.bytes_per_page):
                 self.stats.disk_writes_skipped += 1
 
+    def recycle(self, payloads: list) -> None:
+        """The payloads of :meth:`read`, copied into the host pool: their buffers go back."""
+        for payload in payloads:
+            self.storage.recycle(payload)
+
     def forget_reads(self) -> None:
         self._prefetched.clear()
         self._wanted.clear()

@@ -315,6 +315,17 @@ class ServerConfig:
         "most sessions one caller keeps open, of the server's 1,024 (a caller: an API key; "
         "without keys every client is one anonymous caller, not limited)",
     )
+    session_retention_ttl: float = _opt(
+        0.0,
+        "seconds a session's prefix stays held in the KV cache after a turn, for its next turn "
+        "(no eviction takes it; released at close or expiry); 0: off",
+    )
+    session_retention_max_tokens: int | None = _opt(
+        None, "most KV tokens all held session prefixes take (default: a quarter of the pool)"
+    )
+    session_retention_max_tokens_per_session: int | None = _opt(
+        None, "most KV tokens one session's held prefix takes (default: the total bound)"
+    )
     max_request_body_mb: float = _opt(32.0, "largest request body in MiB (larger: 413)")
     default_max_tokens: int = _opt(
         1024, "max_tokens of chat completions that give none (capped by the context left)"
@@ -393,6 +404,11 @@ def validate(cfg: ServerConfig) -> None:
         )
     if cfg.page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
+    if cfg.session_retention_ttl < 0:
+        raise ValueError(f"session_retention_ttl must be >= 0, got {cfg.session_retention_ttl}")
+    for name in ("session_retention_max_tokens", "session_retention_max_tokens_per_session"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1 (or left out), got {getattr(cfg, name)}")
     if cfg.max_sessions_per_caller < 1:
         raise ValueError(f"max_sessions_per_caller must be >= 1, got {cfg.max_sessions_per_caller}")
     if cfg.max_running_requests < 1:

@@ -103,6 +103,7 @@ class Engine:
         rid: str | None = None,
         session_params: dict | None = None,
         token_ids_logprob: list[int] | list[list[int]] | None = None,
+        cache_salt: str | list[str] | None = None,
         **sglang_options: Any,
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's ``/generate`` in-process: a dict per prompt (a list for a list of prompts
@@ -110,7 +111,8 @@ class Engine:
         ``session_params`` makes each prompt a turn of a session (:meth:`open_session`).
         ``token_ids_logprob`` (with ``return_logprob``; one list, or one per prompt) adds
         ``input_token_ids_logprobs`` and ``output_token_ids_logprobs`` to ``meta_info``.
-        SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
+        ``cache_salt`` (one, or one per prompt): cached prefixes are shared only between
+        requests with the same salt, in every KV tier. SGLang's other keywords (``lora_path``, ``image_data``, ...) are taken at their
         defaults and refused by name otherwise (managers/engine_options.py)."""
         states, keys, is_batch = self._start(locals())
         if stream:
@@ -138,6 +140,7 @@ class Engine:
         rid: str | None = None,
         session_params: dict | None = None,
         token_ids_logprob: list[int] | list[list[int]] | None = None,
+        cache_salt: str | list[str] | None = None,
         **sglang_options: Any,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """:meth:`generate` for asyncio code (SGLang's ``Engine.async_generate``; with

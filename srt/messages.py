@@ -52,6 +52,19 @@ class TokenizedGenerateReq:
     grammar_kind: str | None = None
     priority: int | None = None  # SGLang's request priority (only with priority scheduling)
     caller: str = ""  # the caller's namespace (managers/caller_scope.py), for fair scheduling
+    # the prefix-cache partition (the radix tree's namespace, the disk pages' chained keys):
+    # prefixes are shared only between requests with the same salt; None: the shared one
+    cache_salt: str | None = None
+    # a session turn: the caller-scoped session key its finished prefix is held under
+    # between turns (scheduler/retention.py); None: not a session turn
+    retain_key: str | None = None
+
+
+@dataclass
+class ReleaseSessionReq:
+    """A session was closed or expired: let go of its held prefix (scheduler/retention.py)."""
+
+    key: str
 
 
 @dataclass
@@ -262,6 +275,7 @@ MESSAGE_TYPES = {
     for cls in (
         TokenizedGenerateReq,
         AbortReq,
+        ReleaseSessionReq,
         *(c for c in CONTROL_TYPES if c is not UpdateWeightsFromTensorReq),  # tensors: in-process
         ControlReply,
         BatchTokenOut,

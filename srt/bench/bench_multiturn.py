@@ -291,6 +291,7 @@ def run_mode(args: argparse.Namespace, mode: str, workload: Workload, storage_di
             run.tiers = tier_delta(before or {}, after)
             if mode in ("disk", "restart"):
                 run.disk = {k: v for k, v in after.items() if k.startswith("disk_")}
+                run.disk.update(disk_path_rates(after, storage_dir))
             run.phases = {
                 **after.get("phase_seconds", {}),
                 "prefill_us_per_token": 1e6 * (after.get("prefill_s_per_token") or 0),
@@ -303,6 +304,20 @@ def run_mode(args: argparse.Namespace, mode: str, workload: Workload, storage_di
         if engine is not None:
             release(engine)
     return run
+
+
+def disk_path_rates(tiers: dict, storage_dir: str) -> dict[str, float]:
+    """The disk-hit path's bytes/s over the run (pages read / the scheduler's seconds waiting
+    for them and putting them into the host pool) beside a raw read of the same folder now."""
+    from radixlm.srt.bench.bench_disk_path import raw_read_rate
+
+    phases = tiers.get("phase_seconds", {})
+    path_s = phases.get("disk_wait", 0.0) + phases.get("disk_to_host", 0.0)
+    raw_bytes, raw_s = raw_read_rate(storage_dir)
+    return {
+        "path_bytes_per_s": tiers.get("disk_read_bytes", 0) / path_s if path_s else 0.0,
+        "raw_read_bytes_per_s": raw_bytes / raw_s if raw_s else 0.0,
+    }
 
 
 def default_pool_tokens(workload: Workload, overflow: float, page_size: int, clients: int) -> int:

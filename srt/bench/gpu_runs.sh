@@ -4,6 +4,7 @@
 #
 #   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
+#   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -68,6 +69,9 @@ for s in "$@"; do
     moetest) section moetest 300 $PYTEST -m gpu tests/kernels/test_fused_moe.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     moe) section moe 400 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
     serve) section serve 560 $SERVING ;;
+    kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py ;;
+    diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
+    multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes device,host,disk,restart ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
     *) echo "unknown section $s (see the case list in $0)" ;;
   esac

@@ -94,6 +94,8 @@ def disk_line(d: dict) -> str:
         f"{mb('disk_bytes_written')} written, {mb('disk_bytes_read')} read, "
         f"{d.get('disk_evicted_pages', 0)} pages evicted, measured read rate "
         + (f"{rate / 1e9:.2f} GB/s" if rate else "-")
+        + f"; disk-hit path {d.get('path_bytes_per_s', 0) / 1e9:.2f} GB/s vs a raw read of "
+        f"the folder {d.get('raw_read_bytes_per_s', 0) / 1e9:.2f} GB/s"
     )
 
 

@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from radixlm.srt.managers.request_checks import (
+    check_cache_salt,
     check_lengths,
     check_logprob_args,
     check_token_ids_logprob,
@@ -146,6 +147,7 @@ class FrontDoor:
         token_ids_logprob: list[int] | None = None,
         stream: bool = False,
         priority: int | None = None,
+        cache_salt: str | None = None,
     ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
         after the length and logprob checks; ``input_ids`` and ``params`` come from this
@@ -181,6 +183,7 @@ class FrontDoor:
             stream=stream,
             grammar_kind=grammar_kind(params),
             priority=priority,
+            cache_salt=check_cache_salt(cache_salt),
         )
 
     def prepare(

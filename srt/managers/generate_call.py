@@ -39,6 +39,7 @@ PER_PROMPT_DEFAULTS: dict[str, Any] = {
     "return_logprob": False,
     "logprob_start_len": -1,
     "top_logprobs_num": 0,
+    "cache_salt": None,
 }
 
 
@@ -60,6 +61,7 @@ class GenerateCall:
     log_metrics: bool = True
     return_prompt_token_ids: bool = False
     priority: int | None = None
+    cache_salt: str | list[str] | None = None  # one for every prompt, or one per prompt
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> GenerateCall:

@@ -38,6 +38,7 @@ class GenerateInput:
     log_metrics: bool = True  # false: left out of the latency metrics
     return_prompt_token_ids: bool = False  # the response gets the ids the request ran on
     priority: int | None = None  # SGLang's priority (with --enable-priority-scheduling)
+    cache_salt: str | None = None  # shares cached prefixes only with the same salt
 
     @property
     def continues_session(self) -> bool:

@@ -13,6 +13,25 @@ MAX_TOP_LOGPROBS = 20
 MAX_TOKEN_IDS_LOGPROB = 1024  # token ids one request may ask the logprobs of
 # logprob values (positions x token ids) the token_ids_logprob of one request may return
 MAX_TOKEN_IDS_LOGPROB_VALUES = 4_194_304
+MAX_CACHE_SALT_CHARS = 256
+
+
+def check_cache_salt(salt: Any) -> str | None:
+    """A request's ``cache_salt`` (vLLM's and SGLang's): a string of at most
+    MAX_CACHE_SALT_CHARS characters; "" and None mean no salt (the shared cache)."""
+    if salt is None or salt == "":
+        return None
+    if not isinstance(salt, str):
+        raise GenerateError(
+            f"cache_salt must be a string, got {type(salt).__name__}", 400, "cache_salt"
+        )
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise GenerateError(
+            f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS}",
+            400,
+            "cache_salt",
+        )
+    return salt
 
 
 def check_lengths(

@@ -33,7 +33,13 @@ from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq
 from radixlm.srt.managers.request_group import GenerateError
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.sessions import SessionManager
-from radixlm.srt.messages import AbortReq, BatchStrOut, ControlMessage, ControlReply
+from radixlm.srt.messages import (
+    AbortReq,
+    BatchStrOut,
+    ControlMessage,
+    ControlReply,
+    ReleaseSessionReq,
+)
 
 __all__ = ["ReqState", "RequestFront", "is_busy", "texts_to_tokenize"]
 # GenerateInput fields that are keywords of FrontDoor.admit go into the scheduler's message
@@ -102,7 +108,9 @@ class RequestFront:
         self.states: dict[str, ReqState] = {}  # internal rid -> state
         self.client_rids: dict[str, list[str]] = {}  # client rid or abort key -> internal rids
         self.sessions = SessionManager(
-            abort=self.abort, max_sessions_per_caller=max_sessions_per_caller
+            abort=self.abort,
+            max_sessions_per_caller=max_sessions_per_caller,
+            release=lambda key: send(ReleaseSessionReq(key)),  # its held prefix goes
         )
         self.pending: dict[str, Any] = {}  # control req_id -> the waiter of its reply
         self._last_read: dict[type, tuple[float, ControlReply]] = {}  # read-only verb -> answer
@@ -188,6 +196,7 @@ class RequestFront:
             turns = self.sessions.commit(plans, [p.client_rid for p in with_plan])  # type: ignore[arg-type]
             for p, turn in zip(with_plan, turns, strict=True):
                 p.session_turn = turn
+                p.msg.retain_key = p.session_plan.params.id  # type: ignore[union-attr]
 
     def _register(self, p: PreparedReq, keys: tuple[str, ...], waiter: Any) -> ReqState:
         result = RequestResult(

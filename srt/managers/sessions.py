@@ -38,6 +38,10 @@ or turn would pass the session or token limit, the sessions idle for at least
 ``min_idle_evict_s`` (60 s) are closed, least recently used first, until it fits: clients that
 open sessions and never close them cannot lock the others out for good.
 
+Retention: each turn's request carries its session's key (``retain_key``); with
+``--session-retention-ttl`` the scheduler holds the prefix a finished turn leaves in the KV cache
+until the next turn, the session's close or expiry, or the TTL (scheduler/retention.py).
+
 Each turn stores only what it adds (the tokens after the kept part of its parent's sequence,
 and its output), as 32-bit arrays; a turn's input is rebuilt from the chain of its ancestors.
 """
@@ -75,7 +79,9 @@ NORMAL_FINISH_TYPES = frozenset({"stop", "length"})
 
 class SessionManager:
     """The open sessions of one server. ``abort(rid)`` is called for each running turn that a
-    close, a ``replace`` or an expiry drops (the request is aborted by its client rid)."""
+    close, a ``replace`` or an expiry drops (the request is aborted by its client rid);
+    ``release(key)`` for each session closed (by its client, expiry or for room): the
+    scheduler lets go of the prefix it held for the session's next turn."""
 
     def __init__(
         self,
@@ -86,8 +92,10 @@ class SessionManager:
         clock: Callable[[], float] = time.monotonic,
         min_idle_evict_s: float = MIN_IDLE_EVICT_S,
         max_sessions_per_caller: int | None = None,
+        release: Callable[[str], object] = lambda key: None,
     ) -> None:
         self.abort = abort
+        self.release = release
         self.max_sessions_per_caller = max_sessions_per_caller
         self._num_by_caller: dict[str, int] = {}  # namespace -> open sessions
         self.max_sessions = max_sessions
@@ -211,6 +219,7 @@ class SessionManager:
         for turn in session.turns.values():
             if turn.is_running:
                 self.abort(session.turn_key(turn))
+        self.release(session.session_id)
 
     def _get(self, session_id: str, param: str) -> Session:
         session = self.sessions.get(session_id)

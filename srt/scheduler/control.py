@@ -84,6 +84,7 @@ def get_weights_by_name(s: Scheduler, msg: GetWeightsByNameReq) -> Answer:
 def flush_cache(s: Scheduler, msg: FlushCacheReq) -> Answer:
     if s.has_work():
         return False, {"message": "requests are running"}
+    s.retention.release_all()  # held session prefixes go with the rest of the cache
     s.cache.reset()
     compiled = s.grammars.compile_cache  # finished grammars (none is in use: idle)
     if compiled is not None:
@@ -167,6 +168,7 @@ def _update_weights(
     except ValueError as e:
         return False, {"message": str(e)}
     if flush_cache or disk_tier:
+        s.retention.release_all()
         s.cache.reset()  # its KV was computed with the old weights
     if disk_tier:  # pages of the new weights go to (and come from) a folder of their own
         s.cache.replace_storage(disk_storage(s.runner.cfg, s.runner))

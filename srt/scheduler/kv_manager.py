@@ -25,6 +25,8 @@ class KVManager:
         self.req_to_token_pool = req_to_token_pool
         self.cache = cache
         self.page_size = allocator.page_size
+        # held session prefixes (retention.py), let go when the pool is short; None: none
+        self.retention = None
 
     @property
     def max_total_tokens(self) -> int:
@@ -39,7 +41,14 @@ class KVManager:
         if short > 0:
             self.cache.evict(short)
             self.allocator.collect_freed()
+        while self.allocator.available_size() < num_tokens and self._release_a_hold():
+            self.cache.evict(num_tokens - self.allocator.available_size())
+            self.allocator.collect_freed()
         return self.allocator.available_size() >= num_tokens
+
+    def _release_a_hold(self) -> bool:
+        """Running requests come before held session prefixes: the oldest hold goes."""
+        return self.retention is not None and self.retention.release_for_room()
 
     def room(self) -> int:
         """Slots a request could get now: free ones plus unlocked cached prefixes (slots freed
@@ -56,9 +65,9 @@ class KVManager:
         fill = req.fill_ids
         limit = req.max_prefix_match()
         if self._could_fit(req):
-            match = self.cache.match_and_load(fill[:limit])
+            match = self.cache.match_and_load(fill[:limit], req.cache_salt)
         else:  # loading from a slower tier would evict work it cannot use this step
-            match = self.cache.match_prefix(fill[:limit])
+            match = self.cache.match_prefix(fill[:limit], req.cache_salt)
         num = len(match.kv_slots)
         req.cache_node = match.last_node
         self.cache.inc_lock_ref(req.cache_node)
@@ -150,7 +159,7 @@ class KVManager:
     def _insert(self, req: Req, tokens: list[int], kv: torch.Tensor) -> InsertResult:
         """Inserts the request's KV into the prefix cache and frees the request's copies of
         positions the cache already held (its own locked prefix is the cache's already)."""
-        inserted = self.cache.insert(tokens, kv)
+        inserted = self.cache.insert(tokens, kv, req.cache_salt)
         if inserted.num_present > req.num_cached_prefix:
             self.allocator.free(kv[req.num_cached_prefix : inserted.num_present])
         return inserted

@@ -28,7 +28,10 @@ def shares_uncached_prefix(req: Req, batch: ScheduledBatch) -> bool:
     if req.fill_len - 1 < k:
         return False
     head = req.fill_slice(0, k)
-    return any(o.fill_len >= k and o.fill_slice(0, k) == head for o in batch.reqs)
+    return any(
+        o.cache_salt == req.cache_salt and o.fill_len >= k and o.fill_slice(0, k) == head
+        for o in batch.reqs
+    )
 
 
 class FCFSPolicy:
@@ -39,7 +42,7 @@ class FCFSPolicy:
 
 
 def _match(req: Req, cache):
-    return cache.match_prefix(req.fill_ids[: req.max_prefix_match()])
+    return cache.match_prefix(req.fill_ids[: req.max_prefix_match()], req.cache_salt)
 
 
 class LPMPolicy:

@@ -128,6 +128,8 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         info["hicache"] = tiers
     if s.spec.enabled:
         info["speculative"] = s.spec.info()
+    s.retention.expire()
+    info["session_retention"] = s.retention.info()
     return info
 
 

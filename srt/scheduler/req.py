@@ -50,6 +50,8 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted: bool = False  # admitted once (a retracted request coming back keeps its figures)
     prefetch: Any = None  # the prefix cache's prefetch handle while the request waits
+    cache_salt: str | None = None  # the prefix cache's namespace: shares only with the same
+    retain_key: str | None = None  # a session turn: its prefix is held under this key after
 
     # queue order (queue_order.py): priority as given (None: the lowest), the caller's
     # namespace, and the arrival number (FCFS within a priority; kept across retractions)
@@ -98,6 +100,14 @@ class Req:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def is_normal_finish(self) -> bool:
+        """Finished by a stop condition or its length (not aborted, not failed)."""
+        return self.finish_reason is not None and self.finish_reason.get("type") in (
+            "stop",
+            "length",
+        )
 
     @property
     def wants_input_logprobs(self) -> bool:

@@ -39,6 +39,7 @@ from radixlm.srt.messages import (
     BatchTokenOut,
     ControlMessage,
     ControlReply,
+    ReleaseSessionReq,
     TokenizedGenerateReq,
 )
 from radixlm.srt.sampling.params import SamplingParams
@@ -61,6 +62,7 @@ from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QueueGate, overloaded
 from radixlm.srt.scheduler.queue_order import PriorityRule, RankedPolicy
 from radixlm.srt.scheduler.reports import LoadStats, ready_info, server_info
 from radixlm.srt.scheduler.req import PENDING_TOKEN, Req, ReqStatus
+from radixlm.srt.scheduler.retention import make_retention
 from radixlm.srt.scheduler.sampling_step import SamplingStep, is_overlappable
 from radixlm.srt.scheduler.speculative_step import SpeculativeStep
 from radixlm.srt.scheduler.stop import StopChecker
@@ -79,6 +81,7 @@ class Scheduler:
         r = self.runner
         self.kv = make_kv_manager(r.cfg, r)  # the runner's config is resolved (page size)
         self.cache = self.kv.cache
+        self.retention = make_retention(cfg, self.kv)  # session prefixes held between turns
         eos = set(r.model_config.eos_token_ids)
         if r.tokenizer.eos_token_id is not None:
             eos.add(r.tokenizer.eos_token_id)
@@ -128,6 +131,8 @@ class Scheduler:
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid, msg.abort_all)
+        elif isinstance(msg, ReleaseSessionReq):
+            self.retention.release(msg.key)
         elif isinstance(msg, ControlMessage):
             return handle_control(self, msg)  # control.py: one handler per verb
         else:
@@ -155,6 +160,8 @@ class Scheduler:
             caller=msg.caller,
             arrival=self.num_arrivals,
             arrival_time=time.monotonic(),
+            cache_salt=msg.cache_salt,
+            retain_key=msg.retain_key,
         )
         self.num_arrivals += 1
         self.live.add(req)
@@ -186,7 +193,8 @@ class Scheduler:
             self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
             self.waiting.append(req)
-        req.prefetch = self.cache.prefetch(req.prompt_ids)  # a disk tier starts reading
+        # a disk tier starts reading
+        req.prefetch = self.cache.prefetch(req.prompt_ids, req.cache_salt)
 
     def _passes_gate(self, req: Req) -> bool:
         """Whether ``req`` may wait for admission (queue_gate.py); a refused request, or a
@@ -286,6 +294,7 @@ class Scheduler:
     def step(self) -> BatchTokenOut | None:
         self.timeline.begin(self)
         self._admit_compiled_grammars()
+        self.retention.expire()
         touched: list[Req] = []
         if self.inflight is not None and not self._can_chain_decode():
             touched += self._resolve_inflight()
@@ -580,4 +589,6 @@ class Scheduler:
                 self.spec.release(req)
                 self.kv.release(req, keep_in_cache)
                 self.kv.drop_prefetch(req)
+                if req.retain_key is not None and keep_in_cache and req.is_normal_finish:
+                    self.retention.hold(req.retain_key, req.fill_ids, req.cache_salt)
         return reqs

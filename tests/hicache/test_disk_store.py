@@ -74,6 +74,22 @@ def test_round_trip(tmp_path: Path) -> None:
     store.check_integrity()
 
 
+def test_read_buffers_are_reused_only_once_given_back(tmp_path: Path) -> None:
+    """Reads fill recycled buffers (readinto); a payload the caller keeps is never reused."""
+    store = open_store(tmp_path)
+    (k0, t0, p0), (k1, t1, p1), (k2, t2, p2) = make_pages(3)
+    for key, tokens, payload in ((k0, t0, p0), (k1, t1, p1), (k2, t2, p2)):
+        store.set(key, tokens, payload)
+    kept = store.get(k0, t0)
+    given = store.get(k1, t1)
+    assert kept == p0 and given == p1
+    store.recycle(given)
+    again = store.get(k2, t2)
+    assert again.obj is given.obj and again == p2  # the given-back buffer, refilled
+    assert kept == p0  # untouched
+    store.recycle(b"not a read buffer")  # ignored
+
+
 def test_a_missing_key_is_a_miss(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     key, tokens, _ = make_pages(1)[0]

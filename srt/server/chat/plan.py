@@ -131,6 +131,7 @@ def expand(
                 return_text_in_logprobs=True,
                 stream=req.stream,
                 priority=req.priority,
+                cache_salt=req.cache_salt,
             )
         )
 

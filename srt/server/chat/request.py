@@ -57,6 +57,9 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     stream_options: StreamOptions | None = None
     user: str | None = None  # without API keys, the namespace of the request's rid
     priority: int | None = None  # SGLang's: orders the queue with --enable-priority-scheduling
+    # vLLM's and SGLang's: cached prefixes are shared only between requests with the same
+    # salt, in every KV tier ("" or null: no salt); checked by the front door
+    cache_salt: str | None = None
 
 
 class JsonSchemaFormat(StrictBody):

@@ -11,7 +11,9 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   ``return_text_in_logprobs``, ``stream``, ``session_params`` (see managers/sessions.py),
   ``log_metrics`` (false: the request is left out of the latency metrics),
   ``return_prompt_token_ids`` (the response, or a stream's last event, gets
-  ``prompt_token_ids``: the ids the request ran on, a session's history included), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
+  ``prompt_token_ids``: the ids the request ran on, a session's history included),
+  ``cache_salt`` (one for the batch or one per prompt: cached prefixes are shared only between
+  requests with the same salt, in every KV tier; "" or null: no salt), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
   rank 0: 0 or null only) and ``model`` (routers add it: null or a name of the served model,
   else a 404);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
@@ -19,7 +21,7 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``, ``external_trace_header``,
   ``received_time`` (routing, tracing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
-  processors, hidden states, routed experts, disaggregation, cache salts and extra keys,
+  processors, hidden states, routed experts, disaggregation, extra keys,
   sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
   its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
 
@@ -70,7 +72,7 @@ UNSUPPORTED_NATIVE: dict[str, OffValues] = {
             "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
             "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
             "disagg_prefill_dp_rank", "http_worker_ipc", "max_thinking_tokens", "extra_key",
-            "cache_salt", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
+            "num_items_assigned", "encoder_urls", "max_dynamic_patch",
             "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
             "images_config", "multi_item_delimiter_indices", "mm_processor_kwargs",
             "token_indices_to_pool",
@@ -133,6 +135,7 @@ class GenerateReqInput(StrictBody):
     session_params: SessionParamsInput | None = None
     log_metrics: bool = True
     return_prompt_token_ids: bool = False
+    cache_salt: str | list[str] | None = None  # checked by the front door
     data_parallel_rank: int | None = None
     routed_dp_rank: int | None = None
     priority: int | None = None

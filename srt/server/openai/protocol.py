@@ -47,7 +47,6 @@ _UNSUPPORTED_BOTH = {
     "mm_processor_kwargs": (None, {}),
     "watermark": (None,),
     "extra_key": (None, ""),
-    "cache_salt": (None, ""),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
     "bad_words": (None, []),

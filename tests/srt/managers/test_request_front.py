@@ -22,6 +22,7 @@ from radixlm.srt.messages import (
     BatchTokenOut,
     ControlReply,
     FlushCacheReq,
+    ReleaseSessionReq,
     ServerInfoReq,
     TokenizedGenerateReq,
 )
@@ -149,7 +150,8 @@ def test_a_closed_session_aborts_its_running_turns(front, sent) -> None:
     )
     states, keys = opened(front, call)
     front.sessions.close(sid)
-    assert sent[-1] == AbortReq(rid=states[0].rid)
+    # the running turn is aborted, then the scheduler lets go of the session's held prefix
+    assert sent[-2:] == [AbortReq(rid=states[0].rid), ReleaseSessionReq(sid)]
     front.release(states, keys)
     front.assert_no_requests()
 

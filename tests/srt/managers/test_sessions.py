@@ -265,3 +265,22 @@ def test_random_operations_match_a_reference_of_whole_sequences() -> None:
 def descendants(turns: dict, rid: str) -> list[str]:
     children = [r for r, t in turns.items() if t[2] == rid]
     return children + [d for c in children for d in descendants(turns, c)]
+
+
+def test_every_session_that_ends_has_its_held_prefix_released() -> None:
+    """Closed, expired or closed for room: the scheduler is told to let go of its KV hold."""
+    clock = Clock()
+    released: list[str] = []
+    m = SessionManager(release=released.append, clock=clock, max_sessions=2)
+    m.open(100, "closed")
+    m.open(100, "expiring", timeout_s=5.0)
+    m.close("closed")
+    assert released == ["closed"]
+    clock.now = 10.0
+    m.sweep()
+    assert released == ["closed", "expiring"]
+    m.open(100, "idle")
+    m.open(100, "busy")
+    clock.now = 100.0
+    m.open(100, "new")  # the idle one is closed for room
+    assert released[-1] == "idle" and m.num_evicted == 1

@@ -25,6 +25,7 @@ from radixlm.srt.messages import (
     GetWeightsByNameReq,
     LoadReq,
     PauseReq,
+    ReleaseSessionReq,
     ServerInfoReq,
     SetWeightVersionReq,
     StartProfileReq,
@@ -264,7 +265,9 @@ def _token_out() -> BatchTokenOut:
 
 WIRE_EXAMPLES = [
     TokenizedGenerateReq("r", [1, 2], {"max_new_tokens": 3}, return_logprob=True, stream=True),
+    TokenizedGenerateReq("s", [1], {}, cache_salt="tenant", retain_key="k::session"),
     AbortReq("r"),
+    ReleaseSessionReq("k::session"),
     AbortReq(abort_all=True),
     LoadReq(req_id="1", expires_at=12.5),
     ServerInfoReq(req_id="2"),

@@ -247,7 +247,8 @@ def test_generate_fields_implemented_accepted_or_refused(stack: FakeStack) -> No
         ("routed_dp_rank", 2, None),
         ("token_ids_logprob", [10**6], None),  # implemented: ids of the vocabulary only
         ("return_hidden_states", True, "unsupported_parameter"),
-        ("cache_salt", "tenant", "unsupported_parameter"),
+        ("cache_salt", "t" * 257, None),  # implemented: bounded
+        ("cache_salt", ["a", "b", "c"], None),  # one per prompt, not more
         ("lora_path", ["a", None], "unsupported_parameter"),
         ("return_entropy", True, "unsupported_parameter"),
         ("bootstrap_room", 3, "unsupported_parameter"),

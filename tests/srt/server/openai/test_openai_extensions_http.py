@@ -84,7 +84,6 @@ def test_openai_client_sending_explicit_nones(idle_stack: FakeStack) -> None:
         ("chat_template", "{{ messages }}"),
         ("echo", True),
         ("return_token_ids", True),
-        ("cache_salt", "tenant"),
         ("thinking", {"type": "enabled"}),
         ("stream_reasoning", False),
     ],
@@ -107,6 +106,8 @@ def test_extensions_not_implemented_are_400s_naming_them(idle_stack, field, valu
         ("request_id", "r"),
         ("stream_reasoning", True),
         ("sampling_logprobs_mode", "selected"),
+        ("cache_salt", "tenant"),  # implemented (tests/srt/scheduler/test_cache_salt.py)
+        ("cache_salt", ""),
     ],
 )
 def test_extensions_at_their_off_values_or_labels_pass(idle_stack, field, value) -> None:
@@ -266,3 +267,9 @@ def test_errors_name_the_openai_fields(idle_stack: FakeStack) -> None:
 def test_model_card_root_is_not_a_cache_path(idle_stack: FakeStack) -> None:
     card = httpx.get(idle_stack.url + "/v1/models").json()["data"][0]
     assert card["root"] == "/models/fake-model"  # the path the operator gave
+
+
+def test_a_cache_salt_too_long_is_a_400_naming_it(idle_stack: FakeStack) -> None:
+    for route, body in [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)]:
+        err = error_of(post(idle_stack.url, route, {**body, "cache_salt": "s" * 257}))
+        assert err["param"] == "cache_salt", err
