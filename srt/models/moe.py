@@ -20,9 +20,12 @@ activations are not replicated (data-parallel attention), which this runtime doe
 **Expert load.** Each block counts the tokens routed to each expert (cumulative, on the device,
 rows of CUDA-graph padding left out); ``expert_load`` on the model reads the table.
 
-**Kernels.** On CUDA the experts run in the fused Triton kernel (``kernels/fused_moe.py``: tokens
-sorted by expert, one grouped GEMM per projection, silu*mul fused); elsewhere in the torch path
-of ``kernels/moe.py`` (tokens grouped by expert, one matmul pair per expert that has tokens).
+**Kernels.** On CUDA routing (top-k and the load counters) is one kernel and the experts run in
+the fused Triton kernels (``kernels/fused_moe.py``: GEMV-style kernels that stream only the
+chosen experts for small batches; tokens sorted by expert and one grouped GEMM per projection
+for larger ones; silu*mul fused). No step reads a value back to the host, so MoE decode steps
+are captured in CUDA graphs as dense ones are. Elsewhere the torch path of ``kernels/moe.py``
+runs (tokens grouped by expert, one matmul pair per expert that has tokens).
 """
 
 from __future__ import annotations
@@ -123,6 +126,25 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
         return route(F.linear(x, self.weight), moe.top_k, moe.scoring, moe.renormalize)
+
+    def route_and_count(
+        self, x: torch.Tensor, counts: torch.Tensor, counted: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and each token's choices added to ``counts`` ``[experts]``
+        (weighted by ``counted`` ``[T]``, None: every row). On CUDA one fused kernel after the
+        router matmul (``kernels/fused_moe.route_topk``)."""
+        moe = self.moe
+        logits = F.linear(x, self.weight)
+        if fused_moe.available(x):
+            return fused_moe.route_topk(
+                logits, moe.top_k, moe.scoring, moe.renormalize, counts, counted
+            )
+        weights, ids = route(logits, moe.top_k, moe.scoring, moe.renormalize)
+        ones = (
+            torch.ones_like(ids) if counted is None else counted[:, None].expand_as(ids)
+        ).reshape(-1)
+        counts.index_add_(0, ids.reshape(-1), ones.to(counts.dtype))
+        return weights, ids
 
 
 @dataclass(frozen=True)
@@ -285,8 +307,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``. ``counted`` ``[T]`` int64: 1 for the rows
         the load table counts (0: padding), None to count every row."""
-        weights, ids = self.gate(x)
-        self._count(ids, counted)
+        weights, ids = self.gate.route_and_count(x, self.expert_tokens, counted)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)
@@ -294,12 +315,6 @@ class SparseMoeBlock(nn.Module):
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
         return self.tp.all_reduce(out)
-
-    def _count(self, ids: torch.Tensor, counted: torch.Tensor | None) -> None:
-        ones = (
-            torch.ones_like(ids) if counted is None else counted[:, None].expand_as(ids)
-        ).reshape(-1)
-        self.expert_tokens.index_add_(0, ids.reshape(-1), ones)
 
 
 class _GateVector(nn.Module):
