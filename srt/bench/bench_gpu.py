@@ -156,10 +156,10 @@ def bench_engine(
         log_level="warning",
     )
     try:
+        runner = engine.scheduler.runner
         out: dict = {
-            "weight_bytes": sum(
-                p.numel() * p.element_size() for p in engine.scheduler.runner.model.parameters()
-            )
+            "weight_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters()),
+            "cuda_graphs": runner.graph_runner is not None,  # decode captured (asked: graphs)
         }
         one = prompts(1, 128, vocab, seed=1)
         generate(engine, [one[0]], 8)  # warm-up

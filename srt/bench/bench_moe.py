@@ -10,10 +10,14 @@ Shape: 48 layers, hidden 2048, 128 experts of width 768 with 8 active per token,
   batch-1 decode step must read: attention, router, the 8 chosen experts per layer and the LM
   head, over the copy bandwidth) and the **prefill FLOP limit** (2 FLOPs per active parameter
   per token over the matmul rate, attention's own FLOPs left out);
-* ``engine``: batch-1 inter-token latency (and its ratio to the roofline; the target is
-  <= 1.3x), decode tokens/s at batch 64 and 256 (1,024 in / 256 out), prefill tokens/s;
+* ``engine``: batch-1 inter-token latency with decode in CUDA graphs (and its ratio to the
+  roofline; the target is <= 1.3x), decode tokens/s at batch 64 and 256 (1,024 in / 256 out),
+  prefill tokens/s;
+* ``engine_no_graphs``: batch-1 inter-token latency again without CUDA graphs (the launch
+  overhead the graphs remove);
 * ``experts``: the fused MoE kernel alone on a decode step's routed rows (random routing) at
-  each batch, times 48 layers, as a share of the measured decode step.
+  each batch, times 48 layers, as a share of the measured decode step (batch 1 included: the
+  small-batch kernels).
 """
 
 from __future__ import annotations
@@ -73,8 +77,7 @@ def limits(shape: dict, calib: dict) -> dict:
 def expert_ms(shape: dict, batch: int, reps: int = 20) -> float:
     """Milliseconds of the fused MoE kernel (routing included) for ``batch`` decode rows, one
     layer, random routing."""
-    from radixlm.kernels.fused_moe import fused_experts
-    from radixlm.srt.models.moe import route
+    from radixlm.kernels.fused_moe import fused_experts, route_topk
 
     h, inter, e = shape["hidden_size"], shape["moe_intermediate_size"], shape["num_experts"]
     dev, bf16 = "cuda", torch.bfloat16
@@ -84,7 +87,7 @@ def expert_ms(shape: dict, batch: int, reps: int = 20) -> float:
     down = torch.randn(e, h, inter, device=dev, dtype=bf16) * 0.02
 
     def step():
-        weights, ids = route(x @ router.T, shape["num_experts_per_tok"], "softmax", True)
+        weights, ids = route_topk(x @ router.T, shape["num_experts_per_tok"], "softmax", True)
         fused_experts(x, gate_up, down, ids, weights)
 
     return cuda_ms(step, reps, warmup=3)
@@ -124,9 +127,25 @@ def main(argv: list[str] | None = None) -> None:
         return {**calib, **limits(shape, calib)}
 
     section("calib", calib_section)
+    itl_only = argparse.Namespace(**{**vars(args), "batch_sizes": [], "sections": []})
+    section(
+        "engine_no_graphs",
+        lambda: bench_engine(folder, args.backend, False, itl_only, shape["vocab_size"]),
+    )
     engine, calib = results.get("engine", {}), results.get("calib", {})
-    if "itl_ms_b1" in engine and "active_roofline_ms_per_token" in calib:
-        engine["itl_over_roofline"] = engine["itl_ms_b1"] / calib["active_roofline_ms_per_token"]
+    roofline = calib.get("active_roofline_ms_per_token")
+    for figures in (engine, results.get("engine_no_graphs", {})):
+        if "itl_ms_b1" in figures and roofline:
+            figures["itl_over_roofline"] = figures["itl_ms_b1"] / roofline
+    if "itl_ms_b1" in engine:
+        section(
+            "experts_b1",
+            lambda: {
+                "expert_ms_per_step": (ms := shape["num_hidden_layers"] * expert_ms(shape, 1)),
+                "step_ms": engine["itl_ms_b1"],
+                "expert_share": ms / engine["itl_ms_b1"],
+            },
+        )
     for bs in args.batch_sizes:
         key = f"decode_tok_s_b{bs}"
         if key in engine:
