@@ -239,6 +239,7 @@ def _small_gate_up_kernel(
     TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     choice = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
@@ -251,7 +252,7 @@ def _small_gate_up_kernel(
         w_base = w_ptr + expert * stride_we
         acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
+        for k0 in tl.range(0, hidden, BLOCK_K, num_stages=NUM_STAGES):
             k_ok = (k0 + ks) < hidden
             a = tl.load(x_ptr + token * stride_xt + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
             wmask = col_ok[:, None] & k_ok[None, :]
@@ -285,31 +286,36 @@ def _small_down_kernel(
     TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
+    # one flat, pipelined loop over (choice, K chunk): the loads of the next chunks (of the same
+    # or the next expert) are in flight while one is summed; the routing weight scales the
+    # activation chunk, so one accumulator holds the token's weighted sum
     token = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     ks = tl.arange(0, BLOCK_K)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        choice = token * TOP_K + j
+    chunks = tl.cdiv(inter, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for it in tl.range(0, TOP_K * chunks, num_stages=NUM_STAGES):
+        choice = token * TOP_K + it // chunks
+        k0 = (it % chunks) * BLOCK_K
         expert = tl.load(ids_ptr + choice).to(tl.int64)
         local = expert >= 0  # another rank's expert: every load masked off, weight 0
-        k_end = tl.where(local, inter, 0)
-        w_base = w_ptr + tl.maximum(expert, 0) * stride_we
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            k_ok = (k0 + ks) < k_end
-            a = tl.load(a_ptr + choice * stride_at + k0 + ks, mask=k_ok, other=0.0)
-            w = tl.load(
-                w_base + cols[:, None] * stride_wn + (k0 + ks)[None, :],
-                mask=col_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+        k_ok = (k0 + ks) < tl.where(local, inter, 0)
+        a = tl.load(a_ptr + choice * stride_at + k0 + ks, mask=k_ok, other=0.0)
         scale = tl.load(weights_ptr + choice)
-        total += tl.sum(acc, 1) * tl.where(local, scale, 0.0)
+        w = tl.load(
+            w_ptr
+            + tl.maximum(expert, 0) * stride_we
+            + cols[:, None] * stride_wn
+            + (k0 + ks)[None, :],
+            mask=col_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        acc += w.to(tl.float32) * (a.to(tl.float32) * scale)[None, :]
+    total = tl.sum(acc, 1)
     tl.store(out_ptr + token * stride_ot + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -338,16 +344,18 @@ SMALL_BATCH_TOKENS = 8
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Launch tiles of one shape: the grouped GEMM's ``block_m/n/k`` and the small-batch
-    kernels' ``small_n``/``small_k`` (gate/up) and ``small_down_n``/``small_down_k``."""
+    """Launch tiles of one shape: the grouped GEMM's ``block_m/n/k``; the small-batch kernels'
+    ``small_n``/``small_k`` (gate/up) and ``small_down_n``/``small_down_k`` (down), their loops
+    pipelined ``num_stages`` deep."""
 
     block_m: int = 16
     block_n: int = 64
     block_k: int = 64
-    small_n: int = 16
-    small_k: int = 128
-    small_down_n: int = 8
-    small_down_k: int = 128
+    small_n: int = 8
+    small_k: int = 256
+    small_down_n: int = 4
+    small_down_k: int = 256
+    num_stages: int = 3
 
 
 TILE_TABLE: dict[tuple[int, int, int, int, str, int], TileConfig] = {}
@@ -368,15 +376,44 @@ def tile_config(
     key = (num_experts, two_inter, hidden, top_k, dtype, bucket)
     if key in TILE_TABLE:
         return TILE_TABLE[key]
-    return heuristic_tiles(max(bucket * top_k // num_experts, 1), hidden, two_inter // 2)
+    return heuristic_tiles(bucket, top_k, num_experts, hidden, two_inter // 2)
 
 
-def heuristic_tiles(rows_per_expert: int, hidden: int, inter: int) -> TileConfig:
-    """``BLOCK_M`` follows the average rows an expert receives (16 for decode-sized batches, up
-    to 64 for prefills); narrow shapes (tests) get 32-wide tiles."""
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _gemv_tile(programs_per_block_row: int, n: int, k: int, tile: int) -> tuple[int, int]:
+    """``(BLOCK_N, BLOCK_K)`` as ``kernels/gemv.config`` picks them: the largest ``BLOCK_N`` of
+    16, 8, 4 that leaves at least 512 programs (about four per SM of 132), a ``tile``-element
+    weight tile, ``BLOCK_K`` capped by ``k``."""
+    block_n = next((b for b in (16, 8) if programs_per_block_row * -(-n // b) >= 512), 4)
+    block_n = min(block_n, _pow2_at_least(n))
+    block_k = min(max(tile // block_n, 16), _pow2_at_least(max(k, 16)))
+    return block_n, block_k
+
+
+def heuristic_tiles(
+    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int
+) -> TileConfig:
+    """Grouped GEMM: ``BLOCK_M`` follows the average rows an expert receives (16 for
+    decode-sized batches, up to 64 for prefills); narrow shapes (tests) get 32-wide tiles.
+    Small-batch kernels: gemv's rule (gate/up streams two 2,048-element tiles per step, one per
+    projection; down one 4,096-element tile)."""
+    rows_per_expert = max(num_tokens * top_k // num_experts, 1)
     block_m = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 64 else 64
     wide = 64 if min(hidden, inter) >= 64 else 32
-    return TileConfig(block_m=block_m, block_n=wide, block_k=wide)
+    small_n, small_k = _gemv_tile(num_tokens * top_k, inter, hidden, 2048)
+    down_n, down_k = _gemv_tile(num_tokens, hidden, inter, 4096)
+    return TileConfig(
+        block_m=block_m,
+        block_n=wide,
+        block_k=wide,
+        small_n=small_n,
+        small_k=small_k,
+        small_down_n=down_n,
+        small_down_k=down_k,
+    )
 
 
 def route_topk(
@@ -456,9 +493,11 @@ def fused_experts(
     down: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
+    tiles: TileConfig | None = None,
 ) -> torch.Tensor:
     """``kernels/moe.grouped_experts``'s contract: the small-batch kernels for up to
-    ``SMALL_BATCH_TOKENS`` tokens, else the align step and two grouped GEMM launches."""
+    ``SMALL_BATCH_TOKENS`` tokens, else the align step and two grouped GEMM launches.
+    ``tiles`` overrides :func:`tile_config`'s answer."""
     num_tokens, top_k = topk_ids.shape
     num_experts, two_inter, hidden = gate_up.shape
     inter = two_inter // 2
@@ -470,9 +509,10 @@ def fused_experts(
         return x.new_zeros(0, hidden)
     x = x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
-    tiles = tile_config(
-        num_experts, two_inter, hidden, top_k, str(x.dtype), batch_bucket(num_tokens)
-    )
+    if tiles is None:
+        tiles = tile_config(
+            num_experts, two_inter, hidden, top_k, str(x.dtype), batch_bucket(num_tokens)
+        )
     if num_tokens <= SMALL_BATCH_TOKENS:
         return _small_batch(x, gate_up, down, topk_ids, topk_weights, tiles)
     num_choices = num_tokens * top_k
@@ -553,6 +593,7 @@ def _small_batch(
         TOP_K=top_k,
         BLOCK_N=tiles.small_n,
         BLOCK_K=tiles.small_k,
+        NUM_STAGES=tiles.num_stages,
     )
     out = x.new_empty(num_tokens, hidden)
     _jit("small_down")[(num_tokens, triton.cdiv(hidden, tiles.small_down_n))](
@@ -570,5 +611,6 @@ def _small_batch(
         TOP_K=top_k,
         BLOCK_N=tiles.small_down_n,
         BLOCK_K=tiles.small_down_k,
+        NUM_STAGES=tiles.num_stages,
     )
     return out
