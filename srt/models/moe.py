@@ -63,6 +63,7 @@ class MoEConfig:
     shared_expert_gate: bool = False  # sigmoid(x W_g^T) scales the shared expert (Qwen2-MoE)
     decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not one of these (dense MLP)
+    router_bias: bool = False  # the router adds a bias to its logits (gpt-oss)
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORING:
@@ -116,16 +117,18 @@ def route(
 
 
 class TopKRouter(nn.Module):
-    """``weight`` ``[experts, hidden]``, the same on every rank (see the module docstring)."""
+    """``weight`` ``[experts, hidden]`` (and ``bias`` ``[experts]`` where the config has one),
+    the same on every rank (see the module docstring)."""
 
     def __init__(self, hidden_size: int, moe: MoEConfig):
         super().__init__()
         self.moe = moe
         self.weight = _param(moe.num_experts, hidden_size)
+        self.bias = _param(moe.num_experts) if moe.router_bias else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
-        return route(F.linear(x, self.weight), moe.top_k, moe.scoring, moe.renormalize)
+        return route(F.linear(x, self.weight, self.bias), moe.top_k, moe.scoring, moe.renormalize)
 
     def route_and_count(
         self, x: torch.Tensor, counts: torch.Tensor, counted: torch.Tensor | None
@@ -134,7 +137,7 @@ class TopKRouter(nn.Module):
         (weighted by ``counted`` ``[T]``, None: every row). On CUDA one fused kernel after the
         router matmul (``kernels/fused_moe.route_topk``)."""
         moe = self.moe
-        logits = F.linear(x, self.weight)
+        logits = F.linear(x, self.weight, self.bias)
         if fused_moe.available(x):
             return fused_moe.route_topk(
                 logits, moe.top_k, moe.scoring, moe.renormalize, counts, counted

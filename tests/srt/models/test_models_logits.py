@@ -134,8 +134,8 @@ def test_unknown_architecture_lists_supported():
 def test_unknown_rope_type_is_rejected(tmp_path):
     from radixlm.srt.models.layers import rope_inv_freq
 
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
-        rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
+        rope_inv_freq(16, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
 
 
 @pytest.mark.parametrize("rank", [0, 1])
