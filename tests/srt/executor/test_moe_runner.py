@@ -83,7 +83,12 @@ def test_greedy_ids_equal_transformers(name, tmp_path, tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "ep_size"),
-    [("qwen2_moe_shared", 2), ("olmoe_clip_qkv", 2), ("qwen3_moe_mixed", 1)],
+    [
+        ("qwen2_moe_shared", 2),
+        ("olmoe_clip_qkv", 2),
+        ("qwen3_moe_mixed", 1),
+        ("gpt_oss", 1),  # heads (and their sinks) and every expert's features split
+    ],
 )
 def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
     """ep_size 2: each rank holds 4 whole experts; ep_size 1: each rank holds half of every
