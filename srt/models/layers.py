@@ -59,6 +59,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = _param(hidden_size)  # [hidden]
 
+    def scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """What the normalised value is multiplied by (the fused kernels take it)."""
+        return self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused.available(x):
             return fused.rmsnorm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
