@@ -31,12 +31,12 @@ choice; at these sizes that is the active-weight traffic a decode step cannot av
    ``down`` weight, scales each row by its choice's routing weight and writes the row of that
    choice in ``out [T * k, hidden]`` (float32); the ``k`` choices of a token are summed after.
 
-**Tiles** come from :func:`tile_config`: a static table (``TILE_TABLE``) keyed by
-``(experts, 2 * inter, hidden, top_k, dtype, batch bucket)`` (the bucket: the token count
-rounded up to a power of two), falling back to a shape heuristic; the answer is cached per key.
-The table starts empty: its entries are to be filled from a tuning run on the card (the
-heuristic is what runs until then). A table, not an autotuner, so that the first captured step
-compiles one kernel per shape and never times candidates inside a serving process.
+**Tiles** come from :func:`tile_config`: a static table (``TILE_TABLE``) keyed by ``(experts, 2 *
+inter, hidden, top_k, dtype, batch bucket)`` (the bucket: the token count rounded up to a power of
+two), falling back to a shape heuristic; the answer is cached per key. The table starts empty:
+``srt/bench/tune_moe.py`` times candidates on the card and writes entries that ``RADIXLM_MOE_TILES``
+loads (the heuristic runs where there is no entry). A table, not an autotuner, so that the first
+captured step compiles one kernel per shape and never times candidates inside a serving process.
 Choices of another rank's experts (``-1``) get no work; their rows stay zero.
 float32 inputs multiply in IEEE float32 (no TF32), so float32 models match the torch path.
 Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
@@ -45,7 +45,10 @@ Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -360,7 +363,24 @@ class TileConfig:
 
 TILE_TABLE: dict[tuple[int, int, int, int, str, int], TileConfig] = {}
 """Measured tiles per ``(experts, 2 * inter, hidden, top_k, dtype name, batch bucket)``; a
-missing key falls back to :func:`heuristic_tiles`. Empty until a tuning run on the card."""
+missing key falls back to :func:`heuristic_tiles`. Empty unless ``RADIXLM_MOE_TILES`` names
+a file written by ``srt/bench/tune_moe.py`` (read at import, :func:`load_tile_table`)."""
+
+
+def load_tile_table(path: str) -> int:
+    """Adds the entries of a ``tune_moe`` JSON file to ``TILE_TABLE``; returns how many.
+    ``ValueError`` naming the file for anything else."""
+    try:
+        entries = json.loads(Path(path).read_text())["entries"]
+        table = {
+            (*map(int, e["key"][:4]), str(e["key"][4]), int(e["key"][5])): TileConfig(**e["tiles"])
+            for e in entries
+        }
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"RADIXLM_MOE_TILES={path}: not a tune_moe table ({e})") from e
+    TILE_TABLE.update(table)
+    tile_config.cache_clear()
+    return len(table)
 
 
 def batch_bucket(num_tokens: int) -> int:
@@ -414,6 +434,10 @@ def heuristic_tiles(
         small_down_n=down_n,
         small_down_k=down_k,
     )
+
+
+if os.environ.get("RADIXLM_MOE_TILES"):
+    load_tile_table(os.environ["RADIXLM_MOE_TILES"])
 
 
 def route_topk(

@@ -67,6 +67,7 @@ for s in "$@"; do
     dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
     moetest) section moetest 300 $PYTEST -m gpu tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
+    moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     serve) section serve 560 $SERVING ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
     *) echo "unknown section $s (see the case list in $0)" ;;

@@ -7,6 +7,7 @@ run eagerly (no host sync: sync debug mode "error") and the dense reference."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -209,3 +210,18 @@ def _reference(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
         ) @ block.shared_expert.down_proj.weight.float().cpu().T
         out = out + torch.sigmoid(xf @ block.shared_expert_gate.weight.float().cpu().T) * shared
     return out
+
+
+def test_tile_table_loads_from_a_tune_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(fused_moe, "TILE_TABLE", {})
+    key = [16, 96, 32, 2, "torch.bfloat16", 4]
+    entry = {"key": key, "tiles": {"block_m": 32, "small_n": 4, "num_stages": 2}, "ms": 0.1}
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({"device": "test", "entries": [entry]}))
+    assert fused_moe.load_tile_table(str(path)) == 1
+    want = fused_moe.TileConfig(block_m=32, small_n=4, num_stages=2)
+    assert fused_moe.tile_config(*key) == want
+    path.write_text(json.dumps({"entries": [{"key": key, "tiles": {"block_q": 1}}]}))
+    with pytest.raises(ValueError, match="not a tune_moe table"):
+        fused_moe.load_tile_table(str(path))
+    fused_moe.tile_config.cache_clear()
