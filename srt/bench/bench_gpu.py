@@ -65,8 +65,6 @@ def make_model_folder(path: Path, shape: dict, config_class: str = "LlamaConfig"
     """config.json (of transformers' ``config_class``, e.g. ``Qwen3MoeConfig``) plus a
     word-level tokenizer covering every id (outputs stay decodable)."""
     import transformers
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     getattr(transformers, config_class)(
@@ -76,12 +74,21 @@ def make_model_folder(path: Path, shape: dict, config_class: str = "LlamaConfig"
         bos_token_id=0,
         eos_token_id=1,
     ).save_pretrained(path)
-    vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
+    write_word_tokenizer(path, shape["vocab_size"])
+    return path
+
+
+def write_word_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over ids ``0 .. vocab_size - 1`` (``t<id>``; ``t0`` unknown and
+    bos, ``t1`` eos) saved into ``path``: random-weight models need no downloaded tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="t0", eos_token="t1", bos_token="t0"
     ).save_pretrained(path)
-    return path
 
 
 def timed(fn) -> float:

@@ -70,8 +70,9 @@ def test_fused_equals_torch_reference_interpreted():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+# every token count is one more tile bucket, so more Triton compiles: few of them
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 7, 64, 333, 2048])
+@pytest.mark.parametrize("tokens", [7, 333])  # small-batch kernels, grouped GEMM (uneven tail)
 def test_fused_equals_torch_reference_bf16(tokens):
     x, gate_up, down, ids, weights = _case(tokens, 256, 192, 16, 4, torch.bfloat16, "cuda")
     ids[::7, -1] = -1
@@ -117,7 +118,7 @@ def test_tile_table_entry_overrides_the_heuristic(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+@pytest.mark.parametrize("tokens", [1, 5])
 def test_small_batch_kernels_equal_torch_reference_bf16(tokens):
     assert tokens <= fused_moe.SMALL_BATCH_TOKENS
     x, gate_up, down, ids, weights = _case(tokens, 256, 192, 16, 4, torch.bfloat16, "cuda")
@@ -156,8 +157,9 @@ def _gpu_block(shared: bool) -> SparseMoeBlock:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("tokens", [1, 4, 16, 64])  # small-batch kernels, then grouped GEMM
+@pytest.mark.parametrize(  # small-batch kernels, then grouped GEMM
+    "tokens,shared", [(1, True), (4, False), (64, True)]
+)
 @torch.inference_mode()
 def test_block_in_cuda_graph_equals_eager_and_reference(tokens, shared):
     block = _gpu_block(shared)

@@ -15,7 +15,7 @@ import tp_harness
 
 # the tiny checkpoints of the model tests (tests/ has no packages)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_checkpoints import MOE_CHECKPOINTS, hf_config, random_hf_model  # noqa: E402
+from tiny_checkpoints import MOE_CHECKPOINTS, VOCAB, hf_config, random_hf_model  # noqa: E402
 
 NUM_TOKENS = 32
 # float32 on a CPU: two ranks add partial sums in another order (rounding only)
@@ -119,43 +119,42 @@ def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
     assert len({tuple(ids) for ids in outputs.values()}) > 1
 
 
-def _engine_run(folder, graphs: bool) -> tuple[list[list[int]], dict, int]:
-    """Greedy ids, the expert-load table, and the tokens the model computed."""
-    from radixlm.srt import Engine
-
-    prompts = [*tp_harness.PROMPTS, tp_harness.LATE_PROMPT]
-    greedy = {"temperature": 0, "max_new_tokens": NUM_TOKENS, "ignore_eos": True}
-    with Engine(
-        str(folder),
-        device="cuda",
-        attention_backend="triton",
-        dtype="float32",
-        disable_cuda_graph=not graphs,
-        disable_overlap_schedule=True,  # no step past a request's last token
-        cuda_graph_max_bs=8,
-        max_total_tokens=2048,
-        log_level="warning",
-    ) as engine:
-        assert (engine.scheduler.runner.graph_runner is not None) == graphs
-        outs = engine.generate(input_ids=prompts, sampling_params=greedy)
-        load = engine.get_server_info()["expert_load"]
-        totals = engine.scheduler.stats.totals
-        computed = totals["num_prompt_tokens"] - totals["num_cached_tokens"]
-    computed += len(prompts) * (NUM_TOKENS - 1)  # decode steps (the first token is the prefill's)
-    return [o["output_ids"] for o in outs], load, computed
+# GPU: ids below the tiny vocabulary (a word-level tokenizer, no downloaded model); the first
+# three share a prefix and decode in a CUDA graph (batch 3 padded to the graph of 4), the five of
+# the second call decode eagerly (more rows than the largest graph)
+GPU_PROMPTS = [[t % VOCAB for t in p] for p in (*tp_harness.PROMPTS, tp_harness.LATE_PROMPT)]
+GPU_EAGER_PROMPTS = [[(7 * t + i) % VOCAB for t in tp_harness.PREFIX] for i in range(5)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["qwen2_moe_shared", "qwen3_moe_mixed"])
-def test_cuda_graph_decode_equals_eager_and_transformers(name, tmp_path, tokenizer):
-    """MoE decode captured in CUDA graphs (batch buckets up to 8: the small-batch expert
-    kernels) gives the eager run's ids and transformers' (float32: IEEE dots in the kernels);
-    the graphs' padding rows stay out of the expert-load table."""
-    folder = _write(name, tmp_path, tokenizer)
-    graph_ids, graph_load, graph_computed = _engine_run(folder, graphs=True)
-    eager_ids, _, _ = _engine_run(folder, graphs=False)
-    prompts = [*tp_harness.PROMPTS, tp_harness.LATE_PROMPT]
-    assert graph_ids == eager_ids
-    assert graph_ids == [_hf_greedy(folder, p) for p in prompts]
-    top_k = graph_load["top_k"]
-    assert all(sum(row) == graph_computed * top_k for row in graph_load["tokens_per_expert"])
+def test_cuda_graph_decode_equals_eager_and_transformers(name, tmp_path):
+    """MoE decode captured in CUDA graphs (the small-batch expert kernels) and run eagerly, in
+    one Engine, gives transformers' ids (float32: IEEE dots in the kernels); the graphs'
+    padding rows stay out of the expert-load table."""
+    from radixlm.srt import Engine
+    from radixlm.srt.bench.bench_gpu import write_word_tokenizer
+
+    random_hf_model(hf_config(name, max_position_embeddings=512)).save_pretrained(tmp_path)
+    write_word_tokenizer(tmp_path, VOCAB)
+    greedy = {"temperature": 0, "max_new_tokens": NUM_TOKENS, "ignore_eos": True}
+    with Engine(
+        str(tmp_path),
+        device="cuda",
+        attention_backend="triton",
+        dtype="float32",
+        disable_overlap_schedule=True,  # no step past a request's last token
+        cuda_graph_max_bs=4,
+        max_total_tokens=2048,
+        log_level="warning",
+    ) as engine:
+        assert engine.scheduler.runner.graph_runner is not None
+        graphed = engine.generate(input_ids=GPU_PROMPTS, sampling_params=greedy)
+        eager = engine.generate(input_ids=GPU_EAGER_PROMPTS, sampling_params=greedy)
+        load = engine.get_server_info()["expert_load"]
+        totals = engine.scheduler.stats.totals
+    prompts = GPU_PROMPTS + GPU_EAGER_PROMPTS
+    assert [o["output_ids"] for o in graphed + eager] == [_hf_greedy(tmp_path, p) for p in prompts]
+    computed = totals["num_prompt_tokens"] - totals["num_cached_tokens"]
+    computed += len(prompts) * (NUM_TOKENS - 1)  # decode steps (the first token is the prefill's)
+    assert all(sum(row) == computed * load["top_k"] for row in load["tokens_per_expert"])
