@@ -147,8 +147,16 @@ def generate(engine, ids: list[list[int]], out_len: int) -> float:
 
 
 def bench_engine(
-    folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True, tp: int = 1
+    folder: Path,
+    backend: str,
+    graphs: bool,
+    args,
+    vocab: int,
+    overlap: bool = True,
+    tp: int = 1,
+    extra=None,
 ) -> dict:
+    """Engine figures; ``extra(engine)`` (a dict) runs last, before the engine is released."""
     from radixlm.srt import Engine
 
     engine = Engine(
@@ -190,6 +198,8 @@ def bench_engine(
             ids = prompts(32, args.input_len, vocab, seed=7)
             t = generate(engine, ids, 1)
             out["prefill_tok_s"] = 32 * args.input_len / t
+        if extra is not None:
+            out.update(extra(engine))
         return out
     finally:
         release(engine)
