@@ -156,7 +156,8 @@ def bench_engine(
     tp: int = 1,
     extra=None,
 ) -> dict:
-    """Engine figures; ``extra(engine)`` (a dict) runs last, before the engine is released."""
+    """Engine figures; ``extra(engine, figures so far)`` (a dict, merged in) runs last, before
+    the engine is released."""
     from radixlm.srt import Engine
 
     engine = Engine(
@@ -199,7 +200,7 @@ def bench_engine(
             t = generate(engine, ids, 1)
             out["prefill_tok_s"] = 32 * args.input_len / t
         if extra is not None:
-            out.update(extra(engine))
+            out.update(extra(engine, dict(out)))
         return out
     finally:
         release(engine)

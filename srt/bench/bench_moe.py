@@ -128,11 +128,18 @@ def profile_b1(engine, shape: dict, bandwidth_TBps: float | None) -> dict:
     return {"profile_b1": out}
 
 
+def _profile_after(engine, figures: dict, shape: dict, args) -> dict:
+    """The engine's figures written first (a crash in the profiler keeps them), then the
+    profile."""
+    Path(args.phase_json).write_text(json.dumps(figures))
+    return profile_b1(engine, shape, args.bandwidth)
+
+
 NOMINAL_TBPS = 3.35  # H100 SXM's data-sheet bandwidth, when the calib phase left no figure
 
 
 def run_phase(name: str, args, shape: dict, folder: Path) -> dict:
-    """One phase in this process (the ``--phase`` child)."""
+    """One phase in this process (the ``--phase`` child; it writes ``--phase-json``)."""
     vocab = shape["vocab_size"]
     if name == "calib":
         calib = calibrate(2 * active_params(shape)["decode"])  # weight bytes: the active ones
@@ -150,7 +157,7 @@ def run_phase(name: str, args, shape: dict, folder: Path) -> dict:
             graphs,
             run_args,
             vocab,
-            extra=lambda engine: profile_b1(engine, shape, args.bandwidth),
+            extra=lambda engine, figures: _profile_after(engine, figures, shape, args),
         )
         # the engine is released: what it left allocated on the device (near zero expected)
         out["gpu_GiB_after_release"] = torch.cuda.memory_allocated() / 2**30
