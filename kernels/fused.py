@@ -8,7 +8,8 @@ memory traffic. These kernels do each job in one pass, one program per token row
   the sum), rounded like the torch reference: the sum and the normalised value are rounded to
   the input dtype before the weight multiply;
 - ``rope_split_qkv(qkv, cos, sin, ...)``: splits the fused QKV projection into contiguous q, k,
-  v and rotates q and k (neox halves) in fp32, rounding once; ``rope_qkv_store`` does the same
+  v and rotates q and k (neox halves) in fp32, rounding once (per-head q/k RMSNorm first where
+  the model has it: ``norms``); ``rope_qkv_store`` does the same
   but writes k and v straight into the KV pool at the new tokens' slots (quantising for an fp8
   pool), so the attention backend has no K/V write left to do;
 - ``silu_and_mul(x)``: ``silu(x[:, :n]) * x[:, n:]``.
@@ -79,6 +80,9 @@ def _rope_qkv_kernel(
     stride_cs,
     k_scale,
     v_scale,
+    qn_ptr,
+    kn_ptr,
+    eps,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -87,12 +91,15 @@ def _rope_qkv_kernel(
     STORE: tl.constexpr,
     QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     """Program (token, part): part 0 rotates the token's q heads, part 1 its k heads, part 2
     copies its v heads, each as one [heads, head_dim] tile. Outputs are rows of contiguous
     ``[*, heads * head_dim]`` buffers: q's row is the token; k's and v's row is the token too,
     or with ``STORE`` its KV slot ``slots[token]`` in the pool (quantised with ``QUANT``:
-    value / scale, saturated to +-FP8_MAX, as ``memory_pool.quantize_fp8``)."""
+    value / scale, saturated to +-FP8_MAX, as ``memory_pool.quantize_fp8``). With ``NORM``
+    each q (k) head is RMS-normalised over ``HEAD_DIM`` and scaled by ``qn`` (``kn``) first,
+    rounded as ``rmsnorm``, before the rotation."""
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     h = tl.arange(0, BLOCK_H)
@@ -110,6 +117,20 @@ def _rope_qkv_kernel(
             mask=mask,
             other=0.0,
         )
+        if NORM:  # per-head RMSNorm (Qwen3, Gemma 3): one rstd per head serves both halves
+            if part == 0:
+                w = tl.load(qn_ptr + d).to(tl.float32)
+                w_swapped = tl.load(qn_ptr + (d + HALF) % HEAD_DIM).to(tl.float32)
+            else:
+                w = tl.load(kn_ptr + d).to(tl.float32)
+                w_swapped = tl.load(kn_ptr + (d + HALF) % HEAD_DIM).to(tl.float32)
+            x32 = x.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=1) / HEAD_DIM + eps)
+            x = ((x32 * rstd[:, None]).to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
+            swapped = (
+                (swapped.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
+                * w_swapped[None, :]
+            ).to(x.dtype)
         cos = tl.load(cos_ptr + row * stride_cs + d).to(tl.float32)
         sin = tl.load(sin_ptr + row * stride_cs + d).to(tl.float32)
         x = (x.to(tl.float32) * cos[None, :] + swapped.to(tl.float32) * sin[None, :]).to(x.dtype)
@@ -209,11 +230,23 @@ def _check_qkv(qkv, num_heads, num_kv_heads, head_dim) -> None:
         raise ValueError(f"head_dim must be a power of two for the fused rope, got {head_dim}")
 
 
-def _launch_rope(qkv, cos, sin, slots, q, k, v, k_scale, v_scale, dims, store) -> None:
+Norms = tuple[torch.Tensor, torch.Tensor, float]  # (q weight [d], k weight [d], eps)
+
+
+def _check_norms(norms: Norms | None, head_dim: int) -> None:
+    if norms is None:
+        return
+    for name, w in zip(("q", "k"), norms[:2], strict=True):
+        if w.shape != (head_dim,) or not w.is_contiguous():
+            raise ValueError(f"the {name} norm weight must be a contiguous [{head_dim}] tensor")
+
+
+def _launch_rope(qkv, cos, sin, slots, q, k, v, k_scale, v_scale, dims, store, norms=None) -> None:
     num_heads, num_kv_heads, head_dim = dims
     t = qkv.shape[0]
     if not t:
         return
+    qn, kn, eps = norms if norms is not None else (qkv, qkv, 0.0)
     cos, sin = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
     quant = k.dtype in _FP8_MAX
     _jit("rope")[(t, 3)](
@@ -228,6 +261,9 @@ def _launch_rope(qkv, cos, sin, slots, q, k, v, k_scale, v_scale, dims, store) -
         cos.stride(0),
         float(k_scale),
         float(v_scale),
+        qn,
+        kn,
+        float(eps),
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
@@ -236,6 +272,7 @@ def _launch_rope(qkv, cos, sin, slots, q, k, v, k_scale, v_scale, dims, store) -
         STORE=store,
         QUANT=quant,
         FP8_MAX=_FP8_MAX.get(k.dtype, 0.0),
+        NORM=norms is not None,
         num_warps=4 if num_heads * head_dim <= 2048 else 8,
     )
 
@@ -250,16 +287,21 @@ def rope_split_qkv(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    norms: Norms | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``qkv`` ``[T, (H + 2*KVH) * d]`` -> contiguous ``q`` ``[T, H*d]``, ``k``, ``v``
     ``[T, KVH*d]`` with q and k rotated: ``x * cos + swap_halves(x) * sin`` where ``cos`` and
-    ``sin`` are ``[T, d]`` (``sin`` carries the minus sign on its first half)."""
+    ``sin`` are ``[T, d]`` (``sin`` carries the minus sign on its first half). ``norms``
+    ``(q weight, k weight, eps)``: each q and k head is RMS-normalised first (per-head q/k
+    norms), as ``rmsnorm`` of the head would."""
     _check_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    _check_norms(norms, head_dim)
     t = qkv.shape[0]
     q = qkv.new_empty(t, num_heads * head_dim)
     k = qkv.new_empty(t, num_kv_heads * head_dim)
     v = qkv.new_empty(t, num_kv_heads * head_dim)
-    _launch_rope(qkv, cos, sin, q, q, k, v, 1.0, 1.0, (num_heads, num_kv_heads, head_dim), False)
+    dims = (num_heads, num_kv_heads, head_dim)
+    _launch_rope(qkv, cos, sin, q, q, k, v, 1.0, 1.0, dims, False, norms)
     return q, k, v
 
 
@@ -276,13 +318,15 @@ def rope_qkv_store(
     v_buf: torch.Tensor,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    norms: Norms | None = None,
 ) -> torch.Tensor:
     """:func:`rope_split_qkv` that writes the rotated k and the v of token ``i`` straight into
     the KV pool's row ``slots[i]`` of ``k_buf``/``v_buf`` (``[num_slots, KVH, d]``, contiguous;
     an fp8 buffer stores value / scale saturated to the format's range, as
     ``KVPool.set_kv``) and returns only ``q`` ``[T, H*d]``: one kernel instead of a split, a
-    rotation and two indexed writes."""
+    rotation and two indexed writes. ``norms`` as in :func:`rope_split_qkv`."""
     _check_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    _check_norms(norms, head_dim)
     for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
         if not buf.is_contiguous() or tuple(buf.shape[1:]) != (num_kv_heads, head_dim):
             raise ValueError(
@@ -293,7 +337,7 @@ def rope_qkv_store(
         raise ValueError(f"slots must be [{qkv.shape[0]}], got {tuple(slots.shape)}")
     q = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
     dims = (num_heads, num_kv_heads, head_dim)
-    _launch_rope(qkv, cos, sin, slots, q, k_buf, v_buf, k_scale, v_scale, dims, True)
+    _launch_rope(qkv, cos, sin, slots, q, k_buf, v_buf, k_scale, v_scale, dims, True, norms)
     return q
 
 

@@ -12,12 +12,25 @@ The contract every expert kernel honours (this torch path is its reference):
 
 Only the experts that received tokens are computed, each on its own tokens (no dense
 all-experts matmul); the weighted sum is accumulated in float32.
+
+Options of the torch path (gpt-oss; the fused kernels do not take them): ``gate_up_bias``
+``[E, 2 * inter]`` and ``down_bias`` ``[E, hidden]`` are added to the projections (the routing
+weight scales ``down(...) + down_bias``), and ``activation(gate, up)`` replaces
+``silu(gate) * up``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+Activation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 def grouped_experts(
@@ -26,6 +39,10 @@ def grouped_experts(
     down: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
+    *,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: Activation = silu_mul,
 ) -> torch.Tensor:
     """See the module docstring. On a CPU the per-expert counts are read on the host (one
     sync); each expert's rows are one ``[n, hidden] x [hidden, 2 * inter]`` matmul and one
@@ -42,8 +59,10 @@ def grouped_experts(
     for expert, n in enumerate(counts):
         if n == 0:
             continue
-        gate, up = F.linear(rows[start : start + n], gate_up[expert]).chunk(2, dim=-1)
-        sorted_out[start : start + n] = F.linear(F.silu(gate) * up, down[expert])
+        gu_bias = None if gate_up_bias is None else gate_up_bias[expert]
+        gate, up = F.linear(rows[start : start + n], gate_up[expert], gu_bias).chunk(2, dim=-1)
+        d_bias = None if down_bias is None else down_bias[expert]
+        sorted_out[start : start + n] = F.linear(activation(gate, up), down[expert], d_bias)
         start += n
     # back to choice order (a gather: CPU index_add_ is far slower), weighted, summed per token
     per_choice = sorted_out.index_select(0, torch.argsort(order))

@@ -18,6 +18,10 @@ position i sees the keys at positions ``i - W < j <= i``, W keys counting itself
 whole prefix) and ``logit_cap`` (a float c > 0: every score ``s = scaling * q.k`` becomes
 ``c * tanh(s / c)`` before the softmax; 0: none). The pool keeps every token either way, so a
 cached prefix means the same K/V with or without a window (out-of-window K/V are not evicted).
+A third, ``sinks`` (a ``[num_heads]`` tensor of this rank's heads, gpt-oss), adds one logit per
+head to every query's softmax that takes probability mass but has no value (the softmax runs
+over ``[scores, sink]`` and the sink's column is dropped); only backends whose
+``supports_sinks`` is True serve such layers (:func:`check_backend_serves`).
 
 CUDA graphs (decode only). A backend with ``supports_cuda_graph`` True implements three hooks,
 and the graph runner never asks a backend by name:
@@ -67,6 +71,23 @@ def logit_cap(layer) -> float:
     return float(cap)
 
 
+def attention_sinks(layer) -> torch.Tensor | None:
+    """The layer's per-head sink logits ``[num_heads]``, None for none."""
+    return getattr(layer, "sinks", None)
+
+
+def check_backend_serves(backend: AttentionBackend, model) -> None:
+    """Refuses (ValueError naming the backend) a model with attention sinks on a backend that
+    cannot add them."""
+    if backend.supports_sinks:
+        return
+    if any(attention_sinks(m) is not None for m in model.modules() if hasattr(m, "layer_id")):
+        raise ValueError(
+            f"this model's attention has sinks (gpt-oss), which the {backend.name} attention "
+            "backend does not implement; use --attention-backend torch"
+        )
+
+
 # (sliding window or 0, soft-cap or 0.0, softmax scale): what a backend that plans per
 # batch (FlashInfer) must know of every layer before the first batch
 AttentionVariant = tuple[int, float, float]
@@ -91,6 +112,7 @@ def attention_variants(model) -> list[AttentionVariant]:
 class AttentionBackend(ABC):
     name: str = "base"
     supports_cuda_graph: bool = False  # decode steps may be captured and replayed (see above)
+    supports_sinks: bool = False  # layers with attention sinks (see above)
 
     @abstractmethod
     def plan(self, fb) -> None: ...

@@ -9,7 +9,8 @@ converted to q's dtype and multiplied by the layer's scale.
 
 A layer's sliding window (``base.attention_window``) narrows each query's keys to its last W
 positions (decode reads only those rows); a soft-capped layer (``base.logit_cap``) takes the
-explicit float32 softmax path, since SDPA has no cap.
+explicit float32 softmax path, since SDPA has no cap; so does a layer with attention sinks
+(``base.attention_sinks``: one extra logit per head in the softmax, its column dropped).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from radixlm.kernels.attention.base import (
     AttentionBackend,
     AttentionLayer,
+    attention_sinks,
     attention_window,
     logit_cap,
 )
@@ -29,6 +31,7 @@ from radixlm.kernels.attention.base import (
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    supports_sinks = True
 
     def __init__(self):
         self._kv_flat: torch.Tensor | None = None  # decode: every request's kv slots, concatenated
@@ -113,10 +116,11 @@ def attend(
 ) -> torch.Tensor:
     """Attention of ``q`` ``[1, H, Lq, d]`` over ``k``/``v`` ``[1, kv_heads, Lk, d]``; ``mask``
     ``[Lq, Lk]`` bool (True: attend) or ``causal``. SDPA, or with the layer's soft-cap an
-    explicit softmax in float32."""
+    explicit softmax in float32 (also for a layer with attention sinks)."""
     gqa = layer.num_heads != layer.num_kv_heads
     cap = logit_cap(layer)
-    if not cap:
+    sinks = attention_sinks(layer)
+    if not cap and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=gqa
         )
@@ -124,13 +128,18 @@ def attend(
         group = layer.num_heads // layer.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * layer.scaling
-    scores = torch.tanh(scores / cap) * cap
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
     if causal:
         lq, lk = scores.shape[-2:]
         mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), v.float()).to(q.dtype)
+    if sinks is None:
+        return torch.matmul(scores.softmax(-1), v.float()).to(q.dtype)
+    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.cat((scores, sink), -1).softmax(-1)[..., :-1]
+    return torch.matmul(probs, v.float()).to(q.dtype)
 
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

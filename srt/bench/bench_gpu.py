@@ -65,8 +65,6 @@ def make_model_folder(path: Path, shape: dict, config_class: str = "LlamaConfig"
     """config.json (of transformers' ``config_class``, e.g. ``Qwen3MoeConfig``) plus a
     word-level tokenizer covering every id (outputs stay decodable)."""
     import transformers
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     getattr(transformers, config_class)(
@@ -76,12 +74,21 @@ def make_model_folder(path: Path, shape: dict, config_class: str = "LlamaConfig"
         bos_token_id=0,
         eos_token_id=1,
     ).save_pretrained(path)
-    vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
+    write_word_tokenizer(path, shape["vocab_size"])
+    return path
+
+
+def write_word_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over ids ``0 .. vocab_size - 1`` (``t<id>``; ``t0`` unknown and
+    bos, ``t1`` eos) saved into ``path``: random-weight models need no downloaded tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="t0", eos_token="t1", bos_token="t0"
     ).save_pretrained(path)
-    return path
 
 
 def timed(fn) -> float:
@@ -140,8 +147,17 @@ def generate(engine, ids: list[list[int]], out_len: int) -> float:
 
 
 def bench_engine(
-    folder: Path, backend: str, graphs: bool, args, vocab: int, overlap: bool = True, tp: int = 1
+    folder: Path,
+    backend: str,
+    graphs: bool,
+    args,
+    vocab: int,
+    overlap: bool = True,
+    tp: int = 1,
+    extra=None,
 ) -> dict:
+    """Engine figures; ``extra(engine, figures so far)`` (a dict, merged in) runs last, before
+    the engine is released."""
     from radixlm.srt import Engine
 
     engine = Engine(
@@ -156,10 +172,10 @@ def bench_engine(
         log_level="warning",
     )
     try:
+        runner = engine.scheduler.runner
         out: dict = {
-            "weight_bytes": sum(
-                p.numel() * p.element_size() for p in engine.scheduler.runner.model.parameters()
-            )
+            "weight_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters()),
+            "cuda_graphs": runner.graph_runner is not None,  # decode captured (asked: graphs)
         }
         one = prompts(1, 128, vocab, seed=1)
         generate(engine, [one[0]], 8)  # warm-up
@@ -183,6 +199,8 @@ def bench_engine(
             ids = prompts(32, args.input_len, vocab, seed=7)
             t = generate(engine, ids, 1)
             out["prefill_tok_s"] = 32 * args.input_len / t
+        if extra is not None:
+            out.update(extra(engine, dict(out)))
         return out
     finally:
         release(engine)

@@ -32,6 +32,9 @@ from radixlm.srt.bench.host_timing import HostTimer, gaps_per_step, gpu_gaps, st
 from radixlm.srt.bench.host_timing import per_step as host_per_step
 
 CATEGORIES = (  # first match wins; kernel names are lower-cased
+    # kernels/fused_moe.py: the expert GEMMs/GEMVs, then routing (top-k kernel, sort by expert)
+    ("moe experts", ("gate_up_kernel", "down_kernel")),
+    ("moe routing", ("route_kernel", "align_by_expert")),
     ("sampling", ("argmax", "sort", "topk", "softmax", "multinomial", "exponential", "cumsum")),
     ("attention", ("attn", "attention", "batchdecode", "batchprefill", "_fwd_kernel", "decode_")),
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "gemv", "splitk")),
@@ -48,17 +51,22 @@ def category(kernel_name: str) -> str:
     return "other"
 
 
-def kernel_times(prof) -> tuple[dict[str, float], dict[str, float]]:
-    """Seconds of device time per category and per kernel name (top entries)."""
+TOP_KERNELS = 15  # kernel names listed per case, by device time per step
+
+
+def kernel_times(prof) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """Seconds of device time per category and per kernel name, and launches per name."""
     per_cat: dict[str, float] = {}
     per_kernel: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
         seconds = evt.device_time / 1e6
         per_cat[category(evt.name)] = per_cat.get(category(evt.name), 0.0) + seconds
         per_kernel[evt.name] = per_kernel.get(evt.name, 0.0) + seconds
-    return per_cat, per_kernel
+        calls[evt.name] = calls.get(evt.name, 0) + 1
+    return per_cat, per_kernel, calls
 
 
 def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, bw: float) -> dict:
@@ -96,11 +104,12 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
         name = f"trace-{engine.scheduler.runner.attn_backend.name}-b{batch}.json"
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
         p_trace.export_chrome_trace(str(Path(args.trace_dir) / name))
-    cat_short, ker_short = kernel_times(p_short)
-    cat_long, ker_long = kernel_times(p_long)
+    cat_short, ker_short, calls_short = kernel_times(p_short)
+    cat_long, ker_long, calls_long = kernel_times(p_long)
     per_step = {c: (cat_long.get(c, 0) - cat_short.get(c, 0)) / steps for c in cat_long}
     kernels = {k: (ker_long[k] - ker_short.get(k, 0)) / steps for k in ker_long}
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    calls = {k: (calls_long[k] - calls_short.get(k, 0)) / steps for k in calls_long}
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
     busy = sum(per_step.values())
     mean_len = args.input_len + (short + long) / 2
     kv_bytes = batch * mean_len * kv_bytes_per_token
@@ -121,6 +130,10 @@ def profile_case(engine, batch: int, args, vocab: int, kv_bytes_per_token: int, 
         "cpu_gap_ms": max(step_s - busy, 0.0) * 1e3,
         "category_ms": {c: round(v * 1e3, 4) for c, v in sorted(per_step.items())},
         "top_kernels_ms": [(k[:90], round(v * 1e3, 4)) for k, v in top],
+        # launches per step: all kernels, then those of the top entries (inside a CUDA graph
+        # too, where the profiler sees the graph's kernels)
+        "kernels_per_step": round(sum(calls.values()), 2),
+        "top_kernel_calls_per_step": [(k[:90], round(calls[k], 2)) for k, _ in top],
         "host_ms_per_step": host_per_step(host_short, host_long, steps),
         "gpu_idle": gaps_per_step(gpu_gaps(p_short), gpu_gaps(p_long), steps),
     }

@@ -66,8 +66,10 @@ for s in "$@"; do
     dp1off) RADIXLM_GEMV=0 section dp1off 200 $PROFILE --kv-cache-dtypes auto --batch-sizes 1 --json "$RESULTS/dp1off.json" ;;
     dp1on) RADIXLM_GEMV=1 section dp1on 200 $PROFILE --kv-cache-dtypes auto --batch-sizes 1 --json "$RESULTS/dp1on.json" ;;
     dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
-    moetest) section moetest 300 $PYTEST -m gpu tests/kernels/test_fused_moe.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
-    moe) section moe 400 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
+    # the Triton window/soft-cap cases of the attention tests only (FlashInfer's JIT builds: ktest)
+    moetest) section moetest 300 $PYTEST --durations=12 -m gpu -k "not attention_backends or (window_and_softcap and triton)" tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
+    moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
+    moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     serve) section serve 560 $SERVING ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;

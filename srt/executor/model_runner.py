@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
-from radixlm.kernels.attention.base import attention_variants
+from radixlm.kernels.attention.base import attention_variants, check_backend_serves
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig, resolve
 from radixlm.srt.distributed import (
@@ -105,6 +105,7 @@ class ModelRunner:
             dtype=self.dtype,
             variants=attention_variants(self.model),
         )
+        check_backend_serves(self.attn_backend, self.model)
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW
         if self.kv_pool.is_quantized:  # before graph capture: graphs hold the scales as constants
             apply_kv_scales(self)

@@ -19,7 +19,7 @@ from torch import nn
 
 from radixlm.kernels import fused
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @contextlib.contextmanager
@@ -59,6 +59,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = _param(hidden_size)  # [hidden]
 
+    def scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """What the normalised value is multiplied by (the fused kernels take it)."""
+        return self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused.available(x):
             return fused.rmsnorm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
@@ -79,7 +83,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies ``[rotary_dim / 2]`` float32 for plain, linear or Llama-3 rope."""
+    """Inverse frequencies ``[rotary_dim / 2]`` float32 for plain, linear, Llama-3 or YaRN rope
+    (YaRN also scales cos and sin: :func:`rope_attention_factor`)."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim
     inv_freq = 1.0 / (theta**exponents)
     rope_type = (scaling or {}).get("rope_type", "default")
@@ -89,6 +94,8 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None)
         return inv_freq / float(scaling["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, rotary_dim, theta, scaling)
     raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {list(ROPE_TYPES)}")
 
 
@@ -105,6 +112,49 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(in_band, blended, scaled)
 
 
+def _yarn_inv_freq(
+    inv_freq: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]
+) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than ``beta_slow`` times over the original context are
+    divided by ``factor``, those turning more than ``beta_fast`` times kept, a linear ramp
+    between (over the dimension index; ``truncate`` rounds its ends outwards, as transformers)."""
+    factor = float(scaling["factor"])
+    original_len = float(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate (divide by factor)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """What cos and sin are multiplied by: YaRN's ``attention_factor`` (default
+    ``0.1 * ln(factor) + 1``, or the ``mscale``/``mscale_all_dim`` ratio), 1 for the others."""
+    if (scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = float(scaling["factor"])
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if m and m_all:
+        return float(mscale(factor, m) / mscale(factor, m_all))
+    return mscale(factor)
+
+
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotates the two halves of each head) over the full head."""
 
@@ -115,9 +165,10 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        scale = rope_attention_factor(scaling)
         # [max_positions, head_dim / 2] float32
-        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
-        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        self.register_buffer("cos_cache", freqs.cos() * scale, persistent=False)
+        self.register_buffer("sin_cache", freqs.sin() * scale, persistent=False)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype

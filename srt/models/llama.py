@@ -108,20 +108,15 @@ class LlamaAttention(nn.Module):
         """The projected ``qkv`` -> the attention output ``[T, heads * head_dim]`` (before
         ``o_proj``); the new tokens' K/V are written into the pool on the way."""
         t, q_size, kv_size = qkv.shape[0], self.qkv_proj.q_size, self.qkv_proj.kv_size
-        if self.qk_norm:
-            q, k, v = self.qkv_proj.split(qkv)
-            q = self.rotary_emb.rotate(
-                self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope
-            )
-            k = self.rotary_emb.rotate(
-                self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
-            )
-            v = v.contiguous()
-        elif self.fused_rope and fused.available(qkv):  # split + rotate (+ K/V write): one kernel
+        if self.fused_rope and fused.available(qkv):  # [norm +] split + rotate (+ K/V write)
             heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            norms = None
+            if self.qk_norm:
+                qn, kn = self.q_norm, self.k_norm
+                norms = (qn.scale(qkv.dtype), kn.scale(qkv.dtype), qn.eps)
             target = fb.kv_pool.direct_write_target(self.layer_id)
             if target is None:
-                q, k, v = fused.rope_split_qkv(qkv, *rope, *heads)
+                q, k, v = fused.rope_split_qkv(qkv, *rope, *heads, norms=norms)
             else:
                 k_buf, v_buf, k_scale, v_scale = target
                 q = fused.rope_qkv_store(
@@ -133,8 +128,18 @@ class LlamaAttention(nn.Module):
                     v_buf=v_buf,
                     k_scale=k_scale,
                     v_scale=v_scale,
+                    norms=norms,
                 )
                 k = v = None  # in the pool already
+        elif self.qk_norm:
+            q, k, v = self.qkv_proj.split(qkv)
+            q = self.rotary_emb.rotate(
+                self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).flatten(1), rope
+            )
+            k = self.rotary_emb.rotate(
+                self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
+            )
+            v = v.contiguous()
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]

@@ -3,7 +3,8 @@
 **Routing** (:class:`TopKRouter`): ``logits = x W_r^T`` (``W_r`` ``[experts, hidden]``, on every
 rank), scored by softmax (Qwen, Mixtral, OLMoE) or sigmoid (``scoring_func: sigmoid``), the
 ``top_k`` best kept; ``renormalize`` divides them by their sum (Mixtral always; Qwen and OLMoE
-when ``norm_topk_prob``). Weights are float32.
+when ``norm_topk_prob``). Weights are float32. DeepSeek-style grouped routing (``n_group``,
+``topk_group``, a score-correction bias, ``routed_scaling_factor``) is in :func:`route`.
 
 **Parallelism** (:class:`ExpertShard`). The ``tp.size`` ranks are ``ep_size`` groups of
 ``tp.size // ep_size``: rank r holds the experts of group ``r // (size // ep_size)`` (a contiguous
@@ -20,9 +21,12 @@ activations are not replicated (data-parallel attention), which this runtime doe
 **Expert load.** Each block counts the tokens routed to each expert (cumulative, on the device,
 rows of CUDA-graph padding left out); ``expert_load`` on the model reads the table.
 
-**Kernels.** On CUDA the experts run in the fused Triton kernel (``kernels/fused_moe.py``: tokens
-sorted by expert, one grouped GEMM per projection, silu*mul fused); elsewhere in the torch path
-of ``kernels/moe.py`` (tokens grouped by expert, one matmul pair per expert that has tokens).
+**Kernels.** On CUDA routing (top-k and the load counters) is one kernel and the experts run in
+the fused Triton kernels (``kernels/fused_moe.py``: GEMV-style kernels that stream only the
+chosen experts for small batches; tokens sorted by expert and one grouped GEMM per projection
+for larger ones; silu*mul fused). No step reads a value back to the host, so MoE decode steps
+are captured in CUDA graphs as dense ones are. Elsewhere the torch path of ``kernels/moe.py``
+runs (tokens grouped by expert, one matmul pair per expert that has tokens).
 """
 
 from __future__ import annotations
@@ -60,6 +64,13 @@ class MoEConfig:
     shared_expert_gate: bool = False  # sigmoid(x W_g^T) scales the shared expert (Qwen2-MoE)
     decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not one of these (dense MLP)
+    router_bias: bool = False  # the router adds a bias to its logits (gpt-oss)
+    # DeepSeek-style grouped routing: experts in n_group groups, only the topk_group best
+    # groups (a group's score: the sum of its two best) are eligible
+    n_group: int = 1
+    topk_group: int = 1
+    score_correction_bias: bool = False  # added to the scores to choose, not to the weights
+    routed_scaling_factor: float = 1.0  # multiplies the final weights
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORING:
@@ -69,6 +80,25 @@ class MoEConfig:
                 f"num_experts_per_tok ({self.top_k}) must be in [1, num_experts "
                 f"({self.num_experts})]"
             )
+        if self.n_group < 1 or self.num_experts % self.n_group:
+            raise ValueError(
+                f"n_group ({self.n_group}) must divide num_experts ({self.num_experts})"
+            )
+        if self.n_group > 1 and not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group ({self.topk_group}) must be in [1, n_group]")
+        per_group = self.num_experts // self.n_group
+        if self.n_group > 1 and (per_group < 2 or self.topk_group * per_group < self.top_k):
+            raise ValueError(
+                f"grouped routing needs at least 2 experts per group and topk_group x "
+                f"experts per group >= num_experts_per_tok ({self.top_k})"
+            )
+
+    @property
+    def plain_topk(self) -> bool:
+        """Routing the fused kernel serves: no groups, no correction bias, no scaling."""
+        return (
+            self.n_group == 1 and not self.score_correction_bias and self.routed_scaling_factor == 1
+        )
 
     @classmethod
     def from_hf(
@@ -89,6 +119,9 @@ class MoEConfig:
             shared_expert_gate=bool(getattr(hf, "shared_expert_intermediate_size", 0)),
             decoder_sparse_step=int(getattr(hf, "decoder_sparse_step", 1) or 1),
             mlp_only_layers=tuple(getattr(hf, "mlp_only_layers", None) or ()),
+            n_group=int(getattr(hf, "n_group", None) or 1),
+            topk_group=int(getattr(hf, "topk_group", None) or 1),
+            routed_scaling_factor=float(getattr(hf, "routed_scaling_factor", None) or 1.0),
         )
 
     def is_sparse(self, layer_id: int) -> bool:
@@ -101,28 +134,90 @@ class MoEConfig:
 
 
 def route(
-    logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool
+    logits: torch.Tensor,
+    top_k: int,
+    scoring: str,
+    renormalize: bool,
+    *,
+    n_group: int = 1,
+    topk_group: int = 1,
+    correction_bias: torch.Tensor | None = None,
+    scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits ``[T, experts]`` -> ``(weights [T, k] float32, expert ids [T, k] int64)``."""
+    """Router logits ``[T, experts]`` -> ``(weights [T, k] float32, expert ids [T, k] int64)``.
+
+    Grouped routing (``n_group > 1``, DeepSeek-V3's): the scores plus ``correction_bias`` (the
+    choosing scores) are cut into ``n_group`` groups, each scored by the sum of its two best;
+    only the ``topk_group`` best groups' experts are eligible for the top k. The weights are the
+    chosen experts' scores without the bias (renormalised if asked), times
+    ``scaling_factor``."""
     logits = logits.float()
     scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
-    weights, ids = torch.topk(scores, top_k, dim=-1)
+    choosing = scores if correction_bias is None else scores + correction_bias.float()
+    if n_group > 1:
+        t, e = choosing.shape
+        groups = choosing.view(t, n_group, e // n_group)
+        group_scores = groups.topk(2, dim=-1).values.sum(-1)  # [T, n_group]
+        best = group_scores.topk(topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        choosing = groups.masked_fill(~keep[..., None], float("-inf")).view(t, e)
+    ids = torch.topk(choosing, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
+    if scaling_factor != 1.0:
+        weights = weights * scaling_factor
     return weights, ids
 
 
 class TopKRouter(nn.Module):
-    """``weight`` ``[experts, hidden]``, the same on every rank (see the module docstring)."""
+    """``weight`` ``[experts, hidden]`` (and ``bias`` ``[experts]`` where the config has one),
+    the same on every rank (see the module docstring)."""
 
     def __init__(self, hidden_size: int, moe: MoEConfig):
         super().__init__()
         self.moe = moe
         self.weight = _param(moe.num_experts, hidden_size)
+        self.bias = _param(moe.num_experts) if moe.router_bias else None
+        self.e_score_correction_bias = (
+            _param(moe.num_experts) if moe.score_correction_bias else None
+        )
+
+    def route_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        moe = self.moe
+        return route(
+            logits,
+            moe.top_k,
+            moe.scoring,
+            moe.renormalize,
+            n_group=moe.n_group,
+            topk_group=moe.topk_group,
+            correction_bias=self.e_score_correction_bias,
+            scaling_factor=moe.routed_scaling_factor,
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.route_logits(F.linear(x, self.weight, self.bias))
+
+    def route_and_count(
+        self, x: torch.Tensor, counts: torch.Tensor, counted: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and each token's choices added to ``counts`` ``[experts]``
+        (weighted by ``counted`` ``[T]``, None: every row). On CUDA one fused kernel after the
+        router matmul (``kernels/fused_moe.route_topk``) unless the routing is grouped, biased
+        or scaled (torch ops then; no host sync either way)."""
         moe = self.moe
-        return route(F.linear(x, self.weight), moe.top_k, moe.scoring, moe.renormalize)
+        logits = F.linear(x, self.weight, self.bias)
+        if moe.plain_topk and fused_moe.available(x):
+            return fused_moe.route_topk(
+                logits, moe.top_k, moe.scoring, moe.renormalize, counts, counted
+            )
+        weights, ids = self.route_logits(logits)
+        ones = (
+            torch.ones_like(ids) if counted is None else counted[:, None].expand_as(ids)
+        ).reshape(-1)
+        counts.index_add_(0, ids.reshape(-1), ones.to(counts.dtype))
+        return weights, ids
 
 
 @dataclass(frozen=True)
@@ -285,8 +380,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``. ``counted`` ``[T]`` int64: 1 for the rows
         the load table counts (0: padding), None to count every row."""
-        weights, ids = self.gate(x)
-        self._count(ids, counted)
+        weights, ids = self.gate.route_and_count(x, self.expert_tokens, counted)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)
@@ -294,12 +388,6 @@ class SparseMoeBlock(nn.Module):
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
         return self.tp.all_reduce(out)
-
-    def _count(self, ids: torch.Tensor, counted: torch.Tensor | None) -> None:
-        ones = (
-            torch.ones_like(ids) if counted is None else counted[:, None].expand_as(ids)
-        ).reshape(-1)
-        self.expert_tokens.index_add_(0, ids.reshape(-1), ones)
 
 
 class _GateVector(nn.Module):

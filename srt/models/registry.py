@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from radixlm.srt.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from radixlm.srt.models.gpt_oss import GptOssForCausalLM
 from radixlm.srt.models.llama import LlamaForCausalLM
 from radixlm.srt.models.mistral import MistralForCausalLM
 from radixlm.srt.models.mixtral import MixtralForCausalLM
@@ -23,7 +24,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    # Mixture-of-Experts (moe_decoder.py)
+    # Mixture-of-Experts (moe_decoder.py; gpt-oss: gpt_oss.py)
+    "GptOssForCausalLM": GptOssForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,

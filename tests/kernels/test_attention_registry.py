@@ -60,3 +60,23 @@ def test_flashinfer_rejects_head_dims_it_has_no_kernels_for():
         registry.make_attention_backend(
             "flashinfer", CPU, num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.float32
         )
+
+
+def test_only_backends_with_sinks_serve_models_with_attention_sinks():
+    from radixlm.kernels.attention.base import check_backend_serves
+    from radixlm.kernels.attention.triton_backend import TritonAttentionBackend
+
+    class SinkLayer(torch.nn.Module):
+        layer_id, scaling = 0, 1.0
+
+        def __init__(self, sinks):
+            super().__init__()
+            self.sinks = sinks
+
+    with_sinks, plain = SinkLayer(torch.zeros(4)), SinkLayer(None)
+    check_backend_serves(TorchAttentionBackend(), with_sinks)
+    assert TritonAttentionBackend.supports_sinks is False
+    triton = TritonAttentionBackend.__new__(TritonAttentionBackend)  # no GPU state needed
+    check_backend_serves(triton, plain)
+    with pytest.raises(ValueError, match="sinks.*triton.*--attention-backend torch"):
+        check_backend_serves(triton, with_sinks)

@@ -96,6 +96,38 @@ def test_bad_shapes_are_rejected():
         fused.rmsnorm(x.t(), torch.ones(4, device=DEVICE), 1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (32, 4, 128)])
+def test_rope_split_qkv_with_per_head_norms(dtype, heads, kv_heads, head_dim):
+    """Per-head q/k RMSNorm (Qwen3) fused in front of the rotation: the torch path's RMSNorm of
+    each head, then rope; v untouched; the store variant writes the same k."""
+    t = 5
+    g = torch.Generator().manual_seed(head_dim)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    qkv[0, :head_dim] *= 30.0  # a head far from unit scale: the norm must bite
+    qw = (1 + 0.3 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype)
+    kw = (1 + 0.3 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype)
+    rope = RotaryEmbedding(head_dim, 4096, 10000.0, None).to(DEVICE)
+    positions = torch.tensor([0, 1, 17, 999, 4095], device=DEVICE)
+    cos, sin = rope.cos_sin(positions, dtype)
+    norms = (qw, kw, 1e-6)
+    q, k, v = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim, norms=norms)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    q_in = qkv[:, :q_size].reshape(t, heads, head_dim)
+    k_in = qkv[:, q_size : q_size + kv_size].reshape(t, kv_heads, head_dim)
+    cs = (cos.float(), sin.float())
+    q_ref = rope.rotate(ref_rmsnorm(q_in, qw, 1e-6).float().flatten(1), cs).flatten(1)
+    k_ref = rope.rotate(ref_rmsnorm(k_in, kw, 1e-6).float().flatten(1), cs).flatten(1)
+    tol = TOL[dtype]
+    torch.testing.assert_close(q.float(), q_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(k.float(), k_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(v, qkv[:, q_size + kv_size :], atol=0, rtol=0)
+    plain, _, _ = fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim)
+    assert not torch.allclose(plain.float(), q_ref, atol=0.1)
+    with pytest.raises(ValueError, match="norm weight"):
+        fused.rope_split_qkv(qkv, cos, sin, heads, kv_heads, head_dim, norms=(qw[:-1], kw, 1e-6))
+
+
 def _pool_case(dtype, heads, kv_heads, head_dim, t, num_slots=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)

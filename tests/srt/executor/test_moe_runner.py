@@ -15,7 +15,7 @@ import tp_harness
 
 # the tiny checkpoints of the model tests (tests/ has no packages)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_checkpoints import MOE_CHECKPOINTS, hf_config, random_hf_model  # noqa: E402
+from tiny_checkpoints import MOE_CHECKPOINTS, VOCAB, hf_config, random_hf_model  # noqa: E402
 
 NUM_TOKENS = 32
 # float32 on a CPU: two ranks add partial sums in another order (rounding only)
@@ -83,7 +83,12 @@ def test_greedy_ids_equal_transformers(name, tmp_path, tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "ep_size"),
-    [("qwen2_moe_shared", 2), ("olmoe_clip_qkv", 2), ("qwen3_moe_mixed", 1)],
+    [
+        ("qwen2_moe_shared", 2),
+        ("olmoe_clip_qkv", 2),
+        ("qwen3_moe_mixed", 1),
+        ("gpt_oss", 1),  # heads (and their sinks) and every expert's features split
+    ],
 )
 def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
     """ep_size 2: each rank holds 4 whole experts; ep_size 1: each rank holds half of every
@@ -112,3 +117,44 @@ def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
             assert (got - ref).abs().max().item() < LOGIT_TOL, (i, (got - ref).abs().max())
     assert outputs == ref_outputs
     assert len({tuple(ids) for ids in outputs.values()}) > 1
+
+
+# GPU: ids below the tiny vocabulary (a word-level tokenizer, no downloaded model); the first
+# three share a prefix and decode in a CUDA graph (batch 3 padded to the graph of 4), the five of
+# the second call decode eagerly (more rows than the largest graph)
+GPU_PROMPTS = [[t % VOCAB for t in p] for p in (*tp_harness.PROMPTS, tp_harness.LATE_PROMPT)]
+GPU_EAGER_PROMPTS = [[(7 * t + i) % VOCAB for t in tp_harness.PREFIX] for i in range(5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen2_moe_shared", "qwen3_moe_mixed"])
+def test_cuda_graph_decode_equals_eager_and_transformers(name, tmp_path):
+    """MoE decode captured in CUDA graphs (the small-batch expert kernels) and run eagerly, in
+    one Engine, gives transformers' ids (float32: IEEE dots in the kernels); the graphs'
+    padding rows stay out of the expert-load table."""
+    from radixlm.srt import Engine
+    from radixlm.srt.bench.bench_gpu import write_word_tokenizer
+
+    random_hf_model(hf_config(name, max_position_embeddings=512)).save_pretrained(tmp_path)
+    write_word_tokenizer(tmp_path, VOCAB)
+    greedy = {"temperature": 0, "max_new_tokens": NUM_TOKENS, "ignore_eos": True}
+    with Engine(
+        str(tmp_path),
+        device="cuda",
+        attention_backend="triton",
+        dtype="float32",
+        disable_overlap_schedule=True,  # no step past a request's last token
+        cuda_graph_max_bs=4,
+        max_total_tokens=2048,
+        log_level="warning",
+    ) as engine:
+        assert engine.scheduler.runner.graph_runner is not None
+        graphed = engine.generate(input_ids=GPU_PROMPTS, sampling_params=greedy)
+        eager = engine.generate(input_ids=GPU_EAGER_PROMPTS, sampling_params=greedy)
+        load = engine.get_server_info()["expert_load"]
+        totals = engine.scheduler.stats.totals
+    prompts = GPU_PROMPTS + GPU_EAGER_PROMPTS
+    assert [o["output_ids"] for o in graphed + eager] == [_hf_greedy(tmp_path, p) for p in prompts]
+    computed = totals["num_prompt_tokens"] - totals["num_cached_tokens"]
+    computed += len(prompts) * (NUM_TOKENS - 1)  # decode steps (the first token is the prefill's)
+    assert all(sum(row) == computed * load["top_k"] for row in load["tokens_per_expert"])

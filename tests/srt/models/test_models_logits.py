@@ -1,5 +1,5 @@
 """Our implementations (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, and the MoE families
-Qwen2/3-MoE, Mixtral, OLMoE) give transformers' logits on the same checkpoint."""
+Qwen2/3-MoE, Mixtral, OLMoE, gpt-oss) give transformers' logits on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -128,14 +128,48 @@ def test_unknown_architecture_lists_supported():
         "OlmoeForCausalLM",
         "Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM",
+        "GptOssForCausalLM",
     } <= set(named)
 
 
 def test_unknown_rope_type_is_rejected(tmp_path):
     from radixlm.srt.models.layers import rope_inv_freq
 
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
-        rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
+        rope_inv_freq(16, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_rope_matches_transformers(truncate):
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from radixlm.srt.models.layers import rope_attention_factor, rope_inv_freq
+
+    params = {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": truncate,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 150000.0,
+    }
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](GptOssConfig(rope_parameters=params), "cpu")
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    torch.testing.assert_close(rope_inv_freq(64, 150000.0, scaling), inv_freq)
+    assert rope_attention_factor(scaling) == pytest.approx(factor)
+    assert rope_attention_factor(None) == 1.0
+
+
+def test_gpt_oss_quantized_checkpoint_is_refused_by_name(tmp_path):
+    folder = write_checkpoint("gpt_oss", tmp_path)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantization_config .'mxfp4'. is not supported"):
+        load_model(folder, torch.float32, "cpu")
 
 
 @pytest.mark.parametrize("rank", [0, 1])

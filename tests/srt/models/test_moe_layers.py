@@ -4,13 +4,15 @@ over ranks, the load table, and the checkpoint names the weight map gives expert
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.mixtral import MIXTRAL_WEIGHTS
-from radixlm.srt.models.moe import ExpertShard, MoEConfig, SparseMoeBlock, route
+from radixlm.srt.models.moe import ExpertShard, MoEConfig, SparseMoeBlock, TopKRouter, route
 from radixlm.srt.models.weight_map import LLAMA_WEIGHTS
 
 HIDDEN, INTER, SHARED, EXPERTS, TOP_K = 16, 12, 20, 8, 2
@@ -162,3 +164,53 @@ def test_weight_map_stacks_experts_and_keeps_suffixes():
         "model.layers.1.mlp.gate.weight",
         None,
     )
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_grouped_routing_equals_deepseek_v3_router(renormalize):
+    """n_group / topk_group with a score-correction bias and a scaling factor: the experts and
+    weights of transformers' DeepSeek-V3 router (which returns them unsorted)."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    config = DeepseekV3Config(
+        hidden_size=HIDDEN,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=renormalize,
+        routed_scaling_factor=2.5,
+    )
+    torch.manual_seed(0)
+    ref = DeepseekV3TopkRouter(config)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.e_score_correction_bias.normal_(std=0.3)  # big enough to change some choices
+    moe = MoEConfig.from_hf(
+        config, intermediate_key="moe_intermediate_size", renormalize=renormalize
+    )
+    moe = dataclasses.replace(moe, scoring="sigmoid", score_correction_bias=True)
+    assert (moe.n_group, moe.topk_group, moe.routed_scaling_factor) == (4, 2, 2.5)
+    ours = TopKRouter(HIDDEN, moe)
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+        ours.e_score_correction_bias.copy_(ref.e_score_correction_bias)
+    x = torch.randn(32, HIDDEN)
+    weights, ids = ours(x)
+    _, ref_weights, ref_ids = ref(x)
+    order, ref_order = ids.argsort(-1), ref_ids.argsort(-1)
+    assert torch.equal(ids.gather(1, order), ref_ids.gather(1, ref_order))
+    torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order))
+    # the bias changed some choices: plain top-k of the scores would differ somewhere
+    plain_weights, plain_ids = route(F.linear(x, ours.weight), 4, "sigmoid", renormalize)
+    assert not torch.equal(plain_ids.sort(-1).values, ids.sort(-1).values)
+    groups = ids // 4  # every choice in at most topk_group groups
+    assert all(len(set(row)) <= 2 for row in groups.tolist())
+
+
+def test_grouped_routing_options_are_checked():
+    with pytest.raises(ValueError, match="n_group"):
+        _moe(n_group=3)
+    with pytest.raises(ValueError, match="topk_group"):
+        _moe(n_group=4, topk_group=5)

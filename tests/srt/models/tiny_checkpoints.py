@@ -113,8 +113,33 @@ CHECKPOINTS = {
         {**MOE, "intermediate_size": 32, "clip_qkv": 1.5, "num_hidden_layers": 3},
         None,
     ),
+    "gpt_oss": (  # sinks, sliding/full layers (window 6), biased router and experts, yarn
+        "GptOssConfig",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 32,
+            "head_dim": 16,
+            "num_hidden_layers": 4,
+            "sliding_window": 6,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "swiglu_limit": 0.3,  # low enough that the clamps bite on a random model
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 150000.0,
+            },
+        },
+        None,
+    ),
 }
-MOE_CHECKPOINTS = sorted(name for name in CHECKPOINTS if "moe" in name or name == "mixtral")
+MOE_CHECKPOINTS = sorted(
+    name for name in CHECKPOINTS if "moe" in name or name in ("mixtral", "gpt_oss")
+)
 
 
 def hf_config(name: str, **overrides):
