@@ -50,6 +50,9 @@ class TokenizedGenerateReq:
     # schema, which has no text to compile); None: no grammar, or a sender that left it to
     # the scheduler, which then takes the kind of the grammar field that is set
     grammar_kind: str | None = None
+    # W3C trace context of the request's root span (srt/observability/tracing.py); None: the
+    # request is not traced
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass
@@ -222,6 +225,9 @@ class BatchTokenOut:
     stop_strs: list[list[str]] = field(default_factory=list)
     output_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
     input_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
+    # the trace context of each traced request on its final message (else None); empty when no
+    # request of the message is traced (srt/observability/tracing.py)
+    trace_contexts: list[dict[str, str] | None] = field(default_factory=list)
 
 
 @dataclass

@@ -59,6 +59,7 @@ class GenerateCall:
     session_params: SessionParams | None = None  # a turn of a session (sessions.py)
     log_metrics: bool = True
     return_prompt_token_ids: bool = False
+    external_trace_header: dict[str, Any] | None = None  # W3C carrier: the trace's parent
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> GenerateCall:

@@ -37,6 +37,8 @@ class GenerateInput:
     session_params: SessionParams | None = None  # a turn of a session (sessions.py)
     log_metrics: bool = True  # false: left out of the latency metrics
     return_prompt_token_ids: bool = False  # the response gets the ids the request ran on
+    # SGLang's field: a W3C carrier (traceparent) parenting the request's trace when traced
+    external_trace_header: dict[str, Any] | None = None
 
     @property
     def continues_session(self) -> bool:
@@ -52,6 +54,9 @@ class PreparedReq:
     client_rid: str  # the client's rid, or the internal one when the client gave none
     session_plan: TurnPlan | None = None
     session_turn: Turn | None = None  # set when ``open`` adds the turn to its session
+    # the HTTP call's trace and dump record (srt/observability/http_call.py) while tracing or
+    # the request dump is on, else None
+    observer: Any = None
 
     @property
     def rid(self) -> str:
