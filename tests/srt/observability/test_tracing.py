@@ -85,9 +85,10 @@ def _one_request(http_tracer, sched_tracer, detok_tracer, headers, external=None
 
 def test_one_trace_across_the_three_processes_under_the_callers_parent():
     exporters = [InMemorySpanExporter() for _ in range(3)]
-    tracers = [make_tracer(ON, p, e) for p, e in zip(("http", "sched", "detok"), exporters)]
+    procs = ("http", "sched", "detok")
+    tracers = [make_tracer(ON, p, e) for p, e in zip(procs, exporters, strict=True)]
     msg, first, last = _one_request(*tracers, {"traceparent": TRACEPARENT})
-    spans = {p: e.get_finished_spans() for p, e in zip(("http", "sched", "detok"), exporters)}
+    spans = {p: e.get_finished_spans() for p, e in zip(procs, exporters, strict=True)}
     names = {p: sorted(s.name for s in ss) for p, ss in spans.items()}
     assert names == {
         "http": ["request", "tokenize"],
