@@ -72,6 +72,7 @@ class CallRecord:
             carrier = root.carrier()
         for p in prepared:
             p.observer = self
+            self.sequences.setdefault(p.rid, {"rid": p.client_rid, "ttft_s": None})
             if self.tracer.enabled:
                 p.msg.trace_context = carrier
 
@@ -84,6 +85,7 @@ class CallRecord:
             r = state.result
             seq.update(
                 output_ids=list(r.output_ids),
+                text=r.text,
                 finish_reason=r.finish_reason,
                 prompt_tokens=r.prompt_tokens,
                 completion_tokens=r.completion_tokens,

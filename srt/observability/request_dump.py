@@ -3,7 +3,7 @@
 
 A line: ``{"v": 1, "route", "method", "arrival_time" (Unix seconds), "headers" (secrets
 redacted), "body" (the JSON body, secrets redacted), "status", "latency_s", "sequences": [{"rid",
-"output_ids", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s"
+"output_ids", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s"
 (null when the client did not stream), "e2e_s"}]}``. Files are ``requests.jsonl`` and, after
 rotation, ``requests.1.jsonl`` (older) up to ``requests.{NUM_FILES - 1}.jsonl``; a file rotates
 when it passes a quarter of the bound, so the folder never holds much more than the bound.

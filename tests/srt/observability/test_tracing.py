@@ -53,7 +53,7 @@ def _one_request(http_tracer, sched_tracer, detok_tracer, headers, external=None
     call = CallRecord("/generate", "POST", headers, http_tracer, ON)
     inp = SimpleNamespace(external_trace_header=external, text="hi there")
     msg = SimpleNamespace(input_ids=[1, 2, 3], trace_context=None)
-    prepared = SimpleNamespace(inp=inp, msg=msg, observer=None)
+    prepared = SimpleNamespace(inp=inp, msg=msg, observer=None, rid="r1", client_rid="c1")
     token = CURRENT_CALL.set(call)
     try:
         observe_prepared([prepared], 0)
@@ -123,7 +123,8 @@ def test_prompt_text_only_when_asked():
     settings = TraceSettings(enabled=True, include_prompt_text=True)
     call = CallRecord("/generate", "POST", {}, make_tracer(settings, "http", exporter), settings)
     inp = SimpleNamespace(external_trace_header=None, text="hi there")
-    call.on_prepared([SimpleNamespace(inp=inp, msg=SimpleNamespace(input_ids=[1]))], 0)
+    msg = SimpleNamespace(input_ids=[1])
+    call.on_prepared([SimpleNamespace(inp=inp, msg=msg, rid="r", client_rid="r")], 0)
     call.close(None)
     root = next(s for s in exporter.get_finished_spans() if s.name == "request")
     assert list(root.attributes["radixlm.prompt_text"]) == ["hi there"]
