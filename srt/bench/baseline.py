@@ -1,0 +1,400 @@
+"""A performance baseline that catches regressions: short, fixed measurements, each a ratio to a
+reference measured in the same run, stored per commit and machine and compared with the last
+stored run of this machine.
+
+    python -m radixlm.srt.bench.baseline                 # measure, compare, exit 1 past tolerance
+    python -m radixlm.srt.bench.baseline --save          # ... and store this run (if it passed)
+    python -m radixlm.srt.bench.baseline --set ci        # the small part CI runs (~10 s)
+
+Each measurement is the median, over ``repeats`` rounds, of (the measured time / the time of its
+reference in the same round): a loaded or slower machine slows both, so the ratio moves much
+less than either time. Costs (lower is better):
+
+==================  ==================================================  =====================
+measurement         what is timed                                       reference
+==================  ==================================================  =====================
+radix_insert_match  RadixCache: insert 64 sequences, match them again   a pure-Python dict
+                                                                        loop of the same size
+decode_step         one Scheduler.step of 4 decoding requests, default  a 64 MiB fp32 GEMV
+                    model (fp32, CPU)                                   (memory-bound, as
+                                                                        decode is)
+prefill_256         one Scheduler.step prefilling a 256-token prompt    a 256x1024x4096 GEMM
+trace_hooks_off     the tracing hooks of one step with tracing off      the decode step
+                                                                        (a share, not a
+                                                                        ratio to compare)
+gpu_decode_step     decode_step on CUDA (when present), 8 requests      a 256 MiB bf16 GEMV
+==================  ==================================================  =====================
+
+A measurement fails when its cost exceeds the stored one by more than ``--tolerance`` (default
+15%; the CI set uses 40%, since CI machines are shared); ``trace_hooks_off`` fails above 0.1%
+of a decode step, whatever was stored. The store (``--store``, default
+``~/.cache/radixlm/baseline.json``) keeps every saved run: ``{"runs": [{"commit", "machine",
+"time", "set", "results": {name: {"cost", "time_s", "reference_s"}}}]}``; ``--plot PNG`` draws
+this machine's history (srt/bench/plots.py). ``--inject-decode-sleep-ms`` adds a sleep to every
+decode forward: only to show that the comparison catches a slowdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_STORE = Path("~/.cache/radixlm/baseline.json").expanduser()
+SETS = {
+    "ci": ("radix_insert_match", "decode_step"),
+    "cpu": ("radix_insert_match", "decode_step", "prefill_256", "trace_hooks_off"),
+    "gpu": ("gpu_decode_step",),
+}
+TOLERANCE = {"ci": 0.40, "cpu": 0.15, "gpu": 0.15}
+# the CI set's model: SmolLM2-135M's layer shape, 4 layers and a small vocabulary (random
+# weights, about 90 MB in fp32: a decode step moves about as much as the GEMV reference)
+CI_SHAPE = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=4,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=8192,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+HOOKS_OFF_LIMIT = 0.001  # the tracing hooks off: at most 0.1% of a decode step
+REPEATS = 7
+
+
+def median_ratio(
+    fn: Callable[[], Any], ref: Callable[[], Any], repeats: int = REPEATS, inner: int = 3
+) -> dict[str, float]:
+    """Median over ``repeats`` rounds of (best of ``inner`` runs of fn) / (best of ``inner``
+    runs of ref); fn and ref alternate, so a change of machine load hits both."""
+    ratios, times, refs = [], [], []
+    fn(), ref()  # warm up
+    for _ in range(repeats):
+        r = min(_timed(ref) for _ in range(inner))
+        t = min(_timed(fn) for _ in range(inner))
+        ratios.append(t / r)
+        times.append(t)
+        refs.append(r)
+    return {
+        "cost": statistics.median(ratios),
+        "time_s": statistics.median(times),
+        "reference_s": statistics.median(refs),
+    }
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------- references
+def python_loop_ref(n: int = 64 * 200) -> Callable[[], None]:
+    keys = [tuple(range(i, i + 8)) for i in range(n)]
+
+    def run() -> None:
+        d: dict = {}
+        for k in keys:
+            d[k] = k
+        for k in keys:
+            d.get(k)
+
+    return run
+
+
+def gemv_ref(rows: int, cols: int, dtype: torch.dtype, device: str, batch: int = 4):
+    w = torch.randn(rows, cols, dtype=dtype, device=device)
+    x = torch.randn(batch, rows, dtype=dtype, device=device)
+    return lambda: x @ w
+
+
+def gemm_ref(m: int = 256, k: int = 1024, n: int = 4096):
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    return lambda: a @ b
+
+
+# ---------------------------------------------------------------------- measurements
+def radix_insert_match() -> dict[str, float]:
+    from radixlm.radix.radix_cache import RadixCache
+
+    rng = random.Random(0)
+    seqs = [[rng.randrange(1000) for _ in range(200)] for _ in range(64)]
+    slots = [torch.arange(len(s)) for s in seqs]
+
+    def run() -> None:
+        cache = RadixCache(page_size=1, free_slots=lambda s: None)
+        for s, kv in zip(seqs, slots, strict=True):
+            cache.insert(s, kv)
+        for s in seqs:
+            cache.match_prefix(s)
+
+    return median_ratio(run, python_loop_ref())
+
+
+class ModelSteps:
+    """A scheduler on the default model, stepped by hand."""
+
+    def __init__(
+        self, device: str, model_path: str | None = None, inject_sleep_s: float = 0.0
+    ) -> None:
+        from radixlm.srt.config import config_from_kwargs
+        from radixlm.srt.scheduler import Scheduler
+
+        cfg = config_from_kwargs(
+            model_path=model_path,
+            log_level="warning",
+            max_total_tokens=8192,
+            device=device,
+            grammar_backend="none",
+            load_format="dummy",  # random weights of the default shape: the same work, no read
+        )
+        self.s = Scheduler(cfg)
+        self.num = 0
+        if inject_sleep_s > 0:  # the demo's slowdown: every decode forward sleeps
+            forward = self.s.runner.forward
+
+            def slow_forward(batch: Any, *args: Any, **kwargs: Any) -> Any:
+                if batch.mode.value == "decode":
+                    time.sleep(inject_sleep_s)
+                return forward(batch, *args, **kwargs)
+
+            self.s.runner.forward = slow_forward
+
+    def add(self, prompt_len: int, max_new_tokens: int) -> None:
+        from radixlm.srt.messages import TokenizedGenerateReq
+
+        self.num += 1
+        rng = random.Random(self.num)
+        ids = [rng.randrange(2, self.s.runner.vocab_size) for _ in range(prompt_len)]
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+        self.s.handle(
+            TokenizedGenerateReq(rid=f"b{self.num}", input_ids=ids, sampling_params=params)
+        )
+
+    def finish_all(self) -> None:
+        self.s.abort("", abort_all=True)
+        while self.s.has_work():
+            self.s.step()
+
+
+def decode_step(
+    steps: ModelSteps, batch: int, ref: Callable[[], Any], repeats: int = REPEATS
+) -> dict[str, float]:
+    for _ in range(batch):
+        steps.add(32, 1024)
+    for _ in range(1000):
+        if len(steps.s.running) == batch and not steps.s.waiting:
+            break
+        steps.s.step()
+    else:
+        raise RuntimeError(f"the {batch} requests never all ran (see the scheduler's log)")
+    try:
+        return median_ratio(steps.s.step, ref, repeats=repeats, inner=2)
+    finally:
+        steps.finish_all()
+
+
+def prefill_256(steps: ModelSteps) -> dict[str, float]:
+    def run() -> None:
+        steps.add(256, 1)
+        while steps.s.has_work():  # a fresh random prompt each time: no prefix hit
+            steps.s.step()
+
+    return median_ratio(run, gemm_ref(), repeats=5, inner=1)
+
+
+def trace_hooks_off(steps: ModelSteps, step_s: float) -> dict[str, float]:
+    """The tracing hooks of one step (arrival, forward, output), tracing off, as a share of a
+    decode step."""
+    traces = steps.s.traces
+    assert not traces.tracer.enabled, "measured with tracing off"
+    fake = type("B", (), {"reqs": [], "starts": [], "extend_lens": []})()
+    n = 10000
+    start = time.perf_counter()
+    for _ in range(n):
+        traces.on_forward(fake, start)
+        traces.on_output([], None)
+    per_step = (time.perf_counter() - start) / n
+    return {"cost": per_step / step_s, "time_s": per_step, "reference_s": step_s}
+
+
+def run_set(name: str, inject_sleep_ms: float = 0.0) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    wanted = SETS[name]
+    if "radix_insert_match" in wanted:
+        results["radix_insert_match"] = radix_insert_match()
+    if name == "gpu":
+        steps = ModelSteps("cuda", None, inject_sleep_ms / 1e3)
+        ref = gemv_ref(8192, 8192, torch.bfloat16, "cuda", batch=8)
+        results["gpu_decode_step"] = decode_step(steps, 8, ref)
+        return results
+    model_path = None
+    if name == "ci":
+        from radixlm.srt.bench.bench_gpu import make_model_folder
+
+        model_path = str(make_model_folder(Path(tempfile.mkdtemp()) / "ci-model", CI_SHAPE))
+    steps = ModelSteps("cpu", model_path, inject_sleep_ms / 1e3)
+    ref = gemv_ref(2048, 8192, torch.float32, "cpu")
+    results["decode_step"] = decode_step(steps, 4, ref, repeats=REPEATS if name == "cpu" else 9)
+    if "prefill_256" in wanted:
+        results["prefill_256"] = prefill_256(steps)
+    if "trace_hooks_off" in wanted:
+        results["trace_hooks_off"] = trace_hooks_off(steps, results["decode_step"]["time_s"])
+    return results
+
+
+# ---------------------------------------------------------------------- store and compare
+def commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> str:
+    """What the figures depend on: host, CPU, threads, torch, the GPU when present."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no-gpu"
+    return (
+        f"{platform.node()}|{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}|{gpu}"
+    )
+
+
+def load_store(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"runs": []}
+    try:
+        store = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(
+            f"baseline: {path} is not JSON ({e}); move it away to start anew"
+        ) from None
+    if not isinstance(store, dict) or not isinstance(store.get("runs"), list):
+        raise SystemExit(f"baseline: {path} has no 'runs' list")
+    return store
+
+
+def stored_baseline(
+    store: dict[str, Any], machine_key: str, set_name: str, against: str | None = None
+) -> dict[str, Any] | None:
+    """The last saved run of this machine and set (of commit ``against`` when given)."""
+    runs = [
+        r
+        for r in store["runs"]
+        if r["machine"] == machine_key
+        and r["set"] == set_name
+        and (against is None or r["commit"].startswith(against))
+    ]
+    return runs[-1] if runs else None
+
+
+def compare(
+    results: dict[str, dict[str, float]], base: dict[str, Any] | None, tolerance: float
+) -> list[tuple[str, float, float | None, float | None, bool]]:
+    """(name, cost, stored cost, change, ok) per measurement."""
+    rows = []
+    for name, res in results.items():
+        cost = res["cost"]
+        if name == "trace_hooks_off":
+            rows.append((name, cost, None, None, cost <= HOOKS_OFF_LIMIT))
+            continue
+        old = (base or {}).get("results", {}).get(name, {}).get("cost")
+        change = cost / old - 1 if old else None
+        rows.append((name, cost, old, change, change is None or change <= tolerance))
+    return rows
+
+
+def print_rows(rows: list, results: dict[str, dict[str, float]], tolerance: float) -> None:
+    print(f"{'measurement':<20} {'time':>10} {'ref':>10} {'cost':>10} {'stored':>10} {'change':>8}")
+    for name, cost, old, change, ok in rows:
+        r = results[name]
+        old_s = f"{old:10.4f}" if old is not None else f"{'-':>10}"
+        ch = f"{change:+8.1%}" if change is not None else f"{'-':>8}"
+        flag = "" if ok else "  REGRESSED"
+        print(
+            f"{name:<20} {r['time_s'] * 1e3:8.3f}ms {r['reference_s'] * 1e3:8.3f}ms "
+            f"{cost:10.4f} {old_s} {ch}{flag}"
+        )
+    print(f"tolerance {tolerance:.0%} (trace_hooks_off: at most {HOOKS_OFF_LIMIT:.1%} of a step)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=sorted(SETS), default=None, help="default: cpu (+gpu)")
+    ap.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    ap.add_argument("--save", action="store_true", help="store this run when it passes")
+    ap.add_argument("--against", default=None, help="compare with this commit's stored run")
+    ap.add_argument("--tolerance", type=float, default=None, help="default: per set")
+    ap.add_argument("--inject-decode-sleep-ms", type=float, default=0.0, help="demo only")
+    ap.add_argument("--plot", type=Path, default=None, help="write this machine's history PNG")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadiest on a shared machine)"
+    )
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sets = [args.set] if args.set else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
+    store = load_store(args.store)
+    key, rev = machine(), commit()
+    failed = False
+    for set_name in sets:
+        tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[set_name]
+        results = run_set(set_name, args.inject_decode_sleep_ms)
+        base = stored_baseline(store, key, set_name, args.against)
+        print(f"[{set_name}] commit {rev}, baseline: {base['commit'] if base else 'none stored'}")
+        rows = compare(results, base, tolerance)
+        print_rows(rows, results, tolerance)
+        ok = all(row[-1] for row in rows)
+        failed = failed or not ok
+        if args.save and ok:
+            run = {"commit": rev, "machine": key, "time": time.time(), "set": set_name}
+            store["runs"].append({**run, "results": results})
+    if args.save:
+        args.store.parent.mkdir(parents=True, exist_ok=True)
+        args.store.write_text(json.dumps(store, indent=1))
+    if args.plot is not None:
+        from radixlm.srt.bench.plots import plot_baseline_history
+
+        mine = [r for r in store["runs"] if r["machine"] == key]
+        print(plot_baseline_history(mine, args.plot) or "no plot: matplotlib is not installed")
+    print("FAILED: a measurement regressed past the tolerance" if failed else "passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
