@@ -4,7 +4,7 @@ stored run of this machine.
 
     python -m radixlm.srt.bench.baseline                 # measure, compare, exit 1 past tolerance
     python -m radixlm.srt.bench.baseline --save          # ... and store this run (if it passed)
-    python -m radixlm.srt.bench.baseline --set ci        # the small part CI runs (~10 s)
+    python -m radixlm.srt.bench.baseline --set ci        # the small part CI runs
 
 Each measurement is the median, over ``repeats`` rounds, of (the measured time / the time of its
 reference in the same round): a loaded or slower machine slows both, so the ratio moves much
@@ -15,9 +15,9 @@ measurement         what is timed                                       referenc
 ==================  ==================================================  =====================
 radix_insert_match  RadixCache: insert 64 sequences, match them again   a pure-Python dict
                                                                         loop of the same size
-decode_step         one Scheduler.step of 4 decoding requests, default  a 64 MiB fp32 GEMV
-                    model (fp32, CPU)                                   (memory-bound, as
-                                                                        decode is)
+decode_step         one Scheduler.step of 4 decoding requests (fp32,    a 64 MiB fp32 GEMV
+                    CPU, random weights): the default model's shape;    (memory-bound, as
+                    the CI set: its layers, 4 of them, 8k vocabulary    decode is)
 prefill_256         one Scheduler.step prefilling a 256-token prompt    a 256x1024x4096 GEMM
 trace_hooks_off     the tracing hooks of one step with tracing off      the decode step
                                                                         (a share, not a
@@ -31,12 +31,14 @@ of a decode step, whatever was stored. The store (``--store``, default
 ``~/.cache/radixlm/baseline.json``) keeps every saved run: ``{"runs": [{"commit", "machine",
 "time", "set", "results": {name: {"cost", "time_s", "reference_s"}}}]}``; ``--plot PNG`` draws
 this machine's history (srt/bench/plots.py). ``--inject-decode-sleep-ms`` adds a sleep to every
-decode forward: only to show that the comparison catches a slowdown.
+decode forward: only to show that the comparison catches a slowdown. Torch runs one thread
+(``--threads``): on a shared machine one thread's figures move least.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -54,7 +56,7 @@ import torch
 
 DEFAULT_STORE = Path("~/.cache/radixlm/baseline.json").expanduser()
 SETS = {
-    "ci": ("radix_insert_match", "decode_step"),
+    "ci": ("radix_insert_match", "decode_step", "trace_hooks_off"),
     "cpu": ("radix_insert_match", "decode_step", "prefill_256", "trace_hooks_off"),
     "gpu": ("gpu_decode_step",),
 }
@@ -146,12 +148,17 @@ def radix_insert_match() -> dict[str, float]:
     return median_ratio(run, python_loop_ref(), repeats=15, inner=5)  # cheap: more rounds
 
 
-class ModelSteps:
-    """A scheduler on the default model, stepped by hand."""
+@functools.cache
+def model_steps(device: str, model_path: str | None) -> ModelSteps:
+    return ModelSteps(device, model_path)
 
-    def __init__(
-        self, device: str, model_path: str | None = None, inject_sleep_s: float = 0.0
-    ) -> None:
+
+class ModelSteps:
+    """A scheduler stepped by hand (the default model unless ``model_path``); one per model and
+    device in a process (:func:`model_steps`). ``inject_sleep_s`` > 0: every decode forward
+    sleeps that long first (the demo's slowdown)."""
+
+    def __init__(self, device: str, model_path: str | None = None) -> None:
         from radixlm.srt.config import config_from_kwargs
         from radixlm.srt.scheduler import Scheduler
 
@@ -165,15 +172,15 @@ class ModelSteps:
         )
         self.s = Scheduler(cfg)
         self.num = 0
-        if inject_sleep_s > 0:  # the demo's slowdown: every decode forward sleeps
-            forward = self.s.runner.forward
+        self.inject_sleep_s = 0.0
+        forward = self.s.runner.forward
 
-            def slow_forward(batch: Any, *args: Any, **kwargs: Any) -> Any:
-                if batch.mode.value == "decode":
-                    time.sleep(inject_sleep_s)
-                return forward(batch, *args, **kwargs)
+        def forward_maybe_slowed(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.inject_sleep_s > 0 and batch.mode.value == "decode":
+                time.sleep(self.inject_sleep_s)
+            return forward(batch, *args, **kwargs)
 
-            self.s.runner.forward = slow_forward
+        self.s.runner.forward = forward_maybe_slowed
 
     def add(self, prompt_len: int, max_new_tokens: int) -> None:
         from radixlm.srt.messages import TokenizedGenerateReq
@@ -239,7 +246,8 @@ def run_set(name: str, inject_sleep_ms: float = 0.0) -> dict[str, dict[str, floa
     if "radix_insert_match" in wanted:
         results["radix_insert_match"] = radix_insert_match()
     if name == "gpu":
-        steps = ModelSteps("cuda", None, inject_sleep_ms / 1e3)
+        steps = model_steps("cuda", None)
+        steps.inject_sleep_s = inject_sleep_ms / 1e3
         ref = gemv_ref(8192, 8192, torch.bfloat16, "cuda", batch=8)
         results["gpu_decode_step"] = decode_step(steps, 8, ref)
         return results
@@ -247,8 +255,10 @@ def run_set(name: str, inject_sleep_ms: float = 0.0) -> dict[str, dict[str, floa
     if name == "ci":
         from radixlm.srt.bench.bench_gpu import make_model_folder
 
-        model_path = str(make_model_folder(Path(tempfile.mkdtemp()) / "ci-model", CI_SHAPE))
-    steps = ModelSteps("cpu", model_path, inject_sleep_ms / 1e3)
+        folder = Path(tempfile.gettempdir()) / "radixlm-baseline-ci-model"
+        model_path = str(make_model_folder(folder, CI_SHAPE))
+    steps = model_steps("cpu", model_path)
+    steps.inject_sleep_s = inject_sleep_ms / 1e3
     ref = gemv_ref(2048, 8192, torch.float32, "cpu")
     results["decode_step"] = decode_step(steps, 4, ref, repeats=REPEATS if name == "cpu" else 9)
     if "prefill_256" in wanted:

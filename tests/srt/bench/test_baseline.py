@@ -55,8 +55,11 @@ def test_a_broken_store_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_ci_set_catches_an_injected_decode_sleep(tmp_path):
+def test_the_ci_set_catches_an_injected_decode_sleep(tmp_path, capsys):
+    """What CI runs of the baseline: the CI set (the model loads once), its tracing-off bound,
+    and the comparison failing on a decode step slowed by a sleep."""
     store = tmp_path / "baseline.json"
     args = ["--set", "ci", "--store", str(store)]
-    assert main([*args, "--save"]) == 0
+    assert main([*args, "--save"]) == 0  # trace_hooks_off within its bound too
     assert main([*args, "--inject-decode-sleep-ms", "200"]) == 1
+    assert "decode_step" in capsys.readouterr().out.split("REGRESSED")[0].splitlines()[-1]
