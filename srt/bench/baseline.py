@@ -30,7 +30,7 @@ A measurement fails when its cost exceeds the stored one by more than ``--tolera
 of a decode step, whatever was stored. The store (``--store``, default
 ``~/.cache/radixlm/baseline.json``) keeps every saved run: ``{"runs": [{"commit", "machine",
 "time", "set", "results": {name: {"cost", "time_s", "reference_s"}}}]}``; ``--plot PNG`` draws
-this machine's history (srt/bench/plots.py). ``--inject-decode-sleep-ms`` adds a sleep to every
+this machine's history (srt/bench/plots.py). ``--inject-decode-delay-ms`` adds that much busy CPU work to every
 decode forward: only to show that the comparison catches a slowdown. Torch runs one thread
 (``--threads``): on a shared machine one thread's figures move least.
 """
@@ -97,12 +97,25 @@ def median_ratio(
     }
 
 
+# the clock of the measurements: CPU sets time the thread's CPU time (torch runs one thread, in
+# the caller), which a loaded machine's time slicing leaves alone; the GPU set wall time
+CLOCK: list[Callable[[], float]] = [time.thread_time]
+
+
 def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    clock = CLOCK[0]
+    start = clock()
     fn()
-    if torch.cuda.is_available():
+    if clock is time.perf_counter and torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return clock() - start
+
+
+def busy_wait(seconds: float) -> None:
+    """Spends ``seconds`` of CPU (the injected slowdown: extra work, not idle time)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 # ---------------------------------------------------------------------- references
@@ -155,8 +168,8 @@ def model_steps(device: str, model_path: str | None) -> ModelSteps:
 
 class ModelSteps:
     """A scheduler stepped by hand (the default model unless ``model_path``); one per model and
-    device in a process (:func:`model_steps`). ``inject_sleep_s`` > 0: every decode forward
-    sleeps that long first (the demo's slowdown)."""
+    device in a process (:func:`model_steps`). ``inject_delay_s`` > 0: every decode forward
+    first spends that long busy (the demo's slowdown)."""
 
     def __init__(self, device: str, model_path: str | None = None) -> None:
         from radixlm.srt.config import config_from_kwargs
@@ -172,12 +185,12 @@ class ModelSteps:
         )
         self.s = Scheduler(cfg)
         self.num = 0
-        self.inject_sleep_s = 0.0
+        self.inject_delay_s = 0.0
         forward = self.s.runner.forward
 
         def forward_maybe_slowed(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.inject_sleep_s > 0 and batch.mode.value == "decode":
-                time.sleep(self.inject_sleep_s)
+            if self.inject_delay_s > 0 and batch.mode.value == "decode":
+                busy_wait(self.inject_delay_s)
             return forward(batch, *args, **kwargs)
 
         self.s.runner.forward = forward_maybe_slowed
@@ -232,22 +245,23 @@ def trace_hooks_off(steps: ModelSteps, step_s: float) -> dict[str, float]:
     assert not traces.tracer.enabled, "measured with tracing off"
     fake = type("B", (), {"reqs": [], "starts": [], "extend_lens": []})()
     n = 10000
-    start = time.perf_counter()
+    start = time.thread_time()
     for _ in range(n):
         traces.on_forward(fake, start)
         traces.on_output([], None)
-    per_step = (time.perf_counter() - start) / n
+    per_step = (time.thread_time() - start) / n
     return {"cost": per_step / step_s, "time_s": per_step, "reference_s": step_s}
 
 
-def run_set(name: str, inject_sleep_ms: float = 0.0) -> dict[str, dict[str, float]]:
+def run_set(name: str, inject_delay_ms: float = 0.0) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     wanted = SETS[name]
     if "radix_insert_match" in wanted:
         results["radix_insert_match"] = radix_insert_match()
+    CLOCK[0] = time.perf_counter if name == "gpu" else time.thread_time
     if name == "gpu":
         steps = model_steps("cuda", None)
-        steps.inject_sleep_s = inject_sleep_ms / 1e3
+        steps.inject_delay_s = inject_delay_ms / 1e3
         ref = gemv_ref(8192, 8192, torch.bfloat16, "cuda", batch=8)
         results["gpu_decode_step"] = decode_step(steps, 8, ref)
         return results
@@ -258,7 +272,7 @@ def run_set(name: str, inject_sleep_ms: float = 0.0) -> dict[str, dict[str, floa
         folder = Path(tempfile.gettempdir()) / "radixlm-baseline-ci-model"
         model_path = str(make_model_folder(folder, CI_SHAPE))
     steps = model_steps("cpu", model_path)
-    steps.inject_sleep_s = inject_sleep_ms / 1e3
+    steps.inject_delay_s = inject_delay_ms / 1e3
     ref = gemv_ref(2048, 8192, torch.float32, "cpu")
     results["decode_step"] = decode_step(steps, 4, ref, repeats=REPEATS if name == "cpu" else 9)
     if "prefill_256" in wanted:
@@ -370,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", action="store_true", help="store this run when it passes")
     ap.add_argument("--against", default=None, help="compare with this commit's stored run")
     ap.add_argument("--tolerance", type=float, default=None, help="default: per set")
-    ap.add_argument("--inject-decode-sleep-ms", type=float, default=0.0, help="demo only")
+    ap.add_argument("--inject-decode-delay-ms", type=float, default=0.0, help="demo only")
     ap.add_argument("--plot", type=Path, default=None, help="write this machine's history PNG")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadiest on a shared machine)"
@@ -383,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for set_name in sets:
         tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[set_name]
-        results = run_set(set_name, args.inject_decode_sleep_ms)
+        results = run_set(set_name, args.inject_decode_delay_ms)
         base = stored_baseline(store, key, set_name, args.against)
         print(f"[{set_name}] commit {rev}, baseline: {base['commit'] if base else 'none stored'}")
         rows = compare(results, base, tolerance)

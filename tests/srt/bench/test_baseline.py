@@ -1,6 +1,6 @@
 """The performance baseline's comparison: a stored run, two unchanged runs that pass, a slowed
 one that fails (exit 1); the tracing-hooks share has a fixed bound. The measurements are
-faked here (fast); the slow test runs the CI set for real with an injected decode sleep."""
+faked here (fast); the slow test runs the CI set for real with an injected decode delay."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_compare_flags_only_a_cost_past_the_tolerance():
 
 def test_save_then_unchanged_twice_passes_and_a_slowdown_fails(tmp_path, monkeypatch, capsys):
     costs = iter([1.50, 1.52, 1.47, 2.40])
-    monkeypatch.setattr(baseline, "run_set", lambda name, sleep_ms=0.0: _results(next(costs)))
+    monkeypatch.setattr(baseline, "run_set", lambda name, delay_ms=0.0: _results(next(costs)))
     store = tmp_path / "baseline.json"
     args = ["--set", "ci", "--store", str(store)]
     assert main([*args, "--save"]) == 0
@@ -57,9 +57,9 @@ def test_a_broken_store_is_refused(tmp_path):
 @pytest.mark.slow
 def test_the_ci_set_catches_an_injected_decode_sleep(tmp_path, capsys):
     """What CI runs of the baseline: the CI set (the model loads once), its tracing-off bound,
-    and the comparison failing on a decode step slowed by a sleep."""
+    and the comparison failing on a decode step slowed by a busy delay."""
     store = tmp_path / "baseline.json"
     args = ["--set", "ci", "--store", str(store)]
     assert main([*args, "--save"]) == 0  # trace_hooks_off within its bound too
-    assert main([*args, "--inject-decode-sleep-ms", "200"]) == 1
+    assert main([*args, "--inject-decode-delay-ms", "200"]) == 1
     assert "decode_step" in capsys.readouterr().out.split("REGRESSED")[0].splitlines()[-1]
