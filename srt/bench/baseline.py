@@ -367,12 +367,12 @@ def print_rows(rows: list, results: dict[str, dict[str, float]], tolerance: floa
     print(f"{'measurement':<20} {'time':>10} {'ref':>10} {'cost':>10} {'stored':>10} {'change':>8}")
     for name, cost, old, change, ok in rows:
         r = results[name]
-        old_s = f"{old:10.4f}" if old is not None else f"{'-':>10}"
+        old_s = f"{old:10.4g}" if old is not None else f"{'-':>10}"
         ch = f"{change:+8.1%}" if change is not None else f"{'-':>8}"
         flag = "" if ok else "  REGRESSED"
         print(
-            f"{name:<20} {r['time_s'] * 1e3:8.3f}ms {r['reference_s'] * 1e3:8.3f}ms "
-            f"{cost:10.4f} {old_s} {ch}{flag}"
+            f"{name:<20} {r['time_s'] * 1e3:8.4g}ms {r['reference_s'] * 1e3:8.4g}ms "
+            f"{cost:10.4g} {old_s} {ch}{flag}"
         )
     print(f"tolerance {tolerance:.0%} (trace_hooks_off: at most {HOOKS_OFF_LIMIT:.1%} of a step)")
 
