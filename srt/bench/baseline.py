@@ -13,8 +13,8 @@ less than either time. Costs (lower is better):
 ==================  ==================================================  =====================
 measurement         what is timed                                       reference
 ==================  ==================================================  =====================
-radix_insert_match  RadixCache: insert 64 sequences, match them again   a pure-Python dict
-                                                                        loop of the same size
+radix_insert_match  RadixCache: insert 64 sequences, match them again   a dict-of-dicts trie
+                                                                        doing the same
 decode_step         one Scheduler.step of 4 decoding requests (fp32,    a 64 MiB fp32 GEMV
                     CPU, random weights): the default model's shape;    (memory-bound, as
                     the CI set: its layers, 4 of them, 8k vocabulary    decode is)
@@ -26,7 +26,8 @@ gpu_decode_step     decode_step on CUDA (when present), 8 requests      a 256 Mi
 ==================  ==================================================  =====================
 
 A measurement fails when its cost exceeds the stored one by more than ``--tolerance`` (default
-15%; the CI set uses 40%, since CI machines are shared); ``trace_hooks_off`` fails above 0.1%
+15%; the CI set uses 40%, since CI machines are shared; ``radix_insert_match``, a few ms of
+pure Python, twice that); ``trace_hooks_off`` fails above 0.1%
 of a decode step, whatever was stored. The store (``--store``, default
 ``~/.cache/radixlm/baseline.json``) keeps every saved run: ``{"runs": [{"commit", "machine",
 "time", "set", "results": {name: {"cost", "time_s", "reference_s"}}}]}``; ``--plot PNG`` draws
@@ -73,6 +74,8 @@ CI_SHAPE = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=True,
 )
+# pure-Python work of a few ms moves most with a neighbour's cache pressure: twice the tolerance
+DOUBLE_TOLERANCE = ("radix_insert_match",)
 HOOKS_OFF_LIMIT = 0.001  # the tracing hooks off: at most 0.1% of a decode step
 REPEATS = 7
 
@@ -119,15 +122,20 @@ def busy_wait(seconds: float) -> None:
 
 
 # ---------------------------------------------------------------------- references
-def python_loop_ref(n: int = 64 * 200) -> Callable[[], None]:
-    keys = [tuple(range(i, i + 8)) for i in range(n)]
+def trie_ref(seqs: list[list[int]]) -> Callable[[], None]:
+    """A plain dict-of-dicts trie over the same sequences: insert every one, walk every one
+    (the interpreter and memory work a radix tree does, without its bookkeeping)."""
 
     def run() -> None:
-        d: dict = {}
-        for k in keys:
-            d[k] = k
-        for k in keys:
-            d.get(k)
+        root: dict = {}
+        for s in seqs:
+            node = root
+            for tok in s:
+                node = node.setdefault(tok, {})
+        for s in seqs:
+            node = root
+            for tok in s:
+                node = node[tok]
 
     return run
 
@@ -158,7 +166,7 @@ def radix_insert_match() -> dict[str, float]:
         for s in seqs:
             cache.match_prefix(s)
 
-    return median_ratio(run, python_loop_ref(), repeats=15, inner=5)  # cheap: more rounds
+    return median_ratio(run, trie_ref(seqs), repeats=15, inner=5)  # cheap: more rounds
 
 
 @functools.cache
@@ -359,7 +367,8 @@ def compare(
             continue
         old = (base or {}).get("results", {}).get(name, {}).get("cost")
         change = cost / old - 1 if old else None
-        rows.append((name, cost, old, change, change is None or change <= tolerance))
+        limit = tolerance * (2 if name in DOUBLE_TOLERANCE else 1)
+        rows.append((name, cost, old, change, change is None or change <= limit))
     return rows
 
 
@@ -374,7 +383,10 @@ def print_rows(rows: list, results: dict[str, dict[str, float]], tolerance: floa
             f"{name:<20} {r['time_s'] * 1e3:8.4g}ms {r['reference_s'] * 1e3:8.4g}ms "
             f"{cost:10.4g} {old_s} {ch}{flag}"
         )
-    print(f"tolerance {tolerance:.0%} (trace_hooks_off: at most {HOOKS_OFF_LIMIT:.1%} of a step)")
+    print(
+        f"tolerance {tolerance:.0%} ({', '.join(DOUBLE_TOLERANCE)}: twice that; "
+        f"trace_hooks_off: at most {HOOKS_OFF_LIMIT:.1%} of a step)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
