@@ -52,6 +52,7 @@ def plot_ttft_per_round(
     ax = axes[0][0]
     for mode, values in ttft_s.items():
         ax.plot(range(1, len(values) + 1), [v * 1e3 for v in values], marker="o", label=mode)
+    ax.set_xticks(range(1, max((len(v) for v in ttft_s.values()), default=0) + 1))
     ax.set_xlabel("round")
     ax.set_ylabel("mean TTFT (ms)")
     ax.set_title(title)
