@@ -81,14 +81,19 @@ REPEATS = 7
 
 
 def median_ratio(
-    fn: Callable[[], Any], ref: Callable[[], Any], repeats: int = REPEATS, inner: int = 3
+    fn: Callable[[], Any],
+    ref: Callable[[], Any],
+    repeats: int = REPEATS,
+    inner: int = 3,
+    ref_inner: int = 5,
 ) -> dict[str, float]:
-    """Median over ``repeats`` rounds of (best of ``inner`` runs of fn) / (best of ``inner``
-    runs of ref); fn and ref alternate, so a change of machine load hits both."""
+    """Median over ``repeats`` rounds of (best of ``inner`` runs of fn) / (best of
+    ``ref_inner`` runs of ref: references are short, and their best is the steadiest); fn and
+    ref alternate, so a change of machine load hits both."""
     ratios, times, refs = [], [], []
     fn(), ref()  # warm up
     for _ in range(repeats):
-        r = min(_timed(ref) for _ in range(inner))
+        r = min(_timed(ref) for _ in range(ref_inner))
         t = min(_timed(fn) for _ in range(inner))
         ratios.append(t / r)
         times.append(t)
