@@ -107,25 +107,32 @@ def plot_step_breakdown(
 
 
 def plot_baseline_history(runs: list[dict[str, Any]], path: str | Path) -> Path | None:
-    """``runs``: the baseline store's runs of one machine, oldest first; one line per
-    measurement, its cost relative to the first stored run (1.0), labelled by commit."""
+    """``runs``: the baseline store's runs of one machine, oldest first; one line per set and
+    measurement, its cost relative to that set's first stored run (1.0), labelled by commit."""
     plt = _pyplot()
     if plt is None or not runs:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = sorted({n for r in runs for n in r["results"] if n != "trace_hooks_off"})
-    for name in names:
+    lines = sorted({(r["set"], n) for r in runs for n in r["results"] if n != "trace_hooks_off"})
+    for set_name, name in lines:
         points = [
-            (i, r["results"][name]["cost"]) for i, r in enumerate(runs) if name in r["results"]
+            (i, r["results"][name]["cost"])
+            for i, r in enumerate(runs)
+            if r["set"] == set_name and name in r["results"]
         ]
         first = points[0][1]
-        ax.plot([i for i, _ in points], [c / first for _, c in points], marker="o", label=name)
+        ax.plot(
+            [i for i, _ in points],
+            [c / first for _, c in points],
+            marker="o",
+            label=f"{set_name}: {name}",
+        )
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(
         [f"{r['commit']}\n{r.get('set', '')}" for r in runs], fontsize=7, rotation=30
     )
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_ylabel("cost / first stored run")
+    ax.set_ylabel("cost / the set's first stored run")
     ax.set_title("performance baseline history (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
