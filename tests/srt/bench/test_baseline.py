@@ -9,7 +9,8 @@ import json
 import pytest
 
 from radixlm.srt.bench import baseline
-from radixlm.srt.bench.baseline import HOOKS_OFF_LIMIT, compare, main
+from radixlm.srt.bench.baseline import main
+from radixlm.srt.bench.baseline_store import HOOKS_OFF_LIMIT, compare, load_store, machine
 
 
 def _results(decode_cost: float, hooks: float = 1e-5) -> dict:
@@ -44,14 +45,14 @@ def test_save_then_unchanged_twice_passes_and_a_slowdown_fails(tmp_path, monkeyp
     assert "REGRESSED" in out and "FAILED" in out
     (run,) = json.loads(store.read_text())["runs"]  # only --save stores
     assert run["set"] == "ci" and run["results"]["decode_step"]["cost"] == 1.50
-    assert run["machine"] == baseline.machine() and run["commit"]
+    assert run["machine"] == machine() and run["commit"]
 
 
 def test_a_broken_store_is_refused(tmp_path):
     store = tmp_path / "b.json"
     store.write_text("{not json")
     with pytest.raises(SystemExit, match="not JSON"):
-        baseline.load_store(store)
+        load_store(store)
 
 
 @pytest.mark.slow
