@@ -31,7 +31,11 @@ SPECULATIVE_ALIASES = {
     "draft": "draft",
 }
 # option names of SGLang (and vLLM) accepted as another spelling of a field
-OPTION_ALIASES = {"tensor_parallel_size": "tp_size"}
+OPTION_ALIASES = {
+    "tensor_parallel_size": "tp_size",
+    "oltp_traces_endpoint": "otlp_traces_endpoint",  # SGLang's spelling
+    "dump_requests_folder": "dump_requests_dir",  # SGLang's /configure_logging field
+}
 HICACHE_PAGE_SIZE = 16  # page size --enable-hierarchical-cache raises page_size 1 to
 # tool-call formats (srt/parsers): auto picks from the chat template; qwen25/qwen3 are hermes
 TOOL_CALL_PARSERS = (
@@ -350,6 +354,29 @@ class ServerConfig:
         "log one line per finished request: rid, finish reason, token counts, latency "
         "(no prompt or output text)",
     )
+    # observability (docs/operations/observability.md)
+    enable_trace: bool = _opt(
+        False,
+        "OpenTelemetry traces, one per request across the three processes, sent over OTLP/HTTP "
+        "(needs the [trace] extra)",
+    )
+    otlp_traces_endpoint: str | None = _opt(
+        None,
+        "OTLP/HTTP traces URL (host:port gets http:// and /v1/traces); default: "
+        "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces, else "
+        "http://localhost:4318/v1/traces (alias --oltp-traces-endpoint)",
+    )
+    trace_prompt_text: bool = _opt(
+        False, "put the prompt text on the request's root span (off: token counts only)"
+    )
+    dump_requests_dir: str | None = _opt(
+        None,
+        "write every generate request (route, body, arrival time, output token ids, timings) "
+        "as JSON lines into this folder, keys redacted (alias --dump-requests-folder)",
+    )
+    dump_requests_max_mb: float = _opt(
+        256.0, "most MiB the request dump keeps: 4 files, the oldest removed on rotation"
+    )
     # SGLang command lines and Engine(...) calls carry these; here they change nothing, truly:
     enable_metrics: bool = _opt(False, "accepted (SGLang's flag): /metrics is always served")
     trust_remote_code: bool = _opt(
@@ -429,6 +456,8 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(
             f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}"
         )
+    if not cfg.dump_requests_max_mb > 0:
+        raise ValueError(f"dump_requests_max_mb must be > 0, got {cfg.dump_requests_max_mb}")
     if not cfg.max_request_body_mb > 0:
         raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
     if cfg.default_max_tokens < 1:

@@ -58,6 +58,9 @@ class TokenizedGenerateReq:
     # a session turn: the caller-scoped session key its finished prefix is held under
     # between turns (scheduler/retention.py); None: not a session turn
     retain_key: str | None = None
+    # W3C trace context of the request's root span (srt/observability/tracing.py); None: the
+    # request is not traced
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass
@@ -237,6 +240,9 @@ class BatchTokenOut:
     stop_strs: list[list[str]] = field(default_factory=list)
     output_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
     input_token_ids_logprobs: list[list[list[list[float]]] | None] = field(default_factory=list)
+    # the trace context of each traced request on its final message (else None); empty when no
+    # request of the message is traced (srt/observability/tracing.py)
+    trace_contexts: list[dict[str, str] | None] = field(default_factory=list)
 
 
 @dataclass

@@ -19,8 +19,10 @@ layer unit(s)                         what it may import (besides lower layers' 
 7     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
 8     srt.models                      architectures and weight loaders (kernels only)
 9     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
-      srt.parsers, srt.distributed    and reasoning parsers of model outputs (no srt deps);
-                                      tensor-parallel groups and collectives (torch only)
+      srt.parsers, srt.distributed,   and reasoning parsers of model outputs (no srt deps);
+      srt.observability               tensor-parallel groups and collectives (torch only);
+                                      request traces and the request dump (the hooks of
+                                      the three processes read requests by duck typing)
 10    srt.config                      frozen config dataclasses every layer above reads
 11    radix, grammar                  libraries: never import srt or lang; the radix tree's
                                       HiCache-aware variant builds on the tiers below it
@@ -70,7 +72,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("srt.speculative",),
     ("srt.executor",),
     ("srt.models",),
-    ("srt.messages", "srt.sampling", "srt.parsers", "srt.distributed"),
+    ("srt.messages", "srt.sampling", "srt.parsers", "srt.distributed", "srt.observability"),
     ("srt.config",),
     ("radix", "grammar"),
     ("hicache",),

@@ -48,6 +48,7 @@ from radixlm.srt.bench.multiturn_report import (
     print_rounds,
     print_throughput,
 )
+from radixlm.srt.bench.plots import plot_ttft_per_round
 
 MODES = ("device", "host", "disk", "restart", "off")
 HICACHE_MODES = ("host", "disk", "restart")
@@ -408,6 +409,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--schedule-policy", default="lpm", choices=("fcfs", "lpm", "dfs-weight"))
     ap.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default=None, help="also write TTFT per round and tier as this PNG")
     args = ap.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():
@@ -462,6 +464,12 @@ def main(argv: list[str] | None = None) -> None:
     print_hits(runs, workload, args.page_size)
     print_ratios(runs, workload, args.page_size)
     print_outputs_check(runs)
+    if args.plot:
+        ok = [r for r in runs if not r.error]
+        ttft = {r.mode: [r.ttft({k}) for k in range(workload.num_rounds)] for r in ok}
+        hits = {r.mode: r.queried_split() for r in ok if r.tiers}
+        written = plot_ttft_per_round(ttft, args.plot, hits or None)
+        print(f"plot: {written}" if written else "no plot: matplotlib is not installed")
     failed = [r.mode for r in runs if r.error]
     if failed:
         raise SystemExit(f"modes failed: {failed} (tracebacks above)")

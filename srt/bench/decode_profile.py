@@ -30,6 +30,7 @@ from radixlm.srt.bench.bench_gpu import (
 )
 from radixlm.srt.bench.host_timing import HostTimer, gaps_per_step, gpu_gaps, steady_step_s
 from radixlm.srt.bench.host_timing import per_step as host_per_step
+from radixlm.srt.bench.plots import plot_step_breakdown
 
 CATEGORIES = (  # first match wins; kernel names are lower-cased
     # kernels/fused_moe.py: the expert GEMMs/GEMVs, then routing (top-k kernel, sort by expert)
@@ -158,7 +159,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-dir", default=None, help="also export a host+device chrome trace")
+    ap.add_argument("--plot", default=None, help="also draw where each case's step goes (PNG)")
+    ap.add_argument("--from-json", default=None, help="plot an earlier --json file; no GPU run")
     args = ap.parse_args(argv)
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        _plot(results, args.plot)
+        return results
     from radixlm.srt import Engine
 
     shape = dict(LLAMA3_8B)
@@ -199,7 +206,15 @@ def main(argv: list[str] | None = None) -> dict:
                 release(engine)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    _plot(results, args.plot)
     return results
+
+
+def _plot(results: dict, path: str | None) -> None:
+    if path:
+        title = f"where a decode step goes ({results.get('device', '?')}, Llama-3-8B shape)"
+        written = plot_step_breakdown(results["cases"], path, title)
+        print(f"plot: {written}" if written else "no plot: matplotlib is not installed")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ from radixlm.srt.managers.scheduler_process import (
     report_ready,
 )
 from radixlm.srt.messages import BatchTokenOut, decode, encode
+from radixlm.srt.observability.tracing import (
+    DetokenizerTraces,
+    NullTracer,
+    TraceSettings,
+    make_tracer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +49,10 @@ class DetokenizerLoop:
         endpoints: IpcEndpoints,
         life: ChildLifecycle,
         scheduler_pid: int | None,
+        traces: DetokenizerTraces | None = None,
     ) -> None:
         self.detokenizer = detokenizer
+        self.traces = traces or DetokenizerTraces(NullTracer())
         self.life = life
         self.scheduler_pid = scheduler_pid
         self.ctx = zmq.Context()
@@ -62,6 +70,7 @@ class DetokenizerLoop:
                 continue
             msg = decode(self.recv_sock.recv())
             assert isinstance(msg, BatchTokenOut), type(msg).__name__
+            self.traces.on_batch(msg)
             self.send_sock.send(encode(self.detokenizer.handle(msg)))
         logger.info("detokenizer loop exits")
         self.ctx.destroy(linger=1000)
@@ -89,7 +98,8 @@ def run_detokenizer_process(
     start_heartbeat(heartbeat_path)
     try:
         detokenizer = Detokenizer(load_server_tokenizer(cfg))
-        loop = DetokenizerLoop(detokenizer, endpoints, life, scheduler_pid)
+        traces = DetokenizerTraces(make_tracer(TraceSettings.from_config(cfg), "detokenizer"))
+        loop = DetokenizerLoop(detokenizer, endpoints, life, scheduler_pid, traces)
     except BaseException:
         report_failure(ready_conn, "the detokenizer failed to start")
         sys.exit(1)

@@ -62,6 +62,7 @@ class GenerateCall:
     return_prompt_token_ids: bool = False
     priority: int | None = None
     cache_salt: str | list[str] | None = None  # one for every prompt, or one per prompt
+    external_trace_header: dict[str, Any] | None = None  # W3C carrier: the trace's parent
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> GenerateCall:

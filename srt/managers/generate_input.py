@@ -39,6 +39,8 @@ class GenerateInput:
     return_prompt_token_ids: bool = False  # the response gets the ids the request ran on
     priority: int | None = None  # SGLang's priority (with --enable-priority-scheduling)
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
+    # SGLang's field: a W3C carrier (traceparent) parenting the request's trace when traced
+    external_trace_header: dict[str, Any] | None = None
 
     @property
     def continues_session(self) -> bool:
@@ -54,6 +56,9 @@ class PreparedReq:
     client_rid: str  # the client's rid, or the internal one when the client gave none
     session_plan: TurnPlan | None = None
     session_turn: Turn | None = None  # set when ``open`` adds the turn to its session
+    # the HTTP call's trace and dump record (srt/observability/http_call.py) while tracing or
+    # the request dump is on, else None
+    observer: Any = None
 
     @property
     def rid(self) -> str:

@@ -56,6 +56,7 @@ from radixlm.srt.messages import (
     decode,
     encode,
 )
+from radixlm.srt.observability.http_call import observe_prepared
 
 __all__ = [
     "ClientDisconnected",
@@ -262,10 +263,13 @@ class TokenizerManager:
             finally:
                 self.num_paused -= 1
         self._check_alive()
+        started_ns = time.time_ns()
         ids_of = {}
         for key in texts_to_tokenize(inputs):
             ids_of[key] = await self.tokenize_async(*key, param="text")
-        return self.front.prepare_all(inputs, ids_of)
+        prepared = self.front.prepare_all(inputs, ids_of)
+        observe_prepared(prepared, started_ns)  # tracing and the request dump, when on
+        return prepared
 
     # ------------------------------------------------------------------ request lifecycle
     def open(
@@ -488,6 +492,8 @@ class TokenizerManager:
             state.waiter.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
+        if state.req.observer is not None:  # tracing or the request dump is on
+            state.req.observer.on_update(state, num_new, now)
         if state.finish_reason is not None and self.cfg.log_requests:
             r = state.result
             logger.info(

@@ -42,6 +42,7 @@ from radixlm.srt.messages import (
     ReleaseSessionReq,
     TokenizedGenerateReq,
 )
+from radixlm.srt.observability.tracing import SchedulerTraces, TraceSettings, make_tracer
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.cache_factory import make_kv_manager
@@ -122,6 +123,7 @@ class Scheduler:
         self.admission = PrefillAdmission(r.cfg, self.kv, self.stats)
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
+        self.traces = SchedulerTraces(make_tracer(TraceSettings.from_config(cfg), "scheduler"))
         self.profiler = StepProfiler(r.device.type == "cuda", torch_profiler_dir(cfg))
         self.timeline = StepTimeline.from_env()  # RADIXLM_STEP_TIMELINE: a record per step
 
@@ -165,6 +167,7 @@ class Scheduler:
         )
         self.num_arrivals += 1
         self.live.add(req)
+        self.traces.on_arrival(req, msg.trace_context)
         try:
             self._queue(req, msg)
         except Exception as e:  # a bug met by this request: it alone ends
@@ -321,6 +324,7 @@ class Scheduler:
         self.stats.end_step()
         self.profiler.step()
         out = build_batch_output(touched, self.cfg.stream_interval, self.stop_checker)
+        self.traces.on_output(touched, out)
         self.finished_outside_step = []  # after the output: a failed step still reports them
         self.live.difference_update(r for r in touched if r.is_finished)
         if self.inflight is not None:  # launched this step: their next token is on the device
@@ -516,6 +520,7 @@ class Scheduler:
         except Exception as e:  # one bad batch must not take the scheduler down
             return rejected + self._forward_failed(batch, is_prefill, e)
         self.num_forward_steps += 1
+        self.traces.on_forward(batch, started)
         record_input_logprobs(batch, logits, per_req)
         samplers = []
         for i, req in enumerate(batch.reqs):

@@ -27,6 +27,7 @@ from radixlm.srt.server.http.middleware import (  # noqa: F401  (OPEN_PATHS: re-
     BodyLimitMiddleware,
     HostAllowListMiddleware,
 )
+from radixlm.srt.server.http.observe import install_call_observer
 from radixlm.srt.server.http.openapi import install_openapi
 from radixlm.srt.server.http.paths import weight_update_roots
 from radixlm.srt.server.native import admin as native_admin
@@ -118,6 +119,7 @@ def create_app(
         app.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", metrics_route, methods=["GET"], response_class=PlainTextResponse)
     install_openapi(app)
+    install_call_observer(app, tm.cfg)  # tracing, request dump: innermost, when on
     # added last = outermost: the key is checked before any body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(tm.cfg.max_request_body_mb * 2**20))
     if tm.cfg.api_key:

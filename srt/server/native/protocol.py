@@ -15,11 +15,12 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   ``cache_salt`` (one for the batch or one per prompt: cached prefixes are shared only between
   requests with the same salt, in every KV tier; "" or null: no salt), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
   rank 0: 0 or null only) and ``model`` (routers add it: null or a name of the served model,
-  else a 404);
+  else a 404), ``external_trace_header`` (with ``--enable-trace``: a W3C carrier, the
+  request's trace parent when no ``traceparent`` header came);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
-  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``, ``external_trace_header``,
-  ``received_time`` (routing, tracing and metric labels this server has no use for);
+  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``,
+  ``received_time`` (routing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
   processors, hidden states, routed experts, disaggregation, extra keys,
   sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
