@@ -6,6 +6,7 @@ benchmark then prints its tables only). Figures are small (about 800 x 450 px at
 - :func:`plot_ttft_per_round` (bench_multiturn): mean TTFT per round, one line per KV tier mode
 - :func:`plot_step_breakdown` (decode_profile): where a decode step's time goes, per case
 - :func:`plot_baseline_history` (baseline): each measurement's cost over the stored runs
+- :func:`plot_serving_rates` (bench_serving): TTFT, TPOT and goodput against the offered rate
 """
 
 from __future__ import annotations
@@ -137,3 +138,31 @@ def plot_baseline_history(runs: list[dict[str, Any]], path: str | Path) -> Path 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_serving_rates(
+    points: list[tuple[float, dict[str, Any]]], capacity_share: float, path: str | Path
+) -> Path | None:
+    """TTFT and TPOT (p50, p99, log scale) and goodput against the offered rate, from
+    bench_serving's ``(rate, summary)`` pairs in rate order; the dashed line is the share of the
+    offered rate that counts as served (the capacity rule)."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    xs = [r for r, _ in points]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
+        for q in ("p50", "p99"):
+            ax.plot(xs, [s[key][q] for _, s in points], marker="o", label=q)
+        ax.set(xlabel="offered rate (req/s)", title=title)
+        ax.set_yscale("log")
+        ax.legend()
+    ax = axes[2]
+    ax.plot(xs, [s["goodput"] for _, s in points], marker="o", label="goodput")
+    ax.plot(xs, [s["request_throughput"] for _, s in points], marker=".", label="throughput")
+    ax.plot(xs, [capacity_share * x for x in xs], "--", label=f"{capacity_share:.0%} of offered")
+    ax.set(xlabel="offered rate (req/s)", ylabel="req/s", title="goodput")
+    ax.legend()
+    made = _save(fig, path)
+    plt.close(fig)
+    return made

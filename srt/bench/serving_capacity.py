@@ -135,35 +135,13 @@ def print_capacity(rates: list[float], summaries: list[dict[str, Any]]) -> None:
 
 def plot(rates: list[float], summaries: list[dict[str, Any]], path: str) -> bool:
     """A PNG of TTFT and TPOT (p50, p99) and goodput against the offered rate (finite rates
-    only); False, with a message, when matplotlib is not installed."""
-    try:
-        import matplotlib
+    only, plots.py); False, with a message, when matplotlib is not installed."""
+    from radixlm.srt.bench.plots import plot_serving_rates
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no plot: matplotlib is not installed (pip install 'radixlm[bench]')")
-        return False
     points = sorted((r, s) for r, s in zip(rates, summaries, strict=True) if math.isfinite(r))
     if not points:
         print("no plot: no finite request rate was run")
         return False
-    xs = [r for r, _ in points]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, key, title in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
-        for q in ("p50", "p99"):
-            ax.plot(xs, [s[key][q] for _, s in points], marker="o", label=q)
-        ax.set(xlabel="offered rate (req/s)", title=title)
-        ax.set_yscale("log")
-        ax.legend()
-    ax = axes[2]
-    ax.plot(xs, [s["goodput"] for _, s in points], marker="o", label="goodput")
-    ax.plot(xs, [s["request_throughput"] for _, s in points], marker=".", label="throughput")
-    ax.plot(xs, [CAPACITY_SHARE * x for x in xs], "--", label=f"{CAPACITY_SHARE:.0%} of offered")
-    ax.set(xlabel="offered rate (req/s)", ylabel="req/s", title="goodput")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot: {path}")
-    return True
+    made = plot_serving_rates(points, CAPACITY_SHARE, path)
+    print(f"plot: {made}" if made else "no plot: matplotlib is not installed (radixlm[plots])")
+    return made is not None
