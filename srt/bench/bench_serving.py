@@ -26,7 +26,7 @@ At capacity (``serving_capacity.py``): prompts longer than the served context ar
 fit (the output says how many); ``--goodput ttft:MS tpot:MS`` sets the SLO in milliseconds;
 the capacity (the highest rate whose goodput is >= 90% of it) follows the rate table, and
 ``--capacity-search N`` bisects N more rates towards it; ``--plot FILE.png`` draws TTFT, TPOT
-and goodput against the offered rate (matplotlib: the ``bench`` extra). ``--step-timeline
+and goodput against the offered rate (matplotlib: the ``plots`` extra). ``--step-timeline
 FILE`` has the server it starts write the scheduler's step timeline there
 (``RADIXLM_STEP_TIMELINE``; a running server must have been started with it) and prints, per
 rate, the share of mixed / prefill / decode steps, the idle share and the mean decode batch

@@ -49,7 +49,7 @@ section() { # name, seconds, command...
   tail -40 "$RESULTS/$name.log"
 }
 
-PYTEST="python3 -m pytest -q -x -p no:cacheprovider"
+PYTEST="python3 -m pytest -q -p no:cacheprovider"
 PROFILE="python3 -m radixlm.srt.bench.decode_profile --backends triton --steps 64"
 SERVING="python3 -m radixlm.srt.bench.bench_serving --dummy-8b --dataset-name sharegpt-like
   --num-prompts 200 --random-input-len 2048 --max-input-len 16384 --random-output-len 256
@@ -71,6 +71,8 @@ for s in "$@"; do
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     serve) section serve 560 $SERVING ;;
+    # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
+    servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
     multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes device,host,disk,restart ;;
