@@ -4,6 +4,7 @@
 #
 #   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
+#   bash srt/bench/gpu_runs.sh quant           # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -66,6 +67,8 @@ for s in "$@"; do
     dp1on) RADIXLM_GEMV=1 section dp1on 200 $PROFILE --kv-cache-dtypes auto --batch-sizes 1 --json "$RESULTS/dp1on.json" ;;
     dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
     moetest) section moetest 300 $PYTEST -m gpu tests/kernels/test_fused_moe.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
+    quant) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py
+      section quant 400 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json" ;;
     moe) section moe 400 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
     serve) section serve 560 $SERVING ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
