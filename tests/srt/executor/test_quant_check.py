@@ -89,3 +89,19 @@ def test_quantising_a_quantised_checkpoint_again_is_refused(folders):
     cfg = SimpleNamespace(quantization="fp8", quantization_check="off")
     with pytest.raises(ValueError, match="quantised already"):
         quantise_and_check(model, cfg, _Tokenizer(), model.config, 2, torch.device("cpu"))
+
+
+def test_config_accepts_fp8_on_any_device_and_the_check_switch():
+    from radixlm.srt.cli import build_parser
+    from radixlm.srt.config import config_from_args, config_from_kwargs
+
+    assert config_from_kwargs(quantization="fp8", device="cuda").quantization == "fp8"
+    with pytest.raises(ValueError, match="CPU only"):
+        config_from_kwargs(quantization="int4", device="cuda")
+    with pytest.raises(ValueError, match="quantization_check must be one of"):
+        config_from_kwargs(quantization_check="maybe")
+    args = build_parser().parse_args(
+        ["serve", "--quantization", "fp8", "--quantization-check", "off"]
+    )
+    cfg = config_from_args(args)
+    assert (cfg.quantization, cfg.quantization_check) == ("fp8", "off")
