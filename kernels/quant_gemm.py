@@ -91,11 +91,21 @@ def dequantize_int4(qweight, scales, zeros, perm=None, dtype=torch.float32) -> t
     return out
 
 
-def dequantize_fp8(w8: torch.Tensor, w_scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """FP8 layout -> dense ``[N, K]`` in ``dtype``."""
-    k, kb = w8.shape[1], w_scale.shape[1]
-    scale = w_scale.to(dtype).repeat_interleave(-(-k // kb), dim=1)[:, :k]
-    return w8.to(dtype) * scale
+def _per_feature(scale: torch.Tensor, k: int, block_k: int | None) -> torch.Tensor:
+    """Scales ``[R, KB]`` -> ``[R, K]``: ``KB == 1`` covers every feature, else each covers
+    ``block_k`` (the last block may be partial)."""
+    if scale.shape[1] == 1:
+        return scale
+    if block_k is None or -(-k // block_k) != scale.shape[1]:
+        raise ValueError(
+            f"{scale.shape[1]} scales per row do not fit {k} features in blocks of {block_k}"
+        )
+    return scale.repeat_interleave(block_k, dim=1)[:, :k]
+
+
+def dequantize_fp8(w8, w_scale, dtype=torch.float32, block_k: int | None = None) -> torch.Tensor:
+    """FP8 layout -> dense ``[N, K]`` in ``dtype`` (``block_k``: the scales' block width)."""
+    return w8.to(dtype) * _per_feature(w_scale.to(dtype), w8.shape[1], block_k)
 
 
 def quantize_activations(
@@ -124,9 +134,8 @@ def quantize_activations(
 def fp8_linear_reference(x2, w8, w_scale, mode, block_k, input_scale, dense=None):
     """The torch path: quantised-and-dequantised activations times the dequantised weight."""
     q, scale = quantize_activations(x2, mode, block_k, input_scale)
-    kb = scale.shape[1]
-    xd = q.float() * scale.repeat_interleave(-(-x2.shape[1] // kb), dim=1)[:, : x2.shape[1]]
-    w = dense if dense is not None else dequantize_fp8(w8, w_scale)
+    xd = q.float() * _per_feature(scale, x2.shape[1], block_k)
+    w = dense if dense is not None else dequantize_fp8(w8, w_scale, block_k=block_k)
     return F.linear(xd.to(w.dtype), w).to(x2.dtype)
 
 

@@ -83,6 +83,21 @@ def test_activation_quantisation_scales_and_error(mode):
         assert float(((back - x).abs() - 0.0625 * x.abs()).max()) <= float(scale.max()) * 2**-9
 
 
+def test_fp8_block_scales_cover_128_features_with_a_partial_last_block():
+    k = 200  # blocks [0, 128) and [128, 200)
+    w8 = torch.randn(3, k).to(qg.FP8_DTYPE)
+    scale = torch.tensor([[1.0, 2.0]] * 3)
+    dense = qg.dequantize_fp8(w8, scale, block_k=128)
+    assert torch.equal(dense[:, :128], w8[:, :128].float())
+    assert torch.equal(dense[:, 128:], 2 * w8[:, 128:].float())
+    x = torch.zeros(1, k)
+    x[0, 130] = 1.0  # only the second block: its activation scale is 1 / 448
+    y = qg.fp8_linear_reference(x, w8, scale, "block", 128, None)
+    torch.testing.assert_close(y[0], dense[:, 130])
+    with pytest.raises(ValueError, match="do not fit"):
+        qg.dequantize_fp8(w8, torch.ones(3, 3), block_k=128)
+
+
 @pytest.mark.parametrize("m", [1, 3, 17, 40])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_kernel_matches_the_reference(m, group):

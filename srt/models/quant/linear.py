@@ -311,7 +311,7 @@ def dense_weight(module: Linear, dtype: torch.dtype) -> torch.Tensor:
     """The layer's dequantised ``[out, in]`` weight in ``dtype``."""
     if module.quant_kind == "int4":
         return dequantize_int4(module.qweight, module.scales, module.zeros, module.perm, dtype)
-    return dequantize_fp8(module.weight, module.weight_scale, dtype)
+    return dequantize_fp8(module.weight, module.weight_scale, dtype, module.quant_block_k)
 
 
 def _forward(module: Linear, x: torch.Tensor) -> torch.Tensor:
