@@ -131,8 +131,8 @@ def _load_raw(module: Linear, suffix: str, param: nn.Parameter, loaded: Any, sha
             raise ValueError(f"{what} has shape {shape}: dim {spec.in_dim} should be {want}")
     t = _cut(loaded, spec.out_dim, _div(spec.out_div, scheme), full_out, out_start, out_n, what)
     t = _cut(t, spec.in_dim, _div(spec.in_div, scheme), in_full, in_start, in_n, what)
-    if not isinstance(t, torch.Tensor):
-        t = t[:]
+    if not isinstance(t, torch.Tensor):  # a lazy safetensors slice: read it (0-d: [...])
+        t = t[...] if not shape else t[:]
     if spec.dtype is not None and t.dtype not in spec.dtype:
         raise ValueError(f"{what} has dtype {t.dtype}; the format stores {list(spec.dtype)}")
     module.quant_raw.setdefault(suffix, {})[part] = t.clone()
