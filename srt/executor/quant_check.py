@@ -145,11 +145,13 @@ def quantise_and_check(
     def quantise() -> None:
         quantize_model(model, cfg.quantization, device)
 
+    def ids() -> list[int]:
+        return check_token_ids(tokenizer, model_config.vocab_size, model_config.context_length)
+
     check = cfg.quantization_check == "on"
-    ids = check_token_ids(tokenizer, model_config.vocab_size, model_config.context_length)
     if check and cfg.quantization == "fp8":
-        return check_quantisation(model, ids, num_kv_heads, device, quantise=quantise)
+        return check_quantisation(model, ids(), num_kv_heads, device, quantise=quantise)
     quantise()
     if check and getattr(model, "quant_scheme", None) is not None:
-        return check_quantisation(model, ids, num_kv_heads, device)
+        return check_quantisation(model, ids(), num_kv_heads, device)
     return None

@@ -27,7 +27,9 @@ def tokenizer(default_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["awq_g32", "gptq_channel_v2", "ct_int4_g128", "fp8_block", "fp8_tensor_static"])
+@pytest.mark.parametrize(
+    "fmt", ["awq_g32", "gptq_channel_v2", "ct_int4_g128", "fp8_block", "fp8_tensor_static"]
+)
 def test_tp2_equals_tp1(fmt, tmp_path, tokenizer):
     folder, _ = write_quantised(
         fmt,
