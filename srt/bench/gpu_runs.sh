@@ -68,7 +68,9 @@ for s in "$@"; do
     dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
     moetest) section moetest 300 $PYTEST -m gpu tests/kernels/test_fused_moe.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     quant) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py
-      section quant 400 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json" ;;
+      section quant 300 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json"
+      section quantengine 400 python3 -m radixlm.srt.bench.bench_gpu --sections calib,decode,prefill \
+        --backends triton --graphs on --overlap on --quantization fp8 --json "$RESULTS/quantengine.json" ;;
     moe) section moe 400 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
     serve) section serve 560 $SERVING ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
