@@ -177,6 +177,14 @@ def finalize_model(model: nn.Module, scheme: QuantScheme, dtype: torch.dtype) ->
             _finalize_int4(module, scheme, raw, parts, dtype)
         install(module)
     model.quant_scheme = scheme
+    _release_cached_memory(model)
+
+
+def _release_cached_memory(model: nn.Module) -> None:
+    """Gives the freed dense and raw tensors back to the device, so that the KV pool, sized from
+    the free memory, gets them."""
+    if any(p.is_cuda for p in model.parameters()):
+        torch.cuda.empty_cache()
 
 
 def _register(module: nn.Module, name: str, value: torch.Tensor | None) -> None:
@@ -371,4 +379,5 @@ def quantize_model_fp8(model: nn.Module) -> int:
         install(module)
         count += 1
     model.quant_scheme = scheme
+    _release_cached_memory(model)
     return count
