@@ -1,7 +1,7 @@
 """Quantised linear kernels against their torch references (``kernels/quant_gemm.py``).
 
 CPU: int4 packing round trips, dequantisation, activation quantisation per token / block /
-static; the int4 Triton kernel under the interpreter (fp16). GPU (``gpu``): ``torch._scaled_mm``
+static; the int4 (fp16) and FP8 block (fp32 out) Triton kernels under the interpreter. GPU (``gpu``): ``torch._scaled_mm``
 per channel and per tensor, the FP8 block kernel and the int4 kernel (bf16 and fp16, GEMV
 rows with split K and GEMM tiles) against the reference on the same quantised inputs.
 
@@ -113,6 +113,23 @@ def test_int4_kernel_matches_the_reference(m, group):
     got = qg.int4_gemm(x, qweight, scales, zeros)
     assert got.dtype == dtype and got.shape == (m, n)
     assert _rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 72, 200), (5, 130, 384), (20, 64, 128)])
+def test_fp8_block_kernel_matches_the_reference(m, n, k):
+    """Partial last blocks (K 200), N not a multiple of BLOCK_N, rows over one BLOCK_M."""
+    device = "cuda" if CUDA else "cpu"
+    g = torch.Generator().manual_seed(m * n)
+    kb = -(-k // 128)
+    w8 = (torch.randn(n, k, generator=g) * 50).to(qg.FP8_DTYPE).to(device)
+    scale = (torch.rand(n, kb, generator=g) * 1e-3 + 1e-4).to(device)
+    x = torch.randn(m, k, generator=g).to(device)
+    q, a_scale = qg.quantize_activations(x, "block", 128)
+    got = qg.fp8_block_gemm(q, a_scale, w8, scale, 128, torch.float32)
+    want = qg.fp8_linear_reference(x, w8, scale, "block", 128, None)
+    # the same products in fp32, another order; Hopper's FP8 tensor cores accumulate with
+    # fewer bits than fp32 inside each 128-wide block
+    assert _rel(got, want) < (3e-3 if CUDA else 1e-5)
 
 
 def test_int4_config_splits_k_for_few_rows_only():
