@@ -17,7 +17,7 @@ layers are quantised, so it measures the whole cost of quantising.
 The forwards use a KV pool of their own (the text's tokens) and the torch attention backend,
 so they run before the runner sizes its pools; with tensor parallelism every rank runs them
 (the logits are gathered on every rank). The figures go to the start-up log and to
-``/server_info`` under ``quantization``.
+``/server_info`` (``kv_pool.quantization_report``).
 """
 
 from __future__ import annotations

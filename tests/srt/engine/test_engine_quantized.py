@@ -39,9 +39,9 @@ def test_engine_reports_the_check_in_server_info(gptq_folder, check):
         assert len(out["output_ids"]) == 4
         info = engine.get_server_info()
         if check == "off":
-            assert "quantization" not in info
+            assert "quantization_report" not in info
             return
-        report = info["quantization"]
+        report = info["quantization_report"]
         assert report["scheme"] == "gptq:int4-g32-sym-actorder"
         assert report["tokens"] > 100
         assert report["mean_kl"] < 1e-6 and report["top1_agreement"] == 1.0  # CPU: same matmul
