@@ -4,7 +4,8 @@ checkpoint of their dequantised weights (the reference).
 Tensor names, dtypes, shapes and ``quantization_config`` follow what the public writers save:
 Hugging Face ``fp8`` (block scales as in Qwen3-*-FP8 / DeepSeek-V3: ``weight_scale_inv``; per
 tensor as AutoFP8: scalar ``weight_scale`` and ``input_scale``), AutoAWQ GEMM, AutoGPTQ /
-GPTQModel v1 (``qzeros`` hold ``zero - 1``), and llm-compressor's compressed-tensors
+GPTQModel v1 (``qzeros`` hold ``zero - 1``), fbgemm FP8 (Llama-3.1-405B-FP8: ``weight_scale``
+``[out, 1]``), and llm-compressor's compressed-tensors
 ``float-quantized`` and ``pack-quantized``. The packing here is written independently of the
 loader (plain loops over nibbles), so a mistake in one does not cancel in the other.
 """
@@ -69,6 +70,11 @@ FORMATS: dict[str, dict] = {
         "modules_to_not_convert": None,
     },
     "fp8_tensor_static": {"quant_method": "fp8", "activation_scheme": "static"},
+    "fbgemm_fp8_channel": {
+        "quant_method": "fbgemm_fp8",
+        "activation_scale_ub": 1200.0,
+        "modules_to_not_convert": ["lm_head"],
+    },
     "ct_fp8_channel": _ct_config(
         "float-quantized",
         {**CT_WEIGHTS, "strategy": "channel"},
@@ -246,7 +252,7 @@ def quantise_linear(fmt: str, name: str, w: torch.Tensor, gen: torch.Generator):
         t[f"{name}.weight"] = w8
         t[f"{name}.weight_scale_inv" if fmt == "fp8_block" else f"{name}.weight_scale"] = s
         return t, w8.float() * full
-    if fmt == "ct_fp8_channel":
+    if fmt in ("ct_fp8_channel", "fbgemm_fp8_channel"):
         s = (w.abs().amax(1, keepdim=True) / 448).float()
         w8 = _fp8(w, s)
         t[f"{name}.weight"], t[f"{name}.weight_scale"] = w8, s
