@@ -18,8 +18,9 @@ Paths:
 * CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
-* CUDA, int4: :func:`_int4_kernel` (Triton): unpacks the nibbles of a ``[BLOCK_K, BLOCK_N]``
-  tile and dequantises them in registers (one scale and zero per row and tile: ``BLOCK_K``
+* CUDA, int4: :func:`_int4_kernel` (Triton): loads each row's ``BLOCK_K / 8`` words of a
+  ``[BLOCK_N, BLOCK_K]`` tile (contiguous, coalesced), unpacks the nibbles and dequantises them
+  in registers (one scale and zero per row and tile: ``BLOCK_K``
   divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
   the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
   projection at batch 1 still has a few programs per SM;
@@ -327,9 +328,10 @@ def _int4_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_w = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4
     mask_m = offs_m < M
     mask_n = offs_n < N
-    shifts = (offs_k % 8) * 4
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_len = K // SPLIT_K
     for k0 in range(pid_k * k_len, (pid_k + 1) * k_len, BLOCK_K):
@@ -337,15 +339,20 @@ def _int4_kernel(
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
         )
+        # each row's BLOCK_K / 8 words, contiguous (coalesced), then their nibbles in order:
+        # word c, nibble i -> feature 8 c + i
         words = tl.load(
-            q_ptr + offs_n[None, :] * stride_qn + (k[:, None] // 8), mask=mask_n[None, :], other=0
+            q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_w)[None, :],
+            mask=mask_n[:, None],
+            other=0,
         )
-        q = ((words >> shifts[:, None]) & 0xF).to(tl.float32)  # [BLOCK_K, BLOCK_N]
+        q = (words[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
+        q = tl.reshape(q, (BLOCK_N, BLOCK_K)).to(tl.float32)
         g = k0 // GROUP
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-        w = ((q - z[None, :]) * s[None, :]).to(x.dtype)
-        acc += tl.dot(x, w)
+        w = ((q - z[:, None]) * s[:, None]).to(x.dtype)  # [BLOCK_N, BLOCK_K]
+        acc += tl.dot(x, tl.trans(w))
     offs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
