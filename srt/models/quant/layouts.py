@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.kernels.quant_gemm import FP8_DTYPE, FP8_MAX, SEQUENTIAL
+from radixlm.kernels.quant_gemm import FP8_DTYPE
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column of each nibble in AutoAWQ's GEMM packing
-__all__ = ["AWQ_ORDER", "FP8_DTYPE", "FP8_MAX", "SEQUENTIAL", "RawTensor", "raw_tensors"]
 
 
 @dataclass(frozen=True)

@@ -34,16 +34,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import quant_gemm
-from radixlm.kernels.quant_gemm import dequantize_fp8, dequantize_int4, pack_int4, unpack_int4
-from radixlm.srt.models.layers import Linear
-from radixlm.srt.models.quant.layouts import (
-    AWQ_ORDER,
+from radixlm.kernels.quant_gemm import (
     FP8_DTYPE,
     FP8_MAX,
     SEQUENTIAL,
-    RawTensor,
-    raw_tensors,
+    dequantize_fp8,
+    dequantize_int4,
+    pack_int4,
+    unpack_int4,
 )
+from radixlm.srt.models.layers import Linear
+from radixlm.srt.models.quant.layouts import AWQ_ORDER, RawTensor, raw_tensors
 from radixlm.srt.models.quant.scheme import QuantScheme
 from radixlm.srt.models.tp_layers import (
     ColumnParallelLinear,
@@ -233,7 +234,7 @@ def _finalize_fp8(module, scheme: QuantScheme, raw: dict, parts: list) -> None:
     module.quant_activations = scheme.activations
 
 
-def _int4_part(scheme: QuantScheme, raw: dict, index: int, in_n: int, in_start: int):
+def _int4_part(scheme: QuantScheme, raw: dict, index: int):
     """One part -> (values uint8 [out, in], scales [out, groups], zeros [out, groups] float,
     g_idx [in] or None), in the checkpoint's column order."""
     if scheme.layout == "awq":
@@ -256,7 +257,7 @@ def _int4_part(scheme: QuantScheme, raw: dict, index: int, in_n: int, in_start: 
 
 
 def _finalize_int4(module, scheme: QuantScheme, raw: dict, parts: list, dtype) -> None:
-    in_full, in_start, in_n = _in_range(module)
+    in_full = _in_range(module)[0]
     if scheme.layout == "ct_pack":
         for index, (full_out, _, _) in enumerate(parts):
             shape = [int(v) for v in raw["weight_shape"][index].reshape(-1)]
@@ -264,7 +265,7 @@ def _finalize_int4(module, scheme: QuantScheme, raw: dict, parts: list, dtype) -
                 raise ValueError(f"weight_shape is {shape}, expected {[full_out, in_full]}")
     qs, ss, zs, perm = [], [], [], None
     for index in range(len(parts)):
-        q, s, z, g_idx = _int4_part(scheme, raw, index, in_n, in_start)
+        q, s, z, g_idx = _int4_part(scheme, raw, index)
         if g_idx is not None:
             q, s, z, part_perm = _sort_groups(q, s, z, g_idx, scheme.group_size)
             if perm is not None and not torch.equal(perm, part_perm):
