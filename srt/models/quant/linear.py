@@ -55,6 +55,7 @@ from radixlm.srt.models.tp_layers import (
 
 logger = logging.getLogger(__name__)
 
+HOST_SUFFIXES = frozenset({"weight_shape", "g_idx"})
 MERGED_PARTS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
@@ -136,7 +137,11 @@ def _load_raw(module: Linear, suffix: str, param: nn.Parameter, loaded: Any, sha
         t = t[...] if not shape else t[:]
     if spec.dtype is not None and t.dtype not in spec.dtype:
         raise ValueError(f"{what} has dtype {t.dtype}; the format stores {list(spec.dtype)}")
-    module.quant_raw.setdefault(suffix, {})[part] = t.clone()
+    # on the layer's device now (the checkpoint's tensors arrive on the CPU): the conversion in
+    # finalize_model runs there, and nothing of a GPU model stays on the CPU. Small metadata
+    # read on the host (shapes, act-order's group of each feature) stays there.
+    device = "cpu" if suffix in HOST_SUFFIXES else module.quant_device
+    module.quant_raw.setdefault(suffix, {})[part] = t.to(device, copy=True)
 
 
 @torch.inference_mode()
@@ -150,6 +155,7 @@ def prepare_model(model: nn.Module, scheme: QuantScheme) -> int:
         device = module.weight.device
         del module._parameters["weight"]
         module.quant_scheme = scheme
+        module.quant_device = device
         module.quant_specs = raw_tensors(scheme.layout, scheme)
         module.quant_raw = {}
         for suffix in module.quant_specs:
@@ -189,10 +195,12 @@ def _release_cached_memory(model: nn.Module) -> None:
 
 
 def _register(module: nn.Module, name: str, value: torch.Tensor | None) -> None:
+    """``value`` as the layer's parameter ``name``, on the layer's device (``quant_device``)."""
     if value is None:
         setattr(module, name, None)
-    else:
-        module.register_parameter(name, nn.Parameter(value, requires_grad=False))
+        return
+    device = getattr(module, "quant_device", value.device)
+    module.register_parameter(name, nn.Parameter(value.to(device), requires_grad=False))
 
 
 def _finalize_fp8(module, scheme: QuantScheme, raw: dict, parts: list) -> None:
@@ -281,7 +289,7 @@ def _finalize_int4(module, scheme: QuantScheme, raw: dict, parts: list, dtype) -
     _register(module, "zeros", torch.cat(zs).contiguous())
     if perm is not None and torch.equal(perm, torch.arange(len(perm))):
         perm = None  # g_idx in order: nothing to gather
-    module.register_buffer("perm", perm)
+    module.register_buffer("perm", None if perm is None else perm.to(module.quant_device))
     module.quant_kind = "int4"
 
 
@@ -302,18 +310,22 @@ def _sort_groups(q, s, z, g_idx: torch.Tensor, group_size: int):
 
 
 def install(module: Linear) -> None:
-    """Sets the layer's forward to the quantised one (and the CPU's dense cache)."""
+    """Sets the layer's forward to the quantised one; on a CPU (only) also the dense cache."""
     module.quant_reference = False
     module.quant_dense = None
-    if module.quant_kind == "int4":
-        dev = module.qweight.device
-    else:
-        dev = module.weight.device
-    if dev.type == "cpu":
+    if uses_dense_cache(module):
         module.quant_dense = dense_weight(
             module, module.scales.dtype if module.quant_kind == "int4" else torch.float32
         )
     module.forward = functools.partial(_forward, module)
+
+
+def uses_dense_cache(module: Linear) -> bool:
+    """Whether the layer keeps a dequantised copy: only when its quantised weight and the
+    layer's device are both the CPU (a GPU layer runs the kernels on its packed weight)."""
+    weight = module.qweight if module.quant_kind == "int4" else module.weight
+    device = getattr(module, "quant_device", weight.device)
+    return weight.device.type == "cpu" and torch.device(device).type == "cpu"
 
 
 def dense_weight(module: Linear, dtype: torch.dtype) -> torch.Tensor:

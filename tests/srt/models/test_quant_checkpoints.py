@@ -17,7 +17,7 @@ from quant_checkpoints import FORMATS, INT4_FORMATS, write_quantised
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.layers import Linear
 from radixlm.srt.models.loader import load_model
-from radixlm.srt.models.quant.linear import dense_weight, reference_weights
+from radixlm.srt.models.quant.linear import dense_weight, reference_weights, uses_dense_cache
 from radixlm.srt.models.quant.scheme import parse_scheme
 
 PROMPT = [5, 17, 42, 99, 7, 250, 3, 11, 64, 128, 200, 31]
@@ -100,6 +100,26 @@ def test_greedy_ids_follow_the_reference(loaded):
     gap = (ref.max(dim=1).values - picked) / ref.abs().max()
     assert (gap <= FP8_BOUND).all(), gap.max()
     assert (gap == 0).float().mean() >= 0.75  # most picks are the reference's own
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_model_off_the_cpu_keeps_every_tensor_on_its_device_and_no_dense_copy(fmt, tmp_path):
+    """The checkpoint's tensors arrive on the CPU; a model built on another device (``meta``
+    here, standing in for a GPU) must end with every parameter and buffer there and no dense
+    cache (a CUDA model once kept CPU weights and a CPU dense copy, and its matmuls failed)."""
+    folder, _ = write_quantised(fmt, tmp_path / "q", tmp_path / "r")
+    model = load_model(folder, torch.bfloat16, "meta")
+    layers = [m for m in model.modules() if getattr(m, "quant_kind", None)]
+    assert len(layers) == 2 * 4
+    assert all(not uses_dense_cache(m) and m.quant_dense is None for m in layers)
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    assert {n: t.device.type for n, t in tensors.items() if t.device.type != "meta"} == {}
+
+
+def test_a_cpu_model_caches_its_dense_weights(loaded):
+    _, model, _ = loaded
+    layers = [m for m in model.modules() if getattr(m, "quant_kind", None)]
+    assert layers and all(uses_dense_cache(m) and m.quant_dense is not None for m in layers)
 
 
 # --- refusals -------------------------------------------------------------------------------
