@@ -15,12 +15,16 @@ amax / 448), per token and ``block_k`` block (``"block"``), or with the checkpoi
 
 Paths:
 
+* CUDA, up to ``GEMV_ROWS`` rows (decode): :func:`fp8_gemv` / :func:`int4_gemv` (Triton): the
+  weight dequantised in registers times the activations as they are (for FP8 no activation
+  quantisation: the exact weight's product, and no quantisation kernels in the step), one
+  program per row and ``BLOCK_N`` outputs, no tensor-core tile;
 * CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
 * CUDA, int4: :func:`_int4_kernel` (Triton): loads each row's ``BLOCK_K / 8`` words of a
-  ``[BLOCK_N, BLOCK_K]`` tile (contiguous, coalesced), unpacks the nibbles and dequantises them
-  in registers (one scale and zero per row and tile: ``BLOCK_K``
+  ``[BLOCK_N, BLOCK_K]`` tile (each feature's word; neighbours share it), shifts out the
+  nibbles and dequantises them in registers (one scale and zero per row and tile: ``BLOCK_K``
   divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
   the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
   projection at batch 1 still has a few programs per SM;
@@ -48,6 +52,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
+GEMV_ROWS = 4
 SEQUENTIAL = tuple(range(8))
 
 
@@ -146,6 +151,7 @@ def fp8_linear_reference(x2, w8, w_scale, mode, block_k, input_scale, dense=None
 def fp8_linear(x, w8, w_scale, mode, block_k=None, input_scale=None, dense=None):
     """``x`` ``[..., K]`` -> ``[..., N]`` in ``x``'s dtype (see the module docstring)."""
     x2 = x.reshape(-1, x.shape[-1])
+    _check_dense(dense, x2)
     if x2.is_cuda and dense is None and x2.shape[0] > 0:
         y = _fp8_cuda(x2, w8, w_scale, mode, block_k, input_scale)
     else:
@@ -158,6 +164,7 @@ def int4_linear(x, qweight, scales, zeros, perm=None, dense=None):
     dequantised weight (columns in the checkpoint's order), used instead of the kernel."""
     x2 = x.reshape(-1, x.shape[-1])
     n = qweight.shape[0]
+    _check_dense(dense, x2)
     if dense is not None:
         y = F.linear(x2.to(dense.dtype), dense).to(x.dtype)
     elif int4_supported(x2, qweight, scales):
@@ -168,8 +175,18 @@ def int4_linear(x, qweight, scales, zeros, perm=None, dense=None):
     return y.reshape(*x.shape[:-1], n)
 
 
+def _check_dense(dense: torch.Tensor | None, x2: torch.Tensor) -> None:
+    if dense is not None and dense.device != x2.device:
+        raise ValueError(
+            f"the dequantised weight is on {dense.device}, the activations on {x2.device} "
+            "(the dense cache is for CPU layers only)"
+        )
+
+
 def _fp8_cuda(x2, w8, w_scale, mode, block_k, input_scale):
     n, k = w8.shape
+    if x2.shape[0] <= GEMV_ROWS and triton is not None and _gemv_fits(block_k, w_scale):
+        return fp8_gemv(x2, w8, w_scale, block_k)
     if block_k is None and mode in ("token", "static") and k % 16 == 0 and n % 16 == 0:
         q, a_scale = quantize_activations(x2, mode, None, input_scale)
         y = torch._scaled_mm(
@@ -328,8 +345,7 @@ def _int4_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_w = tl.arange(0, BLOCK_K // 8)
-    shifts = tl.arange(0, 8) * 4
+    shifts = (offs_k % 8) * 4  # feature 8 c + i: nibble i of word c
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -339,15 +355,14 @@ def _int4_kernel(
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
         )
-        # each row's BLOCK_K / 8 words, contiguous (coalesced), then their nibbles in order:
-        # word c, nibble i -> feature 8 c + i
+        # each feature's word (eight neighbours share one address: one transaction), shifted to
+        # its nibble; no reshape of the tile (a 3-D reshape costs layout conversions)
         words = tl.load(
-            q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_w)[None, :],
+            q_ptr + offs_n[:, None] * stride_qn + (k // 8)[None, :],
             mask=mask_n[:, None],
             other=0,
         )
-        q = (words[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
-        q = tl.reshape(q, (BLOCK_N, BLOCK_K)).to(tl.float32)
+        q = ((words >> shifts[None, :]) & 0xF).to(tl.float32)  # [BLOCK_N, BLOCK_K]
         g = k0 // GROUP
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
@@ -427,9 +442,19 @@ def int4_supported(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     return x2.shape[1] == k and int4_block_k(k, k // scales.shape[1]) is not None
 
 
+def _gemv_fits(block_k: int | None, w_scale: torch.Tensor) -> bool:
+    """The FP8 GEMV's scale layouts: one per row, or blocks of a power of two >= 16."""
+    if block_k is None:
+        return w_scale.shape[1] == 1
+    return block_k >= 16 and not block_k & (block_k - 1)
+
+
 def int4_gemm(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
-    """``x2`` ``[M, K]`` bf16/fp16 times the int4 weight transposed -> ``[M, N]`` ``x2.dtype``."""
+    """``x2`` ``[M, K]`` bf16/fp16 times the int4 weight transposed -> ``[M, N]`` ``x2.dtype``
+    (up to ``GEMV_ROWS`` rows: :func:`int4_gemv`, unless ``cfg`` asks for the tiled kernel)."""
     x2 = x2.contiguous()
+    if x2.shape[0] <= GEMV_ROWS and cfg is None:
+        return int4_gemv(x2, qweight, scales, zeros)
     m, k = x2.shape
     n = qweight.shape[0]
     group = k // scales.shape[1]
@@ -463,3 +488,170 @@ def int4_gemm(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
         num_stages=conf["num_stages"],
     )
     return out if split == 1 else out.to(x2.dtype)
+
+
+# --- Triton: decode rows (GEMV), FP8 and int4 weights times unquantised activations --------
+# Up to GEMV_ROWS rows one program computes BLOCK_N outputs of one row, reading its weight rows
+# once with no tensor-core tile to fill (a 16-row tl.dot tile for one row wastes 15/16 of it
+# and needs split K to spread over the SMs). The programs of one weight tile are adjacent in
+# the launch order (rows vary fastest), so a second row's read of the tile hits L2.
+
+
+def _fp8_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_ym,
+    SCALE_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``y[m, n-tile] = sum_k x[m, k] w8[n, k] s[n, k // SCALE_K]`` in fp32 (``SCALE_K``: the
+    scales' block width, a multiple of ``BLOCK_K``; 0: one scale per row)."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        mask_k = k < K
+        x = tl.load(x_ptr + m * stride_xm + k, mask=mask_k, other=0.0).to(tl.float32)
+        w = tl.load(
+            w_ptr + offs_n[:, None] * stride_wn + k[None, :],
+            mask=mask_n[:, None] & mask_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if SCALE_K == 0:
+            acc += w * x[None, :]
+        else:
+            s = tl.load(s_ptr + offs_n * stride_sn + k0 // SCALE_K, mask=mask_n, other=0.0)
+            acc += w * x[None, :] * s[:, None]
+    y = tl.sum(acc, axis=1)
+    if SCALE_K == 0:
+        y = y * tl.load(s_ptr + offs_n * stride_sn, mask=mask_n, other=0.0)
+    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+def _int4_gemv_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    y_ptr,
+    N,
+    K,
+    GROUP,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_ym,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``y[m, n-tile] = x[m] @ dequant(q)[n-tile]^T``: each row's ``BLOCK_K / 8`` words of a
+    tile are loaded once (contiguous), and nibble ``i`` of them multiplies the features
+    ``8 c + i`` (a strided read of the activations, which stay in L1); ``BLOCK_K`` divides the
+    group (one scale and zero per row and tile)."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_K // 8)
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        words = tl.load(
+            q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_c)[None, :],
+            mask=mask_n[:, None],
+            other=0,
+        )
+        g = k0 // GROUP
+        s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+        for i in tl.static_range(8):
+            x = tl.load(x_ptr + m * stride_xm + k0 + offs_c * 8 + i).to(tl.float32)
+            q = ((words >> (4 * i)) & 0xF).to(tl.float32)
+            acc += (q - z[:, None]) * s[:, None] * x[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+@functools.cache
+def _jit_gemv(name: str):
+    return triton.jit({"fp8": _fp8_gemv_kernel, "int4": _int4_gemv_kernel}[name])
+
+
+def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
+    """Launch parameters of the GEMV kernels (deterministic): 16 output rows per program, 8
+    where that leaves fewer than 512 programs, and ``K`` tiles of up to ``block_k_max``."""
+    block_n = 16 if m * -(-n // 16) >= 512 else 8
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k_max, "num_warps": 4, "num_stages": 3}
+
+
+def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
+    """``x2`` ``[M, K]`` (``M <= GEMV_ROWS``, unquantised) times the FP8 weight dequantised in
+    registers -> ``[M, N]`` ``x2.dtype``. ``block_k``: the scales' block width (a power of two
+    >= 16), None for one scale per row."""
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    n = w8.shape[0]
+    bk = 128 if block_k is None else min(block_k, 128)
+    conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
+    _jit_gemv("fp8")[grid](
+        x2,
+        w8,
+        w_scale,
+        y,
+        n,
+        k,
+        x2.stride(0),
+        w8.stride(0),
+        w_scale.stride(0),
+        y.stride(0),
+        SCALE_K=0 if block_k is None else block_k,
+        BLOCK_N=conf["BLOCK_N"],
+        BLOCK_K=conf["BLOCK_K"],
+        num_warps=conf["num_warps"],
+        num_stages=conf["num_stages"],
+    )
+    return y
+
+
+def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
+    """``x2`` ``[M, K]`` (``M <= GEMV_ROWS``) times the int4 weight transposed -> ``[M, N]``."""
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    n = qweight.shape[0]
+    group = k // scales.shape[1]
+    bk = next(b for b in (256, 128, 64, 32) if group % b == 0 and k % b == 0)
+    conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
+    _jit_gemv("int4")[grid](
+        x2,
+        qweight,
+        scales,
+        zeros,
+        y,
+        n,
+        k,
+        group,
+        x2.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        y.stride(0),
+        BLOCK_N=conf["BLOCK_N"],
+        BLOCK_K=conf["BLOCK_K"],
+        num_warps=conf["num_warps"],
+        num_stages=conf["num_stages"],
+    )
+    return y

@@ -1,7 +1,8 @@
 """Quantised linear kernels against their torch references (``kernels/quant_gemm.py``).
 
 CPU: int4 packing round trips, dequantisation, activation quantisation per token / block /
-static; the int4 (fp16) and FP8 block (fp32 out) Triton kernels under the interpreter. GPU (``gpu``): ``torch._scaled_mm``
+static; the int4 (fp16, tiled and GEMV), FP8 block (fp32 out) and FP8 GEMV Triton kernels
+under the interpreter. GPU (``gpu``): ``torch._scaled_mm``
 per channel and per tensor, the FP8 block kernel and the int4 kernel (bf16 and fp16, GEMV
 rows with split K and GEMM tiles) against the reference on the same quantised inputs.
 
@@ -115,6 +116,51 @@ def test_int4_kernel_matches_the_reference(m, group):
     assert _rel(got, want) < TOL[dtype]
 
 
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_tiled_kernel_serves_decode_rows_with_split_k(m, group):
+    """The tiled kernel at decode rows (split K, atomic fp32 sums), which the GEMV kernel
+    takes over by default: forced through its config."""
+    device = "cuda" if CUDA else "cpu"
+    n, k = 40, 512
+    _, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=m)
+    x = torch.randn(m, k, device=device).to(torch.float16)
+    cfg = qg.int4_config(m, n, k, group)
+    assert cfg["SPLIT_K"] > 1
+    want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
+    assert _rel(qg.int4_gemm(x, qweight, scales, zeros, cfg=cfg), want) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("group", [32, 64, 256])
+def test_int4_gemv_kernel_matches_the_reference(m, group):
+    device = "cuda" if CUDA else "cpu"
+    n, k = 40, 512  # N not a multiple of BLOCK_N
+    values, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=group)
+    x = torch.randn(m, k, device=device).to(torch.float16)
+    want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
+    got = qg.int4_gemv(x, qweight, scales, zeros)
+    assert got.dtype == torch.float16 and got.shape == (m, n)
+    assert _rel(got, want) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize(("m", "k", "block_k"), [(1, 256, None), (3, 200, 128), (2, 96, 32)])
+def test_fp8_gemv_kernel_is_the_weight_only_product(m, k, block_k):
+    """Decode rows: the FP8 weight dequantised in registers times unquantised activations (per
+    row scales, or blocks with a partial last one): the exact weight, no activation rounding."""
+    device = "cuda" if CUDA else "cpu"
+    g = torch.Generator().manual_seed(k)
+    n = 40
+    kb = 1 if block_k is None else -(-k // block_k)
+    w8 = (torch.randn(n, k, generator=g) * 50).to(qg.FP8_DTYPE).to(device)
+    scale = (torch.rand(n, kb, generator=g) * 1e-3 + 1e-4).to(device)
+    x = torch.randn(m, k, generator=g).to(torch.float16).to(device)
+    want = F.linear(x.float(), qg.dequantize_fp8(w8, scale, block_k=block_k))
+    got = qg.fp8_gemv(x, w8, scale, block_k)
+    assert got.dtype == torch.float16 and got.shape == (m, n)
+    assert _rel(got, want) < TOL[torch.float16]
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 72, 200), (5, 130, 384), (20, 64, 128)])
 def test_fp8_block_kernel_matches_the_reference(m, n, k):
     """Partial last blocks (K 200), N not a multiple of BLOCK_N, rows over one BLOCK_M."""
@@ -144,7 +190,7 @@ def test_int4_config_splits_k_for_few_rows_only():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 4, 16, 64, 300])
+@pytest.mark.parametrize("m", [1, 4, 5, 16, 64, 300])
 @pytest.mark.parametrize(
     ("n", "k", "group"), [(4096, 4096, 128), (1536, 4096, 32), (4096, 14336, 14336)]
 )
@@ -167,6 +213,13 @@ def test_gpu_int4_act_order_gathers_the_activations():
     assert _rel(qg.int4_linear(x, qweight, scales, zeros, perm), want) < TOL[torch.bfloat16]
 
 
+def _fp8_want(x, w8, scale, mode, block_k, input_scale):
+    """Up to ``GEMV_ROWS`` rows the GEMV kernel leaves the activations unquantised."""
+    if x.shape[0] <= qg.GEMV_ROWS:
+        return F.linear(x.float(), qg.dequantize_fp8(w8, scale, block_k=block_k))
+    return qg.fp8_linear_reference(x, w8, scale, mode, block_k, input_scale)
+
+
 def _fp8_weights(n, k, kb, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w8 = (torch.randn(n, k, device="cuda", generator=g) * 50).to(qg.FP8_DTYPE)
@@ -182,7 +235,7 @@ def test_gpu_fp8_scaled_mm_per_channel(mode, m):
     w8, scale = _fp8_weights(n, k, 1, seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     input_scale = torch.tensor([4.0 / 448], device="cuda")
-    want = qg.fp8_linear_reference(x, w8, scale, mode, None, input_scale)
+    want = _fp8_want(x, w8, scale, mode, None, input_scale)
     got = qg.fp8_linear(x, w8, scale, mode, None, input_scale)
     assert got.dtype == torch.bfloat16
     assert _rel(got, want) < TOL[torch.bfloat16]
@@ -195,7 +248,7 @@ def test_gpu_fp8_block_kernel(m, n, k):
     kb = -(-k // 128)
     w8, scale = _fp8_weights(n, k, kb, seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    want = qg.fp8_linear_reference(x, w8, scale, "block", 128, None)
+    want = _fp8_want(x, w8, scale, "block", 128, None)
     got = qg.fp8_linear(x, w8, scale, "block", 128, None)
     assert _rel(got, want) < TOL[torch.bfloat16]
 
