@@ -13,7 +13,9 @@ bf16 LM head (the same in every variant). Measured in the same run:
   against each variant's own roofline: its weight bytes / the copy bandwidth (target <= 1.15x);
 - batch 64 and 256: the step's projections -> tokens/s of the linear layers alone;
 - prefill (8,192 tokens): tokens/s against the FP8 FLOP limit (``2 * params`` FLOPs per token at
-  the measured FP8 rate).
+  the measured FP8 rate);
+- per variant, the top kernels of one eager batch-1 step by device time (``torch.profiler``):
+  where a step's time goes.
 
 Attention, norms and sampling are left out: these figures are the linear layers' share of a
 step (at batch 1 and short contexts nearly all of it). Timings on a shared machine are noisy;
@@ -145,6 +147,27 @@ def graphed(step):
     return graph.replay
 
 
+def kernel_breakdown(step, top: int = 8) -> list[dict]:
+    """The top ``top`` device kernels of one eager batch-1 step by total time (torch.profiler):
+    where the time goes (a dequantise fallback, activation quantisation, split-K sums)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": e.key[:90], "calls": e.count, "total_ms": us / 1e3})
+    rows.sort(key=lambda r: -r["total_ms"])
+    return rows[:top]
+
+
 def bench_variant(variant: str, args, bandwidth: float, fp8_rate: float) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     fns, nbytes = make_layers(variant, args.layers, gen)
@@ -153,6 +176,7 @@ def bench_variant(variant: str, args, bandwidth: float, fp8_rate: float) -> dict
     roofline_ms = nbytes / bandwidth * 1e3
     itl = best_ms(graphed(step_fn(fns, 1)), reps=10, inner=5)
     out.update(batch1_ms=itl, roofline_ms=roofline_ms, batch1_vs_roofline=itl / roofline_ms)
+    out["batch1_kernels"] = kernel_breakdown(step_fn(fns, 1))
     for rows in args.batch_sizes:
         ms = best_ms(graphed(step_fn(fns, rows)), reps=5, inner=3)
         out[f"batch{rows}_tok_s"] = rows / (ms / 1e3)
@@ -202,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
         row += [f"{r[f'batch{b}_tok_s']:.0f}" for b in args.batch_sizes]
         row += [f"{r['prefill_tok_s']:.0f}", f"{r['prefill_vs_limit']:.2f}"]
         print(" | ".join(row), flush=True)
+    for variant in args.variants.split(","):
+        print(f"{variant}, batch 1, top kernels of one eager step (ms, calls):")
+        for k in results[variant]["batch1_kernels"]:
+            print(f"  {k['total_ms']:8.3f} {k['calls']:5d}  {k['kernel']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
