@@ -39,7 +39,7 @@ from radixlm.srt.models.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
 
-MAX_CHECK_TOKENS = 512
+MAX_CHECK_TOKENS = 128  # two prefills of this many tokens: a few seconds on a CPU
 
 
 def check_token_ids(tokenizer: Any, vocab_size: int, context_length: int) -> list[int]:
