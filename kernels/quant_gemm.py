@@ -558,8 +558,9 @@ def _int4_gemv_kernel(
 ):
     """``y[m, n-tile] = x[m] @ dequant(q)[n-tile]^T``: each row's ``BLOCK_K / 8`` words of a
     tile are loaded once (contiguous), and nibble ``i`` of them multiplies the features
-    ``8 c + i`` (a strided read of the activations, which stay in L1); ``BLOCK_K`` divides the
-    group (one scale and zero per row and tile)."""
+    ``8 c + i`` (a strided read of the activations, which stay in L1). The scale and zero of
+    word ``c`` are its group's (``GROUP`` a multiple of 8): gathered per word, so that a tile can
+    span several groups and each iteration reads enough bytes to keep the memory busy."""
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -572,13 +573,13 @@ def _int4_gemv_kernel(
             mask=mask_n[:, None],
             other=0,
         )
-        g = k0 // GROUP
-        s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+        g = offs_n[:, None] * stride_sn + ((k0 + 8 * offs_c) // GROUP)[None, :]
+        s = tl.load(s_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
         for i in tl.static_range(8):
             x = tl.load(x_ptr + m * stride_xm + k0 + offs_c * 8 + i).to(tl.float32)
             q = ((words >> (4 * i)) & 0xF).to(tl.float32)
-            acc += (q - z[:, None]) * s[:, None] * x[None, :]
+            acc += (q - z) * s * x[None, :]
     y = tl.sum(acc, axis=1)
     tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
@@ -590,7 +591,8 @@ def _jit_gemv(name: str):
 
 def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
     """Launch parameters of the GEMV kernels (deterministic): 16 output rows per program, 8
-    where that leaves fewer than 512 programs, and ``K`` tiles of up to ``block_k_max``."""
+    where that leaves fewer than 512 programs, and ``K`` tiles of ``block_k_max`` (int4: up to
+    1024 features, 4 KiB of a 16-row tile per iteration; FP8: 256, or the scales' block)."""
     block_n = 16 if m * -(-n // 16) >= 512 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": block_k_max, "num_warps": 4, "num_stages": 3}
 
@@ -602,7 +604,7 @@ def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
     x2 = x2.contiguous()
     m, k = x2.shape
     n = w8.shape[0]
-    bk = 128 if block_k is None else min(block_k, 128)
+    bk = 256 if block_k is None else min(block_k, 128)
     conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
@@ -632,7 +634,7 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
     m, k = x2.shape
     n = qweight.shape[0]
     group = k // scales.shape[1]
-    bk = next(b for b in (256, 128, 64, 32) if group % b == 0 and k % b == 0)
+    bk = next(b for b in (1024, 512, 256, 128, 64, 32) if k % b == 0)
     conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
