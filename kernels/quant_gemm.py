@@ -19,7 +19,8 @@ Paths:
   weight dequantised in registers times the activations as they are (for FP8 no activation
   quantisation: the exact weight's product, and no quantisation kernels in the step), one
   program per row and ``BLOCK_N`` outputs, no tensor-core tile;
-* CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out);
+* CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out),
+  the activations quantised per token by one Triton kernel (:func:`quantize_per_token`);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
 * CUDA, int4: :func:`_int4_kernel` (Triton): loads each row's ``BLOCK_K / 8`` words of a
@@ -27,7 +28,9 @@ Paths:
   nibbles and dequantises them in registers (one scale and zero per row and tile: ``BLOCK_K``
   divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
   the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
-  projection at batch 1 still has a few programs per SM;
+  projection at batch 1 still has a few programs per SM. Above ``DEQUANT_ROWS`` rows
+  (prefill, compute-bound) :func:`int4_dequant` writes the dense weight in one pass and
+  ``F.linear`` (cuBLAS) multiplies it;
 * elsewhere (CPUs): the torch reference: activations quantised and dequantised (the same
   rounding as the GPU paths), times the dequantised weight (``dense``, when the caller caches
   it, else dequantised per call).
@@ -53,6 +56,7 @@ FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
+DEQUANT_ROWS = 256
 SEQUENTIAL = tuple(range(8))
 
 
@@ -188,7 +192,10 @@ def _fp8_cuda(x2, w8, w_scale, mode, block_k, input_scale):
     if x2.shape[0] <= GEMV_ROWS and triton is not None and _gemv_fits(block_k, w_scale):
         return fp8_gemv(x2, w8, w_scale, block_k)
     if block_k is None and mode in ("token", "static") and k % 16 == 0 and n % 16 == 0:
-        q, a_scale = quantize_activations(x2, mode, None, input_scale)
+        if mode == "token" and triton is not None:
+            q, a_scale = quantize_per_token(x2)  # one kernel instead of torch's six
+        else:
+            q, a_scale = quantize_activations(x2, mode, None, input_scale)
         y = torch._scaled_mm(
             q,
             w8.t(),
@@ -455,6 +462,8 @@ def int4_gemm(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
     x2 = x2.contiguous()
     if x2.shape[0] <= GEMV_ROWS and cfg is None:
         return int4_gemv(x2, qweight, scales, zeros)
+    if x2.shape[0] > DEQUANT_ROWS and cfg is None:  # compute-bound: cuBLAS on the dense tile
+        return F.linear(x2, int4_dequant(qweight, scales, zeros, x2.dtype))
     m, k = x2.shape
     n = qweight.shape[0]
     group = k // scales.shape[1]
@@ -657,3 +666,104 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
         num_stages=conf["num_stages"],
     )
     return y
+
+
+# --- Triton: int4 -> dense, for many rows (prefill) ------------------------------------------
+# Above DEQUANT_ROWS rows the matmul is compute-bound: the weight is dequantised into a dense
+# [N, K] buffer in one pass (0.5 byte read, 2 written per weight) and cuBLAS multiplies it.
+
+
+def _int4_dequant_kernel(
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    w_ptr,
+    N,
+    K,
+    GROUP,
+    stride_qn,
+    stride_sn,
+    stride_wn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_n < N)[:, None] & (k < K)[None, :]
+    words = tl.load(q_ptr + offs_n[:, None] * stride_qn + (k // 8)[None, :], mask=mask, other=0)
+    q = ((words >> ((k % 8) * 4)[None, :]) & 0xF).to(tl.float32)
+    g = offs_n[:, None] * stride_sn + (k // GROUP)[None, :]
+    s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + g, mask=mask, other=0.0).to(tl.float32)
+    w = (q - z) * s
+    tl.store(
+        w_ptr + offs_n[:, None] * stride_wn + k[None, :], w.to(w_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@functools.cache
+def _jit_dequant():
+    return triton.jit(_int4_dequant_kernel)
+
+
+def int4_dequant(qweight, scales, zeros, dtype) -> torch.Tensor:
+    """The int4 layout -> dense ``[N, K]`` ``dtype`` on the device (columns in stored order)."""
+    n, k = qweight.shape[0], qweight.shape[1] * 8
+    w = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    block_n, block_k = 32, 256
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
+    _jit_dequant()[grid](
+        qweight,
+        scales,
+        zeros,
+        w,
+        n,
+        k,
+        k // scales.shape[1],
+        qweight.stride(0),
+        scales.stride(0),
+        w.stride(0),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return w
+
+
+# --- Triton: per-token activation quantisation in one kernel ---------------------------------
+
+
+def _quant_token_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK: tl.constexpr):
+    """Row ``m``: scale = max(amax / 448, MIN_SCALE); q = clamp(x / scale) as e4m3 (the torch
+    path's arithmetic)."""
+    m = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
+    tl.store(s_ptr + m, scale)
+    for k0 in range(0, K, BLOCK):
+        mask = k0 + offs < K
+        x = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        tl.store(q_ptr + m * stride_qm + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _jit_quant_token():
+    return triton.jit(_quant_token_kernel)
+
+
+def quantize_per_token(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_activations` ``"token"`` in one Triton kernel: (e4m3 ``[M, K]``, float32
+    scales ``[M, 1]``)."""
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x2.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x2.device)
+    _jit_quant_token()[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), BLOCK=1024, num_warps=4)
+    return q, scale

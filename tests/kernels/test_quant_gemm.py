@@ -144,6 +144,34 @@ def test_int4_gemv_kernel_matches_the_reference(m, group):
     assert _rel(got, want) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("group", [32, 128, 384])
+def test_int4_dequant_kernel_writes_the_dense_weight(group):
+    """Prefill rows: the weight dequantised in one pass (K 384: a partial last K tile)."""
+    device = "cuda" if CUDA else "cpu"
+    _, qweight, scales, zeros = _int4_weights(40, 384, group, torch.float16, device, seed=group)
+    got = qg.int4_dequant(qweight, scales, zeros, torch.float16)
+    want = qg.dequantize_int4(qweight, scales, zeros, dtype=torch.float32)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [200, 2100])
+def test_per_token_quantisation_kernel_matches_the_torch_path(k):
+    """One kernel for the scales and the e4m3 values (K over one 1024 block, a partial last)."""
+    device = "cuda" if CUDA else "cpu"
+    g = torch.Generator().manual_seed(k)
+    x = (torch.randn(3, k, generator=g) * torch.tensor([[0.01], [1.0], [30.0]])).to(device)
+    x[2] = 0.0  # an all-zero row: the scale's floor
+    q, scale = qg.quantize_per_token(x.to(torch.bfloat16))
+    want_q, want_scale = qg.quantize_activations(x.to(torch.bfloat16), "token")
+    assert q.dtype == qg.FP8_DTYPE and scale.shape == (3, 1)
+    torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
+    if not CUDA:  # the interpreter's fp32 -> e4m3 cast mis-rounds (124 -> 64): values on GPUs
+        return
+    assert (q.float() != want_q.float()).float().mean() < 1e-3  # ties may round either way
+    torch.testing.assert_close(q.float(), want_q.float(), rtol=0.07, atol=0)
+
+
 @pytest.mark.parametrize(("m", "k", "block_k"), [(1, 256, None), (3, 200, 128), (2, 96, 32)])
 def test_fp8_gemv_kernel_is_the_weight_only_product(m, k, block_k):
     """Decode rows: the FP8 weight dequantised in registers times unquantised activations (per
@@ -190,7 +218,7 @@ def test_int4_config_splits_k_for_few_rows_only():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 4, 5, 16, 64, 300])
+@pytest.mark.parametrize("m", [1, 4, 5, 16, 64, 257, 300])
 @pytest.mark.parametrize(
     ("n", "k", "group"), [(4096, 4096, 128), (1536, 4096, 32), (4096, 14336, 14336)]
 )
