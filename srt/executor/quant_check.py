@@ -1,7 +1,8 @@
 """The accuracy check of a quantised model at load (``--quantization-check on``, the default).
 
-Once, before any request: the built-in calibration text of the FP8-KV calibration
-(``kv_calibration.CALIBRATION_TEXT``) runs as one prefill through the model twice, once with
+Once, before any request: the first ``MAX_CHECK_TOKENS`` (128) tokens of the built-in
+calibration text of the FP8-KV calibration (``kv_calibration.CALIBRATION_TEXT``) run as one
+prefill through the model twice (the check's whole cost: two short prefills), once with
 the quantised layers and once with the reference weights, and the next-token distributions of
 every position are compared:
 
