@@ -39,7 +39,10 @@ def test_tp2_equals_tp1(fmt, tmp_path, tokenizer):
         max_position_embeddings=512,
     )
     tokenizer.save_pretrained(folder)
-    results = tp_harness.run_ranks(folder, tmp_path, tp_size=2, timeout_s=300)
+    # the load-time accuracy check is not what this test is about
+    results = tp_harness.run_ranks(
+        folder, tmp_path, tp_size=2, timeout_s=300, quantization_check="off"
+    )
     for res in results:
         assert res.get("ok"), res.get("error")
     outputs, steps, _ = results[0]["tp"]
