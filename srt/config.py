@@ -18,7 +18,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int4")
+QUANTIZATIONS = ("none", "int4", "fp8")
 HICACHE_WRITE_POLICIES = ("write_through_selective", "write_through", "write_back")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_SCALE_MODES = ("calibrate", "unit")  # else kv_cache_scales is a JSON file's path
@@ -126,8 +126,17 @@ class ServerConfig:
     device: str = _opt("auto", "cpu, cuda or cuda:N (auto: cuda when available)")
     quantization: str = _opt(
         "none",
-        "int4: 4-bit weights, bf16 activations in small-batch matmuls (CPU only)",
+        "int4: 4-bit weights, bf16 activations in small-batch matmuls (CPU only); fp8: FP8 "
+        "weights with per-channel scales, activations quantised per token (any device); a "
+        "checkpoint's own quantization_config is read without this option",
         QUANTIZATIONS,
+    )
+    quantization_check: str = _opt(
+        "on",
+        "on: after a quantised model loads, compare its next-token distributions with the "
+        "dequantised (or original) weights' over a built-in text (mean KL, top-1 agreement; "
+        "start-up log and /server_info); off: skip",
+        ("on", "off"),
     )
     context_length: int | None = _opt(None, "maximum prompt + output length (default: the model's)")
     # memory
@@ -425,7 +434,7 @@ def validate(cfg: ServerConfig) -> None:
             raise ValueError(
                 f"{f.name} must be one of {list(choices)}, got {getattr(cfg, f.name)!r}"
             )
-    if cfg.quantization != "none" and cfg.device not in ("auto", "cpu"):
+    if cfg.quantization == "int4" and cfg.device not in ("auto", "cpu"):
         raise ValueError(
             f"quantization {cfg.quantization!r} runs on the CPU only; got device {cfg.device!r}"
         )

@@ -170,6 +170,8 @@ def bench_engine(
         max_running_requests=256,
         mem_fraction_static=0.85,
         log_level="warning",
+        quantization=getattr(args, "quantization", "none"),  # fp8: at load, no check
+        quantization_check="off",
     )
     try:
         runner = engine.scheduler.runner
@@ -345,6 +347,12 @@ def main(argv: list[str] | None = None) -> None:
         default="1",
         help="tensor-parallel sizes of the decode section, e.g. 1,2,4,8 (one GPU per rank); "
         "the calib section then also times all-reduces and gives each size's roofline",
+    )
+    ap.add_argument(
+        "--quantization",
+        default="none",
+        choices=("none", "fp8"),
+        help="fp8: the engine sections with FP8 weights quantised at load (per channel)",
     )
     ap.add_argument("--folder", default="/tmp/radixlm-llama3-8b-shape")
     ap.add_argument("--json", default=None)

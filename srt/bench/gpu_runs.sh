@@ -5,6 +5,7 @@
 #   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
 #   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
+#   bash srt/bench/gpu_runs.sh quanttest quant # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -70,6 +71,10 @@ for s in "$@"; do
     moetest) section moetest 300 $PYTEST --durations=12 -m gpu -k "not attention_backends or (window_and_softcap and triton)" tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
+    quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
+    quant) section quant 300 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json"
+      section quantengine 400 python3 -m radixlm.srt.bench.bench_gpu --sections calib,decode,prefill \
+        --backends triton --graphs on --overlap on --quantization fp8 --json "$RESULTS/quantengine.json" ;;
     serve) section serve 560 $SERVING ;;
     # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
     servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;

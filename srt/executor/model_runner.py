@@ -28,12 +28,12 @@ from radixlm.srt.executor.memory_pool import (
     TokenSlotAllocator,
     kv_storage_dtype,
 )
+from radixlm.srt.executor.quant_check import quantise_and_check
 from radixlm.srt.executor.tp_sync import StepReceiver, StepSender
 from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.loader import load_model, load_tokenizer
 from radixlm.srt.models.model_config import ModelConfig
-from radixlm.srt.models.quantize import quantize_model
 from radixlm.srt.models.tp_layers import HeadShard
 
 if TYPE_CHECKING:
@@ -72,10 +72,13 @@ class ModelRunner:
         self.model = load_model(
             self.model_dir, self.dtype, self.device, dummy=cfg.load_format == "dummy", tp=self.tp
         )
-        quantize_model(self.model, cfg.quantization, self.device)
         mc = self.model_config
         # this rank's attention heads (all of them without tensor parallelism)
         self.heads = HeadShard.for_rank(mc.num_heads, mc.num_kv_heads, self.tp.size, self.tp.rank)
+        # --quantization, and the accuracy check of a quantised model (/server_info)
+        self.quant_report = quantise_and_check(
+            self.model, cfg, self.tokenizer, mc, self.heads.num_kv_heads, self.device
+        )
         # the KV pool's storage dtype (fp8 with --kv-cache-dtype fp8_*); validated here
         self.kv_dtype = kv_storage_dtype(
             cfg.kv_cache_dtype, self.dtype, cfg.quantization, self.device

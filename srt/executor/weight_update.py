@@ -49,6 +49,11 @@ def _check_updatable(runner: ModelRunner) -> None:
         raise ValueError(
             f"updating weights is not supported with --quantization {runner.cfg.quantization}"
         )
+    scheme = getattr(runner.model, "quant_scheme", None)
+    if scheme is not None:
+        raise ValueError(
+            f"updating weights is not supported for a quantised model ({scheme.label})"
+        )
 
 
 def _checkpoint(runner: ModelRunner, model_path: str, load_format: str | None) -> Path:
@@ -172,6 +177,9 @@ def weights_by_name(runner: ModelRunner, name: str, truncate_size: int = 100) ->
         raise ValueError(
             f"reading weights is not supported with --quantization {runner.cfg.quantization}"
         )
+    scheme = getattr(runner.model, "quant_scheme", None)
+    if scheme is not None:
+        raise ValueError(f"reading weights is not supported for a quantised model ({scheme.label})")
     if isinstance(truncate_size, bool) or not isinstance(truncate_size, int) or truncate_size < 1:
         raise ValueError(f"truncate_size must be an integer >= 1, got {truncate_size!r}")
     try:

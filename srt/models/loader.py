@@ -13,6 +13,8 @@ from torch import nn
 
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.quant.linear import finalize_model, prepare_model
+from radixlm.srt.models.quant.scheme import read_scheme
 from radixlm.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -74,16 +76,28 @@ def load_model(
 
     The result has ``forward(input_ids, positions, fb)``, ``compute_logits(hidden)`` and a
     ``config`` attribute (:class:`ModelConfig`). With a ``tp`` group of several ranks the model
-    holds this rank's slices only, read from the checkpoint slice by slice.
+    holds this rank's slices only, read from the checkpoint slice by slice. A checkpoint whose
+    config has a ``quantization_config`` gets quantised linear layers (``quant/``).
     """
     config = ModelConfig.from_pretrained(model_dir)
     model_class = get_model_class(config.architecture)
     tp = tp or TPGroup.single()
     model = model_class(config, dtype, torch.device(device), tp=tp)
+    scheme = read_scheme(model_dir)  # quantization_config of config.json, if any
+    if scheme is not None and dummy:
+        raise ValueError(
+            f"load_format dummy cannot fill a quantised checkpoint ({scheme.method}); "
+            "use load_format auto"
+        )
+    if scheme is not None:
+        layers = prepare_model(model, scheme)
+        logger.info("quantised checkpoint: %s, %d linear layers", scheme.label, layers)
     if dummy:
         init_dummy_weights(model)
     else:
         model.load_weights(iter_safetensors(model_dir, lazy=tp.is_distributed))
+    if scheme is not None:
+        finalize_model(model, scheme, dtype)
     logger.info(
         "loaded %s from %s (%d layers, %s, %s)",
         config.architecture,

@@ -39,6 +39,7 @@ from torch import nn
 from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, can_pack_int4
 from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
 from radixlm.srt.models.layers import Linear, LMHead
+from radixlm.srt.models.quant.linear import quantize_model_fp8
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +67,21 @@ class SmallBatchLMHead:
 
 @torch.inference_mode()
 def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
-    """Applies ``mode`` (``"none"`` or ``"int4"``) to ``model`` in place, after its weights
-    were loaded."""
+    """Applies ``mode`` (``"none"``, ``"int4"`` or ``"fp8"``) to ``model`` in place, after its
+    weights were loaded. ``fp8``: ``quant/linear.quantize_model_fp8`` (any device)."""
     if mode == "none":
         return
+    if getattr(model, "quant_scheme", None) is not None:
+        raise ValueError(
+            f"--quantization {mode} cannot be applied to a checkpoint that is quantised already "
+            f"({model.quant_scheme.label}); drop the option"
+        )
+    if mode == "fp8":
+        count = quantize_model_fp8(model)
+        logger.info("fp8: %d linear layers quantised at load (per-channel weights)", count)
+        return
     if mode != "int4":
-        raise ValueError(f"unknown quantization {mode!r}; supported: none, int4")
+        raise ValueError(f"unknown quantization {mode!r}; supported: none, int4, fp8")
     if device.type != "cpu":
         raise ValueError(
             f"--quantization int4 runs on the CPU only (device is {device}); "

@@ -120,6 +120,9 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         grammar=s.grammars.info(),
         prefix_cache=dict(s.stats.totals),  # cumulative; bench_serving reads it per worker
     )
+    quant = getattr(s.runner, "quant_report", None)  # quantised models: the load-time check
+    if quant is not None:
+        info["quantization_report"] = quant
     expert_load = getattr(s.runner.model, "expert_load", None)  # MoE models only
     if expert_load is not None:
         info["expert_load"] = expert_load()
