@@ -25,6 +25,8 @@ url, worst, num, failures = sys.argv[1], 0.0, 0, []
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
 with httpx.Client(timeout=60) as client:
+    client.get(url + "/health")
+    print("ready", flush=True)
     while not done.is_set():
         start = time.perf_counter()
         try:
@@ -58,8 +60,10 @@ class HealthProbe:
             stdout=subprocess.PIPE,
             text=True,
         )
-        # its first answer comes once it runs (imports take a while on a busy machine)
-        time.sleep(1.0)
+        # it says "ready" after its first answer (its imports take a while on a busy machine),
+        # so every probe it counts overlaps what the test sends next
+        assert self._proc.stdout is not None
+        assert self._proc.stdout.readline() == "ready\n", "the /health probe did not start"
         return self
 
     def __exit__(self, *exc: object) -> None:
