@@ -33,6 +33,32 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
+def layer_types(config: ModelConfig) -> list[str]:
+    """Each layer's attention kind, SLIDING or FULL (models that alternate windowed and global
+    layers: Gemma 2/3, gpt-oss); configs without ``layer_types`` slide on even layers, as
+    transformers reads them."""
+    types = getattr(config.hf_config, "layer_types", None)
+    if types is None:
+        types = [SLIDING if i % 2 == 0 else FULL for i in range(config.num_layers)]
+    if len(types) != config.num_layers:
+        raise ValueError(
+            f"{config.architecture}: {len(types)} layer_types for {config.num_layers} layers"
+        )
+    return list(types)
+
+
+def check_layer_types(config: ModelConfig) -> None:
+    """Refuses layer kinds other than SLIDING and FULL, and sliding layers without a window."""
+    kinds = set(layer_types(config))
+    if not kinds <= {SLIDING, FULL}:
+        raise ValueError(
+            f"{config.architecture}: layer_types {sorted(kinds)} are not supported "
+            f"(only {SLIDING!r} and {FULL!r})"
+        )
+    if SLIDING in kinds and not getattr(config.hf_config, "sliding_window", None):
+        raise ValueError(f"{config.architecture}: sliding layers need a sliding_window")
+
+
 class GemmaRMSNorm(RMSNorm):
     """RMSNorm scaled by ``1 + weight`` (the checkpoint stores the offset from one), in float32."""
 
@@ -172,25 +198,11 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
             raise ValueError(f"{config.architecture}: bidirectional attention is not supported")
         if getattr(hf, "attention_bias", False):
             raise ValueError(f"{config.architecture}: attention_bias is not supported")
-        kinds = set(cls.layer_types(config))
-        if not kinds <= {SLIDING, FULL}:
-            raise ValueError(
-                f"{config.architecture}: layer_types {sorted(kinds)} are not supported "
-                f"(only {SLIDING!r} and {FULL!r})"
-            )
-        if SLIDING in kinds and not getattr(hf, "sliding_window", None):
-            raise ValueError(f"{config.architecture}: sliding layers need a sliding_window")
+        check_layer_types(config)
 
     @staticmethod
     def layer_types(config: ModelConfig) -> list[str]:
-        types = getattr(config.hf_config, "layer_types", None)
-        if types is None:  # older configs: even layers slide
-            types = [SLIDING if i % 2 == 0 else FULL for i in range(config.num_layers)]
-        if len(types) != config.num_layers:
-            raise ValueError(
-                f"{config.architecture}: {len(types)} layer_types for {config.num_layers} layers"
-            )
-        return list(types)
+        return layer_types(config)
 
     @classmethod
     def rope_params(cls, config: ModelConfig) -> dict[str, tuple[float, dict[str, Any] | None]]:

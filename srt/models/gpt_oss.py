@@ -32,7 +32,7 @@ from torch import nn
 
 from radixlm.kernels.moe import grouped_experts
 from radixlm.srt.distributed import TPGroup
-from radixlm.srt.models.gemma import FULL, SLIDING
+from radixlm.srt.models.gemma import SLIDING, check_layer_types, layer_types
 from radixlm.srt.models.layers import RMSNorm, RotaryEmbedding, copy_checked
 from radixlm.srt.models.llama import DecoderOptions, LlamaAttention
 from radixlm.srt.models.model_config import ModelConfig
@@ -221,25 +221,11 @@ class GptOssForCausalLM(MoEForCausalLM):
                 f"{config.architecture}: quantization_config ({method!r}) is not supported; "
                 "load a checkpoint with bf16 (or fp16/fp32) expert weights"
             )
-        kinds = set(cls.layer_types(config))
-        if not kinds <= {SLIDING, FULL}:
-            raise ValueError(
-                f"{config.architecture}: layer_types {sorted(kinds)} are not supported "
-                f"(only {SLIDING!r} and {FULL!r})"
-            )
-        if SLIDING in kinds and not getattr(hf, "sliding_window", None):
-            raise ValueError(f"{config.architecture}: sliding layers need a sliding_window")
+        check_layer_types(config)
 
     @staticmethod
     def layer_types(config: ModelConfig) -> list[str]:
-        types = getattr(config.hf_config, "layer_types", None)
-        if types is None:  # as transformers: even layers slide
-            types = [SLIDING if i % 2 == 0 else FULL for i in range(config.num_layers)]
-        if len(types) != config.num_layers:
-            raise ValueError(
-                f"{config.architecture}: {len(types)} layer_types for {config.num_layers} layers"
-            )
-        return list(types)
+        return layer_types(config)
 
     @classmethod
     def moe_config(cls, config: ModelConfig) -> MoEConfig:
