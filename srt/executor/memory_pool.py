@@ -58,7 +58,8 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # as malloc: copy-on-write on fork
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)
 
 
 class ReqToTokenPool:
