@@ -37,11 +37,11 @@ from radixlm.srt.models.layers import RMSNorm, RotaryEmbedding, copy_checked
 from radixlm.srt.models.llama import DecoderOptions, LlamaAttention
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.moe import ExpertShard, MoEConfig, TopKRouter
-from radixlm.srt.models.moe_decoder import MoEForCausalLM, MoEModel
+from radixlm.srt.models.moe_decoder import MoEDecoderLayer, MoEForCausalLM, MoEModel
 from radixlm.srt.models.tp_layers import HeadShard, _check_shape, take
 
 if TYPE_CHECKING:
-    from radixlm.srt.executor.forward_batch import ForwardBatch
+    pass
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -164,8 +164,8 @@ class GptOssMoeBlock(nn.Module):
         return self.tp.all_reduce(self.experts(x, weights, ids))
 
 
-class GptOssDecoderLayer(nn.Module):
-    is_sparse = True
+class GptOssDecoderLayer(MoEDecoderLayer):
+    is_sparse = True  # every gpt-oss layer routes to experts (MoEDecoderLayer.forward)
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class GptOssDecoderLayer(nn.Module):
         tp: TPGroup,
         moe: MoEConfig,
     ):
-        super().__init__()
+        nn.Module.__init__(self)  # its own attention and experts; MoEDecoderLayer's forward
         hf = config.hf_config
         kind = GptOssForCausalLM.layer_types(config)[layer_id]
         window = int(hf.sliding_window) if kind == SLIDING else None
@@ -185,22 +185,6 @@ class GptOssDecoderLayer(nn.Module):
         self.mlp = GptOssMoeBlock(config.hidden_size, moe, tp, alpha, limit)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        fb: ForwardBatch,
-        counted: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, fb)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-        return self.mlp(hidden, counted), residual
 
 
 class GptOssModel(MoEModel):
