@@ -1,0 +1,181 @@
+"""Launch-parameter sweep of the quantised linear kernels (``kernels/quant_gemm.py``) on this GPU,
+for the Llama-3-8B shape's four projections.
+
+    python -m radixlm.srt.bench.tune_quant --json tune_quant.json
+    python -m radixlm.srt.bench.tune_quant --kernels int4_gemv --rows 1,4
+
+For each kernel and row count it times every candidate configuration on each projection shape
+over ``--layers`` distinct weight copies (captured in one CUDA graph, so neither launch gaps nor
+L2 reuse flatter it: the weights of one layer are not in L2 when the next reads them), and
+prints, per shape, the heuristic's time, the best candidate's, and both against the weight-bytes
+roofline (bytes / the copy bandwidth measured in the same run). Every configuration computes the
+same result (checked against the heuristic's output), so a table built from this cannot make a
+model wrong. Reference rows in the same run: bf16 ``F.linear`` and, for int4, dequantise + cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels import quant_gemm as qg
+from radixlm.srt.bench.bench_quant import GROUP, copy_bandwidth, projections
+
+GEMV_GRID = {
+    "BLOCK_N": (2, 4, 8, 16, 32),
+    "BLOCK_K": (128, 256, 512, 1024),
+    "num_warps": (2, 4, 8),
+}
+TILED_GRID = {
+    "BLOCK_M": (16, 32, 64),
+    "BLOCK_N": (32, 64, 128),
+    "BLOCK_K": (32, 64, 128),
+    "SPLIT_K": (1, 2, 4),
+    "num_warps": (4, 8),
+}
+
+
+def graph_ms(calls, reps: int = 5) -> float:
+    """Best-of-``reps`` ms of one replay of a CUDA graph of ``calls`` (each a no-arg callable)."""
+    for c in calls:  # warm-up (compiles) outside the capture
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    del g
+    return best
+
+
+def configs(grid: dict) -> list[dict]:
+    keys = list(grid)
+    return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*grid.values())]
+
+
+def make_weights(kind: str, n: int, k: int, layers: int):
+    out = []
+    for _ in range(layers):
+        if kind == "fp8":
+            w8 = (torch.randn(n, k, device="cuda") * 0.5).to(qg.FP8_DTYPE)
+            out.append((w8, torch.rand(n, 1, device="cuda") * 0.01 + 1e-3))
+        elif kind == "int4":
+            q = torch.randint(0, 2**31 - 1, (n, k // 8), device="cuda", dtype=torch.int32)
+            s = (torch.rand(n, k // GROUP, device="cuda") * 0.01 + 1e-3).to(torch.bfloat16)
+            z = torch.full((n, k // GROUP), 8.0, device="cuda", dtype=torch.bfloat16)
+            out.append((q, s, z))
+        else:
+            out.append((torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02,))
+    return out
+
+
+def weight_bytes(kind: str, n: int, k: int) -> int:
+    return {"fp8": n * k, "int4": n * k // 2 + 2 * 2 * n * (k // GROUP), "bf16": 2 * n * k}[kind]
+
+
+def call(kernel: str, x, w, cfg):
+    if kernel == "fp8_gemv":
+        return lambda: qg.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
+    if kernel == "int4_gemv":
+        return lambda: qg.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
+    if kernel == "int4_tiled":
+        return lambda: qg.int4_gemm(
+            x,
+            w[0],
+            w[1],
+            w[2],
+            cfg=cfg or qg.int4_config(x.shape[0], w[0].shape[0], x.shape[1], GROUP),
+        )
+    if kernel == "int4_dequant":
+        return lambda: F.linear(x, qg.int4_dequant(w[0], w[1], w[2], x.dtype))
+    return lambda: F.linear(x, w[0])  # bf16
+
+
+KIND = {"fp8_gemv": "fp8", "int4_gemv": "int4", "int4_tiled": "int4", "int4_dequant": "int4"}
+
+
+def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[dict]:
+    kind = KIND.get(kernel, "bf16")
+    grid = GEMV_GRID if kernel.endswith("gemv") else TILED_GRID
+    cands = configs(grid) if kernel in ("fp8_gemv", "int4_gemv", "int4_tiled") else []
+    rows_out = []
+    for n, k in projections():
+        ws = make_weights(kind, n, k, layers)
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        roof = layers * weight_bytes(kind, n, k) / bw * 1e3
+        ref = call(kernel, x, ws[0], None)()
+        base = graph_ms([call(kernel, x, w, None) for w in ws])
+        best, best_cfg = base, None
+        for cfg in cands[:limit]:
+            if cfg.get("SPLIT_K", 1) > 1 and k % (cfg["BLOCK_K"] * cfg["SPLIT_K"]):
+                continue
+            if "BLOCK_K" in cfg and k % cfg["BLOCK_K"]:
+                continue
+            try:
+                y = call(kernel, x, ws[0], cfg)()
+                if not torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2):
+                    print(f"  {kernel} {cfg}: result differs, skipped", flush=True)
+                    continue
+                ms = graph_ms([call(kernel, x, w, cfg) for w in ws], reps=3)
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is skipped
+                print(f"  {kernel} {cfg}: {type(exc).__name__}", flush=True)
+                continue
+            if ms < best:
+                best, best_cfg = ms, cfg
+        row = {
+            "kernel": kernel,
+            "rows": rows,
+            "n": n,
+            "k": k,
+            "heuristic_ms": base / layers,
+            "best_ms": best / layers,
+            "roofline_ms": roof / layers,
+            "heuristic_ratio": base / roof,
+            "best_ratio": best / roof,
+            "best_cfg": best_cfg,
+        }
+        print(json.dumps(row), flush=True)
+        rows_out.append(row)
+        del ws
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernels", default="bf16,fp8_gemv,int4_gemv,int4_tiled,int4_dequant")
+    ap.add_argument("--rows", default="1,4,16,64")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--limit", type=int, default=1000, help="at most this many candidates")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s", flush=True)
+    results = []
+    for kernel in args.kernels.split(","):
+        for rows in map(int, args.rows.split(",")):
+            if kernel.endswith("gemv") and rows > qg.GEMV_ROWS:
+                continue
+            results += sweep(kernel, rows, args.layers, bw, args.limit)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": results}, f)
+
+
+if __name__ == "__main__":
+    main()
