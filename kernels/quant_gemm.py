@@ -520,6 +520,7 @@ def _fp8_gemv_kernel(
     SCALE_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """``y[m, n-tile] = sum_k x[m, k] w8[n, k] s[n, k // SCALE_K]`` in fp32 (``SCALE_K``: the
     scales' block width, a multiple of ``BLOCK_K``; 0: one scale per row)."""
@@ -529,7 +530,7 @@ def _fp8_gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         mask_k = k < K
         x = tl.load(x_ptr + m * stride_xm + k, mask=mask_k, other=0.0).to(tl.float32)
@@ -564,6 +565,7 @@ def _int4_gemv_kernel(
     stride_ym,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """``y[m, n-tile] = x[m] @ dequant(q)[n-tile]^T``: each row's ``BLOCK_K / 8`` words of a
     tile are loaded once (contiguous), and nibble ``i`` of them multiplies the features
@@ -576,7 +578,7 @@ def _int4_gemv_kernel(
     offs_c = tl.arange(0, BLOCK_K // 8)
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         words = tl.load(
             q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_c)[None, :],
             mask=mask_n[:, None],
@@ -631,8 +633,8 @@ def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
         SCALE_K=0 if block_k is None else block_k,
         BLOCK_N=conf["BLOCK_N"],
         BLOCK_K=conf["BLOCK_K"],
+        NUM_STAGES=conf["num_stages"],
         num_warps=conf["num_warps"],
-        num_stages=conf["num_stages"],
     )
     return y
 
@@ -662,8 +664,8 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
         y.stride(0),
         BLOCK_N=conf["BLOCK_N"],
         BLOCK_K=conf["BLOCK_K"],
+        NUM_STAGES=conf["num_stages"],
         num_warps=conf["num_warps"],
-        num_stages=conf["num_stages"],
     )
     return y
 

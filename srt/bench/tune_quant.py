@@ -27,15 +27,18 @@ from radixlm.srt.bench.bench_quant import GROUP, copy_bandwidth, projections
 
 GEMV_GRID = {
     "BLOCK_N": (2, 4, 8, 16, 32),
-    "BLOCK_K": (128, 256, 512, 1024),
-    "num_warps": (2, 4, 8),
+    "BLOCK_K": (256, 512, 1024, 2048, 4096),
+    "num_warps": (4, 8),
+    "num_stages": (2, 4),
 }
+# fp32 accumulator elements per program (FP8: BLOCK_N * BLOCK_K; int4: one per word) at most
+GEMV_ACC = 8192
 TILED_GRID = {
     "BLOCK_M": (16, 32, 64),
     "BLOCK_N": (32, 64, 128),
-    "BLOCK_K": (32, 64, 128),
+    "BLOCK_K": (64, 128),
     "SPLIT_K": (1, 2, 4),
-    "num_warps": (4, 8),
+    "num_warps": (4,),
 }
 
 
@@ -125,6 +128,9 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
             if cfg.get("SPLIT_K", 1) > 1 and k % (cfg["BLOCK_K"] * cfg["SPLIT_K"]):
                 continue
             if "BLOCK_K" in cfg and k % cfg["BLOCK_K"]:
+                continue
+            words = 8 if kernel == "int4_gemv" else 1
+            if kernel.endswith("gemv") and cfg["BLOCK_N"] * cfg["BLOCK_K"] > GEMV_ACC * words:
                 continue
             try:
                 y = call(kernel, x, ws[0], cfg)()
