@@ -177,6 +177,8 @@ def main(argv=None) -> None:
         for rows in map(int, args.rows.split(",")):
             if kernel.endswith("gemv") and rows > qg.GEMV_ROWS:
                 continue
+            if kernel == "int4_tiled" and rows <= qg.GEMV_ROWS:  # the GEMVs' rows
+                continue
             results += sweep(kernel, rows, args.layers, bw, args.limit)
     if args.json:
         with open(args.json, "w") as f:
