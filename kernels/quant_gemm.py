@@ -595,9 +595,70 @@ def _int4_gemv_kernel(
     tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
 
+def _int4_gemv_grouped_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_ym,
+    GROUP: tl.constexpr,
+    NG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """:func:`_int4_gemv_kernel` with the scale and zero factored out of each group:
+    ``sum_k (q - z) s x = s (sum_k q x - z sum_k x)`` over the ``GROUP`` features of a group, so
+    the inner loop is one multiply-add per weight and the scales are loaded once per row and
+    group (not per word). ``NG`` groups per iteration, held as a ``[BLOCK_N, NG, GROUP / 8]``
+    tile of words."""
+    W: tl.constexpr = GROUP // 8
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_g = tl.arange(0, NG)
+    word = offs_g[:, None] * W + tl.arange(0, W)[None, :]  # [NG, W]: words of the iteration
+    rows = offs_n[:, None, None] * stride_qn
+    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+    for k0 in tl.range(0, K, GROUP * NG, num_stages=NUM_STAGES):
+        words = tl.load(q_ptr + rows + (k0 // 8 + word)[None, :, :], mask=mask_n[:, None, None])
+        part = tl.zeros((BLOCK_N, NG, W), dtype=tl.float32)
+        xsum = tl.zeros((NG, W), dtype=tl.float32)
+        for i in tl.static_range(8):
+            x = tl.load(x_ptr + m * stride_xm + k0 + word * 8 + i).to(tl.float32)
+            part += ((words >> (4 * i)) & 0xF).to(tl.float32) * x[None, :, :]
+            xsum += x
+        g = offs_n[:, None] * stride_sn + (k0 // GROUP + offs_g)[None, :]
+        s = tl.load(s_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        acc += s * (tl.sum(part, axis=2) - z * tl.sum(xsum, axis=1)[None, :])
+    y = tl.sum(acc, axis=1)
+    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
 @functools.cache
 def _jit_gemv(name: str):
-    return triton.jit({"fp8": _fp8_gemv_kernel, "int4": _int4_gemv_kernel}[name])
+    kernels = {
+        "fp8": _fp8_gemv_kernel,
+        "int4": _int4_gemv_kernel,
+        "int4_grouped": _int4_gemv_grouped_kernel,
+    }
+    return triton.jit(kernels[name])
+
+
+def int4_grouped_fits(k: int, group: int, ng: int = 1) -> bool:
+    """Whether :func:`_int4_gemv_grouped_kernel` serves this shape: ``GROUP / 8`` and ``NG``
+    powers of two, ``K`` a whole number of iterations."""
+    w = group // 8
+    return (
+        group % 8 == 0 and w > 0 and not w & (w - 1) and not ng & (ng - 1) and k % (group * ng) == 0
+    )
 
 
 def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
@@ -649,6 +710,26 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
     conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
+    if conf.get("NG") and int4_grouped_fits(k, group, conf["NG"]):
+        _jit_gemv("int4_grouped")[grid](
+            x2,
+            qweight,
+            scales,
+            zeros,
+            y,
+            n,
+            k,
+            x2.stride(0),
+            qweight.stride(0),
+            scales.stride(0),
+            y.stride(0),
+            GROUP=group,
+            NG=conf["NG"],
+            BLOCK_N=conf["BLOCK_N"],
+            NUM_STAGES=conf["num_stages"],
+            num_warps=conf["num_warps"],
+        )
+        return y
     _jit_gemv("int4")[grid](
         x2,
         qweight,

@@ -31,6 +31,12 @@ GEMV_GRID = {
     "num_warps": (4, 8),
     "num_stages": (2, 4),
 }
+GROUPED_GRID = {
+    "BLOCK_N": (4, 8, 16, 32),
+    "NG": (1, 2, 4, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 4),
+}
 # fp32 accumulator elements per program (FP8: BLOCK_N * BLOCK_K; int4: one per word) at most
 GEMV_ACC = 8192
 TILED_GRID = {
@@ -94,7 +100,7 @@ def weight_bytes(kind: str, n: int, k: int) -> int:
 def call(kernel: str, x, w, cfg):
     if kernel == "fp8_gemv":
         return lambda: qg.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
-    if kernel == "int4_gemv":
+    if kernel in ("int4_gemv", "int4_gemv_g"):
         return lambda: qg.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
     if kernel == "int4_tiled":
         return lambda: qg.int4_gemm(
@@ -109,13 +115,20 @@ def call(kernel: str, x, w, cfg):
     return lambda: F.linear(x, w[0])  # bf16
 
 
-KIND = {"fp8_gemv": "fp8", "int4_gemv": "int4", "int4_tiled": "int4", "int4_dequant": "int4"}
+KIND = {
+    "fp8_gemv": "fp8",
+    "int4_gemv": "int4",
+    "int4_gemv_g": "int4",
+    "int4_tiled": "int4",
+    "int4_dequant": "int4",
+}
 
 
 def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[dict]:
     kind = KIND.get(kernel, "bf16")
-    grid = GEMV_GRID if kernel.endswith("gemv") else TILED_GRID
-    cands = configs(grid) if kernel in ("fp8_gemv", "int4_gemv", "int4_tiled") else []
+    grid = {"int4_gemv_g": GROUPED_GRID, "int4_tiled": TILED_GRID}.get(kernel, GEMV_GRID)
+    tuned = ("fp8_gemv", "int4_gemv", "int4_gemv_g", "int4_tiled")
+    cands = configs(grid) if kernel in tuned else []
     rows_out = []
     for n, k in projections():
         ws = make_weights(kind, n, k, layers)
@@ -130,6 +143,8 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
             if "BLOCK_K" in cfg and k % cfg["BLOCK_K"]:
                 continue
             words = 8 if kernel == "int4_gemv" else 1
+            if kernel == "int4_gemv_g" and not qg.int4_grouped_fits(k, GROUP, cfg["NG"]):
+                continue
             if kernel.endswith("gemv") and cfg["BLOCK_N"] * cfg["BLOCK_K"] > GEMV_ACC * words:
                 continue
             try:
@@ -164,7 +179,9 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernels", default="bf16,fp8_gemv,int4_gemv,int4_tiled,int4_dequant")
+    ap.add_argument(
+        "--kernels", default="bf16,fp8_gemv,int4_gemv,int4_gemv_g,int4_tiled,int4_dequant"
+    )
     ap.add_argument("--rows", default="1,4,16,64")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--limit", type=int, default=1000, help="at most this many candidates")
@@ -175,7 +192,7 @@ def main(argv=None) -> None:
     results = []
     for kernel in args.kernels.split(","):
         for rows in map(int, args.rows.split(",")):
-            if kernel.endswith("gemv") and rows > qg.GEMV_ROWS:
+            if "gemv" in kernel and rows > qg.GEMV_ROWS:
                 continue
             if kernel == "int4_tiled" and rows <= qg.GEMV_ROWS:  # the GEMVs' rows
                 continue

@@ -144,6 +144,28 @@ def test_int4_gemv_kernel_matches_the_reference(m, group):
     assert _rel(got, want) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize(("group", "ng"), [(32, 1), (64, 2), (128, 4)])
+def test_int4_grouped_gemv_matches_the_reference(m, group, ng):
+    """The GEMV with scales factored out of each group (``NG`` groups per iteration)."""
+    device = "cuda" if CUDA else "cpu"
+    n, k = 40, 512  # N not a multiple of BLOCK_N
+    _, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=group + m)
+    x = torch.randn(m, k, device=device).to(torch.float16)
+    want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
+    cfg = {"NG": ng, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
+    assert qg.int4_grouped_fits(k, group, ng)
+    got = qg.int4_gemv(x, qweight, scales, zeros, cfg=cfg)
+    assert got.dtype == torch.float16 and got.shape == (m, n)
+    assert _rel(got, want) < TOL[torch.float16]
+
+
+def test_int4_grouped_gemv_refuses_shapes_it_cannot_tile():
+    assert not qg.int4_grouped_fits(14336, 14336)  # 1,792 words a group: not a power of two
+    assert not qg.int4_grouped_fits(4096, 128, ng=3)
+    assert not qg.int4_grouped_fits(384, 128, ng=4)  # K not a whole number of iterations
+
+
 @pytest.mark.parametrize("group", [32, 128, 384])
 def test_int4_dequant_kernel_writes_the_dense_weight(group):
     """Prefill rows: the weight dequantised in one pass (K 384: a partial last K tile)."""
