@@ -102,6 +102,37 @@ class ForwardBatch:
         )
 
     @classmethod
+    def one_prompt(
+        cls,
+        token_ids: list[int],
+        req_slot: int,
+        kv_slots: torch.Tensor,
+        *,
+        req_to_token_pool: ReqToTokenPool,
+        kv_pool: KVPool,
+        attn_backend: AttentionBackend,
+    ) -> ForwardBatch:
+        """The planned extend batch of one whole prompt (no cached prefix) in the request row
+        ``req_slot``, its KV written to ``kv_slots`` (recorded in the row first): the start-up
+        checks' forward (quantisation check, KV calibration), outside the scheduler."""
+        n = len(token_ids)
+        req_to_token_pool.write(req_slot, 0, kv_slots)
+        fb = cls.from_host(
+            ForwardMode.EXTEND,
+            token_ids,
+            list(range(n)),
+            kv_slots,
+            [req_slot],
+            [0],
+            [n],
+            req_to_token_pool=req_to_token_pool,
+            kv_pool=kv_pool,
+            attn_backend=attn_backend,
+        )
+        attn_backend.plan(fb)
+        return fb
+
+    @classmethod
     def from_scheduled(
         cls,
         batch: ScheduledBatch,

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.srt.config import KV_CACHE_SCALE_MODES, read_kv_scales_file
-from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.executor.memory_pool import KVAmax
 
 if TYPE_CHECKING:
@@ -166,21 +166,15 @@ def record_kv_amax(runner: ModelRunner, token_ids: list[int]) -> KVAmax:
     if req_slot is None or kv_slots is None:  # cannot happen at start-up: the pools are empty
         raise RuntimeError(f"no request row or {n} KV slots free for the KV calibration")
     try:
-        table.write(req_slot, 0, kv_slots)
-        fb = ForwardBatch.from_host(
-            ForwardMode.EXTEND,
-            token_ids,
-            list(range(n)),
-            kv_slots,
-            [req_slot],
-            [0],
-            [n],
-            req_to_token_pool=table,
-            kv_pool=runner.kv_pool,
-            attn_backend=runner.attn_backend,
-        )
         with torch.inference_mode(), runner.kv_pool.recording_amax() as amax:
-            runner.attn_backend.plan(fb)
+            fb = ForwardBatch.one_prompt(
+                token_ids,
+                req_slot,
+                kv_slots,
+                req_to_token_pool=table,
+                kv_pool=runner.kv_pool,
+                attn_backend=runner.attn_backend,
+            )
             runner.model(fb.input_ids, fb.positions, fb)
     finally:
         table.free(req_slot)

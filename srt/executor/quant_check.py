@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
-from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.forward_batch import ForwardBatch
 from radixlm.srt.executor.kv_calibration import CALIBRATION_TEXT
 from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from radixlm.srt.models.quant.linear import reference_weights
@@ -63,22 +63,14 @@ def prefill_logits(
     table = ReqToTokenPool(1, n + 1, device)
     allocator = TokenSlotAllocator(n + 1, 1, device)
     backend = TorchAttentionBackend()
-    req_slot = table.alloc()
-    slots = allocator.alloc(n)
-    table.write(req_slot, 0, slots)
-    fb = ForwardBatch.from_host(
-        ForwardMode.EXTEND,
+    fb = ForwardBatch.one_prompt(
         token_ids,
-        list(range(n)),
-        slots,
-        [req_slot],
-        [0],
-        [n],
+        table.alloc(),
+        allocator.alloc(n),
         req_to_token_pool=table,
         kv_pool=kv_pool,
         attn_backend=backend,
     )
-    backend.plan(fb)
     return model.compute_logits(model(fb.input_ids, fb.positions, fb)).float()
 
 
