@@ -76,15 +76,20 @@ def attention_sinks(layer) -> torch.Tensor | None:
     return getattr(layer, "sinks", None)
 
 
+def model_has_sinks(model) -> bool:
+    """Whether any attention layer of ``model`` has sink logits."""
+    return any(attention_sinks(m) is not None for m in model.modules() if hasattr(m, "layer_id"))
+
+
 def check_backend_serves(backend: AttentionBackend, model) -> None:
     """Refuses (ValueError naming the backend) a model with attention sinks on a backend that
     cannot add them."""
     if backend.supports_sinks:
         return
-    if any(attention_sinks(m) is not None for m in model.modules() if hasattr(m, "layer_id")):
+    if model_has_sinks(model):
         raise ValueError(
             f"this model's attention has sinks (gpt-oss), which the {backend.name} attention "
-            "backend does not implement; use --attention-backend torch"
+            "backend does not implement; use --attention-backend triton (GPU) or torch"
         )
 
 

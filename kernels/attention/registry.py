@@ -1,7 +1,7 @@
 """Picks an attention backend by name: ``auto``, ``torch``, ``triton`` or ``flashinfer``.
 
-``auto`` resolves once at start-up: flashinfer where it imports on a CUDA device, else triton
-on a CUDA device, else torch. The GPU backends import their libraries lazily, so this module
+``auto`` resolves once at start-up: flashinfer where it imports on a CUDA device (and the model
+has no attention sinks, which it does not implement), else triton on a CUDA device, else torch. The GPU backends import their libraries lazily, so this module
 imports on any machine.
 """
 
@@ -37,10 +37,15 @@ def triton_available() -> bool:
 
 
 def resolve_attention_backend(
-    name: str, device: torch.device, head_dim: int | None = None, dtype: torch.dtype | None = None
+    name: str,
+    device: torch.device,
+    head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
+    sinks: bool = False,
 ) -> str:
     """The concrete backend name for ``name`` on ``device`` (``auto`` resolved; a ``head_dim``
-    or ``dtype`` FlashInfer has no kernels for resolves to triton)."""
+    or ``dtype`` FlashInfer has no kernels for, or a model with attention ``sinks``, resolves
+    to triton)."""
     if name not in ATTENTION_BACKEND_NAMES:
         raise ValueError(
             f"unknown attention backend {name!r}; choose one of "
@@ -49,8 +54,10 @@ def resolve_attention_backend(
     if name != "auto":
         return name
     if device.type == "cuda":
-        fits = (head_dim is None or head_dim in FLASHINFER_HEAD_DIMS) and (
-            dtype is None or dtype in FLASHINFER_DTYPES
+        fits = (
+            (head_dim is None or head_dim in FLASHINFER_HEAD_DIMS)
+            and (dtype is None or dtype in FLASHINFER_DTYPES)
+            and not sinks
         )
         if fits and flashinfer_available():
             return "flashinfer"
@@ -70,12 +77,14 @@ def make_attention_backend(
     scaling: float | None = None,
     dtype: torch.dtype | None = None,
     variants: list[AttentionVariant] | None = None,
+    sinks: bool = False,
 ) -> AttentionBackend:
     """Builds the backend ``name`` for ``device``. flashinfer needs the model's attention shape
     (``num_heads``, ``num_kv_heads``, ``head_dim``), the KV ``page_size`` and, for layers with
     sliding windows, soft-caps or another scale, their ``variants`` (``base.attention_variants``)
-    at construction."""
-    resolved = resolve_attention_backend(name, device, head_dim, dtype)
+    at construction. ``sinks``: the model's attention has sink logits (``auto`` then avoids
+    flashinfer)."""
+    resolved = resolve_attention_backend(name, device, head_dim, dtype, sinks)
     if resolved == "torch":
         return TorchAttentionBackend()
     if resolved == "triton":

@@ -23,6 +23,7 @@ import torch
 from radixlm.kernels.attention.base import (
     AttentionBackend,
     AttentionLayer,
+    attention_sinks,
     attention_window,
     logit_cap,
 )
@@ -56,6 +57,7 @@ class _ExtendPlan:
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
+    supports_sinks = True
 
     def __init__(self, num_kv_splits: int | None = None):
         """``num_kv_splits`` fixes the decode split count; by default it is chosen from the batch
@@ -125,6 +127,7 @@ class TritonAttentionBackend(AttentionBackend):
             v_scale=v_scale,
             window=attention_window(layer),
             softcap=logit_cap(layer),
+            sinks=attention_sinks(layer),
         )
         if fb.mode.is_decode:
             plan = self._decode

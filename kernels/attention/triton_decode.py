@@ -25,6 +25,8 @@ lengths, and no length is read on the host: the launch is safe to capture in a C
 
 Sliding window: the splits cover only the last ``window`` positions of each sequence. Soft-cap:
 the base-2 scores are capped at ``softcap * log2(e)``, the same as capping the natural scores.
+Sinks (gpt-oss): one logit per head joins the softmax's denominator and nothing of the values;
+added once per head where the slices are merged (the first pass when there is one slice).
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ def _decode_partial_kernel(
     v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
     window,  # keys seen (the last `window` of the sequence); 0: all
     cap_log2,  # soft-cap of the scores times log2(e) (scores are in base 2 here)
+    sinks_ptr,  # [num_heads] fp32 sink logits (natural units) when HAS_SINKS
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -131,6 +135,8 @@ def _decode_partial_kernel(
     out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
     if NUM_SPLITS == 1:  # the whole sequence: this is the result (what the merge would give)
+        if HAS_SINKS:
+            out = _with_sink(acc * v_scale, m_i, l_i, tl.load(sinks_ptr + heads, mask=mask_h))
         tl.store(
             out_ptr + bid * stride_out_tok + heads[:, None] * HEAD_DIM + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
@@ -153,16 +159,31 @@ def _tanh(x):
 
 
 @triton.jit
+def _with_sink(acc, m_i, l_i, sink):
+    """The normalised output of an online softmax (``acc`` and ``l_i`` relative to the base-2
+    running max ``m_i``, ``[rows]``) whose denominator also holds ``exp(sink)`` (``sink``
+    ``[rows]``, natural units): ``acc / (l + e^sink)`` in the max's frame, so a row with no key
+    (``m_i`` -inf, ``acc`` 0) gives 0."""
+    sink2 = sink * 1.4426950408889634
+    m_f = tl.maximum(m_i, sink2)
+    keep = tl.exp2(m_i - m_f)
+    den = l_i * keep + tl.exp2(sink2 - m_f)
+    return acc * (keep / den)[:, None]
+
+
+@triton.jit
 def _decode_merge_kernel(
     part_o_ptr,
     part_lse_ptr,
     out_ptr,  # [B, num_heads * head_dim]
     stride_out_tok,
+    sinks_ptr,  # [num_heads] fp32 when HAS_SINKS
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     bid = tl.program_id(0)
     head = tl.program_id(1)
@@ -173,6 +194,9 @@ def _decode_merge_kernel(
     base = (bid * NUM_HEADS + head) * NUM_SPLITS
     lse = tl.load(part_lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
     m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + head) * 1.4426950408889634
+        m = tl.maximum(m, sink2)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
     o = tl.load(
@@ -182,6 +206,8 @@ def _decode_merge_kernel(
     )
     num = tl.sum(w[:, None] * o, 0)
     den = tl.sum(w, 0)
+    if HAS_SINKS:
+        den += tl.exp2(sink2 - m)
     out = num / tl.where(den > 0, den, 1.0)
     tl.store(
         out_ptr + bid * stride_out_tok + head * HEAD_DIM + offs_d,
@@ -207,6 +233,7 @@ def decode_attention(
     num_splits: int,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     tiles: dict | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -215,7 +242,8 @@ def decode_attention(
     An fp8 ``k_buf``/``v_buf`` holds values / ``k_scale`` (``v_scale``): loaded as fp8 and
     converted in registers, with ``k_scale`` folded into the softmax scale and ``v_scale``
     applied to the output. ``window`` > 0: only the last ``window`` keys of each request are
-    read; ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
+    read; ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``; ``sinks``
+    (``[num_heads]``): one more logit per head in each softmax's denominator. ``tiles`` overrides the chosen tile settings (``BLOCK_N``,
     ``num_stages``, ``num_warps``; for ``srt/bench/decode_tiles.py``). ``out``: where to write
     (q's shape and dtype, rows may be a view)."""
     batch = q.shape[0]
@@ -235,6 +263,7 @@ def decode_attention(
     cfg.update(tiles or {})
     if not kv_fp8 or cfg["UPCAST"] or q.dtype == torch.float32:
         cfg["FP8_DOT"] = 0  # 1 and 2 are for fp8 KV with 16-bit q
+    sinks = sink_logits(sinks, part_lse)
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_buf,
@@ -254,11 +283,13 @@ def decode_attention(
         v_scale,
         window,
         softcap * LOG2E,
+        sinks,
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         GROUP=group,
         NUM_SPLITS=num_splits,
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not part_lse,
         **cfg,
     )
     if direct:
@@ -268,13 +299,23 @@ def decode_attention(
         part_lse,
         out,
         out.stride(0),
+        sinks,
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        HAS_SINKS=sinks is not part_lse,
     )
     return out
+
+
+def sink_logits(sinks: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The sink logits as the kernels read them (fp32, contiguous), or ``placeholder`` (any
+    fp32 tensor of the launch, never read) when the layer has none."""
+    if sinks is None:
+        return placeholder
+    return sinks.detach().to(torch.float32).contiguous()
 
 
 def _decode_config(q: torch.Tensor, head_dim: int, group: int, kv_fp8: bool) -> dict:

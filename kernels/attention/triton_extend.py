@@ -7,7 +7,8 @@ new tokens alike, the new ones having just been written to the pool) through ``r
 and applies the causal mask ``kv_pos <= prefix_len + row`` (and, with a sliding window W,
 ``kv_pos > prefix_len + row - W``, starting its loop at the block's first visible key), with an
 fp32 online softmax.
-fp8 K/V are dequantised in registers as in ``triton_decode``.
+fp8 K/V are dequantised in registers as in ``triton_decode``; so are sinks (one logit per head in
+each row's softmax denominator) added when a row's softmax is finished.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.attention.triton_decode import LOG2E, _tanh
+from radixlm.kernels.attention.triton_decode import LOG2E, _tanh, _with_sink, sink_logits
 
 
 @triton.jit
@@ -39,6 +40,7 @@ def _extend_kernel(
     v_scale,  # dequantisation scale of V (1.0 unless the pool is fp8)
     window,  # a row at position i sees keys i - window < j <= i; 0: all of j <= i
     cap_log2,  # soft-cap of the scores times log2(e)
+    sinks_ptr,  # [num_heads] fp32 sink logits when HAS_SINKS
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -48,6 +50,7 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     bid = tl.program_id(0)
     head = tl.program_id(1)
@@ -111,7 +114,11 @@ def _extend_kernel(
         m_i = m_new
 
     # every real row sees at least its own key; padding rows past a window may see none
-    out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head + tl.zeros([BLOCK_M], dtype=tl.int32))
+        out = _with_sink(acc * v_scale, m_i, l_i, sink)
+    else:
+        out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     tl.store(
         out_ptr + (tok_start + rows)[:, None] * stride_out_tok + head * HEAD_DIM + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -138,13 +145,15 @@ def extend_attention(
     v_scale: float = 1.0,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens' queries ``q`` ``[T, num_heads * head_dim]`` over
     each request's prefix and new tokens, all read from the pool through ``req_to_token``.
     fp8 K/V buffers are dequantised in the kernel with ``k_scale``/``v_scale`` (see
     ``triton_decode``). ``window`` > 0: a row at position i sees keys ``i - window < j <= i``;
-    ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``. ``out``: where to write (q's shape and dtype, rows may be a view)."""
+    ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)``; ``sinks``
+    (``[num_heads]``): one more logit per head in each row's denominator. ``out``: where to write (q's shape and dtype, rows may be a view)."""
     group = num_heads // num_kv_heads
     assert group * num_kv_heads == num_heads, "num_heads must be a multiple of num_kv_heads"
     assert k_buf.stride(-1) == 1 and q.stride(-1) == 1, "K/V and q need a contiguous last dim"
@@ -155,6 +164,7 @@ def extend_attention(
     cfg = _extend_config(q, head_dim)
     cfg["KV_FP8"] = k_buf.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, cfg["BLOCK_M"]))
+    sink_arg = sink_logits(sinks, extend_lens)
     _extend_kernel[grid](
         q,
         k_buf,
@@ -174,9 +184,11 @@ def extend_attention(
         v_scale,
         window,
         softcap * LOG2E,
+        sink_arg,
         HEAD_DIM=head_dim,
         GROUP=group,
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
         **cfg,
     )
     return out

@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
-from radixlm.kernels.attention.base import attention_variants, check_backend_serves
+from radixlm.kernels.attention.base import (
+    attention_variants,
+    check_backend_serves,
+    model_has_sinks,
+)
 from radixlm.kernels.attention.registry import make_attention_backend
 from radixlm.srt.config import ServerConfig, resolve
 from radixlm.srt.distributed import (
@@ -107,6 +111,7 @@ class ModelRunner:
             page_size=cfg.page_size,
             dtype=self.dtype,
             variants=attention_variants(self.model),
+            sinks=model_has_sinks(self.model),
         )
         check_backend_serves(self.attn_backend, self.model)
         self.padding_req_slot = ReqToTokenPool.PADDING_ROW

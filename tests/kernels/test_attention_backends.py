@@ -41,6 +41,7 @@ class Layer:
     scaling: float
     sliding_window: int | None = None
     logit_cap: float = 0.0
+    sinks: torch.Tensor | None = None  # [num_heads] sink logits (gpt-oss)
 
 
 @dataclass
@@ -225,7 +226,8 @@ def test_plan_is_per_batch():
 
 def naive_reference(case: Case) -> torch.Tensor:
     """Dense attention written out per request and head (no SDPA, no pool tricks): positions
-    ``i - W < j <= i`` and the tanh soft-cap as the layer says. Checks the torch backend too."""
+    ``i - W < j <= i``, the tanh soft-cap and the sink logits as the layer says. Checks the
+    torch backend too."""
     fb, layer = case.fb, case.layer
     AttentionBackend.store_kv(case.k, case.v, layer, fb)  # what every backend does first
     k_buf, v_buf = fb.kv_pool.get_kv(0)
@@ -245,7 +247,10 @@ def naive_reference(case: Case) -> torch.Tensor:
                 seen = j <= pos
                 if layer.sliding_window:
                     seen &= j > pos - layer.sliding_window
-                w = s.masked_fill(~seen, float("-inf")).softmax(0)
+                s = s.masked_fill(~seen, float("-inf"))
+                if layer.sinks is not None:  # one more logit in the denominator, no value
+                    s = torch.cat((s, layer.sinks[head].float().cpu().view(1)))
+                w = s.softmax(0)[: p + e]
                 out[row, head * d : (head + 1) * d] = w @ v[:, head // group]
             row += 1
     return out.to(DEVICE)
@@ -274,6 +279,37 @@ def test_window_and_softcap_match_naive(window, cap, decode):
     ref = naive_reference(case)
     assert_close(run_backend(TorchAttentionBackend(), case), ref, 1e-4)
     assert_close(run_backend(TritonAttentionBackend(num_kv_splits=3), case), ref, 1e-4)
+
+
+SINK_CASES = [
+    # (window, soft-cap, decode splits): sinks alone over one split and over several, with a
+    # window, with a cap
+    (None, 0.0, 1),
+    (None, 0.0, 3),
+    (5, 0.0, 3),
+    (None, 1.5, 2),
+]
+
+
+@pytest.mark.parametrize("window,cap,splits", SINK_CASES)
+@pytest.mark.parametrize("decode", [False, True])
+def test_sinks_match_naive(window, cap, splits, decode):
+    """Attention sinks (gpt-oss: one logit per head in each softmax's denominator) through the
+    torch and triton backends against the written-out reference: extend (a mixed step's decode
+    tail too) and decode (merged splits, and one split writing the output itself). Sinks of a
+    few units against scores of a few units, so that leaving them out fails."""
+    lens = decode_lens([1, 9, 40, 17]) if decode else ([0, 12, 3, 30], [70, 9, 1, 1])
+    case = make_case(*lens, heads=8, kv_heads=2, head_dim=32, page_size=2, decode=decode, seed=5)
+    case.layer.sliding_window, case.layer.logit_cap = window, cap
+    case.layer.sinks = torch.linspace(-2.0, 4.0, 8, device=DEVICE)
+    case.q.mul_(4.0)
+    ref = naive_reference(case)
+    assert_close(run_backend(TorchAttentionBackend(), case), ref, 1e-4)
+    assert_close(run_backend(TritonAttentionBackend(num_kv_splits=splits), case), ref, 1e-4)
+    plain = Layer(**{**case.layer.__dict__, "sinks": None})
+    assert (
+        run_backend(TorchAttentionBackend(), Case(case.fb, plain, case.q, case.k, case.v)) - ref
+    ).abs().max() > 1e-2
 
 
 # ---------------------------------------------------------------- GPU only ------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -75,8 +77,17 @@ def test_only_backends_with_sinks_serve_models_with_attention_sinks():
 
     with_sinks, plain = SinkLayer(torch.zeros(4)), SinkLayer(None)
     check_backend_serves(TorchAttentionBackend(), with_sinks)
-    assert TritonAttentionBackend.supports_sinks is False
-    triton = TritonAttentionBackend.__new__(TritonAttentionBackend)  # no GPU state needed
-    check_backend_serves(triton, plain)
-    with pytest.raises(ValueError, match="sinks.*triton.*--attention-backend torch"):
-        check_backend_serves(triton, with_sinks)
+    assert TritonAttentionBackend.supports_sinks is True
+    check_backend_serves(TritonAttentionBackend.__new__(TritonAttentionBackend), with_sinks)
+    other = SimpleNamespace(name="nosinks", supports_sinks=False)  # what the check reads
+    check_backend_serves(other, plain)
+    with pytest.raises(ValueError, match="sinks.*nosinks.*--attention-backend triton"):
+        check_backend_serves(other, with_sinks)
+
+
+def test_auto_avoids_flashinfer_for_a_model_with_sinks(monkeypatch):
+    monkeypatch.setattr(registry, "flashinfer_available", lambda: True)
+    monkeypatch.setattr(registry, "triton_available", lambda: True)
+    cuda = torch.device("cuda")
+    assert registry.resolve_attention_backend("auto", cuda, 64, torch.bfloat16) == "flashinfer"
+    assert registry.resolve_attention_backend("auto", cuda, 64, torch.bfloat16, True) == "triton"
