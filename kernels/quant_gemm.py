@@ -29,8 +29,10 @@ Paths:
   divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
   the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
   projection at batch 1 still has a few programs per SM. Above ``DEQUANT_ROWS`` rows
-  (prefill, compute-bound) :func:`int4_dequant` writes the dense weight in one pass and
-  ``F.linear`` (cuBLAS) multiplies it;
+  :func:`int4_dequant` writes the dense weight in one pass and ``F.linear`` (cuBLAS) multiplies
+  it: on an H200 the tiled kernel served 582 tokens/s of the 8B shape's projections at 64 rows
+  and 1,278 at 256, where dequantising (17.5 GB moved per step, ~4 ms) and a bf16 GEMM serve
+  several thousand, so the tiled kernel keeps only the split-K rows until it is tuned;
 * elsewhere (CPUs): the torch reference: activations quantised and dequantised (the same
   rounding as the GPU paths), times the dequantised weight (``dense``, when the caller caches
   it, else dequantised per call).
@@ -56,7 +58,7 @@ FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
-DEQUANT_ROWS = 256
+DEQUANT_ROWS = SPLIT_K_ROWS
 SEQUENTIAL = tuple(range(8))
 
 
