@@ -20,8 +20,14 @@ from jsonschema.validators import validator_for
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
 from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.parsers.harmony import HarmonyReasoningParser
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
-from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.parsers.registry import (
+    make_reasoning_parser,
+    make_tool_parser,
+    reasoning_needs_markers,
+    resolve_tool_parser,
+)
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec, forces_calls
 from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
 from radixlm.srt.server.chat.request import ChatCompletionRequest, ChatMessage, ToolDef
@@ -219,7 +225,10 @@ class ChatParsing:
 
     @property
     def special_markup(self) -> bool:
-        """Whether the outputs' call markup may be special tokens that decoding must keep."""
+        """Whether the outputs' call or reasoning markup may be special tokens that decoding
+        must keep (harmony's channels, with either parser)."""
+        if self.reasoning_parser != "none" and reasoning_needs_markers(self.reasoning_parser):
+            return True
         return self.parses_calls and bool(make_tool_parser(self.tool_parser, []).special_markers)
 
     def new_tool_parser(self) -> ToolCallParser | None:
@@ -233,12 +242,12 @@ class ChatParsing:
             return None
         return make_tool_parser(self.tool_parser, self.specs)
 
-    def new_reasoning_parser(self) -> ReasoningParser | None:
+    def new_reasoning_parser(self) -> ReasoningParser | HarmonyReasoningParser | None:
         if self.reasoning_parser == "none":
             return None
-        return ReasoningParser(self.reasoning_parser, self.starts_in_reasoning)
+        return make_reasoning_parser(self.reasoning_parser, self.starts_in_reasoning)
 
-    def output_reasoning_parser(self) -> ReasoningParser | None:
+    def output_reasoning_parser(self) -> ReasoningParser | HarmonyReasoningParser | None:
         """The parser that splits reasoning out of the reply (none when it stays in content)."""
         return self.new_reasoning_parser() if self.separate_reasoning else None
 
