@@ -32,11 +32,12 @@ is not one (no ``<|message|>`` before a terminator or another ``<|start|>``, a w
 channel that is not ``to=...``, more than ``HEADER_LIMIT`` characters) is content, as written.
 A call body that does not start with ``{`` is content, header and all; arguments that stop
 being JSON close where they last were and the rest of the body is content; text after a
-complete object in the body is content. A body cut off by the end of the output, a terminator
-or the next message is a call with its arguments exactly as written (not closed: gpt-oss stops
-at ``<|call|>``, so that is how every call ends); a header cut off with the recipient's name
-complete (something follows it) is a call with ``""`` arguments, one cut inside the name is
-dropped.
+complete object in the body is content. A terminator or the next message inside the arguments object
+breaks it the same way. An output cut off inside the object (gpt-oss stops at ``<|call|>``, a
+stop token that the decoded text usually leaves out, so that is how most calls end) is a call
+with its arguments exactly as written, not closed; a call body ended with no object has
+``{}`` (``""`` when cut off); a header cut off with the recipient's name complete (something
+follows it) is a call with ``""`` arguments, one cut inside the name is dropped.
 
 The markers are special tokens of gpt-oss's tokenizer (``special_markers``: chat requests then
 keep them in the decoded text). ``HarmonyReasoningParser`` is the reasoning parser of the same
@@ -419,9 +420,13 @@ class HarmonyReader:
             self.em.start_call(self._name)
             self.em.arguments("" if cut else "{}")
             self.em.end_call()
-        elif state == _ARGS:  # ended inside the object: as written, not closed
+        elif state == _ARGS and cut:  # the output ends inside the object: as written
             self.em.arguments("".join(self._buffer))
             self.em.end_call()
+        elif state == _ARGS:  # a marker inside the object: closed there, the rest is content
+            self.em.arguments(self._scanner.closing())
+            self.em.end_call()
+            self.em.content("".join(self._buffer))
         self.em.claim()  # whitespace after the arguments
         self._state = _TEXT
 
