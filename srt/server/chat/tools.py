@@ -20,7 +20,7 @@ from jsonschema.validators import validator_for
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
 from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.parsers.harmony import HarmonyReasoningParser
+from radixlm.srt.parsers.harmony import HarmonyParser, HarmonyReasoningParser
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import (
     make_reasoning_parser,
@@ -430,13 +430,32 @@ def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLa
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# gpt-oss's template (harmony) writes "Reasoning: <effort>" and knows three efforts
+HARMONY_EFFORTS = {
+    "none": "low",
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
 
 
-def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+def reads_harmony(parsing: ChatParsing) -> bool:
+    """Whether the model writes harmony (gpt-oss): its parsers are configured or detected."""
+    if parsing.tool_parser == HarmonyParser.name:
+        return True
+    return parsing.reasoning_parser != "none" and reasoning_needs_markers(parsing.reasoning_parser)
+
+
+def template_kwargs(req: ChatCompletionRequest, harmony: bool = False) -> dict[str, Any]:
     """``chat_template_kwargs`` (such as ``enable_thinking``), minus the template's own
     arguments, which the server sets; ``reasoning_effort`` ``"none"`` sets ``enable_thinking:
     false`` (templates that think by default, such as Qwen3's, read it) unless the kwargs set
-    it; the other efforts leave the template's default. ``continue_final_message`` (vLLM,
+    it; the other efforts leave the template's default. ``harmony`` (gpt-oss, whose template
+    reads ``reasoning_effort``): the effort goes to the template as low, medium or high (none
+    and minimal are low, xhigh and max high). ``continue_final_message`` (vLLM,
     SGLang) renders the last assistant message open, so the reply continues it;
     ``add_generation_prompt: false`` (vLLM) renders no assistant header."""
     kwargs = dict(req.chat_template_kwargs or {})
@@ -454,6 +473,8 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
         )
     if effort == "none":
         kwargs.setdefault("enable_thinking", False)
+    if effort is not None and harmony:  # gpt-oss's template reads reasoning_effort itself
+        kwargs.setdefault("reasoning_effort", HARMONY_EFFORTS[effort])
     if req.add_generation_prompt is False:  # default: chat/prompt.render opens the reply
         kwargs["add_generation_prompt"] = False
     if req.continue_final_message:
