@@ -455,7 +455,8 @@ class HarmonyParser(ToolCallParser):
         """gpt-oss's template writes one call per assistant message and names a tool result
         after the call before it: an assistant message of several calls becomes one message
         per call, each followed by its result (where the history has it); ``reasoning_content``
-        becomes the template's ``thinking``; arguments are objects (the template applies
+        becomes the template's ``thinking`` (where the message has no content: the template
+        writes either as the analysis message); arguments are objects (the template applies
         ``tojson``)."""
         return harmony_history(with_template_calls(messages)), tools_kwargs(tools, choice)
 
@@ -502,10 +503,10 @@ def harmony_history(messages: list[dict]) -> list[dict]:
             out.append(message)
             continue
         base = {k: v for k, v in message.items() if k not in ("tool_calls", "reasoning_content")}
-        if message.get("reasoning_content"):
-            base["thinking"] = message["reasoning_content"]
+        if message.get("reasoning_content") and not message.get("content"):
+            base["thinking"] = message["reasoning_content"]  # gpt-oss's template takes one
         for i, call in enumerate(calls):
-            part = dict(base) if i == 0 else {"role": "assistant", "content": None}
+            part = dict(base) if i == 0 else {"role": "assistant", "content": ""}
             part["tool_calls"] = [call]
             out.append(part)
             result = results.get(str(call.get("id")))

@@ -391,7 +391,7 @@ def test_history_is_one_call_per_message_with_its_result() -> None:
         ("user", "hi"),
         ("assistant", None),
         ("tool", "one"),
-        ("assistant", None),
+        ("assistant", ""),
         ("tool", "two"),
         ("assistant", "done"),
     ]
