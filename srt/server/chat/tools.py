@@ -20,7 +20,7 @@ from jsonschema.validators import validator_for
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
 from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.parsers.harmony import HarmonyParser, HarmonyReasoningParser
+from radixlm.srt.parsers.harmony import MARKERS, HarmonyParser, HarmonyReasoningParser
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
 from radixlm.srt.parsers.registry import (
     make_reasoning_parser,
@@ -218,6 +218,8 @@ class ChatParsing:
     starts_in_reasoning: bool = False
     separate_reasoning: bool = True  # false: the reasoning stays in content
     names_only: bool = False  # allowed_tools left some tools out: calls name the rest only
+    # harmony's markers are special tokens of the tokenizer (gpt-oss's): no grammar writes them
+    harmony_special: bool = False
 
     @property
     def parses_calls(self) -> bool:
@@ -276,7 +278,10 @@ def output_constraint(
 ) -> dict[str, Any]:
     """The grammar fragment of the native sampling params: the tool parser's constraint
     (composed with the response_format schema), else the response_format's own; inside a
-    reasoning parser's wrapping, so the grammar starts after the reasoning."""
+    reasoning parser's wrapping, so the grammar starts after the reasoning. Harmony's parsers
+    add nothing where its markers are special tokens (``harmony_special``): forced choices are
+    refused before (``check_forced_markers``), strict tools under ``"auto"`` are not enforced,
+    and a response format constrains the reply as written."""
     fragment: dict[str, Any] | None = None
     if parsing.parses_calls:
         if response_tag is not None:
@@ -286,26 +291,39 @@ def output_constraint(
                 "response_format",
             )
         parser = make_tool_parser(parsing.tool_parser, parsing.specs)
-        fragment = parser.constraint(
-            parsing.specs, parsing.choice, parsing.parallel, response_schema, parsing.names_only
-        )
+        if not (parsing.harmony_special and isinstance(parser, HarmonyParser)):
+            fragment = parser.constraint(
+                parsing.specs, parsing.choice, parsing.parallel, response_schema, parsing.names_only
+            )
     if fragment is None and response_schema is not None:
         fragment = {"json_schema": response_schema}
     if fragment is None and response_tag is not None:
         fragment = {"structural_tag": response_tag}
     if fragment is None:
         return {}
-    reasoning = parsing.new_reasoning_parser()
+    reasoning = _wrapping_reasoning_parser(parsing)
     if reasoning is not None:
         fragment = reasoning.wrap_constraint(fragment)
     return _as_native(fragment)
+
+
+def _wrapping_reasoning_parser(
+    parsing: ChatParsing,
+) -> ReasoningParser | HarmonyReasoningParser | None:
+    """The reasoning parser whose ``wrap_constraint`` places a grammar; none for harmony where
+    its markers are special tokens (the grammar then applies to the whole reply, which the
+    model writes without channels: harmony's parsers read such text as content)."""
+    reasoning = parsing.new_reasoning_parser()
+    if isinstance(reasoning, HarmonyReasoningParser) and parsing.harmony_special:
+        return None
+    return reasoning
 
 
 def reasoning_wrapped(parsing: ChatParsing, raw: dict[str, Any]) -> dict[str, Any]:
     """A raw grammar param (``regex``, ``ebnf`` or ``json_schema`` sent as such) applied after
     the reasoning block when a reasoning parser is on; ``{}`` (the param stays as sent) when
     none is, or when several are set (the sampling params refuse that themselves)."""
-    reasoning = parsing.new_reasoning_parser()
+    reasoning = _wrapping_reasoning_parser(parsing)
     if reasoning is None or len(raw) != 1:
         return {}
     try:
@@ -397,6 +415,9 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
         separate_reasoning=req.separate_reasoning,
         names_only=len(specs) < offered,  # the other tools must not be called either
     )
+    if reads_harmony(parsing):
+        special = set(getattr(tm.tokenizer, "all_special_tokens", None) or ())
+        parsing = replace(parsing, harmony_special=bool(special.intersection(MARKERS)))
     check_tools_supported(parsing)
     check_forced_markers(parsing, tm.tokenizer)
     return parsing

@@ -107,3 +107,30 @@ def test_reasoning_effort_reaches_the_harmony_template() -> None:
     assert reads_harmony(ChatParsing(tool_parser="gpt-oss"))
     assert reads_harmony(ChatParsing(tool_parser="none", reasoning_parser="openai_gptoss"))
     assert not reads_harmony(ChatParsing(tool_parser="hermes", reasoning_parser="qwen3"))
+
+
+def test_special_markers_leave_the_grammar_to_the_reply_as_written() -> None:
+    """With gpt-oss's own tokenizer the markers are special tokens no grammar writes: harmony
+    adds nothing to a constraint, and forced choices are refused."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from radixlm.srt.managers.tokenizer_manager import GenerateError
+    from radixlm.srt.parsers.tool_base import ToolSpec
+    from radixlm.srt.server.chat.tools import check_forced_markers, output_constraint
+
+    strict = ToolSpec("get_weather", None, {"type": "object"}, strict=True)
+    base = ChatParsing(
+        specs=[strict], choice="auto", tool_parser="gpt-oss", reasoning_parser="gpt-oss"
+    )
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    assert "<|channel|>final<|message|>" in json.dumps(output_constraint(base, schema, None))
+    assert "to=functions.get_weather" in json.dumps(output_constraint(base, None, None))
+    special = replace(base, harmony_special=True)
+    assert output_constraint(special, schema, None) == {"json_schema": json.dumps(schema)}
+    assert output_constraint(special, None, None) == {}
+    gpt_oss_tokenizer = SimpleNamespace(all_special_tokens=["<|channel|>", "<|call|>"])
+    check_forced_markers(special, gpt_oss_tokenizer)  # "auto": nothing forced
+    with pytest.raises(GenerateError) as err:
+        check_forced_markers(replace(special, choice="required"), gpt_oss_tokenizer)
+    assert err.value.param == "tool_choice"
