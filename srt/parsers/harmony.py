@@ -306,8 +306,9 @@ class HarmonyReader:
     def _header_cut(self, tail: str) -> None:
         """The output ends inside a header: a call whose name is complete stands (passed on as
         written by the reasoning parser); anything else is dropped."""
-        header = _Header("".join(self._header) + tail)
-        if not (header.valid and header.recipient_complete):
+        header = _Header("".join(self._header))  # tail: a partial marker, which ends a name
+        named = header.recipient is not None and (header.recipient_complete or bool(tail))
+        if not (header.valid and named):
             self.em.claim()
         elif self.reasoning_mode:
             self.em.hold(tail)

@@ -265,6 +265,7 @@ CUTS = [
     ("<|channel|>commentary to=functions.f<|message|>", "", [ToolCall("f", "")]),
     ('<|channel|>commentary to=functions.f<|message|>{"a": tr', "", [ToolCall("f", '{"a": tr')]),
     ("Hi<|start|>assistant<|chan", "Hi", []),
+    ("<|start|>assistant to=functions.foo<|chan", "", [ToolCall("foo", "")]),
 ]
 
 
