@@ -48,10 +48,12 @@ TOOL_CALL_PARSERS = (
     "pythonic",
     "mistral",
     "mistral_v11",
+    "gpt-oss",
+    "openai",
     "generic",
     "none",
 )
-REASONING_PARSERS = ("none", "qwen3", "deepseek-r1")
+REASONING_PARSERS = ("none", "qwen3", "deepseek-r1", "gpt-oss", "openai_gptoss")
 # fields whose "auto" names a behaviour kept at run time, not a placeholder resolve() fills:
 # load_format auto reads whatever checkpoint is there; grammar_backend auto picks per grammar
 AUTO_IS_A_MODE = ("load_format", "grammar_backend", "tool_call_parser", "kv_cache_dtype")
@@ -355,7 +357,9 @@ class ServerConfig:
         TOOL_CALL_PARSERS,
     )
     reasoning_parser: str = _opt(
-        "none", "split <think> reasoning into reasoning_content", REASONING_PARSERS
+        "none",
+        "split reasoning into reasoning_content (<think> blocks; gpt-oss: the analysis channel)",
+        REASONING_PARSERS,
     )
     log_level: str = _opt("info", "logging level")
     log_requests: bool = _opt(

@@ -23,7 +23,9 @@ from radixlm.srt.parsers.markers import WHITESPACE, WS_HOLD, MarkerSplitter, par
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-REASONING_PARSERS = ("qwen3", "deepseek-r1")
+THINK_PARSERS = ("qwen3", "deepseek-r1")  # <think> blocks (this module)
+# all reasoning parsers: gpt-oss's harmony channels are read by harmony.py
+REASONING_PARSERS = (*THINK_PARSERS, "gpt-oss")
 _ALWAYS_STARTS_IN_REASONING = ("deepseek-r1",)
 
 _START, _LEAD, _REASONING, _AFTER_CLOSE, _CONTENT = range(5)
@@ -59,8 +61,8 @@ class ReasoningParser:
     """Splits one output into reasoning and content; one instance per response."""
 
     def __init__(self, name: str, starts_in_reasoning: bool) -> None:
-        if name not in REASONING_PARSERS:
-            raise ValueError(f"unknown reasoning parser {name!r}; known: {REASONING_PARSERS}")
+        if name not in THINK_PARSERS:
+            raise ValueError(f"unknown reasoning parser {name!r}; known: {THINK_PARSERS}")
         self.name = name
         self.starts_in_reasoning = starts_in_reasoning or name in _ALWAYS_STARTS_IN_REASONING
         self._state = _START

@@ -27,6 +27,7 @@ from radixlm.srt.server.chat.tools import (
     chat_parsing,
     output_constraint,
     prompt_layout,
+    reads_harmony,
     reasoning_wrapped,
     template_kwargs,
     with_prompt,
@@ -215,7 +216,10 @@ async def chat_plan(req: ChatCompletionRequest, tm: TokenizerManager) -> OpenAIP
     schema, tag = _format_parts_alone(req.response_format, req)
     parsing = chat_parsing(req, tm)
     prompt, ids = await chat_input_ids(
-        tm, req.messages, prompt_layout(parsing, req.messages), template_kwargs(req)
+        tm,
+        req.messages,
+        prompt_layout(parsing, req.messages),
+        template_kwargs(req, reads_harmony(parsing)),
     )
     parsing = with_prompt(parsing, prompt)
     raw = raw_grammar(req)

@@ -20,8 +20,14 @@ from jsonschema.validators import validator_for
 from radixlm.grammar.limits import DEFAULT_MAX_JSON_DEPTH, check_spec, json_nesting_depth
 from radixlm.grammar.schema_checks import unresolved_ref
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from radixlm.srt.parsers.harmony import MARKERS, HarmonyParser, HarmonyReasoningParser
 from radixlm.srt.parsers.reasoning import ReasoningParser, starts_in_reasoning_for
-from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.parsers.registry import (
+    make_reasoning_parser,
+    make_tool_parser,
+    reasoning_needs_markers,
+    resolve_tool_parser,
+)
 from radixlm.srt.parsers.tool_base import ToolCallParser, ToolSpec, forces_calls
 from radixlm.srt.server.chat.prompt import PromptLayout, check_no_special_text, plain_layout
 from radixlm.srt.server.chat.request import ChatCompletionRequest, ChatMessage, ToolDef
@@ -212,6 +218,8 @@ class ChatParsing:
     starts_in_reasoning: bool = False
     separate_reasoning: bool = True  # false: the reasoning stays in content
     names_only: bool = False  # allowed_tools left some tools out: calls name the rest only
+    # harmony's markers are special tokens of the tokenizer (gpt-oss's): no grammar writes them
+    harmony_special: bool = False
 
     @property
     def parses_calls(self) -> bool:
@@ -219,7 +227,10 @@ class ChatParsing:
 
     @property
     def special_markup(self) -> bool:
-        """Whether the outputs' call markup may be special tokens that decoding must keep."""
+        """Whether the outputs' call or reasoning markup may be special tokens that decoding
+        must keep (harmony's channels, with either parser)."""
+        if self.reasoning_parser != "none" and reasoning_needs_markers(self.reasoning_parser):
+            return True
         return self.parses_calls and bool(make_tool_parser(self.tool_parser, []).special_markers)
 
     def new_tool_parser(self) -> ToolCallParser | None:
@@ -233,12 +244,12 @@ class ChatParsing:
             return None
         return make_tool_parser(self.tool_parser, self.specs)
 
-    def new_reasoning_parser(self) -> ReasoningParser | None:
+    def new_reasoning_parser(self) -> ReasoningParser | HarmonyReasoningParser | None:
         if self.reasoning_parser == "none":
             return None
-        return ReasoningParser(self.reasoning_parser, self.starts_in_reasoning)
+        return make_reasoning_parser(self.reasoning_parser, self.starts_in_reasoning)
 
-    def output_reasoning_parser(self) -> ReasoningParser | None:
+    def output_reasoning_parser(self) -> ReasoningParser | HarmonyReasoningParser | None:
         """The parser that splits reasoning out of the reply (none when it stays in content)."""
         return self.new_reasoning_parser() if self.separate_reasoning else None
 
@@ -267,7 +278,10 @@ def output_constraint(
 ) -> dict[str, Any]:
     """The grammar fragment of the native sampling params: the tool parser's constraint
     (composed with the response_format schema), else the response_format's own; inside a
-    reasoning parser's wrapping, so the grammar starts after the reasoning."""
+    reasoning parser's wrapping, so the grammar starts after the reasoning. Harmony's parsers
+    add nothing where its markers are special tokens (``harmony_special``): forced choices are
+    refused before (``check_forced_markers``), strict tools under ``"auto"`` are not enforced,
+    and a response format constrains the reply as written."""
     fragment: dict[str, Any] | None = None
     if parsing.parses_calls:
         if response_tag is not None:
@@ -277,26 +291,39 @@ def output_constraint(
                 "response_format",
             )
         parser = make_tool_parser(parsing.tool_parser, parsing.specs)
-        fragment = parser.constraint(
-            parsing.specs, parsing.choice, parsing.parallel, response_schema, parsing.names_only
-        )
+        if not (parsing.harmony_special and isinstance(parser, HarmonyParser)):
+            fragment = parser.constraint(
+                parsing.specs, parsing.choice, parsing.parallel, response_schema, parsing.names_only
+            )
     if fragment is None and response_schema is not None:
         fragment = {"json_schema": response_schema}
     if fragment is None and response_tag is not None:
         fragment = {"structural_tag": response_tag}
     if fragment is None:
         return {}
-    reasoning = parsing.new_reasoning_parser()
+    reasoning = _wrapping_reasoning_parser(parsing)
     if reasoning is not None:
         fragment = reasoning.wrap_constraint(fragment)
     return _as_native(fragment)
+
+
+def _wrapping_reasoning_parser(
+    parsing: ChatParsing,
+) -> ReasoningParser | HarmonyReasoningParser | None:
+    """The reasoning parser whose ``wrap_constraint`` places a grammar; none for harmony where
+    its markers are special tokens (the grammar then applies to the whole reply, which the
+    model writes without channels: harmony's parsers read such text as content)."""
+    reasoning = parsing.new_reasoning_parser()
+    if isinstance(reasoning, HarmonyReasoningParser) and parsing.harmony_special:
+        return None
+    return reasoning
 
 
 def reasoning_wrapped(parsing: ChatParsing, raw: dict[str, Any]) -> dict[str, Any]:
     """A raw grammar param (``regex``, ``ebnf`` or ``json_schema`` sent as such) applied after
     the reasoning block when a reasoning parser is on; ``{}`` (the param stays as sent) when
     none is, or when several are set (the sampling params refuse that themselves)."""
-    reasoning = parsing.new_reasoning_parser()
+    reasoning = _wrapping_reasoning_parser(parsing)
     if reasoning is None or len(raw) != 1:
         return {}
     try:
@@ -388,6 +415,9 @@ def chat_parsing(req: ChatCompletionRequest, tm: TokenizerManager) -> ChatParsin
         separate_reasoning=req.separate_reasoning,
         names_only=len(specs) < offered,  # the other tools must not be called either
     )
+    if reads_harmony(parsing):
+        special = set(getattr(tm.tokenizer, "all_special_tokens", None) or ())
+        parsing = replace(parsing, harmony_special=bool(special.intersection(MARKERS)))
     check_tools_supported(parsing)
     check_forced_markers(parsing, tm.tokenizer)
     return parsing
@@ -421,13 +451,32 @@ def prompt_layout(parsing: ChatParsing, messages: list[ChatMessage]) -> PromptLa
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# gpt-oss's template (harmony) writes "Reasoning: <effort>" and knows three efforts
+HARMONY_EFFORTS = {
+    "none": "low",
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
 
 
-def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+def reads_harmony(parsing: ChatParsing) -> bool:
+    """Whether the model writes harmony (gpt-oss): its parsers are configured or detected."""
+    if parsing.tool_parser == HarmonyParser.name:
+        return True
+    return parsing.reasoning_parser != "none" and reasoning_needs_markers(parsing.reasoning_parser)
+
+
+def template_kwargs(req: ChatCompletionRequest, harmony: bool = False) -> dict[str, Any]:
     """``chat_template_kwargs`` (such as ``enable_thinking``), minus the template's own
     arguments, which the server sets; ``reasoning_effort`` ``"none"`` sets ``enable_thinking:
     false`` (templates that think by default, such as Qwen3's, read it) unless the kwargs set
-    it; the other efforts leave the template's default. ``continue_final_message`` (vLLM,
+    it; the other efforts leave the template's default. ``harmony`` (gpt-oss, whose template
+    reads ``reasoning_effort``): the effort goes to the template as low, medium or high (none
+    and minimal are low, xhigh and max high). ``continue_final_message`` (vLLM,
     SGLang) renders the last assistant message open, so the reply continues it;
     ``add_generation_prompt: false`` (vLLM) renders no assistant header."""
     kwargs = dict(req.chat_template_kwargs or {})
@@ -445,6 +494,8 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
         )
     if effort == "none":
         kwargs.setdefault("enable_thinking", False)
+    if effort is not None and harmony:  # gpt-oss's template reads reasoning_effort itself
+        kwargs.setdefault("reasoning_effort", HARMONY_EFFORTS[effort])
     if req.add_generation_prompt is False:  # default: chat/prompt.render opens the reply
         kwargs["add_generation_prompt"] = False
     if req.continue_final_message:

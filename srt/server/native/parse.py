@@ -28,8 +28,11 @@ from fastapi.responses import Response
 from pydantic import ConfigDict, field_validator
 
 from radixlm.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
-from radixlm.srt.parsers.reasoning import REASONING_PARSERS, ReasoningParser
-from radixlm.srt.parsers.registry import make_tool_parser, resolve_tool_parser
+from radixlm.srt.parsers.registry import (
+    make_reasoning_parser,
+    make_tool_parser,
+    resolve_tool_parser,
+)
 from radixlm.srt.server.chat.request import ToolDef
 from radixlm.srt.server.chat.tool_stream import OfferedCalls
 from radixlm.srt.server.chat.tools import ChatParsing, tool_specs
@@ -120,13 +123,10 @@ async def parse_function_call(request: Request) -> Response:
 @router.post("/separate_reasoning", openapi_extra=json_body(SeparateReasoningInput))
 async def separate_reasoning(request: Request) -> Response:
     body = await parse_body(request, SeparateReasoningInput, None, _precheck(request))
-    if body.reasoning_parser not in REASONING_PARSERS:
-        raise GenerateError(
-            f"unknown reasoning parser {body.reasoning_parser!r}; known: {list(REASONING_PARSERS)}",
-            400,
-            "reasoning_parser",
-        )
-    parser = ReasoningParser(body.reasoning_parser, False)
+    try:
+        parser = make_reasoning_parser(body.reasoning_parser, False)
+    except ValueError as e:
+        raise GenerateError(str(e), 400, "reasoning_parser") from None
     reasoning, text = await get_tm(request).run_blocking(parser.split, body.text)
     out: dict = {"reasoning_text": reasoning or "", "text": text}
     if body.return_blocks:

@@ -116,3 +116,64 @@ def format_tokenizer(default_model_dir: str | Path, fmt: str) -> Any:
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens])
     tok.chat_template = template
     return tok
+
+
+# gpt-oss's layout (harmony), after its model card's template: the system message with the
+# reasoning effort and the channels, the tools as a TypeScript-like namespace in the developer
+# message, one call per assistant message (``to=functions.NAME`` in the role part), results
+# from ``functions.NAME`` on the commentary channel, the reply opened with <|start|>assistant.
+HARMONY_TEMPLATE = (
+    "{{- '<|start|>system<|message|>You are a tiny test model.\\nReasoning: ' + "
+    "(reasoning_effort or 'medium') + '\\n\\n# Valid channels: analysis, commentary, final. "
+    "Channel must be included for every message.' }}"
+    '{%- if tools %}{{- "\\nCalls to these tools must go to the commentary channel: '
+    "'functions'.\" }}{%- endif %}"
+    "{{- '<|end|>' }}"
+    "{%- set has_system = messages and messages[0].role in ('system', 'developer') -%}"
+    "{%- if has_system or tools -%}"
+    "{{- '<|start|>developer<|message|>' }}"
+    "{%- if has_system %}{{- '# Instructions\\n\\n' + messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{%- if tools -%}"
+    "{{- '# Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}"
+    "{%- for tool in tools -%}"
+    "{{- '// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name + "
+    "' = (_: ' + tool.function.parameters | tojson + ') => any;\\n\\n' }}"
+    "{%- endfor -%}"
+    "{{- '} // namespace functions' }}"
+    "{%- endif -%}"
+    "{{- '<|end|>' }}"
+    "{%- endif -%}"
+    "{%- set last = namespace(name=none) -%}"
+    "{%- for m in messages -%}"
+    "{%- if has_system and loop.first -%}"
+    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
+    "{%- set call = m.tool_calls[0].function -%}"
+    "{%- if m.thinking %}{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking"
+    " + '<|end|>' }}{%- endif -%}"
+    "{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary json"
+    "<|message|>' + call.arguments | tojson + '<|call|>' }}"
+    "{%- set last.name = call.name -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + (m.content or '') + '<|end|>' }}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if last.name is none %}{{- raise_exception('a tool result without a call') }}"
+    "{%- endif -%}"
+    "{{- '<|start|>functions.' + last.name + ' to=assistant<|channel|>commentary<|message|>'"
+    " + m.content | tojson + '<|end|>' }}"
+    "{%- else -%}"
+    "{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' }}{%- endif -%}"
+)
+# ordinary text here: a grammar cannot write special tokens (srt/parsers/README.md)
+HARMONY_TOKENS = (
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+)
+TEMPLATES["gpt-oss"] = (HARMONY_TEMPLATE, HARMONY_TOKENS)

@@ -67,7 +67,7 @@ def test_parse_function_call_in_the_model_formats(stack: FakeStack, parser, text
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"text": "x", "tool_call_parser": "gpt-oss"}, "tool_call_parser"),
+        ({"text": "x", "tool_call_parser": "kimi_k2"}, "tool_call_parser"),
         ({"text": "x", "tool_call_parser": "none"}, "tool_call_parser"),
         ({"tools": []}, "text"),
         ({"text": "x", "tools": [{"type": "function", "function": {"name": "a b"}}]}, None),
@@ -107,6 +107,13 @@ def test_separate_reasoning(stack: FakeStack) -> None:
     assert out["reasoning_blocks"] == ["weigh it"] and out["text_blocks"] == ["The answer."]
     r = post(stack, "/separate_reasoning", {"text": "No block.", "reasoning_parser": "qwen3"})
     assert r.json() == {"reasoning_text": "", "text": "No block."}
+    # gpt-oss: the analysis channel is the reasoning, the final channel the text
+    harmony = (
+        "<|channel|>analysis<|message|>weigh it<|end|><|start|>assistant<|channel|>final"
+        "<|message|>The answer."
+    )
+    r = post(stack, "/separate_reasoning", {"text": harmony, "reasoning_parser": "gpt-oss"})
+    assert r.json() == {"reasoning_text": "weigh it", "text": "The answer."}
 
 
 def test_separate_reasoning_refusals(stack: FakeStack) -> None:
