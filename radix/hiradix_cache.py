@@ -19,7 +19,10 @@ Residency rules (checked by ``check_integrity``):
 Eviction. ``evict(n)`` (device memory) takes unlocked device leaves (nodes with no child on the
 device) in LRU order: a backed-up node only drops its device slots and stays in the tree as
 host-only; under ``write_back`` (and ``write_through_selective`` with a disk tier) a node is
-backed up first; any other node is removed (it has no children then). The host pool evicts on its own when it needs room: host-only leaves with no
+backed up first; any other node is removed (it has no children then). Eviction never waits for
+a copy: freed device slots that a backup still reads (or a load still fills) are handed back
+with the compute stream ordered after that copy (``make_stream_wait``), and the node's host
+copy counts once its write is done. The host pool evicts on its own when it needs room: host-only leaves with no
 locks are removed, and nodes also on the device drop their host copy when no child has one.
 
 Write policies: ``write_through`` backs a node up when it is inserted; ``write_through_selective``
@@ -33,7 +36,8 @@ device to the disk tier too, within ``SAVE_ON_CLOSE_S``: a restart is warm for w
 Load-back. ``match_and_load`` walks the tree, then follows the chain of page keys on disk past
 the tree's end; host and disk pages are brought back into fresh device slots all at once, or not
 at all (no device memory, or a load estimated slower than recomputing the same tokens from the
-measured copy and prefill rates). Disk pages are read by the storage threads (started early by
+measured copy and prefill rates). The copy is not waited for here: it goes to the KV pool's
+``LayerLoads`` and the forward waits for layer ``l`` of it just before layer ``l``'s attention. Disk pages are read by the storage threads (started early by
 ``prefetch``), verified, put in the host pool as host-only nodes, then loaded like those.
 """
 
@@ -223,6 +227,7 @@ class HiRadixCache(RadixCache):
             num_pages = split_len // self.page_size
             upper.page_keys = node.page_keys[:num_pages]
             node.page_keys = node.page_keys[num_pages:]
+        upper.load_op = node.load_op
         if node.write_op is not None:
             upper.write_op = node.write_op
             self._pending_writes.append(upper)
@@ -256,8 +261,6 @@ class HiRadixCache(RadixCache):
             parent = node.parent
             if node.host_slots is None and self._keeps_on_evict(node):
                 self._backup(node)
-            if node.write_op is not None:
-                self._finish_write(node, wait=True)
             num_freed += len(node.key)
             if node.host_slots is not None:
                 self._drop_device(node)
@@ -280,9 +283,18 @@ class HiRadixCache(RadixCache):
             return False
         return all(c.kv_slots is None for c in node.children.values())
 
-    def _drop_device(self, node: TreeNode) -> None:
+    def _free_device(self, node: TreeNode) -> None:
+        """Gives the node's device slots back; later device work that reuses them is ordered
+        after the copies still filling or reading them (no CPU wait on CUDA)."""
+        for op in (node.load_op, node.write_op):
+            if op is not None and not op.done():
+                op.make_stream_wait()
+        node.load_op = None
         self._count_device(node, -1)
         self._free_slots(node.kv_slots)
+
+    def _drop_device(self, node: TreeNode) -> None:
+        self._free_device(node)
         node.kv_slots = None
         self.stats.device_evicted_to_host += len(node.key)
 
@@ -291,8 +303,7 @@ class HiRadixCache(RadixCache):
         assert parent is not None and not node.children and node.lock_ref == 0
         del parent.children[child_key(node.key, 0, self.page_size)]
         if node.kv_slots is not None:
-            self._count_device(node, -1)
-            self._free_slots(node.kv_slots)
+            self._free_device(node)
         if node.host_slots is not None:
             self.host_pool.free(node.host_slots)
         return len(node.key)
@@ -482,9 +493,10 @@ class HiRadixCache(RadixCache):
             return False
         host_slots = torch.cat([n.host_slots for n in nodes])
         op = self.controller.load_back(host_slots, device_slots)
-        op.make_stream_wait()
+        self.controller.layer_loads.add(op)  # the forward waits for it layer by layer
         start = 0
         for node in nodes:
+            node.load_op = op
             node.kv_slots = device_slots[start : start + len(node.key)].to(torch.int64)
             start += len(node.key)
             self._count_device(node, +1)
@@ -513,6 +525,7 @@ class HiRadixCache(RadixCache):
             raise RuntimeError(
                 f"reset() while {self._protected_tokens} tokens are locked by running requests"
             )
+        self.controller.layer_loads.wait_all()
         for node in list(self._all_nodes()):
             if node.write_op is not None:
                 node.write_op.wait()
