@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import psutil
 import torch
 
+from radixlm.hicache.storage_base import PageView
+
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
@@ -66,6 +68,11 @@ class HostKVPool:
         if pin_memory:
             self.data.zero_()  # touches the pages with torch's threads: locking them is faster
             _pin_in_place(self, self.data)
+        # the same memory as [num_layers, num_pages, bytes of one layer of a page] uint8 numpy:
+        # page blocks as memoryviews without a torch call per block
+        self._blocks = (
+            self.data.view(-1).view(torch.uint8).numpy().reshape(num_layers, self.num_pages, -1)
+        )
         self._free_pages: list[int] = list(range(self.num_pages))  # a min-heap of free page ids
         # [num_pages] bool on the CPU: True where the page is free
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool)
@@ -188,10 +195,7 @@ class HostKVPool:
         byte views of ``data``: its payload, in order, without a copy (for ``readinto`` /
         ``writev``)."""
         self._check_page(page_id)
-        return [
-            memoryview(self.data[layer, page_id].view(-1).view(torch.uint8).numpy())
-            for layer in range(self.num_layers)
-        ]
+        return [memoryview(block) for block in self._blocks[:, page_id]]
 
     def page_bytes(self, page_id: int) -> bytes:
         """A copy of page ``page_id``'s payload (``bytes_per_page`` bytes)."""
@@ -207,6 +211,15 @@ class HostKVPool:
         after allocating it, which follows a free, which bumps the generation first."""
         data = self.page_bytes(page_id)
         return data if self.page_generation(page_id) == generation else None
+
+    def page_view(self, page_id: int, generation: int) -> PageView | None:
+        """Page ``page_id``'s payload as views of the pool (no copy) with a check that it was
+        not freed since ``generation`` (None if it was already): for a disk writer on another
+        thread, which must check ``is_current()`` after reading the views."""
+        if self.page_generation(page_id) != generation:
+            return None
+        blocks = tuple(self.page_blocks(page_id))
+        return PageView(blocks, lambda: self.page_generation(page_id) == generation)
 
     def write_page_bytes(self, page_id: int, payload: bytes | bytearray | memoryview) -> None:
         """Overwrites page ``page_id`` with a payload from :meth:`page_bytes` of a pool of the

@@ -97,6 +97,9 @@ class HiRadixCache(RadixCache):
         self.stats = TierStats()
         self.disk = None if storage is None else DiskPages(storage, page_size, self.stats)
         self._pending_writes: list[TreeNode] = []
+        # (host slots of one page, its disk read): reads still running when their admission
+        # stopped waiting; the page is freed once the read is done
+        self._busy_host_pages: list[tuple[torch.Tensor, Any]] = []
         self._loaded_since_prefill = 0  # tokens loaded since the last prefill step
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
 
@@ -379,7 +382,9 @@ class HiRadixCache(RadixCache):
             node = node.parent  # type: ignore[assignment]
 
     def _progress(self) -> None:
-        """Folds finished device -> host copies in: those nodes' pages go to the disk tier."""
+        """Folds finished device -> host copies in (those nodes' pages go to the disk tier) and
+        frees the host pages of finished late disk reads."""
+        self._free_finished_reads()
         if not self._pending_writes:
             return
         still = []
@@ -450,30 +455,51 @@ class HiRadixCache(RadixCache):
             self.stats.loads_skipped_slower += 1
             return []
         with self.stats.timed("disk_wait"):
-            payloads = self.disk.read(keys, pages, num_tokens)
-        if not payloads:
-            return []
-        with self.stats.timed("disk_to_host"):
-            return self._disk_to_host(last, keys, pages, payloads)
+            return self._disk_to_host(last, keys, pages)
 
     def _disk_to_host(
-        self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]], payloads: list
+        self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]]
     ) -> list[TreeNode]:
-        num_tokens = len(payloads) * self.page_size
+        """Reserves host pages for the run and reads the pages into them; the leading pages
+        read become a host-only node under ``last``, the rest are freed (or, if their read is
+        still running, once it is done: ``_busy_host_pages``)."""
         keep = {id(n) for n in self._ancestors(last)}
-        host = self._alloc_host(num_tokens, keep)
+        host = self._alloc_host(len(keys) * self.page_size, keep)
         if host is None:
             return []
-        page_ids = self.host_pool.page_ids(host)
-        for page_id, payload in zip(page_ids.tolist(), payloads, strict=False):
-            self.host_pool.write_page_bytes(page_id, payload)
-        self.disk.recycle(payloads)
-        key = tuple(t for page in pages[: len(payloads)] for t in page)
+        page_ids = self.host_pool.page_ids(host).tolist()
+        num_read, busy = self.disk.read_into(keys, pages, page_ids, self.host_pool)
+        cut = num_read * self.page_size
+        busy_ids = {page_id for page_id, _ in busy}
+        unused = [p for p in page_ids[num_read:] if p not in busy_ids]
+        self._free_host_pages(unused)
+        for page_id, fut in busy:
+            self._busy_host_pages.append((self._page_slots(page_id), fut))
+        if not num_read:
+            return []
+        key = tuple(t for page in pages[:num_read] for t in page)
         node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
-        node.host_slots = host
-        node.page_keys = keys[: len(payloads)]
+        node.host_slots = host[:cut]
+        node.page_keys = keys[:num_read]
         last.children[child_key(key, 0, self.page_size)] = node
         return [node]
+
+    def _page_slots(self, page_id: int) -> torch.Tensor:
+        ps = self.page_size
+        return torch.arange(page_id * ps, (page_id + 1) * ps, dtype=torch.int64)
+
+    def _free_host_pages(self, page_ids: list[int]) -> None:
+        if page_ids:
+            self.host_pool.free(torch.cat([self._page_slots(p) for p in page_ids]))
+
+    def _free_finished_reads(self) -> None:
+        """Host pages whose disk read outlived its admission go back once the read is done."""
+        if self._busy_host_pages:
+            busy = self._busy_host_pages
+            self._busy_host_pages = [(s, f) for s, f in busy if not f.done()]
+            for slots, fut in busy:
+                if fut.done():
+                    self.host_pool.free(slots)
 
     # ----------------------------------------------------------------------------- load-back
 
@@ -611,7 +637,9 @@ class HiRadixCache(RadixCache):
         return info
 
     def host_held_tokens(self) -> int:
-        return sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+        """Host tokens held by nodes, and by disk reads still running into freed-up pages."""
+        held = sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+        return held + len(self._busy_host_pages) * self.page_size
 
     def check_tiers_idle(self) -> bool:
         held = self.host_held_tokens()

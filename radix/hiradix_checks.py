@@ -35,6 +35,9 @@ def check_hiradix(cache: HiRadixCache) -> None:
     assert protected == cache._protected_tokens, f"{protected=} != {cache._protected_tokens}"
     dev = cache._concat(device_slots)
     assert dev.unique().numel() == dev.numel(), "a device slot is held by two tree positions"
+    for slots, _ in cache._busy_host_pages:  # late disk reads: held until they are done
+        host_slots.append(slots)
+        host_held += len(slots)
     host = torch.cat(host_slots) if host_slots else torch.empty(0, dtype=torch.int64)
     assert host.unique().numel() == host.numel(), "a host slot is held by two tree positions"
     pool = cache.host_pool

@@ -95,50 +95,61 @@ class DiskPages:
             pages.append(page)
         return keys, pages
 
-    def read(self, keys: list[bytes], pages: list[Page], num_tokens: int) -> list[bytes]:
-        """The leading verified payloads that arrive in time: waits at most a share of what
-        recomputing the tokens would take (a wait that ends in a recompute costs both); a
-        miss, an error or a timeout ends the run, and the pages before it are used."""
-        futures = [
-            self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
-            for k, p in zip(keys, pages, strict=True)
-        ]
+    def read_into(
+        self, keys: list[bytes], pages: list[Page], page_ids: list[int], host_pool: Any
+    ) -> tuple[int, list[tuple[int, Future]]]:
+        """Reads the run into the reserved host pages ``page_ids`` (one per key): pages not
+        read ahead go straight from their files into the pool (``submit_read_into``), pages
+        read ahead are copied from their buffers. Waits at most a share of what recomputing
+        the tokens would take (a wait that ends in a recompute costs both); a miss, an error
+        or a timeout ends the run. Returns the number of leading pages now in the pool, and
+        the (page id, read) of pages after those whose read had started and could not be
+        cancelled: the caller frees those pages only once their read is done."""
+        futures = []
+        for key, page, page_id in zip(keys, pages, page_ids, strict=True):
+            fut = self._prefetched.pop(key, None)
+            if fut is None:
+                blocks = host_pool.page_blocks(page_id)
+                fut = self.storage.submit_read_into(key, page, blocks)
+            futures.append(fut)
+        num_tokens = len(keys) * self.page_size
         wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
         start = time.perf_counter()
         deadline = start + wait_s
-        out = []
-        for fut in futures:
+        num_read = 0
+        for fut, page_id in zip(futures, page_ids, strict=True):
             try:
-                payload = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
+                result = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
             except Exception:  # a timeout or a failing store: a miss from here on
-                payload = None
-            if payload is None:
+                result = None
+            if result is None or result is False:
                 break
-            out.append(payload)
-        for fut in futures[len(out) :]:
-            fut.cancel()
-        if out:
-            self.stats.on_disk_read(sum(len(p) for p in out), time.perf_counter() - start)
-        return out
+            if result is not True:  # a payload read ahead into a buffer
+                host_pool.write_page_bytes(page_id, result)
+                self.storage.recycle(result)
+            num_read += 1
+        busy = []
+        for fut, page_id in zip(futures[num_read:], page_ids[num_read:], strict=True):
+            if not fut.cancel() and not fut.done():
+                busy.append((page_id, fut))
+        if num_read:
+            num_bytes = num_read * host_pool.bytes_per_page
+            self.stats.on_disk_read(num_bytes, time.perf_counter() - start)
+        return num_read, busy
 
     def queue_writes(self, node: TreeNode, host_pool: Any) -> None:
-        """Queues the node's pages for the disk writer, which copies them out of the host pool
-        itself (a page freed before that is skipped: its generation tells)."""
+        """Queues the node's pages for the disk writer, which writes them from the host pool
+        itself (a page freed before it is written is skipped: its generation tells)."""
         pages = host_pool.page_ids(node.host_slots).tolist()
         for i, key in enumerate(node.page_keys or ()):
             if self.storage.exists(key):
                 continue
             tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
-            snapshot = functools.partial(
-                host_pool.snapshot_page, pages[i], host_pool.page_generation(pages[i])
+            snapshot = functools.partial(  # the writer writes from the pool, without a copy
+                host_pool.page_view, pages[i], host_pool.page_generation(pages[i])
             )
             if not self.storage.submit_write(key, tokens, snapshot, host_pool.bytes_per_page):
                 self.stats.disk_writes_skipped += 1
-
-    def recycle(self, payloads: list) -> None:
-        """The payloads of :meth:`read`, copied into the host pool: their buffers go back."""
-        for payload in payloads:
-            self.storage.recycle(payload)
 
     def forget_reads(self) -> None:
         self._prefetched.clear()

@@ -161,14 +161,15 @@ def test_cuda_round_trip_matches_the_synchronous_engine(dtype, page_size, device
     assert cuda_pool.is_pinned
     host = fragmented_alloc(sync_pool, num_tokens)
     assert cuda_pool.alloc(cuda_pool.total_size()) is not None  # host slots are just numbers
-    # a staging limit of 3 pages cuts the copy into chunks
-    engine = CudaCopyEngine("cuda", max_staging_bytes=3 * cuda_pool.bytes_per_page)
+    # a staging limit of one layer of 3 pages cuts the copy into chunks
+    engine = CudaCopyEngine("cuda", max_staging_bytes=3 * cuda_pool.bytes_per_page // LAYERS)
     SyncCopyEngine().write(k, v, src, sync_pool, host)
     write = engine.write(k, v, src, cuda_pool, host)
     write.wait()
     assert write.done() and write.seconds > 0 and write.layer_events == []
     pages = sync_pool.page_ids(host)
     assert torch.equal(as_bits(cuda_pool.data[:, pages]), as_bits(sync_pool.data[:, pages]))
+    assert len(engine._chunks(pages.numel(), cuda_pool)) == 3
 
     load = engine.load(cuda_pool, host, k, v, dst)
     load.make_stream_wait()

@@ -529,10 +529,12 @@ def spill(world: TieredKV, tokens, namespace=None) -> None:
 
 
 def settle(world: TieredKV) -> None:
-    """Waits for the storage threads' reads in flight (the store's own check needs that)."""
+    """Waits for the storage threads' reads in flight (the store's own check needs that); the
+    host pages of reads that outlived their admission go back at the cache's next step."""
     deadline = time.monotonic() + 10.0
     while world.cache.storage.stats()["pending_reads"] and time.monotonic() < deadline:
         time.sleep(0.01)
+    world.cache.tier_stats()  # a step: finished late reads give their host pages back
 
 
 def slow_prefill(world: TieredKV) -> None:
