@@ -63,6 +63,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 SAVE_ON_CLOSE_S = 3.0  # close() writes device-only prefixes to disk for at most this long
+COPY_HIDDEN_SHARE = 0.5  # a step's loads shorter than this share of it hide under its forward
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
 
@@ -119,19 +120,16 @@ class HiRadixCache(RadixCache):
         num_device = sum(len(n.key) for n in on_device)
         host_nodes = path[len(on_device) :]
         last = path[-1] if path else self._root(namespace)
-        started = time.perf_counter()
-        disk_nodes = self._read_disk(last, tokens, pos, namespace)
-        disk_s = time.perf_counter() - started
+        disk_nodes, disk_s = self._read_disk(last, tokens, pos, namespace)
         num_host = sum(len(n.key) for n in host_nodes)
         num_disk = sum(len(n.key) for n in disk_nodes)
         loaded = False
         if num_host + num_disk:
-            started = time.perf_counter()
             with self.stats.timed("load_back"):
-                loaded = self._load_back(host_nodes + disk_nodes)
+                copy_s = self._load_back(host_nodes + disk_nodes)
+            loaded = copy_s is not None
             if loaded and num_disk:  # the disk pages' share of the copy, plus their reads
-                share = num_disk / (num_host + num_disk)
-                disk_s += (time.perf_counter() - started) * share
+                disk_s += copy_s * num_disk / (num_host + num_disk)
                 self.stats.on_disk_load(num_disk, disk_s)
         if self.write_policy == "write_through_selective":
             for node in path:
@@ -439,23 +437,26 @@ class HiRadixCache(RadixCache):
 
     def _read_disk(
         self, last: TreeNode, tokens: tuple[int, ...], pos: int, namespace: str | None
-    ) -> list[TreeNode]:
-        """Pages past the tree's end found on disk, as new host-only nodes under ``last``."""
+    ) -> tuple[list[TreeNode], float]:
+        """Pages past the tree's end found on disk, as new host-only nodes under ``last``, and
+        the seconds their reads took (what a disk hit costs, without the parent's backup)."""
         if self.disk is None or pos >= len(tokens):
-            return []
+            return [], 0.0
         if not last.is_root and (last.page_keys is None or not self._backup(last)):
-            return []  # a host-only child needs a parent with a host copy
+            return [], 0.0  # a host-only child needs a parent with a host copy
         keys, pages = self.disk.find(last_key(last), namespace, tokens, pos)
         if not keys:
-            return []
+            return [], 0.0
         num_tokens = len(keys) * self.page_size
         if not self.stats.disk_pays_off(
             num_tokens, self.controller.bytes_per_token, self.controller.estimate_load_seconds
         ):
             self.stats.loads_skipped_slower += 1
-            return []
+            return [], 0.0
+        started = time.perf_counter()
         with self.stats.timed("disk_wait"):
-            return self._disk_to_host(last, keys, pages)
+            nodes = self._disk_to_host(last, keys, pages)
+        return nodes, time.perf_counter() - started
 
     def _disk_to_host(
         self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]]
@@ -503,12 +504,15 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------------------- load-back
 
-    def _load_back(self, nodes: list[TreeNode]) -> bool:
-        """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing."""
+    def _load_back(self, nodes: list[TreeNode]) -> float | None:
+        """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing; the
+        seconds the copy took to issue (to run, for a synchronous copy), None if not loaded.
+        The device slots' allocation (and the evictions and backups it may cause) is left out:
+        recomputing needs the same slots."""
         num_tokens = sum(len(n.key) for n in nodes)
         if not self.stats.load_pays_off(num_tokens, self.controller.estimate_load_seconds):
             self.stats.loads_skipped_slower += 1
-            return False
+            return None
         self.inc_lock_ref(nodes[-1])  # host nodes and the device path: nothing evicts them
         try:
             device_slots = self._alloc_slots(num_tokens)
@@ -516,7 +520,8 @@ class HiRadixCache(RadixCache):
             self.dec_lock_ref(nodes[-1])
         if device_slots is None:
             self.stats.loads_skipped_no_memory += 1
-            return False
+            return None
+        started = time.perf_counter()
         host_slots = torch.cat([n.host_slots for n in nodes])
         op = self.controller.load_back(host_slots, device_slots)
         self.controller.layer_loads.add(op)  # the forward waits for it layer by layer
@@ -528,19 +533,18 @@ class HiRadixCache(RadixCache):
             self._count_device(node, +1)
         self.stats.load_back_tokens += num_tokens
         self._loaded_since_prefill += num_tokens
-        return True
+        return time.perf_counter() - started
 
     # ----------------------------------------------------------------------------- prefill rate
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """Measures the recompute rate. The copies of loads admitted with this step run
-        before its forward on the same stream: their estimated time is taken off."""
+        """Measures the recompute rate. The copies of loads admitted with this step run under
+        its forward, layer by layer (on a CPU they ran at admission, before the step): a step
+        whose copies are estimated shorter than ``COPY_HIDDEN_SHARE`` of it counts as compute
+        as it is; a step the copies may dominate teaches nothing."""
         loaded, self._loaded_since_prefill = self._loaded_since_prefill, 0
-        if loaded:
-            load_s = self.controller.estimate_load_seconds(loaded)
-            if load_s >= seconds:  # the step was mostly the copy: nothing to learn
-                return
-            seconds -= load_s
+        if loaded and self.controller.estimate_load_seconds(loaded) >= COPY_HIDDEN_SHARE * seconds:
+            return
         self.stats.on_prefill(num_tokens, seconds)
 
     # ----------------------------------------------------------------------------- whole cache
