@@ -53,7 +53,7 @@ import torch
 
 from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
 from radixlm.radix.hicache_stats import TierStats
-from radixlm.radix.hiradix_disk import DiskPages, last_key
+from radixlm.radix.hiradix_disk import PREFETCH_HOST_SHARE, DiskPages, Read, last_key
 from radixlm.radix.radix_cache import RadixCache
 from radixlm.radix.tree_node import TreeNode, child_key
 
@@ -96,13 +96,19 @@ class HiRadixCache(RadixCache):
         self.write_policy = write_policy
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
-        self.disk = None if storage is None else DiskPages(storage, page_size, self.stats)
         self._pending_writes: list[TreeNode] = []
         # (host slots of one page, its disk read): reads still running when their admission
         # stopped waiting; the page is freed once the read is done
         self._busy_host_pages: list[tuple[torch.Tensor, Any]] = []
         self._loaded_since_prefill = 0  # tokens loaded since the last prefill step
+        self.disk: DiskPages | None = None  # reset(), which the base class calls, reads it
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
+        self.disk = self._disk_pages(storage)
+
+    def _disk_pages(self, storage: Any) -> DiskPages | None:
+        if storage is None:
+            return None
+        return DiskPages(storage, self.page_size, self.stats, _HostPageLender(self))
 
     # ----------------------------------------------------------------------------- matching
 
@@ -461,29 +467,40 @@ class HiRadixCache(RadixCache):
     def _disk_to_host(
         self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]]
     ) -> list[TreeNode]:
-        """Reserves host pages for the run and reads the pages into them; the leading pages
-        read become a host-only node under ``last``, the rest are freed (or, if their read is
-        still running, once it is done: ``_busy_host_pages``)."""
-        keep = {id(n) for n in self._ancestors(last)}
-        host = self._alloc_host(len(keys) * self.page_size, keep)
+        """Reads the run into host pages: those its reads ahead hold, and pages reserved now
+        for the rest. The leading pages read become a host-only node under ``last``; the other
+        pages are given back (once their read is done: ``_busy_host_pages``)."""
+        reads = self.disk.take_reads(keys)
+        need = [i for i, r in enumerate(reads) if r is None or r.page_id is None]
+        host = self._alloc_host(len(need) * self.page_size, {id(n) for n in self._ancestors(last)})
         if host is None:
+            for read in reads:
+                if read is not None:
+                    read.future.cancel()
+                    self._give_back_page(read.page_id, read.future)
             return []
-        page_ids = self.host_pool.page_ids(host).tolist()
-        num_read, busy = self.disk.read_into(keys, pages, page_ids, self.host_pool)
-        cut = num_read * self.page_size
-        busy_ids = {page_id for page_id, _ in busy}
-        unused = [p for p in page_ids[num_read:] if p not in busy_ids]
-        self._free_host_pages(unused)
-        for page_id, fut in busy:
-            self._busy_host_pages.append((self._page_slots(page_id), fut))
+        for i, page_id in zip(need, self.host_pool.page_ids(host).tolist(), strict=True):
+            reads[i] = Read(None if reads[i] is None else reads[i].future, page_id)
+        num_read, rest = self.disk.read_into(keys, pages, reads, self.host_pool)
+        for read in rest:
+            self._give_back_page(read.page_id, read.future)
         if not num_read:
             return []
         key = tuple(t for page in pages[:num_read] for t in page)
         node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
-        node.host_slots = host[:cut]
+        node.host_slots = torch.cat([self._page_slots(r.page_id) for r in reads[:num_read]])
         node.page_keys = keys[:num_read]
         last.children[child_key(key, 0, self.page_size)] = node
         return [node]
+
+    def _give_back_page(self, page_id: int | None, future: Any) -> None:
+        """A host page a disk read used: free now, or once the read running into it is done."""
+        if page_id is None:
+            return
+        if future is None or future.done():
+            self._free_host_pages([page_id])
+        else:
+            self._busy_host_pages.append((self._page_slots(page_id), future))
 
     def _page_slots(self, page_id: int) -> torch.Tensor:
         ps = self.page_size
@@ -577,7 +594,7 @@ class HiRadixCache(RadixCache):
         if self.disk is not None:
             self.disk.close()  # flushes the queued writes of the old weights' pages
         self.storage = storage
-        self.disk = None if storage is None else DiskPages(storage, self.page_size, self.stats)
+        self.disk = self._disk_pages(storage)
 
     def close(self, save_s: float = SAVE_ON_CLOSE_S) -> None:
         """Finishes the copies in flight; with a disk tier, first writes the prefixes only the
@@ -641,9 +658,11 @@ class HiRadixCache(RadixCache):
         return info
 
     def host_held_tokens(self) -> int:
-        """Host tokens held by nodes, and by disk reads still running into freed-up pages."""
+        """Host tokens held by nodes, by reads ahead of admission, and by disk reads still
+        running into given-up pages."""
         held = sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
-        return held + len(self._busy_host_pages) * self.page_size
+        num_reserved = 0 if self.disk is None else self.disk.num_reserved
+        return held + (len(self._busy_host_pages) + num_reserved) * self.page_size
 
     def check_tiers_idle(self) -> bool:
         held = self.host_held_tokens()
@@ -672,3 +691,20 @@ class HiRadixCache(RadixCache):
 
     def snapshot(self):  # the plain tree's snapshot reads device slots of every node
         raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")
+
+
+class _HostPageLender:
+    """Lends the tree's free host pages to disk reads started ahead of admission (no eviction
+    for them: at most ``PREFETCH_HOST_SHARE`` of the pool)."""
+
+    def __init__(self, cache: HiRadixCache) -> None:
+        self.cache = cache
+        self.pool = cache.host_pool
+        self.max_reserved = int(self.pool.num_pages * PREFETCH_HOST_SHARE)
+
+    def reserve(self) -> int | None:
+        slots = self.pool.alloc(self.pool.page_size)
+        return None if slots is None else int(slots[0]) // self.pool.page_size
+
+    def give_back(self, page_id: int, future: Any) -> None:
+        self.cache._give_back_page(page_id, future)

@@ -38,6 +38,11 @@ def check_hiradix(cache: HiRadixCache) -> None:
     for slots, _ in cache._busy_host_pages:  # late disk reads: held until they are done
         host_slots.append(slots)
         host_held += len(slots)
+    if cache.disk is not None:  # pages lent to reads ahead of admission
+        assert cache.disk.num_reserved == len(cache.disk.reserved_page_ids())
+        for page_id in cache.disk.reserved_page_ids():
+            host_slots.append(cache._page_slots(page_id))
+            host_held += cache.page_size
     host = torch.cat(host_slots) if host_slots else torch.empty(0, dtype=torch.int64)
     assert host.unique().numel() == host.numel(), "a host slot is held by two tree positions"
     pool = cache.host_pool

@@ -16,6 +16,7 @@ from hiradix_world import (
     slow_prefill,
     spill,
     tier_profile,
+    walk_tree,
 )
 
 from radixlm.hicache.disk_store import DiskPageStore
@@ -93,6 +94,38 @@ def test_prefetched_pages_are_dropped_when_no_waiting_request_wants_them(make_wo
     assert disk.num_prefetched == 4
     world.cache.release_prefetch(handle)
     assert disk.num_prefetched == 0
+    world.check_all()
+
+
+def test_reads_ahead_land_in_reserved_host_pages_and_are_used_in_place(make_world, tmp_path):
+    """A prefetch reads pages straight into host pages it reserves (at most a quarter of the
+    pool; the rest into read buffers); the admission's host-only node takes those very pages;
+    pages of a prefetch let go unadmitted go back once their reads are done."""
+    ps = 4
+    world = make_world(ps, num_slots=16 * ps, host_tokens=64, disk_dir=tmp_path)
+    tokens = seq(6 * ps)
+    world.run(tokens)
+    spill(world, tokens)
+    world.restart()
+    disk = world.cache.disk
+    handle = world.cache.prefetch(tokens)
+    reserved = disk.reserved_page_ids()
+    assert len(reserved) == disk.num_reserved == 4  # 16 pages: a quarter
+    assert world.host_pool.used_size() == 4 * ps
+    world.check_all()  # the reserved pages count as held: the host pool's sum holds
+    slow_prefill(world)
+    match = world.match_and_load(tokens)
+    assert match.num_disk_hit == 6 * ps and disk.num_reserved == 0
+    (node,) = [n for _, n, _ in walk_tree(world.cache) if n.kv_slots is not None]
+    assert set(reserved) <= set(world.host_pool.page_ids(node.host_slots).tolist())
+    world.cache.release_prefetch(handle)
+    world.check_all()
+    world.restart()  # a request that prefetched and was aborted while queued
+    handle = world.cache.prefetch(tokens)
+    assert world.cache.disk.num_reserved == 4
+    world.cache.release_prefetch(handle)
+    settle(world)
+    assert world.host_pool.used_size() == 0
     world.check_all()
 
 
