@@ -236,7 +236,8 @@ class SyncCopyEngine(CopyEngine):
         shape = (pages.numel(), host_pool.page_size, host_pool.num_kv_heads, host_pool.head_dim)
         for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
             for kv, buf in enumerate(bufs):
-                host_pool.data[layer, pages, kv] = buf.index_select(0, flat).cpu().view(shape)
+                rows = buf.index_select(0, flat).cpu().view(shape)
+                host_pool.data[layer, :, kv].index_copy_(0, pages, rows)
         return CopyOp(pages.numel() * host_pool.bytes_per_page, time.perf_counter() - t0)
 
     def _load(self, host_pool, pages, k_buffers, v_buffers, index, after) -> CopyOp:
@@ -246,7 +247,7 @@ class SyncCopyEngine(CopyEngine):
         heads = (host_pool.num_kv_heads, host_pool.head_dim)
         for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
             for kv, buf in enumerate(bufs):
-                rows = host_pool.data[layer, pages, kv].reshape(-1, *heads)
+                rows = host_pool.data[layer, :, kv].index_select(0, pages).view(-1, *heads)
                 buf.index_copy_(0, flat, rows.to(device))
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()

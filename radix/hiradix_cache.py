@@ -339,6 +339,8 @@ class HiRadixCache(RadixCache):
     def _host_leaf(self, node: TreeNode) -> bool:
         if node.is_root or node.host_slots is None or node.write_op is not None:
             return False
+        if node.load_op is not None and not node.load_op.done():
+            return False  # a load still reads its host pages
         if node.kv_slots is None and node.lock_ref:
             return False
         return all(c.host_slots is None for c in node.children.values())
