@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.hicache.copy_engine import CopyEngine, CopyOp, make_copy_engine
+from radixlm.hicache.copy_engine import CopyEngine, CopyOp, LayerLoads, make_copy_engine
 from radixlm.hicache.host_pool import HostKVPool
 
 DEFAULT_CALIBRATION_BYTES = 64 * 2**20  # smaller copies are dominated by launch overhead
@@ -57,8 +57,10 @@ class HiCacheController:
 
     The caller keeps the rest of :class:`CopyEngine`'s contract: a written-back op's device
     slots stay unchanged until it is done (or the compute stream is made to wait for it); a
-    loaded op's device slots are read only after ``op.make_stream_wait()``; host slots of an
-    unfinished op are neither freed nor read through ``page_bytes``.
+    loaded op's device slots are read only after ``op.make_stream_wait()`` or, by the forward,
+    per layer through ``layer_loads`` (the KV pool's :class:`LayerLoads`, where the tree adds
+    its loads); host slots of an unfinished op are neither freed nor read through
+    ``page_bytes``.
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class HiCacheController:
         engine: CopyEngine | None = None,
         calibration_bytes: int = DEFAULT_CALIBRATION_BYTES,
         half_life_bytes: float = DEFAULT_HALF_LIFE_BYTES,
+        layer_loads: LayerLoads | None = None,
     ):
         host_pool.check_buffers(k_buffers, v_buffers)
+        self.layer_loads = layer_loads if layer_loads is not None else LayerLoads()
         self.k_buffers = list(k_buffers)
         self.v_buffers = list(v_buffers)
         self.host_pool = host_pool

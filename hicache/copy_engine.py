@@ -4,12 +4,13 @@ The device side is the runtime's per-layer buffers ``k_buffers[l]`` / ``v_buffer
 ``[num_slots, num_kv_heads, head_dim]``, indexed by any int64 slot tensor (on the CPU or the
 buffers' device) whose length is a multiple of ``page_size``; the host side is whole host
 pages (:meth:`HostKVPool.page_ids`). Device slot ``device_slots[i]`` pairs with host slot
-``host_slots[i]``. A copy goes through a staging tensor on the device laid out like host pages
-(``[pages, num_layers, 2, page_size, num_kv_heads, head_dim]``), so each run of consecutive
-host pages crosses the bus in one transfer, and a layer-major copy of it
-(``[num_layers, 2, tokens, num_kv_heads, head_dim]``) that one ``index_select`` /
-``index_copy_`` per layer and K/V gathers from or scatters into. Large copies are cut into
-chunks of pages so that each of the two stays under ``max_staging_bytes``.
+``host_slots[i]``. Copies go layer by layer, in layer order: the host pool is layer-major, so a
+layer's K and V of a run of consecutive host pages cross the bus in one transfer, through a
+device staging tensor laid out as those pages (``[pages, 2, page_size, num_kv_heads,
+head_dim]``) that one indexed gather / scatter per K and V fills from or empties into the
+buffers. A load thus lands layer 0 first and records an event per layer (``wait_layer``): a
+forward waiting per layer overlaps its first layers with the copy of the later ones. Large
+copies are cut into chunks of pages so that a layer's staging stays under ``max_staging_bytes``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class CopyOp:
     measured duration once done, None before. ``layer_events`` is, for a CUDA load, one event
     per layer recorded once that layer's K and V are in place in the device buffers (empty
     otherwise). ``wait_layer`` / ``make_stream_wait`` make a CUDA stream (None: the current
-    stream) wait for one layer / the whole copy without blocking the CPU; they do nothing for
-    a finished copy.
+    stream) wait for one layer / the whole copy without blocking the CPU; off CUDA the
+    "stream" is the calling thread, so they wait for the copy (nothing for a finished one).
     """
 
     def __init__(self, num_bytes: int, seconds: float | None = 0.0):
@@ -51,10 +52,10 @@ class CopyOp:
         return self._seconds if self.done() else None
 
     def wait_layer(self, stream: torch.cuda.Stream | None, layer: int) -> None:
-        pass
+        self.wait()
 
     def make_stream_wait(self, stream: torch.cuda.Stream | None = None) -> None:
-        pass
+        self.wait()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_bytes={self.num_bytes}, done={self.done()})"
@@ -102,6 +103,50 @@ class CudaCopyOp(CopyOp):
 
     def make_stream_wait(self, stream: torch.cuda.Stream | None = None) -> None:
         (stream or torch.cuda.current_stream(self.device)).wait_event(self._end)
+
+
+class LayerLoads:
+    """The loads (host -> device) the next forward pass must wait for, layer by layer.
+
+    The tree issues a load at admission and :meth:`add` s it here instead of making the
+    compute stream wait for the whole copy; the forward calls :meth:`wait_layer` just before
+    layer ``l`` reads or writes the KV pool (a stream wait on each load's event ``l``: the CPU
+    never blocks), so the copy of the later layers runs under the compute of the earlier ones,
+    and :meth:`end_forward` once every layer was issued. :meth:`wait_all` (a whole-copy wait)
+    is for work that reads the pool without going layer by layer (a CUDA-graph replay) and for
+    slots freed before the forward ran. Off CUDA every wait is a wait for the copy (a
+    synchronous copy is done already). An empty one is what a pool without a host tier has.
+    Scheduler thread only. ``layer_waits`` counts the
+    per-layer waits issued (with loads pending), ``whole_waits`` the whole-copy ones.
+    """
+
+    def __init__(self) -> None:
+        self._ops: list[CopyOp] = []
+        self.layer_waits = 0
+        self.whole_waits = 0
+
+    def add(self, op: CopyOp) -> None:
+        if not op.done():
+            self._ops.append(op)
+
+    def pending(self) -> int:
+        return len(self._ops)
+
+    def wait_layer(self, layer: int) -> None:
+        for op in self._ops:
+            op.wait_layer(None, layer)
+            self.layer_waits += 1
+
+    def end_forward(self) -> None:
+        """The forward issued every layer's wait: the compute stream is ordered after the
+        loads (a last whole-copy wait on each costs nothing and covers a layer skipped)."""
+        for op in self._ops:
+            op.make_stream_wait()
+        self._ops.clear()
+
+    def wait_all(self) -> None:
+        self.whole_waits += len(self._ops)
+        self.end_forward()
 
 
 class CopyEngine:
@@ -187,17 +232,23 @@ class SyncCopyEngine(CopyEngine):
     def _write(self, k_buffers, v_buffers, index, host_pool, pages, after) -> CopyOp:
         device = k_buffers[0].device
         t0 = self._start(device, after)
-        staged, by_layer = _staging_tensors(pages.numel(), host_pool, device)
-        _gather_pages(k_buffers, v_buffers, index.to(device), by_layer, staged)
-        host_pool.data.index_copy_(0, pages, staged.cpu())
+        flat = index.reshape(-1).to(device)
+        shape = (pages.numel(), host_pool.page_size, host_pool.num_kv_heads, host_pool.head_dim)
+        for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
+            for kv, buf in enumerate(bufs):
+                rows = buf.index_select(0, flat).cpu().view(shape)
+                host_pool.data[layer, :, kv].index_copy_(0, pages, rows)
         return CopyOp(pages.numel() * host_pool.bytes_per_page, time.perf_counter() - t0)
 
     def _load(self, host_pool, pages, k_buffers, v_buffers, index, after) -> CopyOp:
         device = k_buffers[0].device
         t0 = self._start(device, after)
-        _, by_layer = _staging_tensors(pages.numel(), host_pool, device)
-        _pages_to_layers(host_pool.data.index_select(0, pages).to(device), by_layer)
-        _scatter_layers(by_layer, k_buffers, v_buffers, index.to(device))
+        flat = index.reshape(-1).to(device)
+        heads = (host_pool.num_kv_heads, host_pool.head_dim)
+        for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
+            for kv, buf in enumerate(bufs):
+                rows = host_pool.data[layer, :, kv].index_select(0, pages).view(-1, *heads)
+                buf.index_copy_(0, flat, rows.to(device))
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
         return CopyOp(pages.numel() * host_pool.bytes_per_page, time.perf_counter() - t0)
@@ -214,18 +265,18 @@ class SyncCopyEngine(CopyEngine):
 class CudaCopyEngine(CopyEngine):
     """Asynchronous copies on two dedicated streams of ``device``: ``write_stream`` for device
     -> host, ``load_stream`` for host -> device. Each copy first makes its stream wait for the
-    current stream (and for the ``after`` ops), then gathers / scatters on its stream and moves
-    the bytes with non-blocking transfers from / into the pinned host pool, so the CPU never
-    waits. A load records ``layer_events[l]`` once layer ``l``'s K and V are in place: the
-    transfer is page-major (a page holds all layers), so every byte of the copy has crossed
-    the bus before the first event, which then fire one after another as each layer is
-    scattered from the staging tensor (in a copy cut into chunks, after the last chunk's).
+    current stream (and for the ``after`` ops), then, layer by layer, gathers / scatters on its
+    stream and moves the bytes with non-blocking transfers from / into the pinned host pool,
+    so the CPU never waits. A load records ``layer_events[l]`` once layer ``l``'s K and V are in
+    place: the layers cross the bus in order, each scattered from the staging tensor right after
+    its transfer, so the first event fires after ``1 / num_layers`` of the bytes (in a copy cut
+    into chunks, after the layer's last chunk).
 
-    Each direction keeps its two staging buffers (up to ``max_staging_bytes`` each) between
-    copies, so steady-state copies allocate no device memory (a first allocation can
-    synchronize the device). Device slots given as a CPU tensor are pinned (torch's caching
-    host allocator, as in ``tensor_to_device``) and sent ahead on the side stream; a pinned
-    block of a new size can also synchronize, so hot paths pass CUDA slot tensors.
+    Each direction keeps its staging buffer (up to ``max_staging_bytes``) between copies, so
+    steady-state copies allocate no device memory (a first allocation can synchronize the
+    device). Device slots given as a CPU tensor are pinned (torch's caching host allocator, as
+    in ``tensor_to_device``) and sent ahead on the side stream; a pinned block of a new size can
+    also synchronize, so hot paths pass CUDA slot tensors.
     """
 
     def __init__(
@@ -240,8 +291,8 @@ class CudaCopyEngine(CopyEngine):
         self.max_staging_bytes = max_staging_bytes
         self.write_stream = torch.cuda.Stream(device)
         self.load_stream = torch.cuda.Stream(device)
-        # per stream: (host-layout pages, layer-major) flat uint8 buffers on `device`
-        self._staging_buffers: dict[torch.cuda.Stream, tuple[torch.Tensor, ...]] = {}
+        # per stream: a flat uint8 buffer on `device`, one layer of a chunk of pages
+        self._staging_buffers: dict[torch.cuda.Stream, torch.Tensor] = {}
 
     def _write(self, k_buffers, v_buffers, index, host_pool, pages, after) -> CopyOp:
         stream, start, end = self._begin(self.write_stream, k_buffers, host_pool, after)
@@ -249,12 +300,14 @@ class CudaCopyEngine(CopyEngine):
             start.record(stream)
             index = self._to_device(index, stream)
             for lo, hi in self._chunks(pages.numel(), host_pool):
-                staged, by_layer = self._staging(stream, hi - lo, host_pool)
-                _gather_pages(k_buffers, v_buffers, index[lo:hi], by_layer, staged)
-                for page, offset, count in host_pool.page_runs(pages[lo:hi]):
-                    host_pool.data[page : page + count].copy_(
-                        staged[offset : offset + count], non_blocking=True
-                    )
+                runs = host_pool.page_runs(pages[lo:hi])
+                staged = self._staging(stream, hi - lo, host_pool)
+                for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
+                    _gather_layer(bufs, index[lo:hi], staged)
+                    for page, offset, count in runs:
+                        host_pool.data[layer, page : page + count].copy_(
+                            staged[offset : offset + count], non_blocking=True
+                        )
             end.record(stream)
         num_bytes = pages.numel() * host_pool.bytes_per_page
         return CudaCopyOp(num_bytes, self.device, start, end, [], (index,))
@@ -262,20 +315,22 @@ class CudaCopyEngine(CopyEngine):
     def _load(self, host_pool, pages, k_buffers, v_buffers, index, after) -> CopyOp:
         stream, start, end = self._begin(self.load_stream, k_buffers, host_pool, after)
         layer_events = [torch.cuda.Event() for _ in k_buffers]
-        chunks = self._chunks(pages.numel(), host_pool)
+        chunks = [
+            (lo, hi, host_pool.page_runs(pages[lo:hi]))
+            for lo, hi in self._chunks(pages.numel(), host_pool)
+        ]
         with torch.cuda.stream(stream):
             start.record(stream)
             index = self._to_device(index, stream)
-            for i, (lo, hi) in enumerate(chunks):
-                staged, by_layer = self._staging(stream, hi - lo, host_pool)
-                for page, offset, count in host_pool.page_runs(pages[lo:hi]):
-                    staged[offset : offset + count].copy_(
-                        host_pool.data[page : page + count], non_blocking=True
-                    )
-                _pages_to_layers(staged, by_layer)
-                last = i == len(chunks) - 1
-                events = layer_events if last else ()
-                _scatter_layers(by_layer, k_buffers, v_buffers, index[lo:hi], events)
+            for layer, bufs in enumerate(zip(k_buffers, v_buffers, strict=True)):
+                for lo, hi, runs in chunks:
+                    staged = self._staging(stream, hi - lo, host_pool)
+                    for page, offset, count in runs:
+                        staged[offset : offset + count].copy_(
+                            host_pool.data[layer, page : page + count], non_blocking=True
+                        )
+                    _scatter_layer(staged, bufs, index[lo:hi])
+                layer_events[layer].record(stream)
             end.record(stream)
         num_bytes = pages.numel() * host_pool.bytes_per_page
         return CudaCopyOp(num_bytes, self.device, start, end, layer_events, (index,))
@@ -305,21 +360,20 @@ class CudaCopyEngine(CopyEngine):
 
     def _staging(
         self, stream: torch.cuda.Stream, num_pages: int, host_pool: HostKVPool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of ``stream``'s staging buffers for ``num_pages`` pages (as
-        :func:`_staging_tensors`), called inside ``stream``'s context: a buffer that grows is
+    ) -> torch.Tensor:
+        """A view of ``stream``'s staging buffer for one layer of ``num_pages`` pages
+        (:func:`_layer_shape`), called inside ``stream``'s context: a buffer that grows is
         freed to that stream and only reused in its order."""
-        num_bytes = num_pages * host_pool.bytes_per_page
-        buffers = self._staging_buffers.get(stream)
-        if buffers is None or buffers[0].numel() < num_bytes:
-            new = (torch.empty(num_bytes, dtype=torch.uint8, device=self.device) for _ in "pl")
-            buffers = self._staging_buffers[stream] = tuple(new)
-        staged, by_layer = (b[:num_bytes].view(host_pool.dtype) for b in buffers)
-        shape = (num_pages, *host_pool.data.shape[1:])
-        return staged.view(shape), by_layer.view(_layer_major_shape(num_pages, host_pool))
+        num_bytes = num_pages * host_pool.bytes_per_page // host_pool.num_layers
+        buffer = self._staging_buffers.get(stream)
+        if buffer is None or buffer.numel() < num_bytes:
+            buffer = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+            self._staging_buffers[stream] = buffer
+        return buffer[:num_bytes].view(host_pool.dtype).view(_layer_shape(num_pages, host_pool))
 
     def _chunks(self, num_pages: int, host_pool: HostKVPool) -> list[tuple[int, int]]:
-        per_chunk = max(1, self.max_staging_bytes // host_pool.bytes_per_page)
+        bytes_per_layer_page = host_pool.bytes_per_page // host_pool.num_layers
+        per_chunk = max(1, self.max_staging_bytes // bytes_per_layer_page)
         return [(lo, min(lo + per_chunk, num_pages)) for lo in range(0, num_pages, per_chunk)]
 
 
@@ -354,69 +408,23 @@ def _plan(
     return pages, device_slots.reshape(-1, host_pool.page_size).to(torch.int64)
 
 
-def _layer_major_shape(num_pages: int, host_pool: HostKVPool) -> tuple[int, ...]:
-    num_tokens = num_pages * host_pool.page_size
-    return (host_pool.num_layers, 2, num_tokens, host_pool.num_kv_heads, host_pool.head_dim)
+def _layer_shape(num_pages: int, host_pool: HostKVPool) -> tuple[int, ...]:
+    """One layer of ``num_pages`` host pages: ``[pages, 2, page_size, num_kv_heads, head_dim]``."""
+    return (num_pages, 2, host_pool.page_size, host_pool.num_kv_heads, host_pool.head_dim)
 
 
-def _staging_tensors(
-    num_pages: int, host_pool: HostKVPool, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh staging for ``num_pages`` pages on ``device``: host-layout pages
-    [pages, num_layers, 2, page_size, num_kv_heads, head_dim] and the same KV layer-major,
-    [num_layers, 2, pages * page_size, num_kv_heads, head_dim]."""
-    staged = torch.empty(
-        (num_pages, *host_pool.data.shape[1:]), dtype=host_pool.dtype, device=device
-    )
-    by_layer = torch.empty(
-        _layer_major_shape(num_pages, host_pool), dtype=host_pool.dtype, device=device
-    )
-    return staged, by_layer
-
-
-def _gather_pages(
-    k_buffers: Sequence[torch.Tensor],
-    v_buffers: Sequence[torch.Tensor],
-    index: torch.Tensor,
-    by_layer: torch.Tensor,
-    staged: torch.Tensor,
+def _gather_layer(
+    bufs: tuple[torch.Tensor, torch.Tensor], index: torch.Tensor, staged: torch.Tensor
 ) -> None:
-    """Gathers the KV at ``index`` ([pages, page_size] int64, on the buffers' device) into
-    ``by_layer`` (one ``index_select`` per layer and K/V), then transposes it into host-layout
-    pages ``staged`` (see :func:`_staging_tensors`)."""
-    flat = index.reshape(-1)
-    num_layers, _, num_tokens, *head = by_layer.shape
-    outs = by_layer.view(num_layers * 2, num_tokens, *head).unbind(0)
-    for layer, (k, v) in enumerate(zip(k_buffers, v_buffers, strict=True)):
-        torch.index_select(k, 0, flat, out=outs[2 * layer])
-        torch.index_select(v, 0, flat, out=outs[2 * layer + 1])
-    pages = by_layer.view(num_layers, 2, index.shape[0], index.shape[1], *head)
-    staged.copy_(pages.permute(2, 0, 1, 3, 4, 5))
+    """One layer's K and V at ``index`` ([pages, page_size] int64, on the buffers' device) into
+    ``staged`` ([pages, 2, page_size, heads, head_dim])."""
+    for kv, buf in enumerate(bufs):
+        staged[:, kv] = buf[index]
 
 
-def _pages_to_layers(staged: torch.Tensor, by_layer: torch.Tensor) -> None:
-    """Transposes host-layout pages ``staged`` into layer-major ``by_layer``."""
-    num_pages, num_layers, _, page_size, *head = staged.shape
-    by_layer.view(num_layers, 2, num_pages, page_size, *head).copy_(
-        staged.permute(1, 2, 0, 3, 4, 5)
-    )
-
-
-def _scatter_layers(
-    by_layer: torch.Tensor,
-    k_buffers: Sequence[torch.Tensor],
-    v_buffers: Sequence[torch.Tensor],
-    index: torch.Tensor,
-    layer_events: Sequence[torch.cuda.Event] = (),
+def _scatter_layer(
+    staged: torch.Tensor, bufs: tuple[torch.Tensor, torch.Tensor], index: torch.Tensor
 ) -> None:
-    """Writes layer-major KV ``by_layer`` into the buffers at ``index`` ([pages, page_size]
-    int64), one ``index_copy_`` per layer and K/V; records ``layer_events[l]`` on the current
-    stream once layer ``l`` is written, when given."""
-    flat = index.reshape(-1)
-    num_layers, _, num_tokens, *head = by_layer.shape
-    sources = by_layer.view(num_layers * 2, num_tokens, *head).unbind(0)
-    for layer, (k, v) in enumerate(zip(k_buffers, v_buffers, strict=True)):
-        k.index_copy_(0, flat, sources[2 * layer])
-        v.index_copy_(0, flat, sources[2 * layer + 1])
-        if layer_events:
-            layer_events[layer].record()
+    """The inverse of :func:`_gather_layer`: ``staged``'s K and V into the buffers at ``index``."""
+    for kv, buf in enumerate(bufs):
+        buf.index_put_((index,), staged[:, kv])

@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +61,7 @@ import xxhash
 from tqdm import tqdm
 
 from radixlm.hicache.page_hash import encode_token_ids, model_fingerprint
-from radixlm.hicache.storage_base import PageStore, Payload, check_key
+from radixlm.hicache.storage_base import PageStore, PageView, Payload, check_key
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ COUNTERS = (
     "corrupt_deleted",
     "evicted_pages",
     "refused_pages",  # larger than max_bytes
+    "stale_skipped",  # a PageView's memory was reused while it was written: not stored
     "invalid_files_removed",  # at start-up: bad headers, wrong sizes, leftover temp files
 )
 
@@ -100,13 +101,15 @@ class PageHeader:
         return HEADER_SIZE + TOKEN_BYTES * self.num_tokens + self.payload_len
 
 
-def pack_header(key: bytes, token_bytes: bytes, payload: memoryview) -> bytes:
+def pack_header(key: bytes, token_bytes: bytes, blocks: Sequence[Payload]) -> bytes:
+    """The header of a page whose payload is ``blocks`` in order."""
     checksum = xxhash.xxh3_64(token_bytes)
-    checksum.update(payload)
+    payload_len = 0
+    for block in blocks:
+        checksum.update(block)
+        payload_len += memoryview(block).nbytes
     num_tokens = len(token_bytes) // TOKEN_BYTES
-    return HEADER.pack(
-        MAGIC, FORMAT_VERSION, 0, num_tokens, payload.nbytes, checksum.intdigest(), key
-    )
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, num_tokens, payload_len, checksum.intdigest(), key)
 
 
 def parse_header(data: bytes) -> PageHeader | None:
@@ -133,6 +136,23 @@ def _read_full(file, view: memoryview) -> bool:
         if not n:
             return False
         done += n
+    return True
+
+
+def _preadv_full(fd: int, blocks: Sequence[memoryview], offset: int) -> bool:
+    """Fills ``blocks`` in order from ``fd`` at ``offset`` (one ``preadv`` for all of them when
+    the kernel gives everything at once); False at an early end of file."""
+    views = [b.cast("B") for b in blocks]
+    while views:
+        n = os.preadv(fd, views, offset)
+        if n <= 0:
+            return False
+        offset += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
     return True
 
 
@@ -213,6 +233,15 @@ class DiskPageStore(PageStore):
             return not self._is_closed and key in self._index
 
     def get(self, key: bytes, token_ids: Sequence[int]) -> memoryview | None:
+        return self._verified_read(key, token_ids, None)
+
+    def get_into(self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]) -> bool:
+        """Reads the page's payload straight into ``blocks`` (one ``preadv``), verified."""
+        return self._verified_read(key, token_ids, blocks) is not None
+
+    def _verified_read(
+        self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview] | None
+    ) -> memoryview | bool | None:
         check_key(key)
         expected = encode_token_ids(token_ids)
         with self._lock:
@@ -223,7 +252,7 @@ class DiskPageStore(PageStore):
         size, generation = entry
         path = self.page_path(key)
         try:
-            payload = self._read_verified(path, key, expected)
+            payload = self._read_verified(path, key, expected, blocks)
         except OSError as error:
             self._drop_bad(key, generation, "read_errors", f"{path}: {error}")
             return None
@@ -241,13 +270,16 @@ class DiskPageStore(PageStore):
             pass
         return payload
 
-    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload | PageView) -> bool:
         check_key(key)
         token_bytes = encode_token_ids(token_ids)
         if not token_bytes:
             raise ValueError("a page holds at least one token")
-        view = memoryview(payload).cast("B")
-        size = HEADER_SIZE + len(token_bytes) + view.nbytes
+        if isinstance(payload, PageView):
+            blocks, is_current = payload.blocks, payload.is_current
+        else:
+            blocks, is_current = (memoryview(payload).cast("B"),), None
+        size = HEADER_SIZE + len(token_bytes) + sum(b.nbytes for b in blocks)
         with self._lock:
             if self._is_closed:
                 return False
@@ -261,7 +293,7 @@ class DiskPageStore(PageStore):
                 return False
             self._writing.add(key)
         try:
-            return self._write_page(key, token_bytes, view, size)
+            return self._write_page(key, token_bytes, blocks, size, is_current)
         finally:
             with self._lock:
                 self._writing.discard(key)
@@ -321,13 +353,26 @@ class DiskPageStore(PageStore):
         """Where the page ``key`` lives (whether or not it is stored)."""
         return self.folder / key[:1].hex() / (key.hex() + PAGE_SUFFIX)
 
-    def _write_page(self, key: bytes, token_bytes: bytes, view: memoryview, size: int) -> bool:
+    def _write_page(
+        self,
+        key: bytes,
+        token_bytes: bytes,
+        blocks: Sequence[Payload],
+        size: int,
+        is_current: Callable[[], bool] | None,
+    ) -> bool:
+        """Writes the page to a temp file straight from ``blocks`` and renames it into place,
+        unless ``is_current`` says the blocks' memory was reused meanwhile."""
         path = self.page_path(key)
         temp = path.with_name(f"{key.hex()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         try:
             path.parent.mkdir(exist_ok=True)
-            _write_all(temp, (pack_header(key, token_bytes, view), token_bytes, view))
+            _write_all(temp, (pack_header(key, token_bytes, blocks), token_bytes, *blocks))
             with self._lock:
+                if is_current is not None and not is_current():
+                    _remove(temp)
+                    self._counters["stale_skipped"] += 1
+                    return False
                 os.replace(temp, path)  # under the lock: the index and the folder change together
                 self._insert(key, size)
             return True
@@ -338,10 +383,17 @@ class DiskPageStore(PageStore):
             self._warn_once("write_errors", f"writing {path} failed: {error}")
             return False
 
-    def _read_verified(self, path: Path, key: bytes, expected_tokens: bytes) -> memoryview | None:
-        """The payload of the file at ``path`` if every check passes, else None. Unbuffered:
-        the header and token ids in one read, the payload by ``readinto`` straight into a
-        recycled buffer (``recycle``): a fresh 2 MiB ``bytes`` per page cost more in page
+    def _read_verified(
+        self,
+        path: Path,
+        key: bytes,
+        expected_tokens: bytes,
+        blocks: Sequence[memoryview] | None = None,
+    ) -> memoryview | bool | None:
+        """The payload of the file at ``path`` if every check passes (read into ``blocks`` when
+        given: True then), else None. Unbuffered: the header and token ids in one read, the
+        payload by ``readinto`` straight into a recycled buffer (``recycle``) or by one
+        ``preadv`` into the caller's blocks: a fresh 2 MiB ``bytes`` per page cost more in page
         faults than the read itself (``bench_disk_path``)."""
         head = bytearray(HEADER_SIZE + len(expected_tokens))
         with open(path, "rb", buffering=0) as file:
@@ -357,12 +409,23 @@ class DiskPageStore(PageStore):
             token_bytes = memoryview(head)[HEADER_SIZE:]
             if token_bytes != expected_tokens:
                 return None
-            payload = self._buffers.take(header.payload_len)
-            if not _read_full(file, payload):
-                return None
+            if blocks is None:
+                payload = self._buffers.take(header.payload_len)
+                if not _read_full(file, payload):
+                    return None
+                parts: Sequence[memoryview] = (payload,)
+            else:
+                if sum(b.nbytes for b in blocks) != header.payload_len:
+                    return None
+                if not _preadv_full(file.fileno(), blocks, len(head)):
+                    return None
+                parts = blocks
         checksum = xxhash.xxh3_64(token_bytes)
-        checksum.update(payload)
-        return payload if checksum.intdigest() == header.checksum else None
+        for part in parts:
+            checksum.update(part)
+        if checksum.intdigest() != header.checksum:
+            return None
+        return True if blocks is not None else parts[0]
 
     def recycle(self, payload: Payload) -> None:
         """A payload ``get`` returned, copied out and no longer referenced by the caller: its

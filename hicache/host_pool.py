@@ -1,10 +1,12 @@
 """The host tier's KV pool: whole pages of K and V for every layer, in CPU memory.
 
-A page holds ``page_size`` tokens of all layers in one contiguous block, laid out
-``[num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]``: the disk tier stores a page as
-one payload, and a device <-> host copy moves a run of consecutive pages in one transfer.
-Host slot ``s`` is token ``s % page_size`` of page ``s // page_size``; slots start at 0 (there
-is no padding slot). Every slot tensor handed out or taken back covers whole pages, each page's
+The pool is laid out layer-major, ``[num_layers, num_pages, 2 (K, V), page_size, num_kv_heads,
+head_dim]``: one layer's K and V of a run of consecutive pages are one contiguous block, so a
+device <-> host copy moves layer by layer (a load hands layer ``l`` to the forward before layer
+``l + 1`` has crossed the bus), one transfer per layer and run of pages. A page's payload (what
+the disk tier stores, :meth:`page_bytes`) is ``[num_layers, 2, page_size, num_kv_heads,
+head_dim]``: the page's ``num_layers`` blocks (:meth:`page_blocks`) in order. Host slot ``s`` is
+token ``s % page_size`` of page ``s // page_size``; slots start at 0 (there is no padding slot). Every slot tensor handed out or taken back covers whole pages, each page's
 slots in order (``alloc`` returns them so, and concatenations of such tensors stay so).
 """
 
@@ -14,9 +16,10 @@ import heapq
 import weakref
 from collections.abc import Sequence
 
-import numpy as np
 import psutil
 import torch
+
+from radixlm.hicache.storage_base import PageView
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -57,14 +60,19 @@ class HostKVPool:
         self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * _element_size(dtype)
         self.bytes_per_page = self.bytes_per_token * page_size
         _check_ram(self.num_pages * self.bytes_per_page, self.num_pages * page_size)
-        # [num_pages, num_layers, 2, page_size, num_kv_heads, head_dim] `dtype` on the CPU,
+        # [num_layers, num_pages, 2, page_size, num_kv_heads, head_dim] `dtype` on the CPU,
         # page-locked when pin_memory
         self.data = torch.empty(
-            (self.num_pages, num_layers, 2, page_size, num_kv_heads, head_dim), dtype=dtype
+            (num_layers, self.num_pages, 2, page_size, num_kv_heads, head_dim), dtype=dtype
         )
         if pin_memory:
             self.data.zero_()  # touches the pages with torch's threads: locking them is faster
             _pin_in_place(self, self.data)
+        # the same memory as [num_layers, num_pages, bytes of one layer of a page] uint8 numpy:
+        # page blocks as memoryviews without a torch call per block
+        self._blocks = (
+            self.data.view(-1).view(torch.uint8).numpy().reshape(num_layers, self.num_pages, -1)
+        )
         self._free_pages: list[int] = list(range(self.num_pages))  # a min-heap of free page ids
         # [num_pages] bool on the CPU: True where the page is free
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool)
@@ -144,7 +152,7 @@ class HostKVPool:
     @staticmethod
     def page_runs(pages: torch.Tensor) -> list[tuple[int, int, int]]:
         """(first page, offset in ``pages``, number of pages) of each run of consecutive page
-        ids in ``pages`` ([n] int64 CPU): one contiguous block of ``data`` each."""
+        ids in ``pages`` ([n] int64 CPU): one contiguous block of ``data[layer]`` each."""
         if pages.numel() == 0:
             return []
         breaks = (torch.nonzero(pages[1:] - pages[:-1] != 1).flatten() + 1).tolist()
@@ -176,9 +184,22 @@ class HostKVPool:
 
     # ------------------------------------------------------------------------------ raw pages
 
+    def page_kv(self, page_id: int) -> torch.Tensor:
+        """Page ``page_id`` as ``[num_layers, 2, page_size, num_kv_heads, head_dim]`` (a
+        strided view of ``data``)."""
+        self._check_page(page_id)
+        return self.data[:, page_id]
+
+    def page_blocks(self, page_id: int) -> list[memoryview]:
+        """The page's ``num_layers`` contiguous blocks (one layer's K then V each) as writable
+        byte views of ``data``: its payload, in order, without a copy (for ``readinto`` /
+        ``writev``)."""
+        self._check_page(page_id)
+        return [memoryview(block) for block in self._blocks[:, page_id]]
+
     def page_bytes(self, page_id: int) -> bytes:
-        """A copy of page ``page_id``'s raw bytes (``bytes_per_page`` of them)."""
-        return self._page_u8(page_id).numpy().tobytes()
+        """A copy of page ``page_id``'s payload (``bytes_per_page`` bytes)."""
+        return b"".join(self.page_blocks(page_id))
 
     def page_generation(self, page_id: int) -> int:
         """How many times page ``page_id`` was freed so far."""
@@ -191,20 +212,31 @@ class HostKVPool:
         data = self.page_bytes(page_id)
         return data if self.page_generation(page_id) == generation else None
 
+    def page_view(self, page_id: int, generation: int) -> PageView | None:
+        """Page ``page_id``'s payload as views of the pool (no copy) with a check that it was
+        not freed since ``generation`` (None if it was already): for a disk writer on another
+        thread, which must check ``is_current()`` after reading the views."""
+        if self.page_generation(page_id) != generation:
+            return None
+        blocks = tuple(self.page_blocks(page_id))
+        return PageView(blocks, lambda: self.page_generation(page_id) == generation)
+
     def write_page_bytes(self, page_id: int, payload: bytes | bytearray | memoryview) -> None:
         """Overwrites page ``page_id`` with a payload from :meth:`page_bytes` of a pool of the
         same geometry and dtype; ValueError on a length mismatch."""
-        src = np.frombuffer(payload, dtype=np.uint8)
-        if src.size != self.bytes_per_page:
+        src = memoryview(payload).cast("B")
+        if src.nbytes != self.bytes_per_page:
             raise ValueError(
-                f"page payload has {src.size} bytes, a page of this pool has {self.bytes_per_page}"
+                f"page payload has {src.nbytes} bytes, a page of this pool has {self.bytes_per_page}"
             )
-        self._page_u8(page_id).numpy()[:] = src
+        offset = 0
+        for block in self.page_blocks(page_id):
+            block[:] = src[offset : offset + block.nbytes]
+            offset += block.nbytes
 
-    def _page_u8(self, page_id: int) -> torch.Tensor:
+    def _check_page(self, page_id: int) -> None:
         if not 0 <= page_id < self.num_pages:
             raise ValueError(f"page {page_id} outside the pool's {self.num_pages} pages")
-        return self.data[page_id].reshape(-1).view(torch.uint8)
 
     # ------------------------------------------------------------------------------ checks
 

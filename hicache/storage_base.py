@@ -19,16 +19,54 @@ Contract
 * Failure is a miss. A store never raises because of its medium on ``get``/``set``; it counts
   the error in ``stats()``. Malformed arguments (a key that is not 16 bytes) raise
   ``ValueError``.
+* Zero-copy pages. ``set`` may be given a :class:`PageView` (the payload as views of memory its
+  owner may reuse, e.g. the host KV pool's page blocks) instead of bytes: the store reads the
+  blocks in order and stores the page only if ``is_current()`` still holds once it has read
+  them (checked before the entry becomes visible); else it returns False. ``get_into`` reads a
+  verified payload straight into caller-given blocks (False on a miss: the blocks' contents
+  are then undefined).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from radixlm.hicache.page_hash import KEY_BYTES
 
+
+@dataclass(frozen=True)
+class PageView:
+    """A page's payload as ``blocks`` (byte views, in order) of memory that its owner may reuse
+    once ``is_current()`` turns False (then the bytes read may be another page's)."""
+
+    blocks: tuple[memoryview, ...]
+    is_current: Callable[[], bool]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    def to_bytes(self) -> bytes | None:
+        """A copy of the payload, or None if the page went stale while it was copied."""
+        data = b"".join(self.blocks)
+        return data if self.is_current() else None
+
+
 Payload = bytes | memoryview
+
+
+def fill_blocks(blocks: Sequence[memoryview], payload: Payload) -> bool:
+    """Copies ``payload`` into ``blocks`` in order; False (nothing copied) on a size mismatch."""
+    src = memoryview(payload).cast("B")
+    if src.nbytes != sum(b.nbytes for b in blocks):
+        return False
+    offset = 0
+    for block in blocks:
+        block[:] = src[offset : offset + block.nbytes]
+        offset += block.nbytes
+    return True
 
 
 def check_key(key: bytes) -> None:
@@ -49,8 +87,14 @@ class PageStore(ABC):
         """The verified payload of ``key`` stored for exactly ``token_ids``, or None."""
 
     @abstractmethod
-    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload | PageView) -> bool:
         """Store ``payload`` for ``key``/``token_ids``; False when it was not stored."""
+
+    def get_into(self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]) -> bool:
+        """Reads the verified payload of ``key`` into ``blocks`` (in order); False on a miss.
+        This default copies from ``get``; a store with a medium reads in place."""
+        payload = self.get(key, token_ids)
+        return payload is not None and fill_blocks(blocks, payload)
 
     @abstractmethod
     def delete(self, key: bytes) -> None:
@@ -88,7 +132,7 @@ class NullPageStore(PageStore):
     def get(self, key: bytes, token_ids: Sequence[int]) -> bytes | None:
         return None
 
-    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
+    def set(self, key: bytes, token_ids: Sequence[int], payload: Payload | PageView) -> bool:
         return False
 
     def delete(self, key: bytes) -> None:

@@ -8,9 +8,15 @@ them on one writer thread and ``num_read_threads`` reader threads.
   ``max_pending_write_bytes``: then the write is dropped and counted (``writes_skipped``), so a
   slow or stalled disk costs pages, never memory. Keys already stored or already queued are
   not queued twice.
-* Reads return a ``concurrent.futures.Future`` resolving to the verified payload or None.
-  A read of a page still waiting in the write queue is answered from memory at once. Beyond
-  ``max_pending_reads`` queued reads, a read resolves to None at once (``reads_skipped``).
+* Reads return a ``concurrent.futures.Future`` resolving to the verified payload or None
+  (``submit_read``), or to whether the verified payload was read into the caller's blocks
+  (``submit_read_into``: straight into, say, reserved host KV pages; the blocks must stay
+  untouched until the future is done or cancelled). A read of a page still waiting in the write
+  queue is answered from memory at once. Beyond ``max_pending_reads`` queued reads, a read
+  resolves to None (False) at once (``reads_skipped``).
+* A write's payload may be a function the writer thread calls for the bytes or for a
+  ``PageView`` (views of the caller's memory and a check that they still hold the page): the
+  store then writes from that memory without a copy, and the caller's thread copies nothing.
 * A failing store is a miss: exceptions from the store are caught and counted
   (``writes_failed``, ``reads_failed``); none reaches the caller or kills a thread.
 * ``close`` stops taking work, lets the writer drain the queue until its timeout, drops what
@@ -32,7 +38,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from radixlm.hicache.storage_base import PageStore, Payload, check_key
+from radixlm.hicache.storage_base import PageStore, PageView, Payload, check_key, fill_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ IO_COUNTERS = (
 class _Write:
     key: bytes
     token_ids: tuple[int, ...]
-    payload: bytes | Callable[[], bytes | None]  # the bytes, or how to get them when written
+    # the bytes, or how to get them (or a view of them) when written
+    payload: bytes | Callable[[], bytes | PageView | None]
     num_bytes: int
 
 
@@ -63,6 +70,7 @@ class _Read:
     key: bytes
     token_ids: tuple[int, ...]
     future: Future
+    blocks: tuple[memoryview, ...] | None = None  # read into these (the future says True)
 
 
 def _as_tuple(token_ids: Sequence[int]) -> tuple[int, ...]:
@@ -70,7 +78,13 @@ def _as_tuple(token_ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(to_list() if to_list is not None else token_ids)
 
 
-def _resolved(payload: bytes | None) -> Future:
+def _materialize(payload: bytes | Callable[[], bytes | PageView | None]) -> bytes | None:
+    """A queued write's bytes (a copy of a view's; None if its page went stale)."""
+    data = payload() if callable(payload) else payload
+    return data.to_bytes() if isinstance(data, PageView) else data
+
+
+def _resolved(payload: bytes | bool | None) -> Future:
     future: Future = Future()
     future.set_result(payload)
     return future
@@ -118,7 +132,7 @@ class StorageIO:
         self,
         key: bytes,
         token_ids: Sequence[int],
-        payload: Payload | Callable[[], bytes | None],
+        payload: Payload | Callable[[], bytes | PageView | None],
         num_bytes: int | None = None,
     ) -> bool:
         """Queue a write; False if it was dropped (over the bound, or closed). True also when
@@ -193,22 +207,36 @@ class StorageIO:
     def submit_read(self, key: bytes, token_ids: Sequence[int]) -> Future:
         """A future resolving to the verified payload of ``key`` or None (a miss, an error, too
         many pending reads, or closed)."""
+        return self._submit(key, token_ids, None)
+
+    def submit_read_into(
+        self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]
+    ) -> Future:
+        """A future resolving to True once the verified payload of ``key`` is in ``blocks`` (in
+        order), else False (a miss, an error, too many pending reads, or closed)."""
+        return self._submit(key, token_ids, tuple(blocks))
+
+    def _submit(
+        self, key: bytes, token_ids: Sequence[int], blocks: tuple[memoryview, ...] | None
+    ) -> Future:
         check_key(key)
         tokens = _as_tuple(token_ids)
         with self._lock:
             pending = self._write_queue.get(key) or self._writing.get(key)
             if pending is not None and pending.token_ids == tokens:
                 self._counters["reads_from_pending"] += 1
-                payload = pending.payload
-                return _resolved(payload() if callable(payload) else payload)
+                payload = _materialize(pending.payload)
+                if blocks is None:
+                    return _resolved(payload)
+                return _resolved(payload is not None and fill_blocks(blocks, payload))
             if self._is_closing or self._pending_reads >= self.max_pending_reads:
                 self._counters["reads_skipped"] += 1
-                return _resolved(None)
+                return _resolved(None if blocks is None else False)
             self._pending_reads += 1
             self._counters["reads_queued"] += 1
             future: Future = Future()
             # under the lock: close() drains the queue only after every accepted read is in it
-            self._read_queue.put(_Read(key, tokens, future))
+            self._read_queue.put(_Read(key, tokens, future, blocks))
         return future
 
     def recycle(self, payload: Payload) -> None:
@@ -237,11 +265,14 @@ class StorageIO:
             self._serve(item)
 
     def _serve(self, item: _Read) -> None:
-        payload = None
+        payload: Payload | bool | None = None if item.blocks is None else False
         is_failed = False
         if item.future.set_running_or_notify_cancel() and not self._is_closing:
             try:
-                payload = self.store.get(item.key, item.token_ids)
+                if item.blocks is None:
+                    payload = self.store.get(item.key, item.token_ids)
+                else:
+                    payload = self.store.get_into(item.key, item.token_ids, item.blocks)
             except Exception as error:  # a failing store is a miss
                 logger.debug("hicache: page read failed: %r", error)
                 is_failed = True

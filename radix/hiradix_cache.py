@@ -19,7 +19,10 @@ Residency rules (checked by ``check_integrity``):
 Eviction. ``evict(n)`` (device memory) takes unlocked device leaves (nodes with no child on the
 device) in LRU order: a backed-up node only drops its device slots and stays in the tree as
 host-only; under ``write_back`` (and ``write_through_selective`` with a disk tier) a node is
-backed up first; any other node is removed (it has no children then). The host pool evicts on its own when it needs room: host-only leaves with no
+backed up first; any other node is removed (it has no children then). Eviction never waits for
+a copy: freed device slots that a backup still reads (or a load still fills) are handed back
+with the compute stream ordered after that copy (``make_stream_wait``), and the node's host
+copy counts once its write is done. The host pool evicts on its own when it needs room: host-only leaves with no
 locks are removed, and nodes also on the device drop their host copy when no child has one.
 
 Write policies: ``write_through`` backs a node up when it is inserted; ``write_through_selective``
@@ -33,7 +36,8 @@ device to the disk tier too, within ``SAVE_ON_CLOSE_S``: a restart is warm for w
 Load-back. ``match_and_load`` walks the tree, then follows the chain of page keys on disk past
 the tree's end; host and disk pages are brought back into fresh device slots all at once, or not
 at all (no device memory, or a load estimated slower than recomputing the same tokens from the
-measured copy and prefill rates). Disk pages are read by the storage threads (started early by
+measured copy and prefill rates). The copy is not waited for here: it goes to the KV pool's
+``LayerLoads`` and the forward waits for layer ``l`` of it just before layer ``l``'s attention. Disk pages are read by the storage threads (started early by
 ``prefetch``), verified, put in the host pool as host-only nodes, then loaded like those.
 """
 
@@ -49,7 +53,7 @@ import torch
 
 from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
 from radixlm.radix.hicache_stats import TierStats
-from radixlm.radix.hiradix_disk import DiskPages, last_key
+from radixlm.radix.hiradix_disk import PREFETCH_HOST_SHARE, DiskPages, Read, last_key
 from radixlm.radix.radix_cache import RadixCache
 from radixlm.radix.tree_node import TreeNode, child_key
 
@@ -59,6 +63,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 SAVE_ON_CLOSE_S = 3.0  # close() writes device-only prefixes to disk for at most this long
+COPY_HIDDEN_SHARE = 0.5  # a step's loads shorter than this share of it hide under its forward
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
 
@@ -91,10 +96,19 @@ class HiRadixCache(RadixCache):
         self.write_policy = write_policy
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
-        self.disk = None if storage is None else DiskPages(storage, page_size, self.stats)
         self._pending_writes: list[TreeNode] = []
+        # (host slots of one page, its disk read): reads still running when their admission
+        # stopped waiting; the page is freed once the read is done
+        self._busy_host_pages: list[tuple[torch.Tensor, Any]] = []
         self._loaded_since_prefill = 0  # tokens loaded since the last prefill step
+        self.disk: DiskPages | None = None  # reset(), which the base class calls, reads it
         super().__init__(page_size=page_size, free_slots=free_slots, device=device)
+        self.disk = self._disk_pages(storage)
+
+    def _disk_pages(self, storage: Any) -> DiskPages | None:
+        if storage is None:
+            return None
+        return DiskPages(storage, self.page_size, self.stats, _HostPageLender(self))
 
     # ----------------------------------------------------------------------------- matching
 
@@ -112,19 +126,16 @@ class HiRadixCache(RadixCache):
         num_device = sum(len(n.key) for n in on_device)
         host_nodes = path[len(on_device) :]
         last = path[-1] if path else self._root(namespace)
-        started = time.perf_counter()
-        disk_nodes = self._read_disk(last, tokens, pos, namespace)
-        disk_s = time.perf_counter() - started
+        disk_nodes, disk_s = self._read_disk(last, tokens, pos, namespace)
         num_host = sum(len(n.key) for n in host_nodes)
         num_disk = sum(len(n.key) for n in disk_nodes)
         loaded = False
         if num_host + num_disk:
-            started = time.perf_counter()
             with self.stats.timed("load_back"):
-                loaded = self._load_back(host_nodes + disk_nodes)
+                copy_s = self._load_back(host_nodes + disk_nodes)
+            loaded = copy_s is not None
             if loaded and num_disk:  # the disk pages' share of the copy, plus their reads
-                share = num_disk / (num_host + num_disk)
-                disk_s += (time.perf_counter() - started) * share
+                disk_s += copy_s * num_disk / (num_host + num_disk)
                 self.stats.on_disk_load(num_disk, disk_s)
         if self.write_policy == "write_through_selective":
             for node in path:
@@ -223,6 +234,7 @@ class HiRadixCache(RadixCache):
             num_pages = split_len // self.page_size
             upper.page_keys = node.page_keys[:num_pages]
             node.page_keys = node.page_keys[num_pages:]
+        upper.load_op = node.load_op
         if node.write_op is not None:
             upper.write_op = node.write_op
             self._pending_writes.append(upper)
@@ -256,8 +268,6 @@ class HiRadixCache(RadixCache):
             parent = node.parent
             if node.host_slots is None and self._keeps_on_evict(node):
                 self._backup(node)
-            if node.write_op is not None:
-                self._finish_write(node, wait=True)
             num_freed += len(node.key)
             if node.host_slots is not None:
                 self._drop_device(node)
@@ -280,9 +290,18 @@ class HiRadixCache(RadixCache):
             return False
         return all(c.kv_slots is None for c in node.children.values())
 
-    def _drop_device(self, node: TreeNode) -> None:
+    def _free_device(self, node: TreeNode) -> None:
+        """Gives the node's device slots back; later device work that reuses them is ordered
+        after the copies still filling or reading them (no CPU wait on CUDA)."""
+        for op in (node.load_op, node.write_op):
+            if op is not None and not op.done():
+                op.make_stream_wait()
+        node.load_op = None
         self._count_device(node, -1)
         self._free_slots(node.kv_slots)
+
+    def _drop_device(self, node: TreeNode) -> None:
+        self._free_device(node)
         node.kv_slots = None
         self.stats.device_evicted_to_host += len(node.key)
 
@@ -291,8 +310,7 @@ class HiRadixCache(RadixCache):
         assert parent is not None and not node.children and node.lock_ref == 0
         del parent.children[child_key(node.key, 0, self.page_size)]
         if node.kv_slots is not None:
-            self._count_device(node, -1)
-            self._free_slots(node.kv_slots)
+            self._free_device(node)
         if node.host_slots is not None:
             self.host_pool.free(node.host_slots)
         return len(node.key)
@@ -321,6 +339,8 @@ class HiRadixCache(RadixCache):
     def _host_leaf(self, node: TreeNode) -> bool:
         if node.is_root or node.host_slots is None or node.write_op is not None:
             return False
+        if node.load_op is not None and not node.load_op.done():
+            return False  # a load still reads its host pages
         if node.kv_slots is None and node.lock_ref:
             return False
         return all(c.host_slots is None for c in node.children.values())
@@ -368,7 +388,9 @@ class HiRadixCache(RadixCache):
             node = node.parent  # type: ignore[assignment]
 
     def _progress(self) -> None:
-        """Folds finished device -> host copies in: those nodes' pages go to the disk tier."""
+        """Folds finished device -> host copies in (those nodes' pages go to the disk tier) and
+        frees the host pages of finished late disk reads."""
+        self._free_finished_reads()
         if not self._pending_writes:
             return
         still = []
@@ -423,55 +445,93 @@ class HiRadixCache(RadixCache):
 
     def _read_disk(
         self, last: TreeNode, tokens: tuple[int, ...], pos: int, namespace: str | None
-    ) -> list[TreeNode]:
-        """Pages past the tree's end found on disk, as new host-only nodes under ``last``."""
+    ) -> tuple[list[TreeNode], float]:
+        """Pages past the tree's end found on disk, as new host-only nodes under ``last``, and
+        the seconds their reads took (what a disk hit costs, without the parent's backup)."""
         if self.disk is None or pos >= len(tokens):
-            return []
+            return [], 0.0
         if not last.is_root and (last.page_keys is None or not self._backup(last)):
-            return []  # a host-only child needs a parent with a host copy
+            return [], 0.0  # a host-only child needs a parent with a host copy
         keys, pages = self.disk.find(last_key(last), namespace, tokens, pos)
         if not keys:
-            return []
+            return [], 0.0
         num_tokens = len(keys) * self.page_size
         if not self.stats.disk_pays_off(
             num_tokens, self.controller.bytes_per_token, self.controller.estimate_load_seconds
         ):
             self.stats.loads_skipped_slower += 1
-            return []
+            return [], 0.0
+        started = time.perf_counter()
         with self.stats.timed("disk_wait"):
-            payloads = self.disk.read(keys, pages, num_tokens)
-        if not payloads:
-            return []
-        with self.stats.timed("disk_to_host"):
-            return self._disk_to_host(last, keys, pages, payloads)
+            nodes = self._disk_to_host(last, keys, pages)
+        return nodes, time.perf_counter() - started
 
     def _disk_to_host(
-        self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]], payloads: list
+        self, last: TreeNode, keys: list[bytes], pages: list[tuple[int, ...]]
     ) -> list[TreeNode]:
-        num_tokens = len(payloads) * self.page_size
-        keep = {id(n) for n in self._ancestors(last)}
-        host = self._alloc_host(num_tokens, keep)
+        """Reads the run into host pages: those its reads ahead hold, and pages reserved now
+        for the rest. The leading pages read become a host-only node under ``last``; the other
+        pages are given back (once their read is done: ``_busy_host_pages``)."""
+        reads = self.disk.take_reads(keys)
+        need = [i for i, r in enumerate(reads) if r is None or r.page_id is None]
+        host = self._alloc_host(len(need) * self.page_size, {id(n) for n in self._ancestors(last)})
         if host is None:
+            for read in reads:
+                if read is not None:
+                    read.future.cancel()
+                    self._give_back_page(read.page_id, read.future)
             return []
-        page_ids = self.host_pool.page_ids(host)
-        for page_id, payload in zip(page_ids.tolist(), payloads, strict=False):
-            self.host_pool.write_page_bytes(page_id, payload)
-        self.disk.recycle(payloads)
-        key = tuple(t for page in pages[: len(payloads)] for t in page)
+        for i, page_id in zip(need, self.host_pool.page_ids(host).tolist(), strict=True):
+            reads[i] = Read(None if reads[i] is None else reads[i].future, page_id)
+        num_read, rest = self.disk.read_into(keys, pages, reads, self.host_pool)
+        for read in rest:
+            self._give_back_page(read.page_id, read.future)
+        if not num_read:
+            return []
+        key = tuple(t for page in pages[:num_read] for t in page)
         node = TreeNode(key=key, kv_slots=None, parent=last, last_access_time=self._clock)
-        node.host_slots = host
-        node.page_keys = keys[: len(payloads)]
+        node.host_slots = torch.cat([self._page_slots(r.page_id) for r in reads[:num_read]])
+        node.page_keys = keys[:num_read]
         last.children[child_key(key, 0, self.page_size)] = node
         return [node]
 
+    def _give_back_page(self, page_id: int | None, future: Any) -> None:
+        """A host page a disk read used: free now, or once the read running into it is done."""
+        if page_id is None:
+            return
+        if future is None or future.done():
+            self._free_host_pages([page_id])
+        else:
+            self._busy_host_pages.append((self._page_slots(page_id), future))
+
+    def _page_slots(self, page_id: int) -> torch.Tensor:
+        ps = self.page_size
+        return torch.arange(page_id * ps, (page_id + 1) * ps, dtype=torch.int64)
+
+    def _free_host_pages(self, page_ids: list[int]) -> None:
+        if page_ids:
+            self.host_pool.free(torch.cat([self._page_slots(p) for p in page_ids]))
+
+    def _free_finished_reads(self) -> None:
+        """Host pages whose disk read outlived its admission go back once the read is done."""
+        if self._busy_host_pages:
+            busy = self._busy_host_pages
+            self._busy_host_pages = [(s, f) for s, f in busy if not f.done()]
+            for slots, fut in busy:
+                if fut.done():
+                    self.host_pool.free(slots)
+
     # ----------------------------------------------------------------------------- load-back
 
-    def _load_back(self, nodes: list[TreeNode]) -> bool:
-        """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing."""
+    def _load_back(self, nodes: list[TreeNode]) -> float | None:
+        """Loads host-only ``nodes`` (a chain) into fresh device slots, all or nothing; the
+        seconds the copy took to issue (to run, for a synchronous copy), None if not loaded.
+        The device slots' allocation (and the evictions and backups it may cause) is left out:
+        recomputing needs the same slots."""
         num_tokens = sum(len(n.key) for n in nodes)
         if not self.stats.load_pays_off(num_tokens, self.controller.estimate_load_seconds):
             self.stats.loads_skipped_slower += 1
-            return False
+            return None
         self.inc_lock_ref(nodes[-1])  # host nodes and the device path: nothing evicts them
         try:
             device_slots = self._alloc_slots(num_tokens)
@@ -479,30 +539,31 @@ class HiRadixCache(RadixCache):
             self.dec_lock_ref(nodes[-1])
         if device_slots is None:
             self.stats.loads_skipped_no_memory += 1
-            return False
+            return None
+        started = time.perf_counter()
         host_slots = torch.cat([n.host_slots for n in nodes])
         op = self.controller.load_back(host_slots, device_slots)
-        op.make_stream_wait()
+        self.controller.layer_loads.add(op)  # the forward waits for it layer by layer
         start = 0
         for node in nodes:
+            node.load_op = op
             node.kv_slots = device_slots[start : start + len(node.key)].to(torch.int64)
             start += len(node.key)
             self._count_device(node, +1)
         self.stats.load_back_tokens += num_tokens
         self._loaded_since_prefill += num_tokens
-        return True
+        return time.perf_counter() - started
 
     # ----------------------------------------------------------------------------- prefill rate
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """Measures the recompute rate. The copies of loads admitted with this step run
-        before its forward on the same stream: their estimated time is taken off."""
+        """Measures the recompute rate. The copies of loads admitted with this step run under
+        its forward, layer by layer (on a CPU they ran at admission, before the step): a step
+        whose copies are estimated shorter than ``COPY_HIDDEN_SHARE`` of it counts as compute
+        as it is; a step the copies may dominate teaches nothing."""
         loaded, self._loaded_since_prefill = self._loaded_since_prefill, 0
-        if loaded:
-            load_s = self.controller.estimate_load_seconds(loaded)
-            if load_s >= seconds:  # the step was mostly the copy: nothing to learn
-                return
-            seconds -= load_s
+        if loaded and self.controller.estimate_load_seconds(loaded) >= COPY_HIDDEN_SHARE * seconds:
+            return
         self.stats.on_prefill(num_tokens, seconds)
 
     # ----------------------------------------------------------------------------- whole cache
@@ -513,6 +574,7 @@ class HiRadixCache(RadixCache):
             raise RuntimeError(
                 f"reset() while {self._protected_tokens} tokens are locked by running requests"
             )
+        self.controller.layer_loads.wait_all()
         for node in list(self._all_nodes()):
             if node.write_op is not None:
                 node.write_op.wait()
@@ -534,7 +596,7 @@ class HiRadixCache(RadixCache):
         if self.disk is not None:
             self.disk.close()  # flushes the queued writes of the old weights' pages
         self.storage = storage
-        self.disk = None if storage is None else DiskPages(storage, self.page_size, self.stats)
+        self.disk = self._disk_pages(storage)
 
     def close(self, save_s: float = SAVE_ON_CLOSE_S) -> None:
         """Finishes the copies in flight; with a disk tier, first writes the prefixes only the
@@ -598,7 +660,11 @@ class HiRadixCache(RadixCache):
         return info
 
     def host_held_tokens(self) -> int:
-        return sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+        """Host tokens held by nodes, by reads ahead of admission, and by disk reads still
+        running into given-up pages."""
+        held = sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+        num_reserved = 0 if self.disk is None else self.disk.num_reserved
+        return held + (len(self._busy_host_pages) + num_reserved) * self.page_size
 
     def check_tiers_idle(self) -> bool:
         held = self.host_held_tokens()
@@ -627,3 +693,20 @@ class HiRadixCache(RadixCache):
 
     def snapshot(self):  # the plain tree's snapshot reads device slots of every node
         raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")
+
+
+class _HostPageLender:
+    """Lends the tree's free host pages to disk reads started ahead of admission (no eviction
+    for them: at most ``PREFETCH_HOST_SHARE`` of the pool)."""
+
+    def __init__(self, cache: HiRadixCache) -> None:
+        self.cache = cache
+        self.pool = cache.host_pool
+        self.max_reserved = int(self.pool.num_pages * PREFETCH_HOST_SHARE)
+
+    def reserve(self) -> int | None:
+        slots = self.pool.alloc(self.pool.page_size)
+        return None if slots is None else int(slots[0]) // self.pool.page_size
+
+    def give_back(self, page_id: int, future: Any) -> None:
+        self.cache._give_back_page(page_id, future)

@@ -35,6 +35,14 @@ def check_hiradix(cache: HiRadixCache) -> None:
     assert protected == cache._protected_tokens, f"{protected=} != {cache._protected_tokens}"
     dev = cache._concat(device_slots)
     assert dev.unique().numel() == dev.numel(), "a device slot is held by two tree positions"
+    for slots, _ in cache._busy_host_pages:  # late disk reads: held until they are done
+        host_slots.append(slots)
+        host_held += len(slots)
+    if cache.disk is not None:  # pages lent to reads ahead of admission
+        assert cache.disk.num_reserved == len(cache.disk.reserved_page_ids())
+        for page_id in cache.disk.reserved_page_ids():
+            host_slots.append(cache._page_slots(page_id))
+            host_held += cache.page_size
     host = torch.cat(host_slots) if host_slots else torch.empty(0, dtype=torch.int64)
     assert host.unique().numel() == host.numel(), "a host slot is held by two tree positions"
     pool = cache.host_pool
@@ -64,7 +72,9 @@ def _check_node(cache: HiRadixCache, node: TreeNode, namespace: str | None) -> N
             assert parent.host_slots is not None, "backed-up nodes must form a prefix"
     if node.kv_slots is None:
         assert node.lock_ref == 0, f"host-only node {node.node_id} is locked"
-        assert node.write_op is None, "a host-only node has an unfinished write"
+        if node.write_op is not None:  # evicted while its backup was in flight
+            pending = cache._pending_writes
+            assert any(n is node for n in pending), "an unfinished write nobody waits for"
     if cache.storage is not None:
         _check_page_keys(node, namespace, ps)
 

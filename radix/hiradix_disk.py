@@ -8,6 +8,7 @@ import functools
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from radixlm.hicache.page_hash import page_key
@@ -15,21 +16,39 @@ from radixlm.radix.hicache_stats import TierStats
 from radixlm.radix.tree_node import TreeNode
 
 MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
+PREFETCH_HOST_SHARE = 0.25  # at most this share of the host pool's pages reserved by prefetch
 DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
 DISK_WAIT_SHARE = 0.5  # longest wait for disk reads, as a share of recomputing the tokens
 
 Page = tuple[int, ...]
 
 
-class DiskPages:
-    """Pages on disk by chained key; ``storage`` is a ``StorageIO`` (thread-safe)."""
+@dataclass
+class Read:
+    """A page's disk read: into the reserved host page ``page_id`` (the future says True), or,
+    with ``page_id`` None, into a read buffer (the future gives the payload)."""
 
-    def __init__(self, storage: Any, page_size: int, stats: TierStats) -> None:
+    future: Future | None  # None: not started yet
+    page_id: int | None = None
+
+
+class DiskPages:
+    """Pages on disk by chained key; ``storage`` is a ``StorageIO`` (thread-safe).
+
+    ``host_pages`` lends host pool pages to reads started ahead of admission (``reserve()`` ->
+    a page id or None, ``give_back(page_id, future)``: the page goes back once its read is done
+    or cancelled); without it, reads ahead go into read buffers."""
+
+    def __init__(
+        self, storage: Any, page_size: int, stats: TierStats, host_pages: Any = None
+    ) -> None:
         self.storage = storage
         self.page_size = page_size
         self.stats = stats
-        self._prefetched: OrderedDict[bytes, Future] = OrderedDict()
+        self.host_pages = host_pages
+        self._prefetched: OrderedDict[bytes, Read] = OrderedDict()
         self._wanted: dict[bytes, int] = {}  # waiting requests whose prefetch named the key
+        self.num_reserved = 0  # host pages lent to reads in ``_prefetched``
 
     def keys_after(self, prev: bytes | None, namespace: str | None, tokens: Page) -> list[bytes]:
         """The keys of the whole pages of ``tokens``, chained from the key ``prev``."""
@@ -57,12 +76,33 @@ class DiskPages:
             if key not in self._prefetched:
                 if not self.storage.exists(key):
                     break
-                self._prefetched[key] = self.storage.submit_read(key, page)
+                self._prefetched[key] = self._start_read(key, page)
             keys.append(key)
             self._wanted[key] = self._wanted.get(key, 0) + 1
         while len(self._prefetched) > MAX_PREFETCH_PAGES:
-            self._prefetched.popitem(last=False)[1].cancel()
+            self._drop(self._prefetched.popitem(last=False)[1])
         return keys
+
+    def _start_read(self, key: bytes, page: Page) -> Read:
+        """A read ahead, straight into a reserved host page when one can be lent."""
+        page_id = None
+        if self.host_pages is not None and self.num_reserved < self.host_pages.max_reserved:
+            page_id = self.host_pages.reserve()
+        if page_id is None:
+            return Read(self.storage.submit_read(key, page))
+        self.num_reserved += 1
+        blocks = self.host_pages.pool.page_blocks(page_id)
+        return Read(self.storage.submit_read_into(key, page, blocks), page_id)
+
+    def _drop(self, read: Read) -> None:
+        read.future.cancel()
+        if read.page_id is not None:
+            self.num_reserved -= 1
+            self.host_pages.give_back(read.page_id, read.future)
+
+    def reserved_page_ids(self) -> list[int]:
+        """Host pages lent to reads ahead of admission."""
+        return [r.page_id for r in self._prefetched.values() if r.page_id is not None]
 
     def release(self, keys: list[bytes]) -> None:
         """A request that prefetched ``keys`` was admitted (its reads were used or are not
@@ -74,9 +114,9 @@ class DiskPages:
                 self._wanted[key] = left
                 continue
             self._wanted.pop(key, None)
-            fut = self._prefetched.pop(key, None)
-            if fut is not None:
-                fut.cancel()
+            read = self._prefetched.pop(key, None)
+            if read is not None:
+                self._drop(read)
 
     @property
     def num_prefetched(self) -> int:
@@ -95,52 +135,67 @@ class DiskPages:
             pages.append(page)
         return keys, pages
 
-    def read(self, keys: list[bytes], pages: list[Page], num_tokens: int) -> list[bytes]:
-        """The leading verified payloads that arrive in time: waits at most a share of what
-        recomputing the tokens would take (a wait that ends in a recompute costs both); a
-        miss, an error or a timeout ends the run, and the pages before it are used."""
-        futures = [
-            self._prefetched.pop(k, None) or self.storage.submit_read(k, p)
-            for k, p in zip(keys, pages, strict=True)
-        ]
+    def take_reads(self, keys: list[bytes]) -> list[Read | None]:
+        """The reads started ahead for ``keys`` (None where there is none), now the caller's
+        (with their host pages)."""
+        reads = [self._prefetched.pop(key, None) for key in keys]
+        self.num_reserved -= sum(1 for r in reads if r is not None and r.page_id is not None)
+        return reads
+
+    def read_into(
+        self, keys: list[bytes], pages: list[Page], reads: list[Read], host_pool: Any
+    ) -> tuple[int, list[Read]]:
+        """Completes the run: ``reads[i]`` is page ``i``'s read, into its host page
+        (``page_id``; reads not started yet are started here, straight into their page) or
+        into a buffer read ahead (copied into the read's ``page_id`` here, which the caller
+        set). Waits at most a share of what recomputing the tokens would take (a wait that
+        ends in a recompute costs both); a miss, an error or a timeout ends the run. Returns
+        the number of leading pages now in the pool and the reads after those (cancelled where
+        they had not started: the caller gives their pages back once they are done)."""
+        for i, read in enumerate(reads):
+            if read.future is None:
+                blocks = host_pool.page_blocks(read.page_id)
+                read.future = self.storage.submit_read_into(keys[i], pages[i], blocks)
+        num_tokens = len(keys) * self.page_size
         wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
         start = time.perf_counter()
         deadline = start + wait_s
-        out = []
-        for fut in futures:
+        num_read = 0
+        for read in reads:
             try:
-                payload = fut.result(timeout=max(0.0, deadline - time.perf_counter()))
+                result = read.future.result(timeout=max(0.0, deadline - time.perf_counter()))
             except Exception:  # a timeout or a failing store: a miss from here on
-                payload = None
-            if payload is None:
+                result = None
+            if result is None or result is False:
                 break
-            out.append(payload)
-        for fut in futures[len(out) :]:
-            fut.cancel()
-        if out:
-            self.stats.on_disk_read(sum(len(p) for p in out), time.perf_counter() - start)
-        return out
+            if result is not True:  # a payload read ahead into a buffer
+                host_pool.write_page_bytes(read.page_id, result)
+                self.storage.recycle(result)
+            num_read += 1
+        for read in reads[num_read:]:
+            read.future.cancel()
+        if num_read:
+            num_bytes = num_read * host_pool.bytes_per_page
+            self.stats.on_disk_read(num_bytes, time.perf_counter() - start)
+        return num_read, reads[num_read:]
 
     def queue_writes(self, node: TreeNode, host_pool: Any) -> None:
-        """Queues the node's pages for the disk writer, which copies them out of the host pool
-        itself (a page freed before that is skipped: its generation tells)."""
+        """Queues the node's pages for the disk writer, which writes them from the host pool
+        itself (a page freed before it is written is skipped: its generation tells)."""
         pages = host_pool.page_ids(node.host_slots).tolist()
         for i, key in enumerate(node.page_keys or ()):
             if self.storage.exists(key):
                 continue
             tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
-            snapshot = functools.partial(
-                host_pool.snapshot_page, pages[i], host_pool.page_generation(pages[i])
+            snapshot = functools.partial(  # the writer writes from the pool, without a copy
+                host_pool.page_view, pages[i], host_pool.page_generation(pages[i])
             )
             if not self.storage.submit_write(key, tokens, snapshot, host_pool.bytes_per_page):
                 self.stats.disk_writes_skipped += 1
 
-    def recycle(self, payloads: list) -> None:
-        """The payloads of :meth:`read`, copied into the host pool: their buffers go back."""
-        for payload in payloads:
-            self.storage.recycle(payload)
-
     def forget_reads(self) -> None:
+        for read in self._prefetched.values():
+            self._drop(read)
         self._prefetched.clear()
         self._wanted.clear()
 

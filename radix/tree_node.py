@@ -35,6 +35,7 @@ class TreeNode:
     page_keys: list[bytes] | None = None  # disk keys of the node's pages (chained hashes)
     hit_count: int = 0  # admissions that matched through this node
     write_op: Any = None  # an unfinished device -> host copy of this node (CopyOp), or None
+    load_op: Any = None  # the host -> device copy that filled ``kv_slots`` (CopyOp), or None
 
     def __repr__(self) -> str:
         return (

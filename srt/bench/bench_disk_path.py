@@ -8,12 +8,14 @@ Fills a fresh disk page store with random pages of one KV geometry (default: Lla
 
 * ``raw``: every page file read whole by ``--threads`` threads (``readinto`` into one reused
   buffer per thread): what the folder gives at most;
-* ``path``: what a disk hit does, page by page: reads submitted to the storage threads
-  (``StorageIO``, verified: header, token ids, checksum), and each payload put into a host KV
-  pool page (``HostKVPool.write_page_bytes``) and its buffer given back for later reads, as
-  ``HiRadixCache`` does at admission (run 1 allocates the read buffers, later runs reuse them).
+* ``path``: what a disk hit does at admission: reads submitted to the storage threads
+  (``StorageIO.submit_read_into``, verified: header, token ids, checksum), each page's file read
+  by one ``preadv`` straight into the blocks of a reserved host KV pool page;
+* ``buffered``: what a page read ahead (``prefetch``) costs: read into a recycled buffer, then
+  copied into a host pool page (``HostKVPool.write_page_bytes``) and the buffer given back (run
+  1 allocates the read buffers, later runs reuse them).
 
-Prints bytes/s of both and their ratio. ``raw_read_rate`` is also used by ``bench_multiturn``
+Prints bytes/s of the three and the path's ratio to the raw read. ``raw_read_rate`` is also used by ``bench_multiturn``
 to put the disk modes' measured path rate beside a raw read of their folder.
 """
 
@@ -87,23 +89,28 @@ def fill_store(folder: Path, args: argparse.Namespace):
     return store, pool, pages
 
 
-def path_rate(store, pool, pages, threads: int) -> tuple[int, float]:
-    """(bytes, seconds) of the disk-hit path: verified reads on the storage threads, each
-    payload into a host pool page."""
+def path_rate(store, pool, pages, threads: int, buffered: bool = False) -> tuple[int, float]:
+    """(bytes, seconds) of the disk-hit path: verified reads on the storage threads straight
+    into host pool pages (``buffered``: into read buffers, then copied into the pages)."""
     from radixlm.hicache.storage_io import StorageIO
 
     io = StorageIO(store, num_read_threads=threads, max_pending_reads=len(pages) + 1)
     try:
         started = time.perf_counter()
-        futures = [io.submit_read(key, ids) for key, ids in pages]
-        num_bytes = 0
+        if buffered:
+            futures = [io.submit_read(key, ids) for key, ids in pages]
+        else:
+            futures = [
+                io.submit_read_into(key, ids, pool.page_blocks(page_id))
+                for page_id, (key, ids) in enumerate(pages)
+            ]
         for page_id, fut in enumerate(futures):
             payload = fut.result()
-            assert payload is not None, "a page of the bench store did not read back"
-            pool.write_page_bytes(page_id, payload)
-            num_bytes += memoryview(payload).nbytes
-            io.recycle(payload)  # as the tree does once a page is in its host pool
-        return num_bytes, time.perf_counter() - started
+            assert payload, "a page of the bench store did not read back"
+            if buffered:
+                pool.write_page_bytes(page_id, payload)
+                io.recycle(payload)  # as the tree does once a page is in its host pool
+        return len(pages) * pool.bytes_per_page, time.perf_counter() - started
     finally:
         io.close()
 
@@ -127,12 +134,16 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{len(pages)} pages of {pool.bytes_per_page / 2**20:.2f} MiB, {args.threads} threads"
         )
-        print(f"{'run':>4}{'raw GB/s':>10}{'path GB/s':>11}{'path/raw':>10}")
+        print(f"{'run':>4}{'raw GB/s':>10}{'path GB/s':>11}{'buffered GB/s':>15}{'path/raw':>10}")
         for i in range(args.repeats):
             raw_b, raw_s = raw_read_rate(tmp, args.threads)
             path_b, path_s = path_rate(store, pool, pages, args.threads)
-            raw, path = raw_b / raw_s, path_b / path_s
-            print(f"{i + 1:>4}{raw / 1e9:>10.2f}{path / 1e9:>11.2f}{path / raw:>10.2f}")
+            buf_b, buf_s = path_rate(store, pool, pages, args.threads, buffered=True)
+            raw, path, buf = raw_b / raw_s, path_b / path_s, buf_b / buf_s
+            print(
+                f"{i + 1:>4}{raw / 1e9:>10.2f}{path / 1e9:>11.2f}{buf / 1e9:>15.2f}"
+                f"{path / raw:>10.2f}"
+            )
         store.close()
 
 

@@ -80,7 +80,7 @@ for s in "$@"; do
     serve) section serve 560 $SERVING ;;
     # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
     servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;
-    kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py ;;
+    kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py tests/srt/executor/test_layer_loads.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
     multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes device,host,disk,restart ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;

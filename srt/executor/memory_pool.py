@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.hicache.copy_engine import LayerLoads
 from radixlm.srt.executor.transfer import HostReadback, tensor_to_device
 
 
@@ -198,6 +199,9 @@ class KVPool:
         # per layer: [max_total_tokens + 1, num_kv_heads, head_dim] storage_dtype on `device`
         self.k_buffers = [zeros(shape, self.storage_dtype, device) for _ in range(num_layers)]
         self.v_buffers = [zeros(shape, self.storage_dtype, device) for _ in range(num_layers)]
+        # host -> device copies (HiCache load-backs) the next forward waits for per layer;
+        # always empty without a host tier
+        self.layer_loads = LayerLoads()
 
     @staticmethod
     def bytes_per_token(
@@ -276,6 +280,11 @@ class KVPool:
         k = _scales(k_scales, self.num_layers, "k_scales", self.is_quantized)
         v = _scales(v_scales, self.num_layers, "v_scales", self.is_quantized)
         self.k_scales, self.v_scales = k, v
+
+    def wait_loaded(self, layer_id: int) -> None:
+        """Called by each attention layer of a forward before it writes or reads the layer's
+        KV: the compute stream waits for that layer of the loads still in flight."""
+        self.layer_loads.wait_layer(layer_id)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V buffers, in ``storage_dtype`` (dequantise with ``get_scales``)."""

@@ -229,12 +229,14 @@ class ModelRunner:
         if graphs is not None and not fb.mode.is_decode and self._verify_fits_graphs(fb):
             fb = fb.as_decode_rows()  # the same tokens, logits rows and KV writes
         if fb.mode.is_decode and graphs is not None and graphs.can_run_rows(fb):
+            self.kv_pool.layer_loads.wait_all()  # captured kernels cannot wait per layer
             logits = graphs.replay(fb)
             if len(logit_rows) != logits.shape[0]:
                 logits = logits[to_device(logit_rows, self.device)]
             return logits
         self.attn_backend.plan(fb)
-        hidden = self.model(fb.input_ids, fb.positions, fb)
+        hidden = self.model(fb.input_ids, fb.positions, fb)  # waits per layer for loads
+        self.kv_pool.layer_loads.end_forward()
         if len(logit_rows) != hidden.shape[0]:
             hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)

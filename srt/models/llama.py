@@ -107,6 +107,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """The projected ``qkv`` -> the attention output ``[T, heads * head_dim]`` (before
         ``o_proj``); the new tokens' K/V are written into the pool on the way."""
+        fb.kv_pool.wait_loaded(self.layer_id)  # this layer of a host-tier load is in place
         t, q_size, kv_size = qkv.shape[0], self.qkv_proj.q_size, self.qkv_proj.kv_size
         if self.fused_rope and fused.available(qkv):  # [norm +] split + rotate (+ K/V write)
             heads = (self.num_heads, self.num_kv_heads, self.head_dim)

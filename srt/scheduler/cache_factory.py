@@ -58,7 +58,9 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
         host_tokens = int(cfg.hicache_ratio * runner.allocator.max_total_tokens)
     host_pool = HostKVPool(host_tokens, cfg.page_size, pin_memory=on_gpu, **shape)
     engine = CudaCopyEngine(runner.device) if on_gpu else SyncCopyEngine()
-    controller = HiCacheController(*pool.transfer_buffers(), host_pool, engine)
+    controller = HiCacheController(
+        *pool.transfer_buffers(), host_pool, engine, layer_loads=pool.layer_loads
+    )
     storage = disk_storage(cfg, runner)
     logger.info(
         "hierarchical cache: host pool %d tokens (%.2f GiB), page size %d, policy %s, disk %s",

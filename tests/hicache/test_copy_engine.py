@@ -76,8 +76,8 @@ def test_round_trip_lands_bit_identical_at_new_slots(dtype, page_size):
         for off in range(page_size):
             slot = int(src[i * page_size + off])
             for layer in range(LAYERS):
-                assert torch.equal(pool.data[page, layer, 0, off], k[layer][slot])
-                assert torch.equal(pool.data[page, layer, 1, off], v[layer][slot])
+                assert torch.equal(pool.data[layer, page, 0, off], k[layer][slot])
+                assert torch.equal(pool.data[layer, page, 1, off], v[layer][slot])
 
     load = engine.load(pool, host, k, v, dst)
     assert load.done() and load.num_bytes == write.num_bytes and load.seconds > 0
@@ -161,14 +161,15 @@ def test_cuda_round_trip_matches_the_synchronous_engine(dtype, page_size, device
     assert cuda_pool.is_pinned
     host = fragmented_alloc(sync_pool, num_tokens)
     assert cuda_pool.alloc(cuda_pool.total_size()) is not None  # host slots are just numbers
-    # a staging limit of 3 pages cuts the copy into chunks
-    engine = CudaCopyEngine("cuda", max_staging_bytes=3 * cuda_pool.bytes_per_page)
+    # a staging limit of one layer of 3 pages cuts the copy into chunks
+    engine = CudaCopyEngine("cuda", max_staging_bytes=3 * cuda_pool.bytes_per_page // LAYERS)
     SyncCopyEngine().write(k, v, src, sync_pool, host)
     write = engine.write(k, v, src, cuda_pool, host)
     write.wait()
     assert write.done() and write.seconds > 0 and write.layer_events == []
     pages = sync_pool.page_ids(host)
-    assert torch.equal(as_bits(cuda_pool.data[pages]), as_bits(sync_pool.data[pages]))
+    assert torch.equal(as_bits(cuda_pool.data[:, pages]), as_bits(sync_pool.data[:, pages]))
+    assert len(engine._chunks(pages.numel(), cuda_pool)) == 3
 
     load = engine.load(cuda_pool, host, k, v, dst)
     load.make_stream_wait()
@@ -219,11 +220,11 @@ def test_cuda_copies_are_ordered_after_queued_compute(slots_on_gpu):
     assert not write.done() and write.seconds is None  # still behind the sleep
     write.wait()
     assert write.done() and write.seconds is not None
-    assert bool((pool.data[:4, :, 0] == 7.0).all())
+    assert bool((pool.data[:, :4, 0] == 7.0).all())
 
     # a load waits for queued readers of the slots it overwrites
     expected = k[0][33:49].clone()
-    pool.data[:4].fill_(-1.0)
+    pool.data[:, :4].fill_(-1.0)
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)
     before = k[0][33:49].clone()  # queued behind the sleep

@@ -436,3 +436,36 @@ def test_the_null_store_stores_nothing() -> None:
     assert store.num_pages() == 0 and store.stats() == {"pages": 0, "used_bytes": 0}
     store.check_integrity()
     store.close()
+
+
+def _split_views(payload: bytes, parts: int) -> tuple[memoryview, ...]:
+    size = len(payload) // parts
+    return tuple(memoryview(bytearray(payload[i * size : (i + 1) * size])) for i in range(parts))
+
+
+def test_a_page_view_is_written_from_its_blocks_unless_it_went_stale(tmp_path: Path) -> None:
+    from radixlm.hicache.storage_base import PageView
+
+    store = open_store(tmp_path)
+    (k0, t0, p0), (k1, t1, p1) = make_pages(2)
+    assert store.set(k0, t0, PageView(_split_views(p0, 4), lambda: True))
+    assert store.get(k0, t0) == p0  # the same file as from one buffer
+    assert not store.set(k1, t1, PageView(_split_views(p1, 4), lambda: False))
+    assert not store.exists(k1) and store.stats()["stale_skipped"] == 1
+    assert files_in(store) == [store.page_path(k0).name, "fingerprint.json"]
+    store.check_integrity()
+
+
+def test_get_into_reads_a_verified_page_straight_into_blocks(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    (k0, t0, p0), (k1, t1, p1) = make_pages(2)
+    store.set(k0, t0, p0)
+    store.set(k1, t1, p1)
+    blocks = _split_views(bytes(PAYLOAD_BYTES), 4)
+    assert store.get_into(k0, t0, blocks)
+    assert b"".join(blocks) == p0
+    assert not store.get_into(k1, t0, blocks)  # other token ids: a miss
+    assert not store.get_into(k1, t1, _split_views(bytes(PAYLOAD_BYTES - 4), 4))  # wrong size
+    flip_payload_byte(store.page_path(k0))
+    assert not store.get_into(k0, t0, blocks) and not store.exists(k0)  # corrupt: deleted
+    assert store.stats()["hits"] == 1

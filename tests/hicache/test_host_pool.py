@@ -22,11 +22,13 @@ def make_pool(num_tokens: int, page_size: int, dtype: torch.dtype = torch.float3
 def test_geometry_and_rounding_to_whole_pages():
     pool = make_pool(num_tokens=37, page_size=4, dtype=torch.bfloat16)
     assert pool.num_pages == 9 and pool.total_size() == 36
-    assert pool.data.shape == (9, LAYERS, 2, 4, HEADS, HEAD_DIM)
+    assert pool.data.shape == (LAYERS, 9, 2, 4, HEADS, HEAD_DIM)  # layer-major
     assert pool.data.dtype == torch.bfloat16 and pool.data.device.type == "cpu"
     assert pool.bytes_per_token == 2 * LAYERS * HEADS * HEAD_DIM * 2
     assert pool.bytes_per_page == 4 * pool.bytes_per_token
-    assert pool.data[0].is_contiguous()  # one page is one block
+    assert pool.data[0, 3:6].is_contiguous()  # a layer of a run of pages is one block
+    assert pool.page_kv(2).shape == (LAYERS, 2, 4, HEADS, HEAD_DIM)
+    assert [b.nbytes for b in pool.page_blocks(2)] == [pool.bytes_per_page // LAYERS] * LAYERS
     assert not pool.is_pinned
     assert pool.available_size() == 36 and pool.used_size() == 0
 
@@ -136,12 +138,13 @@ def test_page_bytes_round_trip(dtype):
     pool.data.copy_(torch.randn(pool.data.shape).to(dtype))
     payload = pool.page_bytes(1)
     assert isinstance(payload, bytes) and len(payload) == pool.bytes_per_page
-    assert payload == pool.data[1].contiguous().view(torch.uint8).numpy().tobytes()
+    # the payload is [layers, 2, page_size, heads, head_dim]: the disk format of every layout
+    assert payload == pool.data[:, 1].contiguous().view(torch.uint8).numpy().tobytes()
     other = make_pool(num_tokens=12, page_size=4, dtype=dtype)
     other.data.zero_()
     other.write_page_bytes(2, payload)
-    assert torch.equal(other.data[2].view(torch.uint8), pool.data[1].view(torch.uint8))
-    assert not other.data[0].any() and not other.data[1].any()
+    assert torch.equal(other.page_kv(2).view(torch.uint8), pool.page_kv(1).view(torch.uint8))
+    assert not other.page_kv(0).any() and not other.page_kv(1).any()
     other.write_page_bytes(0, bytearray(payload))  # any bytes-like payload
     assert other.page_bytes(0) == payload
     with pytest.raises(ValueError, match="bytes"):

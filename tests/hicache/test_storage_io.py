@@ -260,3 +260,33 @@ def test_a_payload_function_runs_on_the_writer_and_none_writes_nothing(
     with pytest.raises(ValueError, match="num_bytes"):
         io.submit_write(key_b, tokens_b, lambda: b"")
     io.close()
+
+
+def test_reads_into_blocks_and_writes_from_page_views(faulty: FaultyStore) -> None:
+    """The zero-copy pair: a write that reads a host pool page in place (skipped once the page
+    is freed), a read straight into a page's blocks, also of a page still queued."""
+    from radixlm.hicache.host_pool import HostKVPool
+
+    pool = HostKVPool(3 * PAGE_SIZE, PAGE_SIZE, 2, 1, 2, torch.float32)
+    slots = pool.alloc(3 * PAGE_SIZE)
+    pool.data.copy_(torch.arange(pool.data.numel(), dtype=torch.float32).view_as(pool.data))
+    expected = [pool.page_bytes(i) for i in range(3)]
+    io = make_io(faulty)
+    (key_a, tokens_a, _), (key_b, tokens_b, _) = make_pages(2)
+    assert io.submit_write(key_a, tokens_a, lambda: pool.page_view(0, 0), pool.bytes_per_page)
+    assert io.flush(timeout_s=5)
+    pool.free(slots[PAGE_SIZE : 2 * PAGE_SIZE])
+    assert pool.page_view(1, 0) is None  # freed: nothing to write
+    pool.data.zero_()
+    assert io.submit_read_into(key_a, tokens_a, pool.page_blocks(2)).result(timeout=5) is True
+    assert pool.page_bytes(2) == expected[0]
+    assert io.submit_read_into(key_b, tokens_b, pool.page_blocks(2)).result(timeout=5) is False
+    faulty.mode = "stall"
+    faulty.stall_s = 30.0
+    pool.data[:, 0] = 5.0
+    assert io.submit_write(key_b, tokens_b, lambda: pool.page_view(0, 0), pool.bytes_per_page)
+    # key_b waits behind the stalled writer: answered from the pool's page, into page 2
+    assert io.submit_read_into(key_b, tokens_b, pool.page_blocks(2)).result(timeout=5) is True
+    assert pool.page_bytes(2) == pool.page_bytes(0)
+    faulty.release()
+    io.close()

@@ -304,8 +304,8 @@ class TieredKV:
         return torch.stack(rows, 1)
 
     def host_rows(self, host_slots: torch.Tensor) -> torch.Tensor:
-        data = self.host_pool.data  # [pages, layers, 2, page_size, heads, dim]
-        per_slot = data.permute(0, 3, 1, 2, 4, 5).reshape(-1, LAYERS, 2, HEADS, HEAD_DIM)
+        data = self.host_pool.data  # [layers, pages, 2, page_size, heads, dim]
+        per_slot = data.permute(1, 3, 0, 2, 4, 5).reshape(-1, LAYERS, 2, HEADS, HEAD_DIM)
         return per_slot[host_slots]
 
     def check_values(self, namespace, tokens, slots, start: int = 0) -> None:
@@ -331,8 +331,16 @@ class TieredKV:
         assert result.num_host_hit in (0, host_len), "a partial load from host memory"
         if result.num_disk_hit:
             assert result.num_host_hit == host_len, "disk pages loaded past unloaded host pages"
+        self.forward_waits()
         self.check_values(namespace, tokens, result.kv_slots)
         return result
+
+    def forward_waits(self) -> None:
+        """What a forward does before reading the loaded slots: waits layer by layer."""
+        loads = self.cache.controller.layer_loads
+        for layer in range(LAYERS):
+            loads.wait_layer(layer)
+        loads.end_forward()
 
     def match_prefix(self, tokens, namespace=None) -> MatchResult:
         device_len, _ = tier_profile(self.cache, tokens, namespace)
@@ -521,10 +529,12 @@ def spill(world: TieredKV, tokens, namespace=None) -> None:
 
 
 def settle(world: TieredKV) -> None:
-    """Waits for the storage threads' reads in flight (the store's own check needs that)."""
+    """Waits for the storage threads' reads in flight (the store's own check needs that); the
+    host pages of reads that outlived their admission go back at the cache's next step."""
     deadline = time.monotonic() + 10.0
     while world.cache.storage.stats()["pending_reads"] and time.monotonic() < deadline:
         time.sleep(0.01)
+    world.cache.tier_stats()  # a step: finished late reads give their host pages back
 
 
 def slow_prefill(world: TieredKV) -> None:

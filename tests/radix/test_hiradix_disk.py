@@ -16,6 +16,7 @@ from hiradix_world import (
     slow_prefill,
     spill,
     tier_profile,
+    walk_tree,
 )
 
 from radixlm.hicache.disk_store import DiskPageStore
@@ -93,6 +94,38 @@ def test_prefetched_pages_are_dropped_when_no_waiting_request_wants_them(make_wo
     assert disk.num_prefetched == 4
     world.cache.release_prefetch(handle)
     assert disk.num_prefetched == 0
+    world.check_all()
+
+
+def test_reads_ahead_land_in_reserved_host_pages_and_are_used_in_place(make_world, tmp_path):
+    """A prefetch reads pages straight into host pages it reserves (at most a quarter of the
+    pool; the rest into read buffers); the admission's host-only node takes those very pages;
+    pages of a prefetch let go unadmitted go back once their reads are done."""
+    ps = 4
+    world = make_world(ps, num_slots=16 * ps, host_tokens=64, disk_dir=tmp_path)
+    tokens = seq(6 * ps)
+    world.run(tokens)
+    spill(world, tokens)
+    world.restart()
+    disk = world.cache.disk
+    handle = world.cache.prefetch(tokens)
+    reserved = disk.reserved_page_ids()
+    assert len(reserved) == disk.num_reserved == 4  # 16 pages: a quarter
+    assert world.host_pool.used_size() == 4 * ps
+    world.check_all()  # the reserved pages count as held: the host pool's sum holds
+    slow_prefill(world)
+    match = world.match_and_load(tokens)
+    assert match.num_disk_hit == 6 * ps and disk.num_reserved == 0
+    (node,) = [n for _, n, _ in walk_tree(world.cache) if n.kv_slots is not None]
+    assert set(reserved) <= set(world.host_pool.page_ids(node.host_slots).tolist())
+    world.cache.release_prefetch(handle)
+    world.check_all()
+    world.restart()  # a request that prefetched and was aborted while queued
+    handle = world.cache.prefetch(tokens)
+    assert world.cache.disk.num_reserved == 4
+    world.cache.release_prefetch(handle)
+    settle(world)
+    assert world.host_pool.used_size() == 0
     world.check_all()
 
 
@@ -189,8 +222,9 @@ def test_a_stalled_writer_drops_pages_instead_of_queueing_without_bound(make_wor
 def test_a_host_page_reused_before_the_writer_copies_it_never_reaches_the_disk(
     make_world, tmp_path
 ):
-    """The disk writer copies a page out of the host pool when it gets to it; a page freed
-    and filled with other KV meanwhile must be skipped, not stored under the old key."""
+    """The disk writer writes a page straight from the host pool when it gets to it; a page
+    freed and filled with other KV meanwhile (here even while the write is under way) must be
+    skipped, not stored under the old key."""
     world = make_world(
         4, num_slots=64, host_tokens=12, disk_dir=tmp_path, fault_mode="stall", stall_s=30.0
     )
@@ -203,10 +237,11 @@ def test_a_host_page_reused_before_the_writer_copies_it_never_reaches_the_disk(
     world.check_all()
     world.faulty.release()
     world.flush()
+    assert world.store.stats()["stale_skipped"] == 1  # page 0: reused during its write
     world.restart()
     slow_prefill(world)
-    match = world.match_and_load(first)  # values checked: page 0 only, never second's KV
-    assert match.num_disk_hit == 4
+    match = world.match_and_load(first)  # values checked: never second's KV
+    assert match.num_disk_hit == 0
     assert world.match_and_load(second).num_disk_hit == 12
     world.check_all()
 

@@ -170,20 +170,25 @@ def test_loads_slower_than_recomputing_are_skipped_and_kv_stays_right(make_world
     world.check_all()
 
 
-def test_the_recompute_rate_leaves_out_the_copies_of_loads(make_world):
-    """A prefill step admitted with loads waits for their copies: the estimated copy time is
-    taken off before the step counts as compute (a restart where every step loads still
-    learns the recompute rate)."""
+def test_the_recompute_rate_counts_steps_whose_loads_hide_under_the_forward(make_world):
+    """A prefill step admitted with loads runs their copies under its layers: a step whose
+    copies are short against it counts as compute as it is (a restart where every step loads
+    still learns the recompute rate); a step the copies may dominate is not counted."""
     world = make_world(4, num_slots=32, policy="write_through")
     tokens = seq(16)
     world.run(tokens)
     world.cache.evict(world.num_slots)
     assert world.match_and_load(tokens).num_host_hit == 16
     load_s = world.cache.controller.estimate_load_seconds(16)
-    world.cache.observe_prefill(100, load_s + 100e-3)
-    assert world.cache.stats.prefill_s_per_token == pytest.approx(1e-3)
+    world.cache.observe_prefill(100, 1.5 * load_s)  # the copy may be most of it
+    assert world.cache.stats.prefill_s_per_token is None
+    world.cache.evict(world.num_slots)
+    assert world.match_and_load(tokens).num_host_hit == 16
+    world.cache.observe_prefill(100, 100e-3 + 2 * load_s)
+    assert world.cache.stats.prefill_s_per_token == pytest.approx(1e-3 + 0.02 * load_s)
     world.cache.observe_prefill(100, 50e-3)  # no loads since: measured as it is
-    assert world.cache.stats.prefill_s_per_token == pytest.approx(0.8e-3 + 0.2 * 0.5e-3)
+    expected = 0.8 * (1e-3 + 0.02 * load_s) + 0.2 * 0.5e-3
+    assert world.cache.stats.prefill_s_per_token == pytest.approx(expected)
 
 
 def test_insert_over_host_only_nodes_takes_the_callers_slots(make_world):

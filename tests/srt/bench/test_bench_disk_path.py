@@ -13,9 +13,11 @@ def test_the_path_and_the_raw_read_cover_the_same_pages(tmp_path):
     store, pool, pages = fill_store(tmp_path, argparse.Namespace(**TINY))
     expected = [pool.page_bytes(i) for i in range(len(pages))]
     pool.data.zero_()
-    path_bytes, _ = path_rate(store, pool, pages, threads=2)
-    assert path_bytes == len(pages) * pool.bytes_per_page
-    assert [pool.page_bytes(i) for i in range(len(pages))] == expected  # every page came back
+    for buffered in (False, True):  # straight into the pool's pages, and via read buffers
+        pool.data.zero_()
+        path_bytes, _ = path_rate(store, pool, pages, threads=2, buffered=buffered)
+        assert path_bytes == len(pages) * pool.bytes_per_page
+        assert [pool.page_bytes(i) for i in range(len(pages))] == expected  # every page
     raw_bytes, _ = raw_read_rate(tmp_path, threads=2)
     assert raw_bytes == sum(p.stat().st_size for p in tmp_path.rglob("*.page")) > path_bytes
     assert raw_read_rate(tmp_path, threads=2, max_bytes=1)[0] == 0
