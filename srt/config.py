@@ -194,6 +194,16 @@ class ServerConfig:
     disable_mixed_chunk: bool = _opt(
         False, "run prefill chunks alone, without the running decodes (default on a GPU)"
     )
+    mixed_chunk_size: int | None = _opt(
+        None,
+        "most new prompt tokens of a mixed step (one that also decodes running requests); "
+        "steps with nothing to decode keep --chunked-prefill-size (default: no cap)",
+    )
+    mixed_step_target_ms: float | None = _opt(
+        None,
+        "bound a mixed step's prefill to about this long at the prefill rate measured on "
+        "prefill-only steps, so running decodes stall at most this (default: no bound)",
+    )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     schedule_conservativeness: float = _opt(
         1.0,
@@ -461,6 +471,16 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"ttft_target_ms must be > 0, got {cfg.ttft_target_ms}")
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
+    if cfg.mixed_chunk_size is not None and cfg.mixed_chunk_size < 1:
+        raise ValueError(f"mixed_chunk_size must be >= 1, got {cfg.mixed_chunk_size}")
+    if cfg.mixed_step_target_ms is not None and not cfg.mixed_step_target_ms > 0:
+        raise ValueError(f"mixed_step_target_ms must be > 0, got {cfg.mixed_step_target_ms}")
+    if cfg.disable_mixed_chunk and (
+        cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
+    ):
+        raise ValueError(
+            "mixed_chunk_size and mixed_step_target_ms cap mixed steps: not with disable_mixed_chunk"
+        )
     if not cfg.grammar_compile_timeout_s > 0:
         raise ValueError(
             f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}"
@@ -719,8 +739,10 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
     chunk = cfg.chunked_prefill_size
     if chunk is None:
         chunk = GPU_DEFAULT_CHUNK if torch_device.type == "cuda" else CPU_DEFAULT_CHUNK
+    capped = cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
     mixed = cfg.enable_mixed_chunk or (
-        not cfg.disable_mixed_chunk and MIXED_CHUNK_BY_DEVICE.get(torch_device.type, True)
+        not cfg.disable_mixed_chunk
+        and (capped or MIXED_CHUNK_BY_DEVICE.get(torch_device.type, True))
     )
     resolved = cfg.replace(
         device=device,

@@ -535,14 +535,21 @@ class Scheduler:
         sample_rows = [per_req[i][-1] for i in samplers]
         masks = self.grammars.fill_masks(sample_reqs)
         next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
+        running = {id(r) for r in self.running} if is_prefill else set()
         if is_prefill:  # what recomputing costs, for a tiered cache's load-or-recompute choice
             elapsed = time.perf_counter() - started
             self.cache.observe_prefill(sum(batch.extend_lens), elapsed)
             self.gate.observe_prefill(sum(batch.extend_lens), elapsed)
+            rows = sum(id(r) in running for r in batch.reqs)  # a mixed step's decode rows
+            new_tokens = sum(
+                e
+                for r, e in zip(batch.reqs, batch.extend_lens, strict=True)
+                if id(r) not in running
+            )
+            self.admission.observe_step(new_tokens, rows, elapsed)
         for req, tok in zip(sample_reqs, next_ids, strict=True):
             if not req.is_finished:  # else its mask row or its sampling failed
                 self._take_token(req, tok)
-        running = {id(r) for r in self.running} if is_prefill else set()
         for i, req in enumerate(batch.reqs):
             joins = is_prefill and id(req) not in running  # not a decode row of a mixed batch
             if joins and not req.is_finished:
