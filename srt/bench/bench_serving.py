@@ -405,6 +405,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--high-priority", type=int, default=100, help="the high class's priority")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
     ap.add_argument("--output-file", default=None, help="append each rate's results (JSON lines)")
+    ap.add_argument(
+        "--label",
+        default=None,
+        help="names this run's variant in --output-file records (serving_compare.py's table)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     args, server_args = ap.parse_known_args(argv)
     if args.max_concurrency is not None and args.max_concurrency < 1:
@@ -495,7 +500,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             summaries.append(summary)
             if args.output_file:
                 with open(args.output_file, "ab") as f:
-                    record = {"args": vars(args), "request_rate": rate, **summary}
+                    record = {
+                        "args": vars(args),
+                        "server_args": server_args,
+                        "label": args.label,
+                        "request_rate": rate,
+                        **summary,
+                    }
                     f.write(orjson.dumps(record, default=str) + b"\n")
             if not queue and searches > 0 and (probe := next_probe(rates, summaries)):
                 searches -= 1
