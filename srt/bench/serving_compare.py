@@ -6,7 +6,7 @@ Reads the records ``bench_serving --output-file`` appends (one per rate; ``--lab
 variant, e.g. the server flags that differ) and prints, per rate and variant: requests/s, goodput
 over the whole run and over the arrival window, SLO attainment, TTFT and TPOT p50 / p99 and,
 when the run had ``--step-timeline``, the step mix (mixed / prefill-only share), prefill tokens
-per prefill step and the mean decode batch (``serving_report.py`` and ``step_timeline.py`` have
+per prefill step, the mean decode batch and the prefill rate of prefill-only and of mixed steps (``serving_report.py`` and ``step_timeline.py`` have
 the definitions).
 """
 
@@ -33,6 +33,8 @@ COLUMNS = (
     ("prefill", 8),
     ("tok/pf", 7),
     ("dec bs", 7),
+    ("pf k/s", 7),
+    ("mix k/s", 8),
 )
 
 
@@ -61,9 +63,11 @@ def row(r: dict[str, Any]) -> list[str]:
             _pct(st["prefill_share"]),
             _num(st["mean_prefill_tokens"], 0),
             _num(st["mean_decode_batch"], 1),
+            _num(st.get("prefill_rate_alone", 0) / 1000, 1),
+            _num(st.get("prefill_rate_mixed", 0) / 1000, 1),
         ]
         if st.get("steps")
-        else ["-"] * 4
+        else ["-"] * 6
     )
     return [
         f"{r['request_rate']:g}",
@@ -94,7 +98,8 @@ def print_comparison(records: list[dict[str, Any]]) -> list[list[str]]:
     print(
         "(goodput: req/s meeting the SLO over the whole run; gp arr: over the arrival window; "
         "SLO met: share of requests; ms; mixed / prefill: share of steps; tok/pf: prefill "
-        "tokens per prefill step; dec bs: mean decode batch)"
+        "tokens per prefill step; dec bs: mean decode batch; pf / mix k/s: thousands of prefill "
+        "tokens per second of prefill-only / mixed steps)"
     )
     return rows
 

@@ -27,6 +27,8 @@ def _record(label: str, rate: float, goodput: float, timeline: bool) -> dict:
             "prefill_share": 0.1,
             "mean_prefill_tokens": 1500.0,
             "mean_decode_batch": 60.0,
+            "prefill_rate_alone": 40000.0,
+            "prefill_rate_mixed": 30000.0,
         }
     return rec
 
@@ -48,6 +50,6 @@ def test_rows_by_rate_then_variant_in_run_order(tmp_path, capsys) -> None:
         ("12", "bounded", "10.00"),
     ]
     assert rows[0][4] == "7.20" and rows[0][5] == "95%"  # goodput over arrivals, attainment
-    assert rows[0][-4:] == ["50%", "10%", "1500", "60.0"]
-    assert rows[1][-4:] == ["-"] * 4  # no timeline in that run
+    assert rows[0][-6:] == ["50%", "10%", "1500", "60.0", "40.0", "30.0"]
+    assert rows[1][-6:] == ["-"] * 6  # no timeline in that run
     assert "gp arr" in capsys.readouterr().out
