@@ -94,7 +94,9 @@ CPU_DEFAULT_CHUNK = 512
 # is 1.8 s mixed, 17.6 s with 2,048-token chunks alone). GPU: off, as SGLang's default: on an
 # H100 serving the 8B shape (docs/results/serving.md) mixed 8,192-token chunks gave 2.37 req/s of
 # goodput at 16 req/s against 6.45 with the chunks alone and 6.42 unchunked (TTFT p50 1,150 vs
-# 119 ms), and no better TPOT or ITL p99.
+# 119 ms), and no better TPOT or ITL p99. The scheduler admits as much per mixed step
+# (srt/bench/serving_sim.py), so that is a device cost of mixed steps, still to be measured
+# (gpu_runs.sh servemix); --mixed-chunk-size / --mixed-step-target-ms turn bounded mixed steps on.
 MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}
 
 logger = logging.getLogger(__name__)
