@@ -119,7 +119,7 @@ def simulate(
 
 def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:
     s = Scheduler(cfg)
-    s.admission.prefill_rate.observe(int(cost.prefill_rate), 1.0)  # as after a warm-up
+    s.prefill_rate.observe(int(cost.prefill_rate), 1.0)  # as after a warm-up
     vocab = s.runner.vocab_size
     steps: list[dict] = []
 

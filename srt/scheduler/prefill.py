@@ -18,9 +18,11 @@ budget, down to half of it, so a large running batch never stops admission altog
 Decode kept going while prompts prefill (``step_budget``). A mixed step lasts as long as its
 prefill piece, and every running request waits that long for its next token. Two optional
 caps bound the piece of a step that decodes: ``--mixed-chunk-size`` (tokens) and
-``--mixed-step-target-ms`` (the piece takes about that long at the prefill rate measured on
-prefill-only steps, ``PrefillRate``; at least ``MIN_MIXED_CHUNK`` tokens, so prompts always
-progress). A step with nothing to decode keeps the full chunk: nothing waits on it.
+``--mixed-step-target-ms`` (the step lasts about that long: the piece is the prompt tokens per
+second of step time measured over recent prefill steps, ``PrefillRate``, times the target; the
+decode rows' time is in that rate, so a step converges to the target; at least
+``min_mixed_chunk`` tokens, so prompts always progress). A step with nothing to decode keeps the
+full chunk: nothing waits on it.
 """
 
 from __future__ import annotations
@@ -45,14 +47,20 @@ CLIP_NEW_TOKENS = 4096  # a request's future output counted at most (max_new_tok
 RESERVE_RATIO_INIT = 0.7  # times --schedule-conservativeness
 RESERVE_RATIO_FLOOR = 0.14  # of the initial ratio
 RESERVE_DECAY_STEPS = 600
-MIN_MIXED_CHUNK = 64  # a mixed step's piece under --mixed-step-target-ms: never fewer tokens
+MIN_MIXED_CHUNK = 64  # a mixed step's piece under --mixed-step-target-ms: never fewer tokens,
+MIN_MIXED_CHUNK_SHARE = 16  # nor fewer than 1/16 of the chunk (decode rows slower than the target)
 RATE_SMOOTHING = 0.2  # weight of the newest step in a measured prefill rate
 MIN_RATE_TOKENS = 16  # steps with fewer new tokens say little about the prefill rate
 
 
+def min_mixed_chunk(chunk_size: int) -> int:
+    return max(MIN_MIXED_CHUNK, chunk_size // MIN_MIXED_CHUNK_SHARE)
+
+
 class PrefillRate:
-    """New prompt tokens per second over recent prefill steps (an exponential average; None
-    until a step of at least ``MIN_RATE_TOKENS`` tokens has been observed)."""
+    """New prompt tokens per second of step time over recent prefill steps, mixed ones included
+    (an exponential average; None until a step of at least ``MIN_RATE_TOKENS`` tokens). One
+    meter serves the TTFT target (queue_gate.py) and the mixed-step target."""
 
     def __init__(self) -> None:
         self.tokens_per_s: float | None = None
@@ -76,7 +84,8 @@ def step_budget(
     """New prompt tokens a prefill step may compute (module docstring). ``chunk_size`` <= 0:
     chunking off, the budget is ``max_prefill_tokens``. A step with ``num_decode_tokens``
     decode tokens gives them room in the chunk (down to half of it) and takes the caps of mixed
-    steps; the time target applies once a prefill rate is known."""
+    steps; the time target applies once a prefill rate is known, down to
+    ``min_mixed_chunk(chunk_size)``."""
     if chunk_size <= 0:
         return max_prefill_tokens
     budget = min(max_prefill_tokens, max(chunk_size - num_decode_tokens, (chunk_size + 1) // 2))
@@ -85,7 +94,8 @@ def step_budget(
     if mixed_chunk_size is not None:
         budget = min(budget, mixed_chunk_size)
     if mixed_step_target_s is not None and prefill_tokens_per_s:
-        budget = min(budget, max(MIN_MIXED_CHUNK, int(prefill_tokens_per_s * mixed_step_target_s)))
+        fits = int(prefill_tokens_per_s * mixed_step_target_s)
+        budget = min(budget, max(min_mixed_chunk(chunk_size), fits))
     return budget
 
 
@@ -105,7 +115,13 @@ class PrefillAdmission:
     owns no request state: the scheduler passes its waiting queue (admitted requests leave it),
     its chunked request and its admission policy."""
 
-    def __init__(self, cfg: ServerConfig, kv: KVManager, stats: LoadStats) -> None:
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        kv: KVManager,
+        stats: LoadStats,
+        prefill_rate: PrefillRate | None = None,
+    ) -> None:
         assert cfg.chunked_prefill_size is not None, "needs the resolved config"
         self.kv = kv
         self.stats = stats
@@ -121,7 +137,7 @@ class PrefillAdmission:
         self.mixed_chunk_size = cfg.mixed_chunk_size
         target = cfg.mixed_step_target_ms
         self.mixed_step_target_s = None if target is None else target / 1000
-        self.prefill_rate = PrefillRate()  # of prefill-only steps, for the time target
+        self.prefill_rate = prefill_rate or PrefillRate()  # fed by the scheduler
         self.ratio_init = min(1.0, RESERVE_RATIO_INIT * cfg.schedule_conservativeness)
         self.ratio_floor = self.ratio_init * RESERVE_RATIO_FLOOR
         self.reserve_ratio = self.ratio_init
@@ -167,11 +183,6 @@ class PrefillAdmission:
             self.mixed_step_target_s,
             self.prefill_rate.tokens_per_s,
         )
-
-    def observe_step(self, num_prefill_tokens: int, num_decode_rows: int, seconds: float) -> None:
-        """A prefill step ran: a prefill-only one updates the measured prefill rate."""
-        if num_decode_rows == 0:
-            self.prefill_rate.observe(num_prefill_tokens, seconds)
 
     def schedule(
         self,

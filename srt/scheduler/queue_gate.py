@@ -42,24 +42,23 @@ class QueueGate:
         rule: PriorityRule,
         max_queued_requests: int | None = None,
         ttft_target_ms: float | None = None,
+        prefill_rate: PrefillRate | None = None,
     ) -> None:
         self.rule = rule
         self.max_queued_requests = max_queued_requests
         self.ttft_target_s = None if ttft_target_ms is None else ttft_target_ms / 1000
-        self.rate = PrefillRate()  # over every prefill step, mixed ones included
+        self.rate = prefill_rate or PrefillRate()  # the scheduler's, fed per prefill step
         self.num_refused = 0
 
     @classmethod
-    def from_config(cls, cfg: ServerConfig, rule: PriorityRule) -> QueueGate:
-        return cls(rule, cfg.max_queued_requests, cfg.ttft_target_ms)
+    def from_config(
+        cls, cfg: ServerConfig, rule: PriorityRule, prefill_rate: PrefillRate | None = None
+    ) -> QueueGate:
+        return cls(rule, cfg.max_queued_requests, cfg.ttft_target_ms, prefill_rate)
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
         return self.rate.tokens_per_s
-
-    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """A prefill step computed ``num_tokens`` new tokens in ``seconds``."""
-        self.rate.observe(num_tokens, seconds)
 
     def check(
         self, req: Req, waiting: Sequence[Req], num_compiling: int = 0, num_chunk_left: int = 0

@@ -15,9 +15,9 @@ from radixlm.srt.config import ServerConfig, config_from_kwargs
 from radixlm.srt.messages import AbortReq, TokenizedGenerateReq
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler.prefill import (
-    MIN_MIXED_CHUNK,
     PrefillAdmission,
     PrefillRate,
+    min_mixed_chunk,
     step_budget,
 )
 
@@ -33,21 +33,22 @@ def brute_budget(chunk, max_prefill, decode, cap, target_s, rate) -> int:
             continue
         if decode and cap is not None and n > cap:
             continue
-        if decode and target_s is not None and rate and n > MIN_MIXED_CHUNK:
+        floor = max(64, chunk // 16)  # progress, even when the decode rows miss the target
+        if decode and target_s is not None and rate and n > floor:
             if n > rate * target_s:  # a piece over the floor must fit the target
                 continue
         return n
     raise AssertionError("some n always fits")
 
 
-@pytest.mark.parametrize("chunk", [-1, 1, 64, 255, 512])
+@pytest.mark.parametrize("chunk", [-1, 1, 64, 255, 512, 2048])
 def test_step_budget_matches_the_brute_force_rule(chunk) -> None:
     grid = itertools.product(
         [1, 100, 300, 8192],  # max_prefill_tokens
         [0, 1, 40, 200, 600],  # decode tokens in the step
         [None, 1, 50, 1000],  # --mixed-chunk-size
         [None, 0.01, 0.1],  # --mixed-step-target-ms (seconds)
-        [None, 1000.0, 3333.3, 1e6],  # measured prefill tokens/s
+        [None, 1000.0, 3333.3, 1e6, 2e4],  # measured prefill tokens/s
     )
     for max_prefill, decode, cap, target_s, rate in grid:
         got = step_budget(chunk, max_prefill, decode, cap, target_s, rate)
@@ -60,10 +61,11 @@ def test_the_caps_bound_only_steps_that_decode() -> None:
     assert step_budget(8192, 8192, 100, 2048, None, None) == 2048
     assert step_budget(8192, 8192, 100, None, 0.04, 40000.0) == 1600
     assert step_budget(8192, 8192, 100, None, 0.04, None) == 8092  # no rate yet: no bound
-    assert step_budget(8192, 8192, 100, None, 1e-6, 40000.0) == MIN_MIXED_CHUNK  # progress
+    assert min_mixed_chunk(8192) == 512 and min_mixed_chunk(512) == 64
+    assert step_budget(8192, 8192, 100, None, 1e-6, 40000.0) == 512  # progress
 
 
-def test_the_prefill_rate_is_an_average_of_prefill_only_steps() -> None:
+def test_one_prefill_rate_feeds_the_mixed_target_and_the_ttft_gate() -> None:
     rate = PrefillRate()
     rate.observe(8, 1.0)  # too few tokens to say anything
     assert rate.tokens_per_s is None
@@ -72,12 +74,24 @@ def test_the_prefill_rate_is_an_average_of_prefill_only_steps() -> None:
     rate.observe(2000, 1.0)
     assert 1000 < rate.tokens_per_s < 2000
     cfg = ServerConfig(chunked_prefill_size=512, mixed_step_target_ms=100.0)
-    adm = PrefillAdmission(cfg, kv=None, stats=None)
-    adm.observe_step(4000, 3, 1.0)  # a mixed step: its time includes the decode rows
-    assert adm.prefill_rate.tokens_per_s is None and adm.budget(3) == 509
-    adm.observe_step(2000, 0, 1.0)
-    assert adm.prefill_rate.tokens_per_s == 2000
-    assert adm.budget(3) == 200 and adm.budget(0) == 512
+    adm = PrefillAdmission(cfg, kv=None, stats=None, prefill_rate=rate)
+    assert adm.budget(3) == int(rate.tokens_per_s * 0.1) and adm.budget(0) == 512
+    fresh = PrefillAdmission(cfg, kv=None, stats=None)
+    assert fresh.budget(3) == 509  # nothing measured: only the decode rows' share
+
+
+def test_a_target_step_converges_to_the_target() -> None:
+    """Steps of decode time D plus pieces at R tokens/s, each sized from the rate measured on
+    the steps before: the step time tends to the target T (fixed point R * (T - D) tokens),
+    whatever the first measurement said (here a cold start 100 times too slow)."""
+    big_r, d, t = 40000.0, 0.012, 0.030
+    rate = PrefillRate()
+    rate.observe(400, 1.0)
+    for _ in range(60):
+        piece = step_budget(8192, 8192, 50, None, t, rate.tokens_per_s)
+        rate.observe(piece, d + piece / big_r)
+    assert piece == pytest.approx(big_r * (t - d), rel=0.02)
+    assert d + piece / big_r == pytest.approx(t, rel=0.02)
 
 
 CHUNK = 32
