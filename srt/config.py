@@ -203,8 +203,8 @@ class ServerConfig:
     )
     mixed_step_target_ms: float | None = _opt(
         None,
-        "bound a mixed step's prefill to about this long at the prefill rate measured on "
-        "prefill-only steps, so running decodes stall at most this (default: no bound)",
+        "size a mixed step's prefill piece from the measured prefill rate so that the step, "
+        "decode rows included, lasts about this long (default: no bound)",
     )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     schedule_conservativeness: float = _opt(
