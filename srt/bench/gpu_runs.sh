@@ -79,15 +79,15 @@ for s in "$@"; do
     serve) section serve 560 $SERVING ;;
     # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
     servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;
-    # chunks alone (the GPU default) vs mixed 8,192-token chunks vs mixed steps whose prefill is
-    # bounded to MIX_TARGET_MS (default 30) at the measured prefill rate, at 8 and 12 req/s
+    # chunks alone (the GPU default) vs mixed 8,192-token chunks vs mixed steps of about
+    # MIX_TARGET_MS (default 50) ms sized from the measured prefill rate, at 8 and 12 req/s
     # (SERVEMIX_RATES), each with the step timeline; one comparison table. ~120 s a variant.
     servemix)
       for v in default mixed bounded; do
         case $v in
           default) flags="" ;;
           mixed) flags="--enable-mixed-chunk" ;;
-          bounded) flags="--mixed-step-target-ms ${MIX_TARGET_MS:-30}" ;;
+          bounded) flags="--mixed-step-target-ms ${MIX_TARGET_MS:-50}" ;;
         esac
         section "servemix-$v" 135 $SERVING --request-rates "${SERVEMIX_RATES:-8,12}" $flags \
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"

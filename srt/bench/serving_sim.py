@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     variants = args.variant or [
         "default=--disable-mixed-chunk",
         "mixed=--enable-mixed-chunk",
-        "bounded=--mixed-step-target-ms 30",
+        "bounded=--mixed-step-target-ms 50",
     ]
     cost = CostModel(**{f: getattr(args, f) for f in vars(CostModel())})
     slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms)
