@@ -1,6 +1,6 @@
 """serving_sim: the cost model's arithmetic, and the real scheduler on the virtual clock (every
 request completes; a bounded variant's mixed steps stay within the target at the modelled
-prefill rate while chunks alone never mix)."""
+prefill rate, unbounded ones do not, and chunks alone never mix)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def test_a_simulated_run_completes_and_the_bound_holds(tmp_path: Path) -> None:
     got = {}
     for label, flags in (
         ("alone", "--disable-mixed-chunk"),
-        ("bounded", "--mixed-step-target-ms 10"),
+        ("mixed", "--enable-mixed-chunk"),
+        ("bounded", "--mixed-step-target-ms 50"),
     ):
         cfg = server_config(flags, str(folder))
         got[label] = simulate(cfg, reqs, 20.0, cost, Slo(), seed=3)
@@ -49,4 +50,6 @@ def test_a_simulated_run_completes_and_the_bound_holds(tmp_path: Path) -> None:
     bounded = got["bounded"]["step_timeline"]
     assert bounded["mixed_share"] > 0
     assert bounded["retractions"] == 0
-    assert 0 < bounded["max_mixed_prefill_tokens"] <= int(cost.prefill_rate * 0.010)
+    # the measured rate (step time, decode rows included) never beats the modelled prefill rate
+    assert 0 < bounded["max_mixed_prefill_tokens"] <= int(cost.prefill_rate * 0.050)
+    assert got["mixed"]["step_timeline"]["max_mixed_prefill_tokens"] > cost.prefill_rate * 0.050
