@@ -6,7 +6,7 @@
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
 #   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
 #   bash srt/bench/gpu_runs.sh quanttest quant # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
-#   DEADLINE=420 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
+#   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -83,13 +83,14 @@ for s in "$@"; do
     # MIX_TARGET_MS (default 50) ms sized from the measured prefill rate, at 8 and 12 req/s
     # (SERVEMIX_RATES), each with the step timeline; one comparison table. ~120 s a variant.
     servemix)
+      rm -f "$RESULTS/servemix.jsonl"
       for v in default mixed bounded; do
         case $v in
           default) flags="" ;;
           mixed) flags="--enable-mixed-chunk" ;;
           bounded) flags="--mixed-step-target-ms ${MIX_TARGET_MS:-50}" ;;
         esac
-        section "servemix-$v" 135 $SERVING --request-rates "${SERVEMIX_RATES:-8,12}" $flags \
+        section "servemix-$v" 140 $SERVING --request-rates "${SERVEMIX_RATES:-8,12}" $flags \
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
