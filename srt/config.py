@@ -96,7 +96,9 @@ CPU_DEFAULT_CHUNK = 512
 # is 1.8 s mixed, 17.6 s with 2,048-token chunks alone). GPU: off, as SGLang's default: on an
 # H100 serving the 8B shape (docs/results/serving.md) mixed 8,192-token chunks gave 2.37 req/s of
 # goodput at 16 req/s against 6.45 with the chunks alone and 6.42 unchunked (TTFT p50 1,150 vs
-# 119 ms), and no better TPOT or ITL p99.
+# 119 ms), and no better TPOT or ITL p99. The scheduler admits as much per mixed step
+# (srt/bench/serving_sim.py), so that is a device cost of mixed steps, still to be measured
+# (gpu_runs.sh servemix); --mixed-chunk-size / --mixed-step-target-ms turn bounded mixed steps on.
 MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}
 
 logger = logging.getLogger(__name__)
@@ -195,6 +197,16 @@ class ServerConfig:
     )
     disable_mixed_chunk: bool = _opt(
         False, "run prefill chunks alone, without the running decodes (default on a GPU)"
+    )
+    mixed_chunk_size: int | None = _opt(
+        None,
+        "most new prompt tokens of a mixed step (one that also decodes running requests); "
+        "steps with nothing to decode keep --chunked-prefill-size (default: no cap)",
+    )
+    mixed_step_target_ms: float | None = _opt(
+        None,
+        "size a mixed step's prefill piece from the measured prefill rate so that the step, "
+        "decode rows included, lasts about this long (default: no bound)",
     )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     schedule_conservativeness: float = _opt(
@@ -465,6 +477,16 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(f"ttft_target_ms must be > 0, got {cfg.ttft_target_ms}")
     if cfg.max_prefill_tokens < 1:
         raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
+    if cfg.mixed_chunk_size is not None and cfg.mixed_chunk_size < 1:
+        raise ValueError(f"mixed_chunk_size must be >= 1, got {cfg.mixed_chunk_size}")
+    if cfg.mixed_step_target_ms is not None and not cfg.mixed_step_target_ms > 0:
+        raise ValueError(f"mixed_step_target_ms must be > 0, got {cfg.mixed_step_target_ms}")
+    if cfg.disable_mixed_chunk and (
+        cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
+    ):
+        raise ValueError(
+            "mixed_chunk_size and mixed_step_target_ms cap mixed steps: not with disable_mixed_chunk"
+        )
     if not cfg.grammar_compile_timeout_s > 0:
         raise ValueError(
             f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}"
@@ -723,8 +745,10 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
     chunk = cfg.chunked_prefill_size
     if chunk is None:
         chunk = GPU_DEFAULT_CHUNK if torch_device.type == "cuda" else CPU_DEFAULT_CHUNK
+    capped = cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
     mixed = cfg.enable_mixed_chunk or (
-        not cfg.disable_mixed_chunk and MIXED_CHUNK_BY_DEVICE.get(torch_device.type, True)
+        not cfg.disable_mixed_chunk
+        and (capped or MIXED_CHUNK_BY_DEVICE.get(torch_device.type, True))
     )
     resolved = cfg.replace(
         device=device,

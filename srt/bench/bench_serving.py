@@ -16,10 +16,11 @@ Requests go to the native ``/generate`` with streaming, token ids as input, gree
 process at each rate of ``--request-rates`` requests/s in turn (``inf``: all at once; the same
 requests at every rate, the prefix cache flushed in between), with at most
 ``--max-concurrency`` in flight. Reported per rate: request and token throughput, goodput
-(requests/s meeting ``--slo-ttft-s`` and ``--slo-tpot-ms``), the prefix-cache hit rate, and
-mean / p50 / p90 / p99 of time to first token (TTFT), inter-token latency (ITL), time per
-output token after the first (TPOT) and end-to-end latency (E2E); then one line per rate
-(``serving_report.py`` has the definitions). With ``--worker-urls`` (radixlm workers behind
+(requests/s meeting ``--slo-ttft-s`` and ``--slo-tpot-ms``; with the SLO attainment and the
+goodput over the arrival window, which the drain after the last arrival does not dilute), the
+prefix-cache hit rate, and mean / p50 / p90 / p99 of time to first token (TTFT), inter-token
+latency (ITL), time per output token after the first (TPOT) and end-to-end latency (E2E); then
+one line per rate (``serving_report.py`` has the definitions). With ``--worker-urls`` (radixlm workers behind
 the router at ``--base-url``), each worker's admitted requests and prefix-cache hit rate.
 
 At capacity (``serving_capacity.py``): prompts longer than the served context are clipped to
@@ -199,11 +200,13 @@ async def run_benchmark(
 
         async def one(req: BenchRequest) -> RequestOutput:
             prio = (priorities or {}).get(id(req))
+            arrival = time.perf_counter()
             if limit is None:
                 out = await send_request(client, url, req, prio)
             else:
                 async with limit:
                     out = await send_request(client, url, req, prio)
+            out.arrival_s = arrival
             if progress is not None:
                 progress.done(out)
             return out
@@ -402,6 +405,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--high-priority", type=int, default=100, help="the high class's priority")
     ap.add_argument("--no-flush-cache", action="store_true", help="keep the server's prefix cache")
     ap.add_argument("--output-file", default=None, help="append each rate's results (JSON lines)")
+    ap.add_argument(
+        "--label",
+        default=None,
+        help="names this run's variant in --output-file records (serving_compare.py's table)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     args, server_args = ap.parse_known_args(argv)
     if args.max_concurrency is not None and args.max_concurrency < 1:
@@ -492,7 +500,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             summaries.append(summary)
             if args.output_file:
                 with open(args.output_file, "ab") as f:
-                    record = {"args": vars(args), "request_rate": rate, **summary}
+                    record = {
+                        "args": vars(args),
+                        "server_args": server_args,
+                        "label": args.label,
+                        "request_rate": rate,
+                        **summary,
+                    }
                     f.write(orjson.dumps(record, default=str) + b"\n")
             if not queue and searches > 0 and (probe := next_probe(rates, summaries)):
                 searches -= 1

@@ -6,6 +6,7 @@
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
 #   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
 #   bash srt/bench/gpu_runs.sh quanttest quant # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
+#   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -80,6 +81,21 @@ for s in "$@"; do
     serve) section serve 560 $SERVING ;;
     # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
     servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;
+    # chunks alone (the GPU default) vs mixed 8,192-token chunks vs mixed steps of about
+    # MIX_TARGET_MS (default 50) ms sized from the measured prefill rate, at 8 and 12 req/s
+    # (SERVEMIX_RATES), each with the step timeline; one comparison table. ~120 s a variant.
+    servemix)
+      rm -f "$RESULTS/servemix.jsonl"
+      for v in default mixed bounded; do
+        case $v in
+          default) flags="" ;;
+          mixed) flags="--enable-mixed-chunk" ;;
+          bounded) flags="--mixed-step-target-ms ${MIX_TARGET_MS:-50}" ;;
+        esac
+        section "servemix-$v" 140 $SERVING --request-rates "${SERVEMIX_RATES:-8,12}" $flags \
+          --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
+      done
+      python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py tests/srt/executor/test_layer_loads.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
     multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes device,host,disk,restart ;;

@@ -14,6 +14,15 @@ without mixing, every chunk of a long prompt runs before decoding resumes. The s
 the decode part first (room for the running requests' next tokens is made before a new request
 takes a slot, retracting as a decode step would); the decode tokens count against the chunk
 budget, down to half of it, so a large running batch never stops admission altogether.
+
+Decode kept going while prompts prefill (``step_budget``). A mixed step lasts as long as its
+prefill piece, and every running request waits that long for its next token. Two optional
+caps bound the piece of a step that decodes: ``--mixed-chunk-size`` (tokens) and
+``--mixed-step-target-ms`` (the step lasts about that long: the piece is the prompt tokens per
+second of step time measured over recent prefill steps, ``PrefillRate``, times the target; the
+decode rows' time is in that rate, so a step converges to the target; at least
+``min_mixed_chunk`` tokens, so prompts always progress). A step with nothing to decode keeps the
+full chunk: nothing waits on it.
 """
 
 from __future__ import annotations
@@ -38,6 +47,56 @@ CLIP_NEW_TOKENS = 4096  # a request's future output counted at most (max_new_tok
 RESERVE_RATIO_INIT = 0.7  # times --schedule-conservativeness
 RESERVE_RATIO_FLOOR = 0.14  # of the initial ratio
 RESERVE_DECAY_STEPS = 600
+MIN_MIXED_CHUNK = 64  # a mixed step's piece under --mixed-step-target-ms: never fewer tokens,
+MIN_MIXED_CHUNK_SHARE = 16  # nor fewer than 1/16 of the chunk (decode rows slower than the target)
+RATE_SMOOTHING = 0.2  # weight of the newest step in a measured prefill rate
+MIN_RATE_TOKENS = 16  # steps with fewer new tokens say little about the prefill rate
+
+
+def min_mixed_chunk(chunk_size: int) -> int:
+    return max(MIN_MIXED_CHUNK, chunk_size // MIN_MIXED_CHUNK_SHARE)
+
+
+class PrefillRate:
+    """New prompt tokens per second of step time over recent prefill steps, mixed ones included
+    (an exponential average; None until a step of at least ``MIN_RATE_TOKENS`` tokens). One
+    meter serves the TTFT target (queue_gate.py) and the mixed-step target."""
+
+    def __init__(self) -> None:
+        self.tokens_per_s: float | None = None
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens < MIN_RATE_TOKENS or seconds <= 0:
+            return
+        rate = num_tokens / seconds
+        old = self.tokens_per_s
+        self.tokens_per_s = rate if old is None else old + RATE_SMOOTHING * (rate - old)
+
+
+def step_budget(
+    chunk_size: int,
+    max_prefill_tokens: int,
+    num_decode_tokens: int = 0,
+    mixed_chunk_size: int | None = None,
+    mixed_step_target_s: float | None = None,
+    prefill_tokens_per_s: float | None = None,
+) -> int:
+    """New prompt tokens a prefill step may compute (module docstring). ``chunk_size`` <= 0:
+    chunking off, the budget is ``max_prefill_tokens``. A step with ``num_decode_tokens``
+    decode tokens gives them room in the chunk (down to half of it) and takes the caps of mixed
+    steps; the time target applies once a prefill rate is known, down to
+    ``min_mixed_chunk(chunk_size)``."""
+    if chunk_size <= 0:
+        return max_prefill_tokens
+    budget = min(max_prefill_tokens, max(chunk_size - num_decode_tokens, (chunk_size + 1) // 2))
+    if num_decode_tokens <= 0:
+        return budget
+    if mixed_chunk_size is not None:
+        budget = min(budget, mixed_chunk_size)
+    if mixed_step_target_s is not None and prefill_tokens_per_s:
+        fits = int(prefill_tokens_per_s * mixed_step_target_s)
+        budget = min(budget, max(min_mixed_chunk(chunk_size), fits))
+    return budget
 
 
 def future_tokens(req: Req) -> int:
@@ -56,7 +115,13 @@ class PrefillAdmission:
     owns no request state: the scheduler passes its waiting queue (admitted requests leave it),
     its chunked request and its admission policy."""
 
-    def __init__(self, cfg: ServerConfig, kv: KVManager, stats: LoadStats) -> None:
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        kv: KVManager,
+        stats: LoadStats,
+        prefill_rate: PrefillRate | None = None,
+    ) -> None:
         assert cfg.chunked_prefill_size is not None, "needs the resolved config"
         self.kv = kv
         self.stats = stats
@@ -69,6 +134,10 @@ class PrefillAdmission:
             and not cfg.disable_mixed_chunk
             and cfg.speculative_algorithm == "none"
         )
+        self.mixed_chunk_size = cfg.mixed_chunk_size
+        target = cfg.mixed_step_target_ms
+        self.mixed_step_target_s = None if target is None else target / 1000
+        self.prefill_rate = prefill_rate or PrefillRate()  # fed by the scheduler
         self.ratio_init = min(1.0, RESERVE_RATIO_INIT * cfg.schedule_conservativeness)
         self.ratio_floor = self.ratio_init * RESERVE_RATIO_FLOOR
         self.reserve_ratio = self.ratio_init
@@ -106,10 +175,14 @@ class PrefillAdmission:
 
     def budget(self, num_decode_tokens: int = 0) -> int:
         """New prefill tokens the step may compute next to ``num_decode_tokens`` decode tokens."""
-        if not self.is_chunking:
-            return self.max_prefill_tokens
-        chunk = max(self.chunk_size - num_decode_tokens, (self.chunk_size + 1) // 2)
-        return min(self.max_prefill_tokens, chunk)
+        return step_budget(
+            self.chunk_size,
+            self.max_prefill_tokens,
+            num_decode_tokens,
+            self.mixed_chunk_size,
+            self.mixed_step_target_s,
+            self.prefill_rate.tokens_per_s,
+        )
 
     def schedule(
         self,

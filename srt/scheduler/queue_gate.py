@@ -23,13 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixlm.srt.config import ServerConfig
+from radixlm.srt.scheduler.prefill import PrefillRate
 from radixlm.srt.scheduler.queue_order import PriorityRule, queue_victim
 from radixlm.srt.scheduler.req import Req
 
 QUEUE_FULL = "The request queue is full."
 PUSHED_OUT = "The request is aborted by a higher priority request."
-RATE_SMOOTHING = 0.2  # weight of the newest prefill step in the measured prefill rate
-MIN_PREFILL_TOKENS = 16  # steps with fewer new tokens say little about the prefill rate
 
 
 def overloaded(message: str) -> dict:
@@ -43,24 +42,23 @@ class QueueGate:
         rule: PriorityRule,
         max_queued_requests: int | None = None,
         ttft_target_ms: float | None = None,
+        prefill_rate: PrefillRate | None = None,
     ) -> None:
         self.rule = rule
         self.max_queued_requests = max_queued_requests
         self.ttft_target_s = None if ttft_target_ms is None else ttft_target_ms / 1000
-        self.prefill_tokens_per_s: float | None = None
+        self.rate = prefill_rate or PrefillRate()  # the scheduler's, fed per prefill step
         self.num_refused = 0
 
     @classmethod
-    def from_config(cls, cfg: ServerConfig, rule: PriorityRule) -> QueueGate:
-        return cls(rule, cfg.max_queued_requests, cfg.ttft_target_ms)
+    def from_config(
+        cls, cfg: ServerConfig, rule: PriorityRule, prefill_rate: PrefillRate | None = None
+    ) -> QueueGate:
+        return cls(rule, cfg.max_queued_requests, cfg.ttft_target_ms, prefill_rate)
 
-    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """A prefill step computed ``num_tokens`` new tokens in ``seconds``."""
-        if num_tokens < MIN_PREFILL_TOKENS or seconds <= 0:
-            return
-        rate = num_tokens / seconds
-        old = self.prefill_tokens_per_s
-        self.prefill_tokens_per_s = rate if old is None else old + RATE_SMOOTHING * (rate - old)
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.rate.tokens_per_s
 
     def check(
         self, req: Req, waiting: Sequence[Req], num_compiling: int = 0, num_chunk_left: int = 0

@@ -57,7 +57,7 @@ from radixlm.srt.scheduler.output import (
 )
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
 from radixlm.srt.scheduler.policy import make_policy
-from radixlm.srt.scheduler.prefill import PrefillAdmission, mixed_batch
+from radixlm.srt.scheduler.prefill import PrefillAdmission, PrefillRate, mixed_batch
 from radixlm.srt.scheduler.profiling import StepProfiler
 from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QueueGate, overloaded
 from radixlm.srt.scheduler.queue_order import PriorityRule, RankedPolicy
@@ -92,7 +92,8 @@ class Scheduler:
         self.rule = PriorityRule.from_config(cfg)  # priority, fairness, preemption
         if self.rule.reorders:
             self.policy = RankedPolicy(self.policy, self.rule)
-        self.gate = QueueGate.from_config(cfg, self.rule)  # queue bound, TTFT target
+        self.prefill_rate = PrefillRate()  # for the TTFT target and the mixed-step target
+        self.gate = QueueGate.from_config(cfg, self.rule, self.prefill_rate)  # queue bound, TTFT
         self.num_arrivals = 0
         self.num_preemptions = 0
         self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, r.cfg.page_size)
@@ -120,7 +121,7 @@ class Scheduler:
             self.sampling.default_generator,
             self.stats.count_token,
         )
-        self.admission = PrefillAdmission(r.cfg, self.kv, self.stats)
+        self.admission = PrefillAdmission(r.cfg, self.kv, self.stats, self.prefill_rate)
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
         self.traces = SchedulerTraces(make_tracer(TraceSettings.from_config(cfg), "scheduler"))
@@ -535,14 +536,19 @@ class Scheduler:
         sample_rows = [per_req[i][-1] for i in samplers]
         masks = self.grammars.fill_masks(sample_reqs)
         next_ids = self.sampling.run(logits, sample_rows, sample_reqs, self.stop_checker, masks)
+        running = {id(r) for r in self.running} if is_prefill else set()
         if is_prefill:  # what recomputing costs, for a tiered cache's load-or-recompute choice
             elapsed = time.perf_counter() - started
             self.cache.observe_prefill(sum(batch.extend_lens), elapsed)
-            self.gate.observe_prefill(sum(batch.extend_lens), elapsed)
+            new_tokens = sum(  # prompt tokens: not a mixed step's decode rows
+                e
+                for r, e in zip(batch.reqs, batch.extend_lens, strict=True)
+                if id(r) not in running
+            )
+            self.prefill_rate.observe(new_tokens, elapsed)
         for req, tok in zip(sample_reqs, next_ids, strict=True):
             if not req.is_finished:  # else its mask row or its sampling failed
                 self._take_token(req, tok)
-        running = {id(r) for r in self.running} if is_prefill else set()
         for i, req in enumerate(batch.reqs):
             joins = is_prefill and id(req) not in running  # not a decode row of a mixed batch
             if joins and not req.is_finished:

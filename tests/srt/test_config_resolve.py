@@ -126,3 +126,20 @@ def test_hicache_raises_page_size_1_only_and_an_unusable_folder_is_named(tiny_ll
     runner = ModelRunner(cfg)
     with pytest.raises(ValueError, match="hicache_storage_dir"):
         make_kv_manager(runner.cfg, runner)
+
+
+def test_a_mixed_step_cap_turns_mixed_steps_on_and_is_checked(monkeypatch):
+    """--mixed-chunk-size / --mixed-step-target-ms cap mixed steps, so either one turns them on
+    where the device default is off; with --disable-mixed-chunk they are refused by name."""
+    from radixlm.srt import config
+
+    monkeypatch.setitem(config.MIXED_CHUNK_BY_DEVICE, "cpu", False)  # as on a GPU
+    for caps in ({"mixed_chunk_size": 2048}, {"mixed_step_target_ms": 40.0}):
+        on = resolve(ServerConfig(device="cpu", **caps))
+        assert on.disable_mixed_chunk is False and resolve(on) == on
+        with pytest.raises(ValueError, match="not with disable_mixed_chunk"):
+            config_from_kwargs(disable_mixed_chunk=True, **caps)
+    with pytest.raises(ValueError, match="mixed_chunk_size must be >= 1"):
+        config_from_kwargs(mixed_chunk_size=0)
+    with pytest.raises(ValueError, match="mixed_step_target_ms must be > 0"):
+        config_from_kwargs(mixed_step_target_ms=0.0)

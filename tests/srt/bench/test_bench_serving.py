@@ -121,3 +121,23 @@ def test_two_rates_against_a_tiny_model_server(tiny_llama_dir, start_server):
         assert worker["prompt_tokens"] == s["input_tokens"]
         assert worker["hit_rate"] == pytest.approx(s["hit_rate"])
         assert worker["cached_tokens"] > 0
+
+
+def test_slo_attainment_and_goodput_over_the_arrival_window_ignore_the_drain():
+    """Goodput over the whole run counts the drain after the last arrival; the SLO attainment
+    and the goodput over the arrival window do not: 5 requests 0.25 s apart (4 req/s), every one
+    meeting the SLO, finished 2 s after the last arrival."""
+    outs = [_out(0.1, 0.01, 10) for _ in range(5)]
+    for i, o in enumerate(outs):
+        o.arrival_s = 100.0 + 0.25 * i
+    s = summarize(outs, duration_s=1.0 + 2.0)
+    assert s["goodput"] == pytest.approx(5 / 3.0)  # diluted by the drain
+    assert s["slo_attainment"] == 1.0
+    assert s["arrival_window_s"] == pytest.approx(1.0)
+    assert s["arrival_rate"] == pytest.approx(4.0)
+    assert s["goodput_arrivals"] == pytest.approx(4.0)  # the arrival rate: all met the SLO
+    outs[0].ttft_s = 5.0  # one misses it
+    assert summarize(outs, 3.0)["goodput_arrivals"] == pytest.approx(4.0 * 4 / 5)
+    for o in outs:
+        o.arrival_s = 7.0  # all at once (rate inf): no arrival window
+    assert summarize(outs, 3.0)["goodput_arrivals"] is None

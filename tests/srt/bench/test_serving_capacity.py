@@ -129,6 +129,11 @@ def test_timeline_records_each_step_and_the_summary_shares(tmp_path) -> None:
     assert summ["mean_decode_batch"] == 1.5 and summ["mean_decode_only_batch"] == 2
     assert summ["mean_prefill_tokens"] == 35 and summ["retractions"] == 1
     assert 0 <= summ["idle_share"] < 1
+    assert summ["mean_mixed_prefill_tokens"] == summ["max_mixed_prefill_tokens"] == 30
+    times = [dict(r, step_s=t) for r, t in zip(records, (0.5, 1.0, 0.1), strict=True)]
+    rates = summarize_steps(times)
+    assert (rates["prefill_rate_alone"], rates["prefill_rate_mixed"]) == (80, 30)
+    assert rates["mean_mixed_step_ms"] == 1000
     assert read_records(path, offset) == ([], offset)
     assert summarize_steps([]) == {"steps": 0}
     assert type(StepTimeline()).__name__ == "StepTimeline"  # off: records nothing

@@ -176,14 +176,14 @@ def test_ttft_target_counts_the_prefill_queued_ahead_at_the_measured_rate() -> N
     waiting = _reqs([(5, "a", 600, False), (0, "a", 900, False)])
     new = _reqs([(1, "b", 100, False)])[0]
     assert gate.check(new, waiting) == (None, None)  # no rate measured yet: no refusal
-    gate.observe_prefill(1000, 1.0)  # 1000 tokens/s
+    gate.rate.observe(1000, 1.0)  # 1000 tokens/s
     # ahead of priority 1: the 600 tokens of priority 5 (not the 900 of priority 0)
     assert abs(gate.estimated_ttft_s(new, waiting) - 0.7) < 1e-9
     assert gate.check(new, waiting) == (None, None)
     assert gate.check(new, waiting, num_chunk_left=400)[0].startswith("The server cannot meet")
-    gate.observe_prefill(8, 1.0)  # too few tokens to say anything: ignored
+    gate.rate.observe(8, 1.0)  # too few tokens to say anything: ignored
     assert gate.prefill_tokens_per_s == 1000
-    gate.observe_prefill(2000, 1.0)
+    gate.rate.observe(2000, 1.0)
     assert 1000 < gate.prefill_tokens_per_s < 2000  # smoothed
 
 

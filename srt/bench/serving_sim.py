@@ -1,0 +1,255 @@
+"""The real scheduler under a Poisson load on a virtual clock, with a device cost model in place
+of the model: how scheduling settings change TTFT, TPOT and goodput, deterministically, on a CPU.
+
+    python -m radixlm.srt.bench.serving_sim --request-rates 8,12 \\
+        --variant default=--disable-mixed-chunk --variant mixed=--enable-mixed-chunk \\
+        --variant bounded="--mixed-step-target-ms 30"
+
+Each variant is a string of server flags (``--chunked-prefill-size`` defaults to the GPU's
+8,192 here). The scheduler, its KV pool and its admission are the real ones (a tiny random
+Llama with the 8B shape's 8,192-token context gives the pools); only the forward is replaced: it
+returns zero logits (greedy, ``ignore_eos``: every output has its requested length) and advances
+the clock by the modelled cost of the batch, and the scheduler's clock is that virtual clock (its
+measured prefill rate is the modelled one). The workload is ``bench_serving``'s
+(``sharegpt-like``, the issue's lengths, prompts clipped to the context), the report
+``serving_compare.py``'s table from the same summaries as ``bench_serving``.
+
+Cost model (defaults: the 8B shape on one H100, docs/results/serving.md and the issue's parts):
+a step prefilling ``P`` new tokens over ``A`` attended (token, key) pairs and decoding ``R`` rows
+of total context ``C`` costs ``prefill_fixed + P / prefill_rate + A * attn`` when ``P > 0``,
+plus ``decode_base`` when ``P == 0`` (the weights are read by the prefill when there is one),
+plus ``R * decode_row + C * decode_ctx``, plus ``mixed_extra`` for a mixed step (no CUDA
+graph). Not modelled: overlap scheduling, host time, the prefix cache (prompts are random).
+The figures are those of the model, not of a device: use it to compare scheduling decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
+from radixlm.srt.bench.datasets import RandomTokens, long_tailed_requests
+from radixlm.srt.bench.serving_capacity import clip_to_context
+from radixlm.srt.bench.serving_compare import print_comparison
+from radixlm.srt.bench.serving_report import RequestOutput, Slo, summarize
+from radixlm.srt.bench.step_timeline import summarize_steps
+from radixlm.srt.config import ServerConfig, add_cli_args, config_from_args
+from radixlm.srt.messages import TokenizedGenerateReq
+from radixlm.srt.scheduler import scheduler as scheduler_module
+from radixlm.srt.scheduler.scheduler import Scheduler
+
+MODEL_FOLDER = "/tmp/radixlm-tiny-llama-8k-context"
+CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class CostModel:
+    prefill_rate: float = 41900.0  # tokens/s at a full chunk
+    prefill_fixed: float = 0.003  # s per prefill step
+    attn: float = 2e-10  # s per attended (query, key) pair of a prefill
+    decode_base: float = 0.0055  # s: a decode-only step reads the weights
+    decode_row: float = 2e-5  # s per decode row
+    decode_ctx: float = 6e-8  # s per context token a decode row reads
+    mixed_extra: float = 0.004  # s: a mixed step runs without a CUDA graph
+
+    def step_s(self, prefill: int, attended: int, rows: int, context: int) -> float:
+        s = 0.0
+        if prefill:
+            s += self.prefill_fixed + prefill / self.prefill_rate + attended * self.attn
+        elif rows:
+            s += self.decode_base
+        if rows:
+            s += rows * self.decode_row + context * self.decode_ctx
+            if prefill:
+                s += self.mixed_extra
+        return s
+
+
+class VirtualClock:
+    """Stands in for the ``time`` module of the scheduler (``monotonic``, ``perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+
+def server_config(flags: str, model_path: str) -> ServerConfig:
+    ap = argparse.ArgumentParser()
+    add_cli_args(ap)
+    args = ap.parse_args(
+        ["--model-path", model_path, "--load-format", "dummy", "--log-level", "warning"]
+        + ["--chunked-prefill-size", "8192", "--max-running-requests", "256"]
+        + ["--max-total-tokens", "400000"]
+        + shlex.split(flags)
+    )
+    return config_from_args(args)
+
+
+def simulate(
+    cfg: ServerConfig,
+    reqs: list,
+    rate: float,
+    cost: CostModel,
+    slo: Slo,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """One rate: the summary ``bench_serving`` would print, with its step timeline."""
+    clock = VirtualClock()
+    real_time = scheduler_module.time
+    scheduler_module.time = SimpleNamespace(
+        monotonic=clock.monotonic, perf_counter=clock.perf_counter
+    )
+    try:
+        return _simulate(cfg, reqs, rate, cost, slo, seed, clock)
+    finally:
+        scheduler_module.time = real_time
+
+
+def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:
+    s = Scheduler(cfg)
+    s.prefill_rate.observe(int(cost.prefill_rate), 1.0)  # as after a warm-up
+    vocab = s.runner.vocab_size
+    steps: list[dict] = []
+
+    def forward(batch, rows, **kw):
+        running = {id(r) for r in s.running}
+        prefill = attended = decode_rows = context = 0
+        for req, start, ext in zip(batch.reqs, batch.starts, batch.extend_lens, strict=True):
+            if id(req) in running:
+                decode_rows += 1
+                context += start + ext
+            else:
+                prefill += ext
+                attended += ext * start + ext * (ext + 1) // 2
+        dt = cost.step_s(prefill, attended, decode_rows, context)
+        steps.append(
+            {
+                "t": clock.now,
+                "idle_s": 0.0,
+                "step_s": dt,
+                "decode_rows": decode_rows,
+                "prefill_tokens": prefill,
+                "prefill_reqs": len(batch.reqs) - decode_rows,
+                "waiting": len(s.waiting),
+                "running": len(s.running),
+                "retractions": 0,
+            }
+        )
+        clock.now += dt
+        return torch.zeros(len(rows), vocab)
+
+    s.runner.forward = forward
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in reqs:
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    outs = [
+        RequestOutput(prompt_len=len(r.input_ids), arrival_s=a)
+        for r, a in zip(reqs, arrivals, strict=True)
+    ]
+    last: dict[int, float] = {}
+    sent = 0
+    retractions = 0
+    while sent < len(reqs) or s.has_work():
+        while sent < len(reqs) and arrivals[sent] <= clock.now:
+            r = reqs[sent]
+            params = {"temperature": 0, "ignore_eos": True, "max_new_tokens": r.output_len}
+            s.handle(TokenizedGenerateReq(str(sent), list(r.input_ids), params, stream=True))
+            sent += 1
+        if not s.has_work():
+            clock.now = arrivals[sent]
+            continue
+        out = s.step()
+        if s.num_retractions != retractions and steps:
+            steps[-1]["retractions"] = s.num_retractions - retractions
+            retractions = s.num_retractions
+        for i, rid in enumerate(out.rids if out is not None else []):
+            o, n = outs[int(rid)], len(out.new_token_ids[i])
+            if not n:
+                continue
+            since = clock.now - o.arrival_s
+            if o.output_len == 0:
+                o.ttft_s = since
+            else:
+                o.itl_s += [(clock.now - last[int(rid)]) / n] * n
+            last[int(rid)] = clock.now
+            o.output_len += n
+            o.latency_s = since
+    for o, r in zip(outs, reqs, strict=True):
+        o.success = o.output_len == r.output_len
+    summary = summarize(outs, clock.now, slo)
+    summary["step_timeline"] = summarize_steps(steps)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--request-rates", default="8,12", help="Poisson rates in requests/s")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="LABEL=FLAGS",
+        help="a label and the server flags of one variant (repeat; default: chunks alone, "
+        "mixed, bounded mixed steps)",
+    )
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--random-input-len", type=int, default=2048)
+    ap.add_argument("--random-output-len", type=int, default=256)
+    ap.add_argument("--max-input-len", type=int, default=16384)
+    ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    ap.add_argument("--seed", type=int, default=1)
+    for f, default in vars(CostModel()).items():
+        ap.add_argument("--" + f.replace("_", "-"), type=float, default=default)
+    args = ap.parse_args(argv)
+    variants = args.variant or [
+        "default=--disable-mixed-chunk",
+        "mixed=--enable-mixed-chunk",
+        "bounded=--mixed-step-target-ms 50",
+    ]
+    cost = CostModel(**{f: getattr(args, f) for f in vars(CostModel())})
+    slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms)
+    folder = make_model_folder(
+        Path(MODEL_FOLDER), dict(TINY_LLAMA, max_position_embeddings=CONTEXT)
+    )
+    reqs = long_tailed_requests(
+        RandomTokens(int(TINY_LLAMA["vocab_size"])),
+        args.num_prompts,
+        args.random_input_len,
+        args.random_output_len,
+        args.max_input_len,
+        args.max_output_len,
+        seed=args.seed,
+    )
+    reqs, _ = clip_to_context(reqs, CONTEXT)
+    records = []
+    for rate in [float(x) for x in args.request_rates.split(",")]:
+        for v in variants:
+            label, _, flags = v.partition("=")
+            cfg = server_config(flags, str(folder))
+            summary = simulate(cfg, reqs, rate, cost, slo, args.seed)
+            records.append({"label": label, "request_rate": rate, **summary})
+            print(f"rate {rate:g} {label}: done", flush=True)
+    print_comparison(records)
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""serving_sim: the cost model's arithmetic, and the real scheduler on the virtual clock (every
+request completes; a bounded variant's mixed steps stay within the target at the modelled
+prefill rate, unbounded ones do not, and chunks alone never mix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
+from radixlm.srt.bench.datasets import RandomTokens, long_tailed_requests
+from radixlm.srt.bench.serving_report import Slo
+from radixlm.srt.bench.serving_sim import CONTEXT, CostModel, server_config, simulate
+
+
+def test_the_cost_model_charges_the_weights_once_per_step() -> None:
+    m = CostModel(
+        prefill_rate=1000.0,
+        prefill_fixed=0.5,
+        attn=0.0,
+        decode_base=2.0,
+        decode_row=0.25,
+        decode_ctx=0.001,
+        mixed_extra=4.0,
+    )
+    assert m.step_s(0, 0, 0, 0) == 0.0
+    assert m.step_s(1000, 0, 0, 0) == pytest.approx(1.5)  # prefill only
+    assert m.step_s(0, 0, 4, 1000) == pytest.approx(2.0 + 1.0 + 1.0)  # decode only
+    assert m.step_s(1000, 0, 4, 1000) == pytest.approx(1.5 + 1.0 + 1.0 + 4.0)  # mixed
+
+
+@pytest.mark.slow  # a scheduler over a tiny model, a few hundred steps
+def test_a_simulated_run_completes_and_the_bound_holds(tmp_path: Path) -> None:
+    folder = make_model_folder(tmp_path / "m", dict(TINY_LLAMA, max_position_embeddings=CONTEXT))
+    reqs = long_tailed_requests(RandomTokens(2048), 24, 600, 24, 4000, 64, seed=3)
+    cost = CostModel()
+    got = {}
+    for label, flags in (
+        ("alone", "--disable-mixed-chunk"),
+        ("mixed", "--enable-mixed-chunk"),
+        ("bounded", "--mixed-step-target-ms 50"),
+    ):
+        cfg = server_config(flags, str(folder))
+        got[label] = simulate(cfg, reqs, 20.0, cost, Slo(), seed=3)
+    for s in got.values():
+        assert s["completed"] == 24 and s["failed"] == 0
+        assert s["goodput_arrivals"] is not None
+    assert got["alone"]["step_timeline"]["mixed_share"] == 0
+    bounded = got["bounded"]["step_timeline"]
+    assert bounded["mixed_share"] > 0
+    assert bounded["retractions"] == 0
+    # the measured rate (step time, decode rows included) never beats the modelled prefill rate
+    assert 0 < bounded["max_mixed_prefill_tokens"] <= int(cost.prefill_rate * 0.050)
+    assert got["mixed"]["step_timeline"]["max_mixed_prefill_tokens"] > cost.prefill_rate * 0.050
