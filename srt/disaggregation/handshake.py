@@ -77,6 +77,19 @@ def prompt_digest(ids: list[int]) -> str:
     return hashlib.blake2b(orjson.dumps(ids), digest_size=12).hexdigest()
 
 
+def registration_problem(msg: Registration, fingerprint: str, prompt_ids: list[int]) -> str | None:
+    """Why the prefill worker refuses a registration for its request (None: it matches): the
+    pools' layouts differ, the prompts differ, or the slots do not cover the positions."""
+    if msg.fingerprint != fingerprint:
+        return f"KV layouts differ: prefill {fingerprint}, decode {msg.fingerprint}"
+    n = len(prompt_ids)
+    if msg.num_tokens != n or msg.prompt_digest != prompt_digest(prompt_ids):
+        return f"the prompts differ (prefill has {n} tokens, decode {msg.num_tokens})"
+    if not 0 <= msg.start < n or len(msg.slots) != n - msg.start:
+        return f"{len(msg.slots)} destination slots for positions [{msg.start}, {n})"
+    return None
+
+
 def reachable_host(host: str) -> str:
     """An address peers can reach for a server bound to ``host`` (a wildcard bind: this
     machine's name resolved)."""

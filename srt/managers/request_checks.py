@@ -168,6 +168,7 @@ def check_bootstrap(mode: str, host: str | None, port: int | None, room: int | N
             "decode worker (start it with --disaggregation-mode prefill or decode)",
             400,
             named[0],
+            "unsupported_parameter",
         )
     missing = [k for k, v in given.items() if v is None]
     if missing:

@@ -42,7 +42,7 @@ from radixlm.srt.disaggregation import (
     make_transfer_engine,
     prompt_digest,
 )
-from radixlm.srt.disaggregation.handshake import reachable_host
+from radixlm.srt.disaggregation.handshake import reachable_host, registration_problem
 from radixlm.srt.scheduler.kv_manager import KVManager
 from radixlm.srt.scheduler.req import Req, ReqStatus
 
@@ -170,7 +170,7 @@ class PrefillRole(_Role):
     def _transfer(self, room: int) -> None:
         req, _ = self.held[room]
         msg, _ = self.registered.pop(room)
-        problem = self._mismatch(req, msg)
+        problem = registration_problem(msg, self.layout.fingerprint, req.prompt_ids)
         if problem is None:
             src = self.kv.req_to_token_pool.read(req.req_slot, msg.num_tokens, start=msg.start)
             writes = kv_writes(self.layout, msg.k_addrs, msg.v_addrs, src.tolist(), msg.slots)
@@ -187,16 +187,6 @@ class PrefillRole(_Role):
             self.stats.num_failures += 1
             self._answer(msg, Outcome(room, False, message=problem))
         self._release(room)
-
-    def _mismatch(self, req: Req, msg: Registration) -> str | None:
-        if msg.fingerprint != self.layout.fingerprint:
-            return f"KV layouts differ: prefill {self.layout.fingerprint}, decode {msg.fingerprint}"
-        n = len(req.prompt_ids)
-        if msg.num_tokens != n or msg.prompt_digest != prompt_digest(req.prompt_ids):
-            return f"the prompts differ (prefill has {n} tokens, decode {msg.num_tokens})"
-        if not 0 <= msg.start < n or len(msg.slots) != n - msg.start:
-            return f"{len(msg.slots)} destination slots for positions [{msg.start}, {n})"
-        return None
 
     def _answer(self, msg: Registration, outcome: Outcome) -> None:
         self.link.send(msg.notify, outcome)
