@@ -24,6 +24,11 @@ INSTALL_HINT = (
 )
 
 
+# writes submitted in one batch: the TCP transport's lane queue refuses a batch of a few
+# thousand writes outright ("queue-full"), as a long prompt of scattered slots would make
+MAX_WRITES_PER_BATCH = 256
+
+
 class MooncakeEngine:
     name = "mooncake"
 
@@ -53,8 +58,10 @@ class MooncakeEngine:
     def write_batch(
         self, peer: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int]
     ) -> None:
-        if not src_addrs:
-            return
-        rc = self._engine.batch_transfer_sync_write(peer, src_addrs, dst_addrs, lengths)
-        if rc != 0:
-            raise TransferError(f"mooncake write to {peer} failed (code {rc})")
+        for i in range(0, len(src_addrs), MAX_WRITES_PER_BATCH):
+            end = i + MAX_WRITES_PER_BATCH
+            rc = self._engine.batch_transfer_sync_write(
+                peer, src_addrs[i:end], dst_addrs[i:end], lengths[i:end]
+            )
+            if rc != 0:
+                raise TransferError(f"mooncake write to {peer} failed (code {rc})")

@@ -121,3 +121,19 @@ def test_mooncake_write_to_a_gone_peer_raises(engines):
     k, _ = pool()
     with pytest.raises(TransferError):
         engines[0].write_batch("127.0.0.1:1", [k[0].data_ptr()], [k[0].data_ptr()], [8])
+
+
+def test_mooncake_takes_thousands_of_scattered_page_writes(engines):
+    # one write per run: a long prompt over scattered slots; the TCP transport refuses a single
+    # batch this large ("queue-full"), so the engine submits it in parts
+    src_engine, dst_engine = engines
+    k, v = pool(num_slots=2048, fill=3.0)
+    dk, dv = pool(num_slots=2048, fill=-1.0)
+    src_engine.register(k + v)
+    dst_engine.register(dk + dv)
+    local, remote = KVLayout.of_pool(k, v, 1, "m"), KVLayout.of_pool(dk, dv, 1, "m")
+    src, dst = list(range(0, 2048, 2)), list(range(1, 2048, 2))
+    writes = kv_writes(local, list(remote.k_addrs), list(remote.v_addrs), src, dst)
+    assert len(writes[0]) == 4 * 1024
+    src_engine.write_batch(dst_engine.session_id, *writes)
+    assert torch.equal(dv[1][dst], v[1][src])
