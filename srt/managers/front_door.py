@@ -170,6 +170,14 @@ class FrontDoor:
             )
         limits = self.limits
         check_bootstrap(limits.disaggregation_mode, bootstrap_host, bootstrap_port, bootstrap_room)
+        if bootstrap_room is not None and return_logprob:
+            raise GenerateError(
+                "return_logprob is not supported with prefill-decode disaggregation yet (the "
+                "first token's logprobs stay on the prefill worker)",
+                400,
+                "return_logprob",
+                "unsupported_parameter",
+            )
         if params.max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null
             left = max(limits.context_length - len(input_ids), 0)
             params = params.replace(max_new_tokens=max(left, params.min_new_tokens))

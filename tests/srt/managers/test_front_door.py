@@ -175,3 +175,10 @@ def test_bootstrap_fields_travel_to_the_scheduler_on_a_pd_worker(mode):
 def test_bootstrap_fields_are_checked_on_a_pd_worker(fields, param):
     door = FrontDoor(make_tokenizer(), ModelLimits(VOCAB, CONTEXT, POOL, "decode"))
     assert refusal(door.admit, "r", [1, 2], SamplingParams(), **fields).param == param
+
+
+def test_logprobs_are_refused_with_bootstrap_fields_for_now():
+    door = FrontDoor(make_tokenizer(), ModelLimits(VOCAB, CONTEXT, POOL, "decode"))
+    err = refusal(door.admit, "r", [1, 2], SamplingParams(), return_logprob=True, **BOOTSTRAP)
+    assert err.param == "return_logprob"
+    assert door.admit("r", [1, 2], SamplingParams(), return_logprob=True).return_logprob
