@@ -255,6 +255,20 @@ def test_prefill_frees_kv_no_decode_worker_claims(workers):
     assert pool["disaggregation"]["num_transfer_failures"] == failures + 1
 
 
+def test_a_registration_that_does_not_match_is_refused(workers):
+    # the two workers got different prompts under one room: the prefill worker refuses to send
+    prefill_body = pd_body(105, workers.bootstrap_port)
+    decode_body = {**prefill_body, "text": PROMPTS[3]}
+    with ThreadPoolExecutor(2) as pool:
+        decoded = pool.submit(generate, workers.decode.url, decode_body)
+        prefilled = pool.submit(generate, workers.prefill.url, prefill_body)
+        r = decoded.result()
+    assert prefilled.result().status_code == 200
+    assert r.status_code == 503 and "the prompts differ" in r.text, r.text
+    wait_idle(workers.prefill)
+    wait_idle(workers.decode)
+
+
 def test_kill_of_either_worker_mid_transfer_leaves_the_survivor_clean(workers):
     # the decode worker registers room 103 and waits; killed, the prefill's write fails
     with ThreadPoolExecutor(1) as pool:
