@@ -182,6 +182,8 @@ class Scheduler:
             if req in self.waiting:
                 self.waiting.remove(req)
             self._finish_between_steps(req, internal_error(e))
+        if req.is_finished:  # refused: a prefill worker tells the decode worker at once
+            self.disagg.on_retire(req)
 
     def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
         try:

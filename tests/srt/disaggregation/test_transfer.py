@@ -137,3 +137,22 @@ def test_mooncake_takes_thousands_of_scattered_page_writes(engines):
     assert len(writes[0]) == 4 * 1024
     src_engine.write_batch(dst_engine.session_id, *writes)
     assert torch.equal(dv[1][dst], v[1][src])
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"disaggregation_mode": "both"}, "disaggregation_mode must be one of"),
+        ({"disaggregation_mode": "decode", "tp_size": 2}, "tp_size 1"),
+        ({"disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 0}, "bootstrap_port"),
+        ({"disaggregation_mode": "decode", "disaggregation_transfer_timeout_s": 0}, "timeout"),
+        ({"disaggregation_mode": "prefill", "speculative_algorithm": "ngram"}, "speculative"),
+        ({"disaggregation_transfer_backend": "nixl"}, "must be one of"),
+    ],
+)
+def test_the_disaggregation_flags_are_checked_at_start_up(options, message):
+    from radixlm.srt.config import ServerConfig, validate
+
+    with pytest.raises(ValueError, match=message):
+        validate(ServerConfig(**options))
+    validate(ServerConfig(disaggregation_mode="prefill"))  # the defaults are valid
