@@ -104,6 +104,10 @@ MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}
 logger = logging.getLogger(__name__)
 
 
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("mooncake",)  # NIXL would be a second entry
+
+
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
@@ -297,6 +301,32 @@ class ServerConfig:
         120.0, "a collective that waits longer than this fails and takes the server down"
     )
     num_threads: int | None = _opt(None, "CPU: torch intra-op threads (default: all cores)")
+    # prefill-decode disaggregation (srt/disaggregation/; docs/operations/disaggregation.md)
+    disaggregation_mode: str = _opt(
+        "null",
+        "prefill or decode: this server is one side of a prefill-decode pair behind "
+        "sglang-router's PD mode (requests carry bootstrap_host/port/room); null: a whole server",
+        DISAGGREGATION_MODES,
+    )
+    disaggregation_bootstrap_port: int = _opt(
+        8998, "prefill: the port where decode workers reach this worker (give it to the router)"
+    )
+    disaggregation_transfer_backend: str = _opt(
+        "mooncake", "the KV transfer engine (Mooncake's transfer engine)", TRANSFER_BACKENDS
+    )
+    disaggregation_transport: str = _opt(
+        "tcp",
+        "the transfer engine's transport: tcp, or rdma where RDMA devices exist",
+        ("tcp", "rdma"),
+    )
+    disaggregation_ib_device: str | None = _opt(
+        None, "rdma: the RDMA device names (comma-separated); default: every device found"
+    )
+    disaggregation_transfer_timeout_s: float = _opt(
+        30.0,
+        "a request whose KV transfer has not completed after this long fails on both sides "
+        "and frees its slots",
+    )
     # server
     host: str = _opt("127.0.0.1", "HTTP host")
     port: int = _opt(30000, "HTTP port")
@@ -507,6 +537,7 @@ def validate(cfg: ServerConfig) -> None:
     _validate_kv_cache_scales(cfg)
     _validate_hicache(cfg)
     _validate_speculative(cfg)
+    _validate_disaggregation(cfg)
     _validate_parallel(cfg)
     if cfg.enable_mixed_chunk and cfg.disable_mixed_chunk:
         raise ValueError("give at most one of enable_mixed_chunk and disable_mixed_chunk")
@@ -696,6 +727,27 @@ def _validate_parallel(cfg: ServerConfig) -> None:
         raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
     if not (cfg.dist_timeout_s > 0 and math.isfinite(cfg.dist_timeout_s)):
         raise ValueError(f"dist_timeout_s must be a finite number > 0, got {cfg.dist_timeout_s}")
+
+
+def _validate_disaggregation(cfg: ServerConfig) -> None:
+    if cfg.disaggregation_mode == "null":
+        return
+    if not 0 < cfg.disaggregation_bootstrap_port < 65536:
+        raise ValueError(
+            f"disaggregation_bootstrap_port must be in [1, 65535], got "
+            f"{cfg.disaggregation_bootstrap_port}"
+        )
+    if not (cfg.disaggregation_transfer_timeout_s > 0):
+        raise ValueError(
+            f"disaggregation_transfer_timeout_s must be > 0, got "
+            f"{cfg.disaggregation_transfer_timeout_s}"
+        )
+    if cfg.tp_size > 1:
+        raise ValueError("disaggregation_mode needs tp_size 1 (one KV pool per worker) for now")
+    if cfg.speculative_algorithm != "none":
+        raise ValueError("disaggregation_mode does not run with speculative decoding yet")
+    if cfg.enable_hierarchical_cache:
+        raise ValueError("disaggregation_mode does not run with the hierarchical cache yet")
 
 
 def _validate_hicache(cfg: ServerConfig) -> None:

@@ -61,6 +61,11 @@ class TokenizedGenerateReq:
     # W3C trace context of the request's root span (srt/observability/tracing.py); None: the
     # request is not traced
     trace_context: dict[str, str] | None = None
+    # prefill-decode disaggregation (SGLang's fields, as sglang-router's PD mode sends them):
+    # the prefill worker's bootstrap host and port and the pair's room; None: a whole request
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 @dataclass

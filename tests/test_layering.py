@@ -15,7 +15,8 @@ layer unit(s)                         what it may import (besides lower layers' 
 3     srt.server, srt.engine          the two front ends: HTTP process, in-process engine
 4     srt.managers                    tokenizer manager, detokenizer, the scheduler process
 5     srt.scheduler                   event loop, admission, KV manager, grammar manager
-6     srt.speculative                 drafters (n-gram, draft model) the scheduler verifies
+6     srt.speculative,                drafters (n-gram, draft model) the scheduler verifies;
+      srt.disaggregation              KV transfer engines and the prefill-decode handshake
 7     srt.executor                    model runner, forward batch, KV pools, CUDA graphs
 8     srt.models                      architectures and weight loaders (kernels only)
 9     srt.messages, srt.sampling,     wire messages; sampling params and sampler; tool-call
@@ -69,7 +70,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("srt.server", "srt.engine"),
     ("srt.managers",),
     ("srt.scheduler",),
-    ("srt.speculative",),
+    ("srt.speculative", "srt.disaggregation"),
     ("srt.executor",),
     ("srt.models",),
     ("srt.messages", "srt.sampling", "srt.parsers", "srt.distributed", "srt.observability"),

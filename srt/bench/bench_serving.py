@@ -466,7 +466,9 @@ def run_rate(
 
 
 def fit_context(url: str, reqs: list[BenchRequest]) -> list[BenchRequest]:
-    """The requests clipped to the server's context (prompt + output); says how many were."""
+    """The requests clipped to the server's context (prompt + output); says how many were.
+    ``url`` is a server, or a worker behind the router (a router in PD mode has no
+    ``/server_info``)."""
     info = httpx.get(url + "/server_info", timeout=30).json()
     limit = int(info["max_req_input_len"]) + 1
     reqs, clipped = clip_to_context(reqs, limit)
@@ -486,7 +488,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rates: list[float] = []
     args.timeline_offset = 0
     with server_url(args, server_args) as url:
-        reqs = fit_context(url, build_requests(args, load_tokenizer(args, url)))
+        info_url = args.worker_urls[0] if args.worker_urls else url
+        reqs = fit_context(info_url, build_requests(args, load_tokenizer(args, info_url)))
         best = best_hit_rate(reqs) if args.dataset_name not in ("random", "sharegpt-like") else None
         warm_up(url, reqs)
         if args.step_timeline and Path(args.step_timeline).exists():  # not the warm-up's steps

@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from radixlm.srt.managers.request_checks import (
+    check_bootstrap,
     check_cache_salt,
     check_lengths,
     check_logprob_args,
@@ -46,12 +47,16 @@ class ModelLimits:
     vocab_size: int
     context_length: int
     max_total_tokens: int  # tokens the KV pool holds
+    disaggregation_mode: str = "null"  # prefill | decode: bootstrap fields are taken
 
     @classmethod
     def from_info(cls, info: Mapping[str, Any]) -> ModelLimits:
         """From the scheduler's ``ready_info()``."""
         return cls(
-            int(info["vocab_size"]), int(info["context_length"]), int(info["max_total_tokens"])
+            int(info["vocab_size"]),
+            int(info["context_length"]),
+            int(info["max_total_tokens"]),
+            str(info.get("disaggregation_mode", "null")),
         )
 
 
@@ -148,6 +153,9 @@ class FrontDoor:
         stream: bool = False,
         priority: int | None = None,
         cache_salt: str | None = None,
+        bootstrap_host: str | None = None,
+        bootstrap_port: int | None = None,
+        bootstrap_room: int | None = None,
     ) -> TokenizedGenerateReq:
         """The scheduler's message for one sequence (``n`` samples are sent as n messages)
         after the length and logprob checks; ``input_ids`` and ``params`` come from this
@@ -161,6 +169,15 @@ class FrontDoor:
                 "priority",
             )
         limits = self.limits
+        check_bootstrap(limits.disaggregation_mode, bootstrap_host, bootstrap_port, bootstrap_room)
+        if bootstrap_room is not None and return_logprob:
+            raise GenerateError(
+                "return_logprob is not supported with prefill-decode disaggregation yet (the "
+                "first token's logprobs stay on the prefill worker)",
+                400,
+                "return_logprob",
+                "unsupported_parameter",
+            )
         if params.max_new_tokens == UP_TO_CONTEXT:  # max_new_tokens: null
             left = max(limits.context_length - len(input_ids), 0)
             params = params.replace(max_new_tokens=max(left, params.min_new_tokens))
@@ -184,6 +201,9 @@ class FrontDoor:
             grammar_kind=grammar_kind(params),
             priority=priority,
             cache_salt=check_cache_salt(cache_salt),
+            bootstrap_host=bootstrap_host,
+            bootstrap_port=bootstrap_port,
+            bootstrap_room=bootstrap_room,
         )
 
     def prepare(

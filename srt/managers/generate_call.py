@@ -34,6 +34,9 @@ __all__ = [
 
 # The most sequences (prompts x n) one server request may ask for.
 MAX_SEQUENCES_PER_REQUEST = 1024
+# per-sequence fields of prefill-decode disaggregation (sglang-router's PD mode sends one value
+# for one sequence, else a list of one per sequence)
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 # per-prompt fields: one value for every prompt, or a list of one per prompt (null: the default)
 PER_PROMPT_DEFAULTS: dict[str, Any] = {
     "return_logprob": False,
@@ -63,6 +66,10 @@ class GenerateCall:
     priority: int | None = None
     cache_salt: str | list[str] | None = None  # one for every prompt, or one per prompt
     external_trace_header: dict[str, Any] | None = None  # W3C carrier: the trace's parent
+    # prefill-decode disaggregation: one value, or one per sequence (prompts x n, in order)
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> GenerateCall:
@@ -77,6 +84,7 @@ _SHARED = tuple(
     if f.name in {g.name for g in dataclasses.fields(GenerateCall)}
     and f.name not in {"text", "input_ids", "sampling_params", "rid", "token_ids_logprob"}
     and f.name not in PER_PROMPT_DEFAULTS
+    and f.name not in BOOTSTRAP_FIELDS
 )
 
 
@@ -123,10 +131,34 @@ def split_call(call: GenerateCall, capped: bool = True) -> tuple[list[GenerateIn
                     **shared,
                 )
             )
+    _spread_bootstrap(call, inputs)
     rids = [inp.rid for inp in inputs if inp.rid is not None]
     if len(set(rids)) != len(rids):
         raise GenerateError("rids must be unique within a batch", 400, "rid")
     return inputs, is_batch
+
+
+def _spread_bootstrap(call: GenerateCall, inputs: list[GenerateInput]) -> None:
+    """Gives each sequence its bootstrap fields: a list has one entry per sequence; a single
+    value serves a single sequence only (two sequences never share a room)."""
+    for name in BOOTSTRAP_FIELDS:
+        value = getattr(call, name)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            if len(inputs) > 1 and name == "bootstrap_room":
+                raise GenerateError(
+                    f"bootstrap_room needs one room per sequence; this request has {len(inputs)}",
+                    400,
+                    name,
+                )
+            value = [value] * len(inputs)
+        if len(value) != len(inputs):
+            raise GenerateError(
+                f"{name} has {len(value)} entries for {len(inputs)} sequences", 400, name
+            )
+        for inp, v in zip(inputs, value, strict=True):
+            setattr(inp, name, v)
 
 
 def _pick(value: Any, i: int, n: int, name: str, default: Any = None) -> Any:

@@ -41,6 +41,11 @@ class GenerateInput:
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
     # SGLang's field: a W3C carrier (traceparent) parenting the request's trace when traced
     external_trace_header: dict[str, Any] | None = None
+    # prefill-decode disaggregation (SGLang's fields; a prefill or decode worker only): the
+    # prefill worker's bootstrap address and the pair's room, one per sequence
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
     @property
     def continues_session(self) -> bool:

@@ -149,3 +149,39 @@ def sampling_param_named(message: str) -> str | None:
 def sample_seed(seed: int, index: int) -> int:
     """The seed of sample ``index`` of a seeded n > 1 request (stays in the valid range)."""
     return (seed + index) % (MAX_SEED + 1)
+
+
+MAX_BOOTSTRAP_ROOM = 2**64 - 1  # sglang-router draws rooms as unsigned 64-bit integers
+
+
+def check_bootstrap(mode: str, host: str | None, port: int | None, room: int | None) -> None:
+    """The bootstrap fields of prefill-decode disaggregation: refused on a whole server (its
+    ``--disaggregation-mode`` is null); on a prefill or decode worker all three or none (a
+    request without them runs whole there)."""
+    given = {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
+    named = [k for k, v in given.items() if v is not None]
+    if not named:
+        return
+    if mode == "null":
+        raise GenerateError(
+            f"{named[0]} is for prefill-decode disaggregation; this server is not a prefill or "
+            "decode worker (start it with --disaggregation-mode prefill or decode)",
+            400,
+            named[0],
+            "unsupported_parameter",
+        )
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+        raise GenerateError(f"{missing[0]} is needed with {named[0]}", 400, missing[0])
+    if type(host) is not str or not host:
+        raise GenerateError("bootstrap_host must be a non-empty string", 400, "bootstrap_host")
+    if type(port) is not int or not 0 < port < 65536:
+        raise GenerateError(
+            f"bootstrap_port must be a port number, got {port!r}", 400, "bootstrap_port"
+        )
+    if type(room) is not int or not 0 <= room <= MAX_BOOTSTRAP_ROOM:
+        raise GenerateError(
+            f"bootstrap_room must be an unsigned 64-bit integer, got {room!r}",
+            400,
+            "bootstrap_room",
+        )

@@ -102,6 +102,7 @@ def ready_info(s: Scheduler) -> dict[str, Any]:
         "kv_scales": r.kv_pool.scales_info(),  # {"k": [...], "v": [...]} per layer; None: not fp8
         "attention_backend": r.attn_backend.name,
         "eos_token_ids": sorted(s.stop_checker.eos_token_ids),
+        "disaggregation_mode": s.disagg.mode,
     }
 
 
@@ -133,6 +134,9 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         info["speculative"] = s.spec.info()
     s.retention.expire()
     info["session_retention"] = s.retention.info()
+    disagg = s.disagg.info()  # transfers of a prefill or decode worker
+    if disagg is not None:
+        info["disaggregation"] = disagg
     return info
 
 

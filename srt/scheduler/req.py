@@ -53,6 +53,13 @@ class Req:
     cache_salt: str | None = None  # the prefix cache's namespace: shares only with the same
     retain_key: str | None = None  # a session turn: its prefix is held under this key after
 
+    # prefill-decode disaggregation (scheduler/disaggregation.py): the prefill worker's
+    # bootstrap address and the pair's room, as the router sent them; None: a whole request
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+    disagg_done: bool = False  # the prefill worker has taken this request's KV hand-off
+
     # queue order (queue_order.py): priority as given (None: the lowest), the caller's
     # namespace, and the arrival number (FCFS within a priority; kept across retractions)
     priority: int | None = None

@@ -47,6 +47,7 @@ from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.cache_factory import make_kv_manager
 from radixlm.srt.scheduler.control import handle_control
+from radixlm.srt.scheduler.disaggregation import make_role
 from radixlm.srt.scheduler.failures import check_fits, internal_error, reject_unembeddable
 from radixlm.srt.scheduler.grammar_manager import GrammarManager
 from radixlm.srt.scheduler.grammar_queue import grammar_spec
@@ -127,6 +128,8 @@ class Scheduler:
         self.traces = SchedulerTraces(make_tracer(TraceSettings.from_config(cfg), "scheduler"))
         self.profiler = StepProfiler(r.device.type == "cuda", torch_profiler_dir(cfg))
         self.timeline = StepTimeline.from_env()  # RADIXLM_STEP_TIMELINE: a record per step
+        # prefill-decode disaggregation: NullRole on a whole server (disaggregation.py)
+        self.disagg = make_role(cfg, r, self.kv)
 
     # ---------------------------------------------------------------- messages
     def handle(self, msg: Any) -> ControlReply | None:
@@ -165,6 +168,9 @@ class Scheduler:
             arrival_time=time.monotonic(),
             cache_salt=msg.cache_salt,
             retain_key=msg.retain_key,
+            bootstrap_host=msg.bootstrap_host,
+            bootstrap_port=msg.bootstrap_port,
+            bootstrap_room=msg.bootstrap_room,
         )
         self.num_arrivals += 1
         self.live.add(req)
@@ -177,6 +183,8 @@ class Scheduler:
             if req in self.waiting:
                 self.waiting.remove(req)
             self._finish_between_steps(req, internal_error(e))
+        if req.is_finished:  # refused: a prefill worker tells the decode worker at once
+            self.disagg.on_retire(req)
 
     def _queue(self, req: Req, msg: TokenizedGenerateReq) -> None:
         try:
@@ -196,9 +204,19 @@ class Scheduler:
         if spec is not None:
             self.grammars.queue.submit(req, spec)  # joins self.waiting once compiled
         else:
-            self.waiting.append(req)
+            self._enqueue(req)
         # a disk tier starts reading
         req.prefetch = self.cache.prefetch(req.prompt_ids, req.cache_salt)
+
+    def _enqueue(self, req: Req) -> None:
+        """A request ready for admission waits in ``waiting``, or with the disaggregation role
+        (a decode worker receives its prompt's KV instead of prefilling it)."""
+        if self.disagg.on_queued(req):
+            return
+        if req.is_finished:  # refused by the role
+            self.finished_outside_step.append(req)
+        else:
+            self.waiting.append(req)
 
     def _passes_gate(self, req: Req) -> bool:
         """Whether ``req`` may wait for admission (queue_gate.py); a refused request, or a
@@ -249,6 +267,9 @@ class Scheduler:
         if self.chunked is not None and hit(self.chunked):
             req, self.chunked = self.chunked, None
             self._finish_between_steps(req, reason)
+        for req in self.disagg.abort(hit):  # the role frees (or drains) their slots
+            req.finish(reason)
+            self.finished_outside_step.append(req)
 
     def _finish_between_steps(self, req: Req, reason: dict) -> None:
         """Finishes ``req`` outside a batch (abort, the last retracted request); the next
@@ -273,6 +294,7 @@ class Scheduler:
             or self.finished_outside_step
             or self.grammars.queue.has_pending()
             or self.inflight is not None
+            or self.disagg.has_work()
         )
 
     def ready_info(self) -> dict[str, Any]:
@@ -286,6 +308,7 @@ class Scheduler:
         self.settle()
         self.cache.close()
         self.spec.close()
+        self.disagg.close()
 
     def check_idle(self) -> bool:
         """The leak invariant, and no request state left; only meaningful when nothing runs."""
@@ -299,7 +322,7 @@ class Scheduler:
         self.timeline.begin(self)
         self._admit_compiled_grammars()
         self.retention.expire()
-        touched: list[Req] = []
+        touched: list[Req] = self._poll_disaggregation()
         if self.inflight is not None and not self._can_chain_decode():
             touched += self._resolve_inflight()
         batch, is_prefill = None, False
@@ -342,8 +365,23 @@ class Scheduler:
         finish with their 400 error."""
         ready, failed = self.grammars.queue.poll()
         self.grammars.prefetch_first_rows(ready)
-        self.waiting.extend(ready)
+        for req in ready:
+            self._enqueue(req)
         self.finished_outside_step += self._retire(failed)  # only disk reads, if any
+
+    def _poll_disaggregation(self) -> list[Req]:
+        """KV transfers that completed or failed since the last step (disaggregation.py): a
+        decode worker's request whose prompt KV arrived takes its first token and runs."""
+        arrived, failed = self.disagg.poll()  # the failed ones hold nothing of the pool
+        touched = []
+        for req, tok in arrived:
+            self.settle()
+            self._take_token(req, tok)
+            if not req.is_finished:
+                self.kv.cache_chunk(req)  # the prompt is shared with later requests here too
+                self.running.append(req)
+            touched.append(req)
+        return self._retire(touched) + failed
 
     def _schedule_prefill(self) -> tuple[ScheduledBatch | None, bool]:
         """The step's batch when it prefills (``prefill.py``), and whether it does. A mixed step
@@ -598,7 +636,8 @@ class Scheduler:
                 if req in self.running:
                     self.running.remove(req)
                 self.spec.release(req)
-                self.kv.release(req, keep_in_cache)
+                if not self.disagg.on_retire(req):  # a prefill worker holds KV until sent
+                    self.kv.release(req, keep_in_cache)
                 self.kv.drop_prefetch(req)
                 if req.retain_key is not None and keep_in_cache and req.is_normal_finish:
                     self.retention.hold(req.retain_key, req.fill_ids, req.cache_salt)

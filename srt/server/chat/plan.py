@@ -133,8 +133,28 @@ def expand(
                 stream=req.stream,
                 priority=req.priority,
                 cache_salt=req.cache_salt,
+                **bootstrap_of(req, len(plan.inputs), is_single),
             )
         )
+
+
+def bootstrap_of(req: OpenAISamplingFields, index: int, is_single: bool) -> dict[str, Any]:
+    """The bootstrap fields of the request's ``index``-th sequence (prefill-decode
+    disaggregation): a list holds one per sequence; one value serves every sequence, but two
+    sequences never share a room."""
+    out: dict[str, Any] = {}
+    for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        value = getattr(req, name)
+        if name == "bootstrap_room" and type(value) is int and not is_single:
+            raise GenerateError("bootstrap_room needs one room per sequence (a list)", 400, name)
+        if isinstance(value, list):
+            if index >= len(value):
+                raise GenerateError(
+                    f"{name} has {len(value)} entries; this request has more sequences", 400, name
+                )
+            value = value[index]
+        out[name] = value
+    return out
 
 
 # ---------------------------------------------------------------------- chat

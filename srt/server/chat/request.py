@@ -60,6 +60,11 @@ class OpenAISamplingFields(SGLangSamplingExtras):
     # vLLM's and SGLang's: cached prefixes are shared only between requests with the same
     # salt, in every KV tier ("" or null: no salt); checked by the front door
     cache_salt: str | None = None
+    # prefill-decode disaggregation (sglang-router's PD mode): one value, or one per choice;
+    # taken by prefill and decode workers only (the front door refuses them elsewhere)
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class JsonSchemaFormat(StrictBody):

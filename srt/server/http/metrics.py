@@ -41,6 +41,15 @@ SPECULATIVE_GAUGES = {
     "num_proposed_tokens": "Draft tokens verified (cumulative)",
     "num_accepted_tokens": "Draft tokens accepted (cumulative)",
 }
+# prefill-decode disaggregation figures of the scheduler's server_info (prefill and decode
+# workers only), exported as gauges
+DISAGGREGATION_GAUGES = {
+    "pending_transfers": "KV transfers waiting or in progress",
+    "num_transfers": "KV transfers completed (cumulative)",
+    "num_transfer_failures": "KV transfers refused, failed or timed out (cumulative)",
+    "transfer_bytes_total": "KV bytes written to decode workers (cumulative)",
+    "transfer_bytes_per_s": "KV bytes per second of the transfer engine's writes (since start)",
+}
 
 
 class ServerMetrics:
@@ -81,6 +90,9 @@ class ServerMetrics:
         self.hicache = {key: gauge(f"hicache_{key}", doc) for key, doc in HICACHE_GAUGES.items()}
         self.speculative = {
             key: gauge(f"speculative_{key}", doc) for key, doc in SPECULATIVE_GAUGES.items()
+        }
+        self.disaggregation = {
+            key: gauge(f"disaggregation_{key}", doc) for key, doc in DISAGGREGATION_GAUGES.items()
         }
         # MoE models: tokens routed to each expert (cumulative) and each layer's imbalance
         self.expert_tokens = Gauge(
@@ -128,7 +140,12 @@ class ServerMetrics:
         self.kv_used.set(used)
         self.kv_cached.set(evictable)
         self.kv_usage.set(used / total if total else 0.0)
-        for section, gauges in (("hicache", self.hicache), ("speculative", self.speculative)):
+        sections = (
+            ("hicache", self.hicache),
+            ("speculative", self.speculative),
+            ("disaggregation", self.disaggregation),
+        )
+        for section, gauges in sections:
             figures = info.get(section) or {}
             for key, g in gauges.items():
                 value = figures.get(key)

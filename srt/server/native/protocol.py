@@ -16,13 +16,16 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   requests with the same salt, in every KV tier; "" or null: no salt), ``data_parallel_rank`` / ``routed_dp_rank`` (this server is data-parallel
   rank 0: 0 or null only) and ``model`` (routers add it: null or a name of the served model,
   else a 404), ``external_trace_header`` (with ``--enable-trace``: a W3C carrier, the
-  request's trace parent when no ``traceparent`` header came);
+  request's trace parent when no ``traceparent`` header came), ``bootstrap_host``,
+  ``bootstrap_port``, ``bootstrap_room`` (prefill-decode disaggregation, as sglang-router's PD
+  mode sends them: on a ``--disaggregation-mode prefill`` or ``decode`` worker only, a 400
+  naming the field on a whole server; one value, or a list of one per sequence);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
   ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``,
   ``received_time`` (routing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
-  processors, hidden states, routed experts, disaggregation, extra keys,
+  processors, hidden states, routed experts, disaggregation pair keys and other PD topologies, extra keys,
   sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
   its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
 
@@ -70,8 +73,8 @@ UNSUPPORTED_NATIVE: dict[str, OffValues] = {
         (
             "image_data", "video_data", "audio_data", "input_embeds", "mm_hashes",
             "mm_content_hashes", "video_config", "modalities", "lora_path",
-            "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
-            "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+            "lora_id", "custom_logit_processor", "positional_embed_overrides",
+            "bootstrap_pair_key", "decode_tp_size",
             "disagg_prefill_dp_rank", "http_worker_ipc", "max_thinking_tokens", "extra_key",
             "num_items_assigned", "encoder_urls", "max_dynamic_patch",
             "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
@@ -138,6 +141,10 @@ class GenerateReqInput(StrictBody):
     return_prompt_token_ids: bool = False
     cache_salt: str | list[str] | None = None  # checked by the front door
     data_parallel_rank: int | None = None
+    # prefill-decode disaggregation (checked by the front door: managers/request_checks.py)
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
     routed_dp_rank: int | None = None
     priority: int | None = None
     model: str | None = None

@@ -137,3 +137,48 @@ def test_the_wire_message(door):
     assert msg.input_ids == door.tokenizer.encode("Hello world")
     wire = SamplingParams.from_wire(json.loads(json.dumps(msg.sampling_params)))
     assert wire == params.replace(n=1) and wire.logit_bias_by_id == {5: 2.0}
+
+
+# ---------------------------------------------------------------- disaggregation's fields
+BOOTSTRAP = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 2**64 - 1}
+
+
+def test_bootstrap_fields_are_refused_on_a_whole_server(door):
+    params = SamplingParams()
+    err = refusal(door.admit, "r", [1, 2], params, bootstrap_room=3)
+    assert err.param == "bootstrap_room" and "--disaggregation-mode" in str(err)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_bootstrap_fields_travel_to_the_scheduler_on_a_pd_worker(mode):
+    door = FrontDoor(make_tokenizer(), ModelLimits(VOCAB, CONTEXT, POOL, mode))
+    msg = door.admit("r", [1, 2], SamplingParams(), **BOOTSTRAP)
+    back = decode(encode(msg))
+    assert (back.bootstrap_host, back.bootstrap_port, back.bootstrap_room) == (
+        "127.0.0.1",
+        8998,
+        2**64 - 1,
+    )
+    assert door.admit("r", [1, 2], SamplingParams()).bootstrap_room is None  # runs whole
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"bootstrap_room": 1}, "bootstrap_host"),
+        ({**BOOTSTRAP, "bootstrap_port": 0}, "bootstrap_port"),
+        ({**BOOTSTRAP, "bootstrap_room": -1}, "bootstrap_room"),
+        ({**BOOTSTRAP, "bootstrap_room": 2**64}, "bootstrap_room"),
+        ({**BOOTSTRAP, "bootstrap_host": ""}, "bootstrap_host"),
+    ],
+)
+def test_bootstrap_fields_are_checked_on_a_pd_worker(fields, param):
+    door = FrontDoor(make_tokenizer(), ModelLimits(VOCAB, CONTEXT, POOL, "decode"))
+    assert refusal(door.admit, "r", [1, 2], SamplingParams(), **fields).param == param
+
+
+def test_logprobs_are_refused_with_bootstrap_fields_for_now():
+    door = FrontDoor(make_tokenizer(), ModelLimits(VOCAB, CONTEXT, POOL, "decode"))
+    err = refusal(door.admit, "r", [1, 2], SamplingParams(), return_logprob=True, **BOOTSTRAP)
+    assert err.param == "return_logprob"
+    assert door.admit("r", [1, 2], SamplingParams(), return_logprob=True).return_logprob

@@ -92,3 +92,29 @@ def test_a_call_is_read_from_fields_by_name_and_the_engine_shapes_are_checked() 
         engine_prompts(None, [[1], []], None)
     with pytest.raises(GenerateError, match="got 1 sampling_params for 2 prompts"):
         engine_prompts(None, [[1], [2]], [{}])
+
+
+def test_bootstrap_fields_are_spread_one_per_sequence() -> None:
+    # sglang-router's PD mode: one value for one sequence, a list of one per sequence else
+    call = GenerateCall(text="a", bootstrap_host="h", bootstrap_port=9, bootstrap_room=7)
+    (one,), _ = split_call(call)
+    assert (one.bootstrap_host, one.bootstrap_port, one.bootstrap_room) == ("h", 9, 7)
+    call = GenerateCall(
+        text=["a", "b"],
+        sampling_params={"n": 2},
+        bootstrap_host=["h"] * 4,
+        bootstrap_port=9,
+        bootstrap_room=[1, 2, 3, 4],
+    )
+    inputs, _ = split_call(call)
+    assert [i.bootstrap_room for i in inputs] == [1, 2, 3, 4]
+    assert {i.bootstrap_port for i in inputs} == {9}
+    assert split_call(GenerateCall(text="a"))[0][0].bootstrap_room is None
+
+
+def test_a_bootstrap_room_is_never_shared_by_two_sequences() -> None:
+    call = GenerateCall(text=["a", "b"], bootstrap_room=5)
+    assert refusal(split_call, call).param == "bootstrap_room"
+    call = GenerateCall(text=["a", "b"], sampling_params={"n": 2}, bootstrap_room=[1, 2])
+    err = refusal(split_call, call)
+    assert err.param == "bootstrap_room" and "2 entries for 4 sequences" in str(err)
