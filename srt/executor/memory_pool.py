@@ -40,7 +40,7 @@ import contextlib
 import math
 import mmap
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -370,7 +370,7 @@ class TokenSlotAllocator:
         self.device = device
         num_pages = max_total_tokens // page_size
         # free page ids; page p covers slots 1 + p*page_size ... (p+1)*page_size
-        self._free_pages: list[int] = list(range(num_pages - 1, -1, -1))
+        self._free_pages = FreePages(num_pages)
         self._pending: deque[HostReadback] = deque()  # freed slots still on their way to the host
 
     def available_size(self) -> int:
@@ -426,5 +426,40 @@ class TokenSlotAllocator:
 
     def check_integrity(self) -> None:
         self.collect_freed()
-        assert len(set(self._free_pages)) == len(self._free_pages), "page freed twice"
+        self._free_pages.check()
         assert len(self._free_pages) * self.page_size <= self.max_total_tokens
+
+
+class FreePages:
+    """The free page ids as a stack: pages given back are handed out again first (last in,
+    first out), then the pages never handed out, in ascending order. Those are a range, not a
+    list: a CPU pool sized by its memory budget has millions of pages (a list of them took
+    seconds to build and a hundred MiB to hold)."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self.next_fresh = 0  # pages next_fresh .. num_pages - 1 were never handed out
+        self.returned: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.returned) + self.num_pages - self.next_fresh
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(self.num_pages - 1, self.next_fresh - 1, -1)
+        yield from self.returned
+
+    def pop(self) -> int:
+        if self.returned:
+            return self.returned.pop()
+        if self.next_fresh == self.num_pages:
+            raise IndexError("pop from an empty page stack")
+        self.next_fresh += 1
+        return self.next_fresh - 1
+
+    def extend(self, pages: Iterable[int]) -> None:
+        self.returned.extend(pages)
+
+    def check(self) -> None:
+        """Every free page once: none given back twice, none given back unhanded."""
+        assert len(set(self.returned)) == len(self.returned), "page freed twice"
+        assert all(0 <= p < self.next_fresh for p in self.returned), "a free page freed"

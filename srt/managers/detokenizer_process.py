@@ -18,6 +18,7 @@ from radixlm.srt.managers.scheduler_process import (
     POLL_INTERVAL_MS,
     ChildLifecycle,
     IpcEndpoints,
+    exit_cleanly,
     report_failure,
     report_ready,
 )
@@ -105,3 +106,4 @@ def run_detokenizer_process(
         sys.exit(1)
     report_ready(ready_conn, {})
     loop.run()
+    exit_cleanly()

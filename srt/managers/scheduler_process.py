@@ -238,6 +238,24 @@ def run_scheduler_process(
         sys.exit(1)
     report_ready(ready_conn, scheduler.ready_info())
     loop.run()
+    exit_cleanly()
+
+
+def exit_cleanly() -> None:
+    """Ends a child whose loop returned (its work done, its sockets closed) with code 0: the
+    exit handlers run (an OpenTelemetry exporter sends its last spans) and the logs and standard
+    streams are flushed, but the interpreter's teardown is skipped (seconds of torch and Triton
+    finalisation that the parent's stop would wait for, past its timeout on a busy machine)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def run_follower_process(

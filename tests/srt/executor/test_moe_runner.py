@@ -80,21 +80,32 @@ def test_greedy_ids_equal_transformers(name, tmp_path, tokenizer):
     assert f'radixlm_moe_expert_imbalance{{layer="{layer}",model_name="tiny"}}' in text
 
 
+EP_CASES = [
+    ("qwen2_moe_shared", 2),
+    ("olmoe_clip_qkv", 2),
+    ("qwen3_moe_mixed", 1),
+    ("gpt_oss", 1),  # heads (and their sinks) and every expert's features split
+]
+
+
+@pytest.fixture(scope="module")
+def ep_results(tmp_path_factory, tokenizer):
+    """Every case through one launch of two ranks (one model runner per case on the same process
+    group): the ranks' results by case."""
+    jobs = []
+    for name, ep_size in EP_CASES:
+        folder = _write(name, tmp_path_factory.mktemp(name) / "model", tokenizer)
+        jobs.append((folder, {"ep_size": ep_size}))
+    out = tmp_path_factory.mktemp("ranks")
+    return dict(zip(EP_CASES, tp_harness.run_jobs(jobs, out, tp_size=2), strict=True))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "ep_size"),
-    [
-        ("qwen2_moe_shared", 2),
-        ("olmoe_clip_qkv", 2),
-        ("qwen3_moe_mixed", 1),
-        ("gpt_oss", 1),  # heads (and their sinks) and every expert's features split
-    ],
-)
-def test_expert_parallel_equals_one_rank(name, ep_size, tmp_path, tokenizer):
+@pytest.mark.parametrize(("name", "ep_size"), EP_CASES)
+def test_expert_parallel_equals_one_rank(name, ep_size, ep_results):
     """ep_size 2: each rank holds 4 whole experts; ep_size 1: each rank holds half of every
     expert's features. Either way one all-reduce per block; the result is TP=1's."""
-    folder = _write(name, tmp_path / "model", tokenizer)
-    results = tp_harness.run_ranks(folder, tmp_path, tp_size=2, ep_size=ep_size)
+    results = ep_results[(name, ep_size)]
     for r in results:
         assert "error" not in r, r["error"]
         assert r["exitcode"] == 0, r

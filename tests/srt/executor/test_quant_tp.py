@@ -26,23 +26,30 @@ def tokenizer(default_model_dir):
     return AutoTokenizer.from_pretrained(default_model_dir)
 
 
+FORMATS = ["awq_g32", "gptq_channel_v2", "ct_int4_g128", "fp8_block", "fp8_tensor_static"]
+
+
+@pytest.fixture(scope="module")
+def tp_results(tmp_path_factory, tokenizer):
+    """Every format's checkpoint through one launch of two ranks (one model runner per format on
+    the same process group): the ranks' results by format."""
+    jobs = []
+    for fmt in FORMATS:
+        root = tmp_path_factory.mktemp(fmt)
+        folder, _ = write_quantised(
+            fmt, root / "q", root / "ref", vocab_size=len(tokenizer), max_position_embeddings=512
+        )
+        tokenizer.save_pretrained(folder)
+        # the load-time accuracy check is not what this test is about
+        jobs.append((folder, {"quantization_check": "off"}))
+    out = tmp_path_factory.mktemp("ranks")
+    return dict(zip(FORMATS, tp_harness.run_jobs(jobs, out, tp_size=2, timeout_s=600), strict=True))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "fmt", ["awq_g32", "gptq_channel_v2", "ct_int4_g128", "fp8_block", "fp8_tensor_static"]
-)
-def test_tp2_equals_tp1(fmt, tmp_path, tokenizer):
-    folder, _ = write_quantised(
-        fmt,
-        tmp_path / "q",
-        tmp_path / "ref",
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-    )
-    tokenizer.save_pretrained(folder)
-    # the load-time accuracy check is not what this test is about
-    results = tp_harness.run_ranks(
-        folder, tmp_path, tp_size=2, timeout_s=300, quantization_check="off"
-    )
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tp2_equals_tp1(fmt, tp_results):
+    results = tp_results[fmt]
     for res in results:
         assert res.get("ok"), res.get("error")
     outputs, steps, _ = results[0]["tp"]

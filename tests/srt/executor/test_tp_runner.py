@@ -41,17 +41,24 @@ RUNNER_OPTIONS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def tiny_variant(request, tmp_path_factory, tiny_model_writer, default_model_dir):
-    """(model folder, runner options) of one variant."""
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory, tiny_model_writer, default_model_dir):
+    """Each variant and the default model through one launch of two ranks (one model runner per
+    model on the same process group): the ranks' results by variant name (``"default"``)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
-    shape = dict(VARIANTS[request.param])
-    path = tmp_path_factory.mktemp(request.param)
-    # larger weights than the default init: varied greedy tokens, not one token repeated
-    folder = tiny_model_writer(path, tok, initializer_range=0.2, **shape)
-    return folder, RUNNER_OPTIONS[request.param]
+    jobs = []
+    for name in sorted(VARIANTS):
+        shape = dict(VARIANTS[name])
+        path = tmp_path_factory.mktemp(name)
+        # larger weights than the default init: varied greedy tokens, not one token repeated
+        folder = tiny_model_writer(path, tok, initializer_range=0.2, **shape)
+        jobs.append((folder, RUNNER_OPTIONS[name]))
+    jobs.append((default_model_dir, {}))
+    out = tmp_path_factory.mktemp("ranks")
+    names = [*sorted(VARIANTS), "default"]
+    return dict(zip(names, tp_harness.run_jobs(jobs, out), strict=True))
 
 
 def _check_equal_to_tp1(results: list[dict], tol: float) -> None:
@@ -74,9 +81,10 @@ def _check_equal_to_tp1(results: list[dict], tol: float) -> None:
 
 
 @pytest.mark.slow
-def test_tp2_logits_and_greedy_tokens_equal_tp1(tiny_variant, tmp_path):
-    folder, options = tiny_variant
-    results = tp_harness.run_ranks(folder, tmp_path, **options)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_tp2_logits_and_greedy_tokens_equal_tp1(variant, tp_runs):
+    options = RUNNER_OPTIONS[variant]
+    results = tp_runs[variant]
     _check_equal_to_tp1(results, LOGIT_TOL)
     assert (results[0]["tp"][2] > 0) == ("max_total_tokens" in options)  # retractions happened
     assert len({tuple(ids) for ids in results[0]["tp"][0].values()}) > 1
@@ -120,10 +128,9 @@ def test_single_rank_runner_has_no_followers(tiny_llama_dir):
 
 
 @pytest.mark.slow
-def test_tp2_greedy_equals_tp1_on_the_default_model(default_model_dir, tmp_path):
+def test_tp2_greedy_equals_tp1_on_the_default_model(tp_runs):
     """SmolLM2-135M (9 query heads, 3 KV heads: split 6 + 3): 16 greedy tokens per prompt."""
-    results = tp_harness.run_ranks(default_model_dir, tmp_path)
-    _check_equal_to_tp1(results, 1e-3)
+    _check_equal_to_tp1(tp_runs["default"], 1e-3)
 
 
 @pytest.mark.gpu

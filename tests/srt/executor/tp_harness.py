@@ -103,33 +103,46 @@ def run_workload(scheduler, prompts=PROMPTS, late=LATE_PROMPT, num_tokens=NUM_TO
     return outputs, steps, counter.count
 
 
-def _rank_main(rank: int, model_dir: str, tp_size: int, port: int, out_dir: str, opts: dict):
-    """One rank: rank 0 runs the workload at TP=``tp_size`` then at TP=1; the others follow."""
-    result: dict[str, Any] = {"rank": rank}
-    try:
-        from radixlm.srt.executor.model_runner import ModelRunner
-        from radixlm.srt.scheduler import Scheduler
+def _rank_main(rank: int, jobs: list, tp_size: int, port: int, out_dir: str):
+    """One rank over ``jobs`` (model folder, runner options) in turn, in one process group
+    (joined once): rank 0 runs each job's workload at TP=``tp_size`` then at TP=1; the others
+    follow. Results go to ``job<i>-rank<rank>.pt``; after a failed job the rank stops (its peer
+    then fails in its collective)."""
+    from dataclasses import replace
 
-        cfg = make_config(Path(model_dir), tp_size, port, **opts)
-        runner = ModelRunner(cfg, tp_rank=rank)
-        result["threads"] = torch.get_num_threads()
-        result["kv_heads"] = runner.heads.num_kv_heads
-        result["max_total_tokens"] = runner.max_total_tokens
-        blocks = getattr(runner.model, "sparse_blocks", list)()  # MoE models: the expert split
-        result["expert_shard"] = blocks[0][1].experts.shard if blocks else None
-        if rank == 0:
-            result["tp"] = run_workload(Scheduler(cfg, runner))
-            runner.stop_followers()
-            reference = ModelRunner(make_config(Path(model_dir), 1, port, **opts))
-            result["ref"] = run_workload(Scheduler(reference.cfg, reference))
-        else:
-            start = time.monotonic()
-            runner.follow()
-            result["followed_s"] = time.monotonic() - start
-        result["ok"] = True
-    except BaseException as e:  # reported to the test, which decides
-        result["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    from radixlm.srt.distributed import init_distributed
+    from radixlm.srt.executor.model_runner import ModelRunner
+    from radixlm.srt.scheduler import Scheduler
+
+    group = None
+    for index, (model_dir, opts) in enumerate(jobs):
+        result: dict[str, Any] = {"rank": rank}
+        try:
+            cfg = make_config(Path(model_dir), tp_size, port, **opts)
+            if group is None:
+                group = init_distributed(cfg, rank)
+            tp = replace(group, ep_size=int(getattr(cfg, "ep_size", 1)))
+            runner = ModelRunner(cfg, tp_rank=rank, tp_group=tp)
+            result["threads"] = torch.get_num_threads()
+            result["kv_heads"] = runner.heads.num_kv_heads
+            result["max_total_tokens"] = runner.max_total_tokens
+            blocks = getattr(runner.model, "sparse_blocks", list)()  # MoE models: expert split
+            result["expert_shard"] = blocks[0][1].experts.shard if blocks else None
+            if rank == 0:
+                result["tp"] = run_workload(Scheduler(cfg, runner))
+                runner.stop_followers()
+                reference = ModelRunner(make_config(Path(model_dir), 1, port, **opts))
+                result["ref"] = run_workload(Scheduler(reference.cfg, reference))
+            else:
+                start = time.monotonic()
+                runner.follow()
+                result["followed_s"] = time.monotonic() - start
+            result["ok"] = True
+        except BaseException as e:  # reported to the test, which decides
+            result["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        torch.save(result, Path(out_dir) / f"job{index}-rank{rank}.pt")
+        if not result.get("ok"):
+            break
 
 
 def run_ranks(
@@ -137,10 +150,25 @@ def run_ranks(
 ) -> list[dict[str, Any]]:
     """Runs ``_rank_main`` on ``tp_size`` spawned processes; returns each rank's result dict
     (with its exit code under ``"exitcode"``)."""
+    return run_jobs([(model_dir, opts)], out_dir, tp_size, timeout_s)[0]
+
+
+def run_jobs(
+    jobs: list[tuple[Path, dict[str, Any]]],
+    out_dir: Path,
+    tp_size: int = 2,
+    timeout_s: float = 600,
+) -> list[list[dict[str, Any]]]:
+    """``run_ranks`` for several (model folder, runner options) jobs in one launch of
+    ``tp_size`` processes (each job a model runner of its own on the same process group: the
+    spawn, the imports and the rendezvous are paid once); returns the ranks' result dicts per
+    job. A job that did not run (an earlier one failed) has no result but ``rank`` and
+    ``exitcode``."""
     port = free_port()
+    jobs = [(str(model_dir), dict(opts)) for model_dir, opts in jobs]
     ctx = mp.start_processes(
         _rank_main,
-        args=(str(model_dir), tp_size, port, str(out_dir), opts),
+        args=(jobs, tp_size, port, str(out_dir)),
         nprocs=tp_size,
         join=False,
         start_method="spawn",
@@ -148,16 +176,20 @@ def run_ranks(
     deadline = time.monotonic() + timeout_s
     for p in ctx.processes:
         p.join(max(deadline - time.monotonic(), 1))
-    results = []
-    for rank, p in enumerate(ctx.processes):
+    for p in ctx.processes:
         if p.is_alive():
             p.kill()
             p.join()
-        path = out_dir / f"rank{rank}.pt"
-        res = torch.load(path, weights_only=False) if path.exists() else {"rank": rank}
-        res["exitcode"] = p.exitcode
-        results.append(res)
-    return results
+    per_job = []
+    for index in range(len(jobs)):
+        results = []
+        for rank, p in enumerate(ctx.processes):
+            path = out_dir / f"job{index}-rank{rank}.pt"
+            res = torch.load(path, weights_only=False) if path.exists() else {"rank": rank}
+            res["exitcode"] = p.exitcode
+            results.append(res)
+        per_job.append(results)
+    return per_job
 
 
 def _death_main(rank: int, model_dir: str, port: int, out_dir: str, how: str):
