@@ -504,6 +504,19 @@ class HiRadixCache(RadixCache):
         else:
             self._busy_host_pages.append((self._page_slots(page_id), future))
 
+    def _wait_busy_reads(self) -> None:
+        """Waits for the disk reads still running into host pages whose admission stopped
+        waiting (a cancelled read is done at once) and frees their pages: nothing is left held
+        by the tier after :meth:`reset`."""
+        busy, self._busy_host_pages = self._busy_host_pages, []
+        for slots, fut in busy:
+            if not fut.cancelled():
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - a failed read still gives its page back
+                    pass
+            self.host_pool.free(slots)
+
     def _page_slots(self, page_id: int) -> torch.Tensor:
         ps = self.page_size
         return torch.arange(page_id * ps, (page_id + 1) * ps, dtype=torch.int64)
@@ -585,6 +598,7 @@ class HiRadixCache(RadixCache):
         self._pending_writes = []
         if self.disk is not None:
             self.disk.forget_reads()
+        self._wait_busy_reads()
         self._roots = {None: self._new_root()}
         self._evictable_tokens = 0
 
