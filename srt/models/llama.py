@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from radixlm.kernels import fused, gemv
+from radixlm.kernels import cpu_decode, fused, gemv
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import (
     RMSNorm,
@@ -140,6 +140,9 @@ class LlamaAttention(nn.Module):
                 self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
             )
             v = v.contiguous()
+        elif cpu_decode.serves(qkv) and qkv.stride(-1) == 1:  # one C++ call, in place
+            cpu_decode.rope_inplace(qkv, self.num_heads + self.num_kv_heads, self.head_dim, *rope)
+            q, k, v = self.qkv_proj.split(qkv)  # row-strided views of qkv
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
