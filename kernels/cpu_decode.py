@@ -100,14 +100,15 @@ void rope(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, cons
 template <typename T>
 void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
             const int64_t* seq_lens, const int64_t* out_slots, int64_t batch, const T* q,
-            int64_t q_stride, const T* k_new, const T* v_new, int64_t new_stride, T* k_buf,
+            int64_t q_stride, const T* k_new, const T* v_new, int64_t k_stride, int64_t v_stride,
+            T* k_buf,
             T* v_buf, T* out, int64_t heads, int64_t kv_heads, int64_t d, float scale,
             int64_t window, int threads) {
   const int64_t row = kv_heads * d;  // one slot of a pool buffer
   if (k_new != nullptr) {
     for (int64_t b = 0; b < batch; ++b) {
-      std::memcpy(k_buf + out_slots[b] * row, k_new + b * new_stride, row * sizeof(T));
-      std::memcpy(v_buf + out_slots[b] * row, v_new + b * new_stride, row * sizeof(T));
+      std::memcpy(k_buf + out_slots[b] * row, k_new + b * k_stride, row * sizeof(T));
+      std::memcpy(v_buf + out_slots[b] * row, v_new + b * v_stride, row * sizeof(T));
     }
   }
   const int64_t group = heads / kv_heads;
@@ -190,19 +191,20 @@ void rope_bf16(uint16_t* x, int64_t rows, int64_t row_stride, int64_t heads, int
 void decode_f32(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
                 const int64_t* seq_lens, const int64_t* out_slots, int64_t batch,
                 const float* q, int64_t q_stride, const float* k_new, const float* v_new,
-                int64_t new_stride, float* k_buf, float* v_buf, float* out, int64_t heads,
+                int64_t k_stride, int64_t v_stride, float* k_buf, float* v_buf, float* out, int64_t heads,
                 int64_t kv_heads, int64_t d, float scale, int64_t window, int threads) {
   decode(table, table_stride, req_slots, seq_lens, out_slots, batch, q, q_stride, k_new, v_new,
-         new_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
+         k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
 }
 void decode_bf16(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
                  const int64_t* seq_lens, const int64_t* out_slots, int64_t batch,
                  const uint16_t* q, int64_t q_stride, const uint16_t* k_new,
-                 const uint16_t* v_new, int64_t new_stride, uint16_t* k_buf, uint16_t* v_buf,
+                 const uint16_t* v_new, int64_t k_stride, int64_t v_stride, uint16_t* k_buf,
+                 uint16_t* v_buf,
                  uint16_t* out, int64_t heads, int64_t kv_heads, int64_t d, float scale,
                  int64_t window, int threads) {
   decode(table, table_stride, req_slots, seq_lens, out_slots, batch, q, q_stride, k_new, v_new,
-         new_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
+         k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
 }
 
 }  // extern "C"
@@ -216,7 +218,7 @@ DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _ROPE_ARGS = [_P, _I, _I, _I, _I, _P, _P, _I, ctypes.c_int]
-_DECODE_ARGS = [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I, _P, _P, _P, _I, _I, _I]
+_DECODE_ARGS = [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I]
 _DECODE_ARGS += [ctypes.c_float, _I, ctypes.c_int]
 
 _lock = threading.Lock()
@@ -375,10 +377,10 @@ def decode_attention(
         raise ValueError("decode_attention needs contiguous pool buffers and q's last dim")
     if k_buf.dtype != q.dtype or v_buf.dtype != q.dtype:
         raise ValueError(f"the pool's dtype {k_buf.dtype} must be q's ({q.dtype})")
-    new_stride = 0
+    k_stride = v_stride = 0
     if k_new is not None:
-        assert v_new is not None and k_new.stride() == v_new.stride() and k_new.stride(-1) == 1
-        new_stride = k_new.stride(0)
+        assert v_new is not None and k_new.stride(-1) == 1 and v_new.stride(-1) == 1
+        k_stride, v_stride = k_new.stride(0), v_new.stride(0)
     out = torch.empty((batch.batch, num_heads * d), dtype=q.dtype)
     fn = lib.decode_f32 if q.dtype == torch.float32 else lib.decode_bf16
     req_slots, seq_lens, out_slots = batch.ptrs
@@ -393,7 +395,8 @@ def decode_attention(
         q.stride(0),
         None if k_new is None else k_new.data_ptr(),
         None if v_new is None else v_new.data_ptr(),
-        new_stride,
+        k_stride,
+        v_stride,
         k_buf.data_ptr(),
         v_buf.data_ptr(),
         out.data_ptr(),

@@ -58,8 +58,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 super().plan(fb)
                 self._torch_planned = True
             return super().forward(q, k, v, layer, fb)
-        if k is not None and (
-            k.dtype != q.dtype or k.dim() != 2 or k.stride() != v.stride() or k.stride(-1) != 1
+        if k is not None and any(
+            x.dtype != q.dtype or x.dim() != 2 or x.stride(-1) != 1 for x in (k, v)
         ):  # the kernel copies rows as they are: anything else is written by set_kv
             self.store_kv(k, v, layer, fb)
             k = v = None

@@ -147,9 +147,11 @@ class LlamaAttention(nn.Module):
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, q_size + kv_size :].contiguous()
-        if k is not None:
+        if k is not None and k.dim() != 2:  # (2-D already: no op to issue)
             k = k.reshape(t, kv_size)
-        return fb.attn_backend.forward(q.reshape(t, q_size), k, v, self, fb)
+        if q.dim() != 2:
+            q = q.reshape(t, q_size)
+        return fb.attn_backend.forward(q, k, v, self, fb)
 
 
 class LlamaDecoderLayer(nn.Module):
