@@ -211,7 +211,7 @@ def same_ids_check(contenders: list[Contender], loads, output_len: int) -> None:
 
 def report(contenders: list[Contender], loads) -> None:
     base = contenders[0]
-    print(f"{'workload':<20}{'contender':<26}{'tok/s':>8}{'ms/step':>9}{'vs ' + base.name:>22}")
+    print(f"{'workload':<20}{'contender':<26}{'tok/s':>8}{'ms/step':>9}  vs {base.name}")
     for name, (prompts, n) in loads.items():
         tokens = len(prompts) * n if n > 1 else sum(len(p) for p in prompts)
         rate = {c.name: statistics.median(tokens / f for f, _ in c.times[name]) for c in contenders}
@@ -219,7 +219,7 @@ def report(contenders: list[Contender], loads) -> None:
             steps = [(f - s) / max(n - 1, 1) * 1e3 for f, s in c.times[name]]
             step = f"{statistics.median(steps):>9.2f}" if n > 1 else f"{'-':>9}"
             ratio = rate[c.name] / rate[base.name]
-            print(f"{name:<20}{c.name:<26}{rate[c.name]:>8.1f}{step}{ratio:>21.2f}x")
+            print(f"{name:<20}{c.name:<26}{rate[c.name]:>8.1f}{step}{ratio:>8.2f}x")
     print("(prefill rows: prompt tokens/s; medians over the rounds; a shared machine is noisy)")
 
 
