@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin, get_type_hints
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4", "fp8")

@@ -1,7 +1,9 @@
-"""Picks an attention backend by name: ``auto``, ``torch``, ``triton`` or ``flashinfer``.
+"""Picks an attention backend by name: ``auto``, ``torch``, ``cpu``, ``triton`` or ``flashinfer``.
 
 ``auto`` resolves once at start-up: flashinfer where it imports on a CUDA device (and the model
-has no attention sinks, which it does not implement), else triton on a CUDA device, else torch. The GPU backends import their libraries lazily, so this module
+has no attention sinks, which it does not implement), else triton on a CUDA device; on a CPU,
+cpu where its C++ kernels build (``kernels/cpu_decode.py``), else torch. The GPU backends import
+their libraries lazily, so this module
 imports on any machine.
 """
 
@@ -11,10 +13,12 @@ import os
 
 import torch
 
+from radixlm.kernels import cpu_decode
 from radixlm.kernels.attention.base import AttentionBackend, AttentionVariant
+from radixlm.kernels.attention.cpu_backend import CpuAttentionBackend
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 
-ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton", "flashinfer")
+ATTENTION_BACKEND_NAMES = ("auto", "torch", "cpu", "triton", "flashinfer")
 # head sizes FlashInfer's decode (split-KV state merging) and prefill kernels are built for
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)  # no float32 kernels
@@ -63,6 +67,8 @@ def resolve_attention_backend(
             return "flashinfer"
         if triton_available():
             return "triton"
+    if device.type == "cpu" and cpu_decode.available():
+        return "cpu"
     return "torch"
 
 
@@ -87,6 +93,15 @@ def make_attention_backend(
     resolved = resolve_attention_backend(name, device, head_dim, dtype, sinks)
     if resolved == "torch":
         return TorchAttentionBackend()
+    if resolved == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"the cpu attention backend runs on the CPU only, got {device}")
+        if not cpu_decode.available():
+            raise ValueError(
+                "the cpu attention backend's C++ kernels could not be built (no compiler, or "
+                "RADIXLM_CPU_KERNELS=0); use --attention-backend torch"
+            )
+        return CpuAttentionBackend()
     if resolved == "triton":
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if device.type != "cuda" and not interpreted:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from radixlm.kernels import fused, gemv
+from radixlm.kernels import cpu_decode, fused, gemv
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import (
     RMSNorm,
@@ -141,13 +141,18 @@ class LlamaAttention(nn.Module):
                 self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).flatten(1), rope
             )
             v = v.contiguous()
+        elif cpu_decode.serves(qkv) and qkv.stride(-1) == 1:  # one C++ call, in place
+            cpu_decode.rope_inplace(qkv, self.num_heads + self.num_kv_heads, self.head_dim, *rope)
+            q, k, v = self.qkv_proj.split(qkv)  # row-strided views of qkv
         else:  # q and k are adjacent in qkv: rotate them in one pass
             qk = self.rotary_emb.rotate(qkv[:, : q_size + kv_size], rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, q_size + kv_size :].contiguous()
-        if k is not None:
+        if k is not None and k.dim() != 2:  # (2-D already: no op to issue)
             k = k.reshape(t, kv_size)
-        return fb.attn_backend.forward(q.reshape(t, q_size), k, v, self, fb)
+        if q.dim() != 2:
+            q = q.reshape(t, q_size)
+        return fb.attn_backend.forward(q, k, v, self, fb)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -8,14 +8,21 @@ import pytest
 import torch
 
 from radixlm.kernels.attention import registry
+from radixlm.kernels.attention.cpu_backend import CpuAttentionBackend
 from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
 
 CPU = torch.device("cpu")
 
 
-def test_auto_on_cpu_is_torch():
+def test_auto_on_cpu_is_cpu_where_its_kernels_build_else_torch(monkeypatch):
+    if registry.cpu_decode.available():
+        assert registry.resolve_attention_backend("auto", CPU) == "cpu"
+        assert isinstance(registry.make_attention_backend("auto", CPU), CpuAttentionBackend)
+    monkeypatch.setattr(registry.cpu_decode, "available", lambda: False)
     assert registry.resolve_attention_backend("auto", CPU) == "torch"
     assert isinstance(registry.make_attention_backend("auto", CPU), TorchAttentionBackend)
+    with pytest.raises(ValueError, match="attention-backend torch"):
+        registry.make_attention_backend("cpu", CPU)
 
 
 def test_auto_on_cuda_prefers_flashinfer_then_triton(monkeypatch):
@@ -33,7 +40,7 @@ def test_auto_on_cuda_prefers_flashinfer_then_triton(monkeypatch):
 
 
 def test_explicit_names_are_kept():
-    for name in ("torch", "triton", "flashinfer"):
+    for name in ("torch", "cpu", "triton", "flashinfer"):
         assert registry.resolve_attention_backend(name, CPU) == name
 
 

@@ -35,12 +35,17 @@ def test_resolve_leaves_no_auto_placeholder():
     assert resolve(resolved, head_dim=64) == resolved  # a resolved config stays as it is
 
 
-def test_resolve_on_cpu_picks_torch_float32_and_keeps_explicit_values():
+def test_resolve_on_cpu_picks_the_cpu_backend_float32_and_keeps_explicit_values():
+    from radixlm.kernels import cpu_decode
+
     resolved = resolve(ServerConfig(device="cpu"))
     assert (resolved.device, resolved.dtype, resolved.attention_backend) == (
         "cpu",
         "float32",
-        "torch",
+        "cpu" if cpu_decode.available() else "torch",
+    )
+    assert resolve(ServerConfig(device="cpu", attention_backend="torch")).attention_backend == (
+        "torch"
     )
     explicit = resolve(ServerConfig(device="cpu", dtype="bfloat16"))
     assert explicit.dtype == "bfloat16"
@@ -80,7 +85,8 @@ def test_resolved_config_is_logged_once_without_secrets(caplog, tiny_llama_dir):
         runner = ModelRunner(cfg)
     lines = [r.getMessage() for r in caplog.records if r.name == "radixlm.srt.config"]
     assert len(lines) == 1, lines
-    assert "attention_backend='torch'" in lines[0] and "dtype='float32'" in lines[0]
+    assert f"attention_backend='{runner.attn_backend.name}'" in lines[0]
+    assert "dtype='float32'" in lines[0]
     assert "s3cret" not in lines[0]
     assert _auto_fields(runner.cfg) == []
     assert (runner.device, runner.dtype) == (torch.device("cpu"), torch.float32)

@@ -1,0 +1,410 @@
+"""C++/OpenMP kernels for the CPU forward: rope in place, and paged decode attention.
+
+On a CPU each torch op costs about a microsecond or more to issue from Python, and decode
+attention through torch ops costs one SDPA call per request per layer plus a gather copy of every
+request's cached K/V. Two small kernels replace those paths:
+
+* :func:`rope_inplace` rotates the q and k columns of the QKV projection's output in place
+  (neox halves, the same rounding as torch's ops: ``x * cos`` rounded, then one fused
+  multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
+  per layer;
+* :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
+  every request's attention in one call per layer: OpenMP threads over (request, KV head), each
+  reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
+  GQA group's query heads per key row, float32 sums, an exact two-pass softmax.
+
+The source is compiled once per machine with the system's C++ compiler (``c++ -O3
+-march=native -fopenmp``, about a second) into ``$RADIXLM_CACHE_DIR`` (default
+``~/.cache/radixlm``)/cpu_kernels, keyed by the source, the flags and the CPU's feature flags, and
+loaded with ctypes (no torch headers, no Python extension module). It links the OpenMP runtime by
+its soname, so it shares torch's thread pool (the library torch loaded first); the thread count is
+torch's (``torch.get_num_threads()``), passed on every call. Where no compiler is found or the
+build fails, :func:`available` is False and the callers keep their torch paths;
+``RADIXLM_CPU_KERNELS=0`` turns the kernels off.
+
+Tensors: float32 or bfloat16, the last dim contiguous; index tensors int64 and contiguous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const uint16_t* p, int64_t i) {
+  uint32_t b = uint32_t(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline float round_to(float x, const float*) { return x; }
+inline uint16_t to_bf16(float x) {  // round to nearest even, as torch
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40u);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return uint16_t(b >> 16);
+}
+inline float round_to(float x, const uint16_t*) {
+  uint32_t b = uint32_t(to_bf16(x)) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline void put(float* p, int64_t i, float x) { p[i] = x; }
+inline void put(uint16_t* p, int64_t i, float x) { p[i] = to_bf16(x); }
+
+template <typename T>
+void rope(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, const T* cos,
+          const T* sin, int64_t cs_stride, int threads) {
+  const int64_t half = d / 2;
+  const int64_t items = rows * heads;
+  #pragma omp parallel for num_threads(threads) if (threads > 1 && items >= 64)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t r = it / heads, h = it % heads;
+    T* p = x + r * row_stride + h * d;
+    const T* c = cos + r * cs_stride;
+    const T* s = sin + r * cs_stride;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = load(p, i), x2 = load(p, i + half);
+      const float a1 = round_to(x1 * load(c, i), p);
+      const float a2 = round_to(x2 * load(c, i + half), p);
+      put(p, i, std::fma(x2, load(s, i), a1));
+      put(p, i + half, std::fma(x1, load(s, i + half), a2));
+    }
+  }
+}
+
+template <typename T>
+void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
+            const int64_t* seq_lens, const int64_t* out_slots, int64_t batch, const T* q,
+            int64_t q_stride, const T* k_new, const T* v_new, int64_t k_stride, int64_t v_stride,
+            T* k_buf,
+            T* v_buf, T* out, int64_t heads, int64_t kv_heads, int64_t d, float scale,
+            int64_t window, int threads) {
+  const int64_t row = kv_heads * d;  // one slot of a pool buffer
+  if (k_new != nullptr) {
+    for (int64_t b = 0; b < batch; ++b) {
+      std::memcpy(k_buf + out_slots[b] * row, k_new + b * k_stride, row * sizeof(T));
+      std::memcpy(v_buf + out_slots[b] * row, v_new + b * v_stride, row * sizeof(T));
+    }
+  }
+  const int64_t group = heads / kv_heads;
+  const int64_t items = batch * kv_heads;
+  int64_t keys = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    keys += window > 0 ? std::min(seq_lens[b], window) : seq_lens[b];
+  }
+  // below ~64k multiply-adds per thread the wake-up costs more than it saves
+  const bool par = threads > 1 && items > 1 && keys * heads * d >= 65536 * 2;
+  #pragma omp parallel num_threads(threads) if (par)
+  {
+    std::vector<float> qf(group * d), acc(group * d), scores;
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t b = it / kv_heads, kh = it % kv_heads;
+      const int64_t len = seq_lens[b];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t n = len - lo;
+      const int64_t* slots = table + req_slots[b] * table_stride + lo;
+      const T* qb = q + b * q_stride + kh * group * d;
+      for (int64_t i = 0; i < group * d; ++i) qf[i] = load(qb, i);
+      scores.resize(group * n);
+      std::vector<float> mx(group, -INFINITY), sum(group, 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* kr = k_buf + slots[j] * row + kh * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * d;
+          float s = 0.f;
+          #pragma omp simd reduction(+ : s)
+          for (int64_t i = 0; i < d; ++i) s += qg[i] * load(kr, i);
+          s *= scale;
+          scores[g * n + j] = s;
+          mx[g] = std::max(mx[g], s);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * n;
+        float total = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          sg[j] = std::exp(sg[j] - mx[g]);
+          total += sg[j];
+        }
+        sum[g] = total;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* vr = v_buf + slots[j] * row + kh * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * n + j];
+          float* ag = acc.data() + g * d;
+          #pragma omp simd
+          for (int64_t i = 0; i < d; ++i) ag[i] += p * load(vr, i);
+        }
+      }
+      T* ob = out + (b * heads + kh * group) * d;
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.f / sum[g];
+        for (int64_t i = 0; i < d; ++i) put(ob, g * d + i, acc[g * d + i] * inv);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int radixlm_abi_version() { return 1; }
+
+void rope_f32(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d,
+              const float* cos, const float* sin, int64_t cs_stride, int threads) {
+  rope(x, rows, row_stride, heads, d, cos, sin, cs_stride, threads);
+}
+void rope_bf16(uint16_t* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d,
+               const uint16_t* cos, const uint16_t* sin, int64_t cs_stride, int threads) {
+  rope(x, rows, row_stride, heads, d, cos, sin, cs_stride, threads);
+}
+
+void decode_f32(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
+                const int64_t* seq_lens, const int64_t* out_slots, int64_t batch,
+                const float* q, int64_t q_stride, const float* k_new, const float* v_new,
+                int64_t k_stride, int64_t v_stride, float* k_buf, float* v_buf, float* out, int64_t heads,
+                int64_t kv_heads, int64_t d, float scale, int64_t window, int threads) {
+  decode(table, table_stride, req_slots, seq_lens, out_slots, batch, q, q_stride, k_new, v_new,
+         k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
+}
+void decode_bf16(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
+                 const int64_t* seq_lens, const int64_t* out_slots, int64_t batch,
+                 const uint16_t* q, int64_t q_stride, const uint16_t* k_new,
+                 const uint16_t* v_new, int64_t k_stride, int64_t v_stride, uint16_t* k_buf,
+                 uint16_t* v_buf,
+                 uint16_t* out, int64_t heads, int64_t kv_heads, int64_t d, float scale,
+                 int64_t window, int threads) {
+  decode(table, table_stride, req_slots, seq_lens, out_slots, batch, q, q_stride, k_new, v_new,
+         k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
+}
+
+}  // extern "C"
+"""
+
+# -ffp-contract=off: fused multiply-adds only where written (std::fma), so that rope rounds as
+# torch's ops do
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
+DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_ROPE_ARGS = [_P, _I, _I, _I, _I, _P, _P, _I, ctypes.c_int]
+_DECODE_ARGS = [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I]
+_DECODE_ARGS += [ctypes.c_float, _I, ctypes.c_int]
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_enabled = True  # switched off by `disabled()` (benchmarks and tests comparing the torch paths)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join("~", ".cache", "radixlm")
+    return Path(base).expanduser() / "cpu_kernels"
+
+
+def _build() -> ctypes.CDLL | None:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        logger.info("no C++ compiler found: the CPU forward keeps its torch paths")
+        return None
+    key = hashlib.sha256("\n".join([SOURCE, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"radixlm_cpu_{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / "cpu_decode.cpp"
+            src.write_text(SOURCE)
+            out = Path(tmp) / target.name
+            proc = subprocess.run(
+                [compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                logger.warning(
+                    "building the CPU kernels failed (torch paths kept): %s", proc.stderr
+                )
+                return None
+            os.replace(out, target)  # atomic: concurrent builders each write a whole file
+    lib = ctypes.CDLL(str(target))
+    lib.rope_f32.argtypes = lib.rope_bf16.argtypes = _ROPE_ARGS
+    lib.decode_f32.argtypes = lib.decode_bf16.argtypes = _DECODE_ARGS
+    lib.rope_f32.restype = lib.rope_bf16.restype = None
+    lib.decode_f32.restype = lib.decode_bf16.restype = None
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built on first use; None where they cannot be built or are off."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            if os.environ.get("RADIXLM_CPU_KERNELS", "1") != "0":
+                try:
+                    _lib = _build()
+                except OSError as e:
+                    logger.warning("the CPU kernels could not be loaded (torch paths kept): %s", e)
+            _tried = True
+    return _lib
+
+
+def available() -> bool:
+    """Whether the kernels are built, loaded and on (the first call builds them)."""
+    return _enabled and library() is not None
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Inside the block :func:`available` is False: callers take their torch paths (the same
+    process can time or check both; the cpu attention backend then decodes as torch does)."""
+    global _enabled
+    previous, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def serves(x: torch.Tensor) -> bool:
+    """Whether the kernels take tensors like ``x``: CPU, float32 or bfloat16, kernels built."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and available()
+
+
+def rope_inplace(
+    x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
+    """Rotates the first ``heads`` heads of each row of ``x`` ``[T, >= heads * head_dim]`` (rows
+    may be strided, the last dim contiguous) in place. ``cos``/``sin``: ``[T, 1, head_dim]`` in
+    x's dtype, as ``RotaryEmbedding.cos_sin`` gives them (cos twice, signed sin)."""
+    lib = library()
+    assert lib is not None and x.stride(-1) == 1 and cos.stride() == sin.stride()
+    fn = lib.rope_f32 if x.dtype == torch.float32 else lib.rope_bf16
+    fn(
+        x.data_ptr(),
+        x.shape[0],
+        x.stride(0),
+        heads,
+        head_dim,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        cos.stride(0),
+        torch.get_num_threads(),
+    )
+
+
+class DecodeBatch:
+    """A decode batch's index tensors, held for the step's layers (:func:`decode_attention`):
+    ``req_to_token`` ``[R, C]``, ``req_slots``, ``seq_lens`` and ``out_slots`` ``[B]``, int64."""
+
+    def __init__(
+        self,
+        req_to_token: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out_slots: torch.Tensor,
+    ):
+        tensors = (req_to_token, req_slots, seq_lens, out_slots)
+        if any(t.dtype != torch.int64 or t.device.type != "cpu" for t in tensors):
+            raise ValueError("decode index tensors must be int64 CPU tensors")
+        self._keep = tuple(t.contiguous() for t in tensors[1:])  # alive while the step runs
+        self.batch = int(req_slots.shape[0])
+        if req_to_token.stride(1) != 1:
+            raise ValueError("req_to_token rows must be contiguous")
+        self.table = (req_to_token.data_ptr(), req_to_token.stride(0))
+        self._table_ref = req_to_token
+        self.ptrs = tuple(t.data_ptr() for t in self._keep)  # req_slots, seq_lens, out_slots
+
+
+def decode_attention(
+    batch: DecodeBatch,
+    q: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Writes ``k_new``/``v_new`` ``[B, kv_heads * d]`` (None: already written) at the batch's
+    out slots of ``k_buf``/``v_buf`` ``[slots, kv_heads, d]``, then returns the attention of
+    ``q`` ``[B, num_heads * d]`` (rows may be strided) over each request's ``seq_len`` cached
+    tokens (its last ``window`` ones when ``window`` > 0): ``[B, num_heads * d]`` in q's dtype."""
+    lib = library()
+    assert lib is not None
+    _, kv_heads, d = k_buf.shape
+    if q.stride(-1) != 1 or not (k_buf.is_contiguous() and v_buf.is_contiguous()):
+        raise ValueError("decode_attention needs contiguous pool buffers and q's last dim")
+    if k_buf.dtype != q.dtype or v_buf.dtype != q.dtype:
+        raise ValueError(f"the pool's dtype {k_buf.dtype} must be q's ({q.dtype})")
+    k_stride = v_stride = 0
+    if k_new is not None:
+        assert v_new is not None and k_new.stride(-1) == 1 and v_new.stride(-1) == 1
+        k_stride, v_stride = k_new.stride(0), v_new.stride(0)
+    out = torch.empty((batch.batch, num_heads * d), dtype=q.dtype)
+    fn = lib.decode_f32 if q.dtype == torch.float32 else lib.decode_bf16
+    req_slots, seq_lens, out_slots = batch.ptrs
+    fn(
+        batch.table[0],
+        batch.table[1],
+        req_slots,
+        seq_lens,
+        out_slots,
+        batch.batch,
+        q.data_ptr(),
+        q.stride(0),
+        None if k_new is None else k_new.data_ptr(),
+        None if v_new is None else v_new.data_ptr(),
+        k_stride,
+        v_stride,
+        k_buf.data_ptr(),
+        v_buf.data_ptr(),
+        out.data_ptr(),
+        num_heads,
+        kv_heads,
+        d,
+        scale,
+        window,
+        torch.get_num_threads(),
+    )
+    return out

@@ -1,0 +1,162 @@
+"""The CPU kernels (``kernels/cpu_decode.py``) and the cpu attention backend against the torch
+reference: paged decode batches of varied lengths, GQA, page sizes, windows, float32/bfloat16."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from radixlm.kernels import cpu_decode
+from radixlm.kernels.attention import registry
+from radixlm.kernels.attention.cpu_backend import CpuAttentionBackend
+from radixlm.kernels.attention.torch_backend import TorchAttentionBackend
+from radixlm.srt.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.srt.executor.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from radixlm.srt.models.layers import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(
+    not cpu_decode.available(), reason="the CPU kernels could not be built (no C++ compiler)"
+)
+
+
+@dataclass
+class Layer:
+    layer_id: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+    sliding_window: int | None = None
+    logit_cap: float = 0.0
+
+
+def decode_case(seq_lens, heads, kv_heads, head_dim=64, page_size=1, dtype=torch.float32, seed=0):
+    """A decode batch over scattered pages: each request's prefix is allocated interleaved with
+    the others' and with freed junk, its new token on its last page (``alloc_for``)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool_tokens = 4 * (sum(seq_lens) + 8 * page_size * (len(seq_lens) + 3))
+    alloc = TokenSlotAllocator(pool_tokens, page_size, torch.device("cpu"))
+    junk = alloc.alloc(2 * page_size + 1)
+    prefix = [alloc.alloc(n - 1) if n > 1 else torch.empty(0, dtype=torch.int64) for n in seq_lens]
+    alloc.free(junk)
+    new = [
+        alloc.alloc_for(1, last_slot=int(p[-1]) if len(p) else 0, used_len=len(p)) for p in prefix
+    ]
+    kv_pool = KVPool(pool_tokens, 2, kv_heads, head_dim, dtype, torch.device("cpu"))
+    for buf in (*kv_pool.k_buffers, *kv_pool.v_buffers):
+        buf.copy_(torch.randn(buf.shape, generator=gen))
+    r2t = ReqToTokenPool(len(seq_lens) + 4, max(seq_lens) + 5, torch.device("cpu"))
+    req_slots = torch.randperm(r2t.num_req_slots, generator=gen)[: len(seq_lens)] + 1
+    for slot, pre, nw in zip(req_slots.tolist(), prefix, new, strict=True):
+        r2t.write(slot, 0, torch.cat([pre, nw]))
+    fb = ForwardBatch.from_host(
+        ForwardMode.DECODE,
+        torch.zeros(len(seq_lens), dtype=torch.int64),
+        [n - 1 for n in seq_lens],
+        torch.cat(new),
+        req_slots.tolist(),
+        [n - 1 for n in seq_lens],
+        [1] * len(seq_lens),
+        req_to_token_pool=r2t,
+        kv_pool=kv_pool,
+        attn_backend=None,
+    )
+    b = len(seq_lens)
+    # q, k, v as the model hands them over: row-strided views of one qkv tensor
+    qkv = torch.randn((b, (heads + 2 * kv_heads) * head_dim), generator=gen).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    return fb, Layer(1, heads, kv_heads, head_dim, head_dim**-0.5), q, k, v
+
+
+def run(backend, fb, layer, q, k, v):
+    backend.plan(fb)
+    out = backend.forward(q, k, v, layer, fb)
+    k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+    return out, k_buf.clone(), v_buf.clone()
+
+
+def compare(fb, layer, q, k, v, tol):
+    """The cpu backend against the torch one on copies of the same pool."""
+    pools = [fb.kv_pool.k_buffers[1].clone(), fb.kv_pool.v_buffers[1].clone()]
+    ref, ref_k, ref_v = run(TorchAttentionBackend(), fb, layer, q, k, v)
+    fb.kv_pool.k_buffers[1].copy_(pools[0])
+    fb.kv_pool.v_buffers[1].copy_(pools[1])
+    out, out_k, out_v = run(CpuAttentionBackend(), fb, layer, q, k, v)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol, f"max abs error {err} > {tol}"
+    assert torch.equal(out_k, ref_k) and torch.equal(out_v, ref_v)  # the new K/V, stored alike
+
+
+@pytest.mark.parametrize(
+    "seq_lens,heads,kv_heads,page_size",
+    [
+        ([1], 4, 4, 1),
+        ([17], 9, 3, 1),
+        ([5, 300, 37, 128, 1, 64], 9, 3, 1),
+        ([33, 200, 7, 90], 8, 2, 16),
+        ([129, 3, 64], 4, 1, 4),
+        ([70] * 16, 8, 8, 8),
+    ],
+)
+def test_decode_matches_the_torch_backend(seq_lens, heads, kv_heads, page_size):
+    fb, layer, q, k, v = decode_case(seq_lens, heads, kv_heads, page_size=page_size)
+    compare(fb, layer, q, k, v, tol=2e-6)
+
+
+def test_decode_bfloat16_and_head_dim_128():
+    fb, layer, q, k, v = decode_case([40, 260, 9], 8, 2, 128, 4, torch.bfloat16, seed=3)
+    compare(fb, layer, q, k, v, tol=2e-2)  # bf16 outputs: one rounding apart at most
+
+
+@pytest.mark.parametrize("window", [1, 8, 100])
+def test_decode_sliding_window(window):
+    fb, layer, q, k, v = decode_case([5, 50, 300], 6, 2, page_size=4, seed=window)
+    layer.sliding_window = window
+    compare(fb, layer, q, k, v, tol=2e-6)
+
+
+def test_soft_capped_layer_and_fp8_pool_take_the_torch_path():
+    fb, layer, q, k, v = decode_case([20, 45], 4, 2, seed=5)
+    layer.logit_cap = 30.0
+    backend = CpuAttentionBackend()
+    backend.plan(fb)
+    assert not backend.serves(q, layer, fb)
+    compare(fb, layer, q, k, v, tol=0.0)  # the inherited path itself
+    layer.logit_cap = 0.0
+    fb.kv_pool = KVPool(fb.kv_pool.max_total_tokens, 2, 2, 64, torch.float32, "cpu",
+                        storage_dtype=torch.float8_e4m3fn)  # fmt: skip
+    assert not backend.serves(q, layer, fb)
+
+
+def test_disabled_kernels_give_the_torch_path():
+    fb, layer, q, k, v = decode_case([20, 45], 4, 2, seed=6)
+    with cpu_decode.disabled():
+        assert not cpu_decode.available()
+        backend = CpuAttentionBackend()
+        backend.plan(fb)
+        assert not backend.serves(q, layer, fb)
+        assert registry.resolve_attention_backend("auto", torch.device("cpu")) == "torch"
+    assert cpu_decode.available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_in_place_equals_the_torch_rotation(dtype):
+    heads, kv_heads, d = 9, 3, 64
+    rotary = RotaryEmbedding(d, 512, 10000.0, None)
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * d).to(dtype)
+    cos_sin = rotary.cos_sin(torch.tensor([0, 1, 7, 200, 511]), dtype)
+    expected = rotary.rotate(qkv[:, : (heads + kv_heads) * d], cos_sin).flatten(1)
+    out = qkv.clone()
+    cpu_decode.rope_inplace(out, heads + kv_heads, d, *cos_sin)
+    assert torch.equal(out[:, : (heads + kv_heads) * d], expected)  # bit for bit
+    assert torch.equal(out[:, (heads + kv_heads) * d :], qkv[:, (heads + kv_heads) * d :])
+
+
+def test_index_tensors_must_be_int64_on_the_cpu():
+    table = torch.zeros(3, 8, dtype=torch.int64)
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_decode.DecodeBatch(table, one.int(), one, one)

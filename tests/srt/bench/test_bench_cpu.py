@@ -1,0 +1,45 @@
+"""bench_cpu's table: medians over alternating rounds, ratios against the first contender."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from radixlm.srt.bench import bench_cpu
+from radixlm.srt.bench.bench_cpu import Contender, report, same_ids_check
+
+
+def fake(name: str, ids: list[int]) -> Contender:
+    return Contender(name, run=lambda prompts, n: 0.0, ids=lambda prompt, n: ids[:n])
+
+
+def test_report_gives_medians_and_ratios(capsys):
+    a, b = fake("llama.cpp", []), fake("radixlm int4", [])
+    loads = {"batch 1": ([[1] * 128], 5), "prefill 512": ([[1] * 512], 1)}
+    # (full run, one-token run) per round: a steps at 100 ms, b at 50 ms (medians drop 9.0)
+    a.times = {"batch 1": [(0.5, 0.1), (0.5, 0.1), (9.0, 0.1)], "prefill 512": [(1.0, 1.0)] * 3}
+    b.times = {"batch 1": [(0.25, 0.05), (0.25, 0.05), (0.3, 0.1)], "prefill 512": [(0.5, 0.5)] * 3}
+    report([a, b], loads)
+    rows = {line[:46].split("  ")[0].strip() + "|" + line[20:46].strip(): line.split()[-3:]
+            for line in capsys.readouterr().out.splitlines()[1:-1]}  # fmt: skip
+    assert rows["batch 1|llama.cpp"] == ["10.0", "100.00", "1.00x"]
+    assert rows["batch 1|radixlm int4"] == ["20.0", "50.00", "2.00x"]
+    assert rows["prefill 512|radixlm int4"] == ["1024.0", "-", "2.00x"]
+
+
+def test_same_ids_check_counts_agreeing_tokens(capsys):
+    loads = {"batch 1": ([[5, 6]], 4)}
+    same_ids_check([fake("a", [1, 2, 3, 4]), fake("b", [1, 2, 9, 4])], loads, 4)
+    out = capsys.readouterr().out
+    assert "greedy ids of a: 4/4" in out and "greedy ids of b: 3/4" in out
+
+
+def test_llama_cpp_is_optional(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as when not installed
+    with pytest.raises(ImportError):
+        bench_cpu.llama_cpp_contender(tmp_path / "m.gguf", 1, 64, True)
+
+
+def test_cpu_model_names_the_threads():
+    assert "threads of" in bench_cpu.cpu_model()
