@@ -52,7 +52,7 @@ import re
 from radixlm.srt.parsers.call_stream import Emitter
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import CallFormat, choice_format, structural_tag
-from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, JsonScanner
+from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, ArgumentStream
 from radixlm.srt.parsers.markers import WS_HOLD
 from radixlm.srt.parsers.reasoning import constraint_format, text_without
 from radixlm.srt.parsers.tool_base import (
@@ -200,9 +200,7 @@ class HarmonyReader:
         self._header_len = 0
         self._kind = _CONTENT
         self._name = ""
-        self._scanner = JsonScanner(object_only=True)
-        self._buffer: list[str] = []
-        self._streamed = 0
+        self._call_args = ArgumentStream()
 
     # -- driving --
 
@@ -369,27 +367,20 @@ class HarmonyReader:
             self._state, self._kind = _BODY, _CONTENT
             return pos
         self.em.start_call(self._name)
-        self._scanner, self._buffer, self._streamed = JsonScanner(object_only=True), [], 0
+        self._call_args = ArgumentStream()
         self._state = _ARGS
         return pos
 
     def _args(self, text: str, pos: int) -> int:
-        scanner = self._scanner
-        stop = scanner.scan(text, pos, len(text))
-        self._buffer.append(text[pos:stop])
-        if scanner.safe_end > self._streamed:
-            held = "".join(self._buffer)
-            cut = scanner.safe_end - self._streamed
-            self.em.arguments(held[:cut])
-            self._buffer = [held[cut:]]
-            self._streamed = scanner.safe_end
-        if scanner.status == DONE:
+        args = self._call_args
+        stop = args.feed(text, pos, len(text), self.em.arguments)
+        if args.status == DONE:
             self.em.end_call()
             self._state = _AFTER_ARGS
-        elif scanner.status == FAILED:
-            self.em.arguments(scanner.closing())
+        elif args.status == FAILED:
+            self.em.arguments(args.scanner.closing())
             self.em.end_call()
-            self.em.content("".join(self._buffer))
+            self.em.content(args.held())
             self._state, self._kind = _BODY, _CONTENT
         return stop
 
@@ -422,12 +413,12 @@ class HarmonyReader:
             self.em.arguments("" if cut else "{}")
             self.em.end_call()
         elif state == _ARGS and cut:  # the output ends inside the object: as written
-            self.em.arguments("".join(self._buffer))
+            self.em.arguments(self._call_args.held())
             self.em.end_call()
         elif state == _ARGS:  # a marker inside the object: closed there, the rest is content
-            self.em.arguments(self._scanner.closing())
+            self.em.arguments(self._call_args.scanner.closing())
             self.em.end_call()
-            self.em.content("".join(self._buffer))
+            self.em.content(self._call_args.held())
         self.em.claim()  # whitespace after the arguments
         self._state = _TEXT
 

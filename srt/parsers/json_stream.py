@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
 WHITESPACE = " \t\n\r"
@@ -370,3 +371,35 @@ class StringDecoder:
             self._high = ""
         if decoded:
             out.append(decoded)
+
+
+class ArgumentStream:
+    """A tool call's arguments object while it streams: read by a :class:`JsonScanner` and
+    handed to ``emit`` up to the scanner's safe point, so that an object that breaks can be
+    closed into valid JSON there; the text read past that point is :meth:`held` (a parser writes
+    it out as is when the output is cut, or as content when a marker interrupts the object)."""
+
+    def __init__(self, object_only: bool = True) -> None:
+        self.scanner = JsonScanner(object_only=object_only)
+        self._held: list[str] = []
+        self._streamed = 0  # characters handed to emit
+
+    @property
+    def status(self) -> str:
+        return self.scanner.status
+
+    def feed(self, text: str, pos: int, end: int, emit: Callable[[str], None]) -> int:
+        """Reads ``text[pos:end]`` until the object ends or breaks; returns where it stopped."""
+        scanner = self.scanner
+        stop = scanner.scan(text, pos, end)
+        self._held.append(text[pos:stop])
+        if scanner.safe_end > self._streamed:
+            held = "".join(self._held)
+            cut = scanner.safe_end - self._streamed
+            emit(held[:cut])
+            self._held = [held[cut:]]
+            self._streamed = scanner.safe_end
+        return stop
+
+    def held(self) -> str:
+        return "".join(self._held)

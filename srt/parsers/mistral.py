@@ -35,7 +35,7 @@ from radixlm.srt.parsers.call_parser import CallStreamParser
 from radixlm.srt.parsers.call_stream import HEADER_LIMIT
 from radixlm.srt.parsers.chat_history import tools_kwargs, with_template_calls
 from radixlm.srt.parsers.constraints import CallFormat, choice_format, quoted, structural_tag
-from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, JsonScanner
+from radixlm.srt.parsers.json_stream import DONE, FAILED, WHITESPACE, ArgumentStream
 from radixlm.srt.parsers.markers import MarkerSplitter
 from radixlm.srt.parsers.tool_base import ToolCallDelta, ToolChoice, ToolSpec
 
@@ -94,9 +94,7 @@ class MistralParser(CallStreamParser):
         self._tail = ""  # a name, id or marker being read
         self._name = ""
         self._budget = HEADER_LIMIT
-        self._scanner = JsonScanner(object_only=True)
-        self._buffer: list[str] = []  # arguments read after the scanner's safe point
-        self._streamed = 0
+        self._call_args = ArgumentStream()
 
     def new_call_id(self) -> str:
         return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
@@ -112,7 +110,7 @@ class MistralParser(CallStreamParser):
         elif state == _READER:
             self._finish_call()
         elif state == _STREAM:
-            self._em.arguments("".join(self._buffer))  # as written, not closed
+            self._em.arguments(self._call_args.held())  # as written, not closed
             self._em.end_call()
             self._em.claim()
         elif state in (_CALL_ID, _ARGS):
@@ -218,28 +216,21 @@ class MistralParser(CallStreamParser):
         if c != "{":
             return self._resume_content(pos)
         self._em.start_call(self._name)
-        self._scanner, self._buffer, self._streamed = JsonScanner(object_only=True), [], 0
+        self._call_args = ArgumentStream()
         self._state = _STREAM
         return pos
 
     def _stream(self, text: str, pos: int) -> int:
         """The arguments object, streamed up to the scanner's safe point."""
-        scanner = self._scanner
-        stop = scanner.scan(text, pos, len(text))
-        self._buffer.append(text[pos:stop])
-        if scanner.safe_end > self._streamed:
-            held = "".join(self._buffer)
-            cut = scanner.safe_end - self._streamed
-            self._em.arguments(held[:cut])
-            self._buffer = [held[cut:]]
-            self._streamed = scanner.safe_end
-        if scanner.status == DONE:
+        args = self._call_args
+        stop = args.feed(text, pos, len(text), self._em.arguments)
+        if args.status == DONE:
             self._em.end_call()
             self._state, self._after_block = _CONTENT, True
-        elif scanner.status == FAILED:
-            self._em.arguments(scanner.closing())
+        elif args.status == FAILED:
+            self._em.arguments(args.scanner.closing())
             self._em.end_call()
-            self._em.hold("".join(self._buffer))
+            self._em.hold(args.held())
             return self._resume_content(stop)
         return stop
 
