@@ -1,5 +1,5 @@
-"""Launch-parameter sweep of the quantised linear kernels (``kernels/quant_gemm.py``) on this GPU,
-for the Llama-3-8B shape's four projections.
+"""Launch-parameter sweep of the quantised linear kernels (``kernels/quant_gemm.py`` and
+``kernels/quant_gemv.py``) on this GPU, for the Llama-3-8B shape's four projections.
 
     python -m radixlm.srt.bench.tune_quant --json tune_quant.json
     python -m radixlm.srt.bench.tune_quant --kernels int4_gemv --rows 1,4
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels import quant_gemm as qg
+from radixlm.kernels import quant_gemv as qv
 from radixlm.srt.bench.bench_quant import GROUP, copy_bandwidth, projections
 
 GEMV_GRID = {
@@ -99,9 +100,9 @@ def weight_bytes(kind: str, n: int, k: int) -> int:
 
 def call(kernel: str, x, w, cfg):
     if kernel == "fp8_gemv":
-        return lambda: qg.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
+        return lambda: qv.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
     if kernel in ("int4_gemv", "int4_gemv_g"):
-        return lambda: qg.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
+        return lambda: qv.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
     if kernel == "int4_tiled":
         return lambda: qg.int4_gemm(
             x,
@@ -143,7 +144,7 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
             if "BLOCK_K" in cfg and k % cfg["BLOCK_K"]:
                 continue
             words = 8 if kernel == "int4_gemv" else 1
-            if kernel == "int4_gemv_g" and not qg.int4_grouped_fits(k, GROUP, cfg["NG"]):
+            if kernel == "int4_gemv_g" and not qv.int4_grouped_fits(k, GROUP, cfg["NG"]):
                 continue
             if kernel.endswith("gemv") and cfg["BLOCK_N"] * cfg["BLOCK_K"] > GEMV_ACC * words:
                 continue

@@ -1,4 +1,5 @@
-"""Quantised linear kernels against their torch references (``kernels/quant_gemm.py``).
+"""Quantised linear kernels against their torch references (``kernels/quant_gemm.py`` and its
+decode-row GEMVs, ``kernels/quant_gemv.py``).
 
 CPU: int4 packing round trips, dequantisation, activation quantisation per token / block /
 static; the int4 (fp16, tiled and GEMV), FP8 block (fp32 out) and FP8 GEMV Triton kernels
@@ -24,6 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is first wrapped
 
 from radixlm.kernels import quant_gemm as qg  # noqa: E402
+from radixlm.kernels import quant_gemv as qv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -139,7 +141,7 @@ def test_int4_gemv_kernel_matches_the_reference(m, group):
     values, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=group)
     x = torch.randn(m, k, device=device).to(torch.float16)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
-    got = qg.int4_gemv(x, qweight, scales, zeros)
+    got = qv.int4_gemv(x, qweight, scales, zeros)
     assert got.dtype == torch.float16 and got.shape == (m, n)
     assert _rel(got, want) < TOL[torch.float16]
 
@@ -154,16 +156,16 @@ def test_int4_grouped_gemv_matches_the_reference(m, group, ng):
     x = torch.randn(m, k, device=device).to(torch.float16)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
     cfg = {"NG": ng, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
-    assert qg.int4_grouped_fits(k, group, ng)
-    got = qg.int4_gemv(x, qweight, scales, zeros, cfg=cfg)
+    assert qv.int4_grouped_fits(k, group, ng)
+    got = qv.int4_gemv(x, qweight, scales, zeros, cfg=cfg)
     assert got.dtype == torch.float16 and got.shape == (m, n)
     assert _rel(got, want) < TOL[torch.float16]
 
 
 def test_int4_grouped_gemv_refuses_shapes_it_cannot_tile():
-    assert not qg.int4_grouped_fits(14336, 14336)  # 1,792 words a group: not a power of two
-    assert not qg.int4_grouped_fits(4096, 128, ng=3)
-    assert not qg.int4_grouped_fits(384, 128, ng=4)  # K not a whole number of iterations
+    assert not qv.int4_grouped_fits(14336, 14336)  # 1,792 words a group: not a power of two
+    assert not qv.int4_grouped_fits(4096, 128, ng=3)
+    assert not qv.int4_grouped_fits(384, 128, ng=4)  # K not a whole number of iterations
 
 
 @pytest.mark.parametrize("group", [32, 128, 384])
@@ -206,7 +208,7 @@ def test_fp8_gemv_kernel_is_the_weight_only_product(m, k, block_k):
     scale = (torch.rand(n, kb, generator=g) * 1e-3 + 1e-4).to(device)
     x = torch.randn(m, k, generator=g).to(torch.float16).to(device)
     want = F.linear(x.float(), qg.dequantize_fp8(w8, scale, block_k=block_k))
-    got = qg.fp8_gemv(x, w8, scale, block_k)
+    got = qv.fp8_gemv(x, w8, scale, block_k)
     assert got.dtype == torch.float16 and got.shape == (m, n)
     assert _rel(got, want) < TOL[torch.float16]
 
