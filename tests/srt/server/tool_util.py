@@ -100,3 +100,27 @@ def langchain_chat(url: str, **options: Any):
 
     settings = {"temperature": 0, "max_tokens": 60, "max_retries": 0, **options}
     return ChatOpenAI(base_url=url + "/v1", api_key="x", model="default", **settings)
+
+
+# two strict tools of the model-format tests (enums and bounds a grammar must keep)
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+CLOCK = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]

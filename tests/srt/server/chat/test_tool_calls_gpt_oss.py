@@ -13,31 +13,10 @@ import jsonschema
 import openai
 import pytest
 from format_templates import format_tokenizer
-from tool_util import assert_healthy, strict_client
+from tool_util import ASK, SCHEMAS, TOOLS, WEATHER, assert_healthy, strict_client
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-CLOCK = {
-    "type": "object",
-    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-    "required": ["zone"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}},
-]
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
 HEADER = "<|channel|>commentary to=functions.get_"
 
 
