@@ -473,6 +473,33 @@ def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# lower bounds of numeric fields: (fields, bound, strict); a field whose value is None (left out)
+# is not checked
+_AT_LEAST_1 = (
+    "page_size max_sessions_per_caller max_running_requests max_prefill_tokens default_max_tokens"
+    " stream_interval session_retention_max_tokens session_retention_max_tokens_per_session"
+    " max_queued_requests mixed_chunk_size cuda_graph_max_bs"
+).split()
+_ABOVE_0 = (
+    "ttft_target_ms mixed_step_target_ms grammar_compile_timeout_s dump_requests_max_mb"
+    " max_request_body_mb"
+).split()
+_BOUNDS = (
+    (_AT_LEAST_1, 1, False),
+    (["max_total_tokens"], 16, False),
+    (_ABOVE_0, 0, True),
+)
+
+
+def _check_bounds(cfg: ServerConfig) -> None:
+    for names, bound, strict in _BOUNDS:
+        for name in names:
+            value = getattr(cfg, name)
+            if value is not None and not (value > bound if strict else value >= bound):
+                sign = ">" if strict else ">="
+                raise ValueError(f"{name} must be {sign} {bound}, got {value}")
+
+
 def validate(cfg: ServerConfig) -> None:
     for f in fields(cfg):
         choices = f.metadata.get("choices")
@@ -484,53 +511,19 @@ def validate(cfg: ServerConfig) -> None:
         raise ValueError(
             f"quantization {cfg.quantization!r} runs on the CPU only; got device {cfg.device!r}"
         )
-    if cfg.page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {cfg.page_size}")
+    _check_bounds(cfg)
     if cfg.session_retention_ttl < 0:
         raise ValueError(f"session_retention_ttl must be >= 0, got {cfg.session_retention_ttl}")
-    for name in ("session_retention_max_tokens", "session_retention_max_tokens_per_session"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1 (or left out), got {getattr(cfg, name)}")
-    if cfg.max_sessions_per_caller < 1:
-        raise ValueError(f"max_sessions_per_caller must be >= 1, got {cfg.max_sessions_per_caller}")
-    if cfg.max_running_requests < 1:
-        raise ValueError(f"max_running_requests must be >= 1, got {cfg.max_running_requests}")
-    if cfg.max_total_tokens is not None and cfg.max_total_tokens < 16:
-        raise ValueError(f"max_total_tokens must be >= 16, got {cfg.max_total_tokens}")
     if not 0 <= cfg.schedule_conservativeness <= 100:
         raise ValueError(
             f"schedule_conservativeness must be in [0, 100], got {cfg.schedule_conservativeness}"
         )
-    if cfg.max_queued_requests is not None and cfg.max_queued_requests < 1:
-        raise ValueError(f"max_queued_requests must be >= 1, got {cfg.max_queued_requests}")
-    if cfg.ttft_target_ms is not None and not cfg.ttft_target_ms > 0:
-        raise ValueError(f"ttft_target_ms must be > 0, got {cfg.ttft_target_ms}")
-    if cfg.max_prefill_tokens < 1:
-        raise ValueError(f"max_prefill_tokens must be >= 1, got {cfg.max_prefill_tokens}")
-    if cfg.mixed_chunk_size is not None and cfg.mixed_chunk_size < 1:
-        raise ValueError(f"mixed_chunk_size must be >= 1, got {cfg.mixed_chunk_size}")
-    if cfg.mixed_step_target_ms is not None and not cfg.mixed_step_target_ms > 0:
-        raise ValueError(f"mixed_step_target_ms must be > 0, got {cfg.mixed_step_target_ms}")
     if cfg.disable_mixed_chunk and (
         cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
     ):
         raise ValueError(
             "mixed_chunk_size and mixed_step_target_ms cap mixed steps: not with disable_mixed_chunk"
         )
-    if not cfg.grammar_compile_timeout_s > 0:
-        raise ValueError(
-            f"grammar_compile_timeout_s must be > 0, got {cfg.grammar_compile_timeout_s}"
-        )
-    if not cfg.dump_requests_max_mb > 0:
-        raise ValueError(f"dump_requests_max_mb must be > 0, got {cfg.dump_requests_max_mb}")
-    if not cfg.max_request_body_mb > 0:
-        raise ValueError(f"max_request_body_mb must be > 0, got {cfg.max_request_body_mb}")
-    if cfg.default_max_tokens < 1:
-        raise ValueError(f"default_max_tokens must be >= 1, got {cfg.default_max_tokens}")
-    if cfg.cuda_graph_max_bs is not None and cfg.cuda_graph_max_bs < 1:
-        raise ValueError(f"cuda_graph_max_bs must be >= 1, got {cfg.cuda_graph_max_bs}")
-    if cfg.stream_interval < 1:
-        raise ValueError(f"stream_interval must be >= 1, got {cfg.stream_interval}")
     if cfg.chat_template is not None:
         read_chat_template(cfg.chat_template)
     _validate_access(cfg)
