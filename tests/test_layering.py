@@ -1,7 +1,7 @@
 """Imports flow one way (srt/README.md, "The layer map"): checked on the source of every .py file.
 
 Each module of the ``radixlm`` namespace belongs to a *unit*: a package of srt (``srt.scheduler``
-for anything under srt/scheduler/), a top-level module of srt (``srt.config``), ``srt`` itself
+for anything under srt/scheduler/), a top-level module of srt (``srt.engine``), ``srt`` itself
 (srt/__init__.py, the public face), or a whole top-level package (``lang``, ``radix``, ...).
 A unit may import units on a lower layer and itself, nothing on its own layer or above.
 The map, top to bottom, and why each unit sits where it does:
