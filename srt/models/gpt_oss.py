@@ -10,7 +10,8 @@ Where it differs from the other MoE families (``moe_decoder.py``):
 * **router**: ``x W^T + b``; the top-k logits' softmax is the routing weight (the same as the
   full softmax's top k renormalised);
 * **experts**: biased projections and a clamped SwiGLU, ``(clamp(up, -l, l) + 1) *
-  g * sigmoid(alpha * g)`` with ``g = min(gate, l)`` (``swiglu_alpha``, ``swiglu_limit``);
+  g * sigmoid(alpha * g)`` with ``g = min(gate, l)`` (``swiglu_limit``; ``swiglu_alpha``, which
+  the published configs leave out and older transformers fix at 1.702);
   the routing weight scales ``down(...) + down_bias``. The checkpoint stores every expert of a
   layer in one tensor, input-major (``gate_up_proj`` ``[E, hidden, 2 * inter]`` with gate and
   up columns interleaved, ``down_proj`` ``[E, inter, hidden]``); the loaders turn them into the
@@ -39,6 +40,10 @@ from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.moe import ExpertShard, MoEConfig, TopKRouter
 from radixlm.srt.models.moe_decoder import MoEDecoderLayer, MoEForCausalLM, MoEModel
 from radixlm.srt.models.tp_layers import HeadShard, _check_shape, take
+
+# the expert activation's sigmoid slope where a config does not give swiglu_alpha (the published
+# gpt-oss configs give only swiglu_limit; transformers before 5.2x hard-codes this value)
+SWIGLU_ALPHA = 1.702
 
 if TYPE_CHECKING:
     pass
@@ -181,7 +186,8 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         kind = GptOssForCausalLM.layer_types(config)[layer_id]
         window = int(hf.sliding_window) if kind == SLIDING else None
         self.self_attn = SinkAttention(config, layer_id, options, rotary, tp, window)
-        alpha, limit = float(hf.swiglu_alpha), float(hf.swiglu_limit)
+        alpha = float(getattr(hf, "swiglu_alpha", None) or SWIGLU_ALPHA)
+        limit = float(hf.swiglu_limit)
         self.mlp = GptOssMoeBlock(config.hidden_size, moe, tp, alpha, limit)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

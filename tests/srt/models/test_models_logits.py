@@ -172,6 +172,20 @@ def test_gpt_oss_quantized_checkpoint_is_refused_by_name(tmp_path):
         load_model(folder, torch.float32, "cpu")
 
 
+def test_gpt_oss_config_without_swiglu_alpha_uses_the_published_slope(tmp_path):
+    """The published gpt-oss configs give swiglu_limit only (older transformers have no
+    swiglu_alpha field): the slope is then 1.702, as transformers computes it."""
+    folder = write_checkpoint("gpt_oss", tmp_path)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    assert config.pop("swiglu_alpha", 1.702) == 1.702
+    config_file.write_text(json.dumps(config))
+    assert max_rel_err(our_logits(folder, PROMPT), hf_logits(folder, PROMPT)) < 1e-4
+    config["swiglu_alpha"] = 1.0  # a config that gives it is followed
+    config_file.write_text(json.dumps(config))
+    assert max_rel_err(our_logits(folder, PROMPT), hf_logits(folder, PROMPT)) < 1e-4
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_phi3_fused_tensors_split_per_rank(rank, tmp_path):
     """Each tensor-parallel rank of Phi-3 keeps, from the fused qkv_proj/gate_up_proj read as
