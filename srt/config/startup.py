@@ -24,8 +24,10 @@ CPU_DEFAULT_CHUNK = 512
 # H100 serving the 8B shape (docs/results/serving.md) mixed 8,192-token chunks gave 2.37 req/s of
 # goodput at 16 req/s against 6.45 with the chunks alone and 6.42 unchunked (TTFT p50 1,150 vs
 # 119 ms), and no better TPOT or ITL p99. The scheduler admits as much per mixed step
-# (srt/bench/serving_sim.py), so that is a device cost of mixed steps, still to be measured
-# (gpu_runs.sh servemix); --mixed-chunk-size / --mixed-step-target-ms turn bounded mixed steps on.
+# (srt/bench/serving_sim.py), so that is a device cost of mixed steps: at 8 req/s on an H100
+# (2026-12-07, gpu_runs.sh servemix) mixed steps prefilled at 25.8k tok/s against 38.1k alone,
+# goodput level with chunks alone (5.90 vs 5.65 req/s) and 50 ms bounded steps worse (4.61);
+# --mixed-chunk-size / --mixed-step-target-ms turn bounded mixed steps on.
 MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}
 
 # under the package's name (radixlm.srt.config), the one logger of the config
