@@ -32,8 +32,9 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
 # quarter of the FMA rate on Hopper and was the GEMV's bottleneck at one row): ``q | 0x4B000000``
 # read as fp32 is ``2^23 + q`` exactly, and one subtraction leaves ``q``.
 
-MAGIC = 0x4B000000  # fp32 bits of 2^23
-MAGIC_F = 8388608.0
+# constexpr globals: a Triton kernel may read no other module-level names
+MAGIC = tl.constexpr(0x4B000000) if tl is not None else 0x4B000000  # fp32 bits of 2^23
+MAGIC_F = tl.constexpr(8388608.0) if tl is not None else 8388608.0
 
 
 def _fp8_gemv_kernel(
