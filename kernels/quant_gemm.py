@@ -348,10 +348,12 @@ def _int4_kernel(
     SPLIT_K: tl.constexpr,
 ):
     """``y[M, N] (+)= x[M, K] @ dequant(q)[N, K]^T`` over this program's share of ``K``. Each
-    row's ``BLOCK_K / 8`` words of the tile are one contiguous load (each word once: no
-    per-feature gather), unpacked by a broadcast shift into ``[BLOCK_N, BLOCK_K / 8, 8]``,
-    turned into floats by the 2^23 bit trick (no int -> float conversion) and dequantised
-    with one FMA (``q s - z s``), then reshaped to ``[BLOCK_N, BLOCK_K]`` for ``tl.dot``."""
+    output's ``BLOCK_K / 8`` words of the tile are one contiguous load (each word once: no
+    per-feature gather), unpacked by a broadcast shift into ``[BLOCK_K / 8, 8, BLOCK_N]``
+    (reshaped to the ``[BLOCK_K, BLOCK_N]`` operand of ``tl.dot``, no transpose: with the
+    ``[BLOCK_N, BLOCK_K]`` orientation and a transpose the compiler used all 255 registers
+    and spilled), turned into floats by the 2^23 bit trick and dequantised with one FMA
+    (``q s - z s``)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -365,25 +367,26 @@ def _int4_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_len = K // SPLIT_K
-    for k0 in range(pid_k * k_len, (pid_k + 1) * k_len, BLOCK_K):
+    iters = K // (BLOCK_K * SPLIT_K)
+    for it in range(0, iters):
+        k0 = (pid_k * iters + it) * BLOCK_K  # a multiple of BLOCK_K the compiler can see
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :],
             mask=mask_m[:, None],
             other=0.0,
         )
         words = tl.load(
-            q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_w)[None, :],
-            mask=mask_n[:, None],
+            q_ptr + offs_n[None, :] * stride_qn + (k0 // 8 + offs_w)[:, None],
+            mask=mask_n[None, :],
             other=0,
-        )  # [BLOCK_N, BLOCK_K / 8]
-        bits = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | MAGIC
-        q = tl.reshape(bits, (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - MAGIC_F
+        )  # [BLOCK_K / 8, BLOCK_N]
+        bits = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | MAGIC
+        q = tl.reshape(bits, (BLOCK_K, BLOCK_N)).to(tl.float32, bitcast=True) - MAGIC_F
         g = k0 // GROUP
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-        w = (q * s[:, None] - (z * s)[:, None]).to(x.dtype)  # [BLOCK_N, BLOCK_K]
-        acc += tl.dot(x, tl.trans(w))
+        w = (q * s[None, :] - (z * s)[None, :]).to(x.dtype)  # [BLOCK_K, BLOCK_N]
+        acc += tl.dot(x, w)
     offs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
@@ -537,7 +540,7 @@ def _int4_dequant_kernel(
     w = q * s[:, None, None] - (z * s)[:, None, None]
     ptrs = w_ptr + offs_n[:, None, None] * stride_wn + (c * 8)[None, :, None]
     tl.store(
-        ptrs + shifts[None, None, :] // 4,
+        ptrs + tl.arange(0, 8)[None, None, :],
         w.to(w_ptr.dtype.element_ty),
         mask=mask[:, :, None],
     )
