@@ -193,19 +193,28 @@ def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
 
 
 def int4_gemv_config(m: int, n: int, k: int, group: int) -> dict:
-    """int4 GEMV launch parameters (deterministic): chunks of :func:`int4_sub` features, 4 KiB
-    of words a program and iteration at one row (``BLOCK_N`` 16 x 1,024 features; 8 outputs
-    where 16 leaves fewer than 512 programs), the partial sums (``BLOCK_M x BLOCK_N x NC x
-    SUB / 8``) at most 4,096 elements as rows grow (fewer outputs, then fewer chunks)."""
+    """int4 GEMV launch parameters (deterministic): chunks of ``SUB`` 32 features (4 words, one
+    16-byte load: the sum over a chunk's words stays in a thread; 128-feature chunks needed a
+    third more shuffles on sm_90), 1,024 features an iteration (4 KiB of words at ``BLOCK_N``
+    8; 16 outputs where that still leaves 512 programs), the partial sums (``BLOCK_M x BLOCK_N
+    x NC x SUB / 8``) at most 4,096 elements as rows grow (fewer outputs, then fewer chunks)."""
     bm = block_m(m)
-    cw = int4_sub(group) // 8
-    nc = max(1, 128 // cw)  # 1,024 features an iteration
+    sub = 32
+    cw = sub // 8
+    nc = 1024 // sub
     block_n = 16 if -(-n // 16) >= 512 else 8
     while bm * block_n * nc * cw > 4096 and block_n > 4:
         block_n //= 2
     while bm * block_n * nc * cw > 4096 and nc > 1:
         nc //= 2
-    return {"BLOCK_M": bm, "BLOCK_N": block_n, "NC": nc, "num_warps": 4, "num_stages": 3}
+    return {
+        "BLOCK_M": bm,
+        "BLOCK_N": block_n,
+        "SUB": sub,
+        "NC": nc,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
 
 
 def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
@@ -253,6 +262,8 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
     conf = {**int4_gemv_config(m, n, k, group), **(cfg or {})}
     if conf["BLOCK_M"] < m:
         raise ValueError(f"BLOCK_M {conf['BLOCK_M']} is fewer than the {m} rows")
+    if group % conf["SUB"]:
+        raise ValueError(f"SUB {conf['SUB']} does not divide the group of {group} features")
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     grid = (triton.cdiv(n, conf["BLOCK_N"]),)
     _jit_gemv("int4")[grid](
@@ -271,7 +282,7 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
         y.stride(0),
         BLOCK_M=conf["BLOCK_M"],
         BLOCK_N=conf["BLOCK_N"],
-        SUB=int4_sub(group),
+        SUB=conf["SUB"],
         NC=conf["NC"],
         NUM_STAGES=conf["num_stages"],
         num_warps=conf["num_warps"],

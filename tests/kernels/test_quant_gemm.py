@@ -148,22 +148,24 @@ def test_int4_gemv_kernel_matches_the_reference(m, group):
 
 
 @pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize(("group", "k", "nc"), [(32, 512, 1), (128, 640, 4), (384, 768, 2)])
-def test_int4_gemv_chunks_cover_groups_and_a_partial_last_iteration(m, group, k, nc):
+@pytest.mark.parametrize(
+    ("group", "k", "sub", "nc"), [(32, 512, 32, 1), (128, 640, 128, 4), (384, 768, 128, 2)]
+)
+def test_int4_gemv_chunks_cover_groups_and_a_partial_last_iteration(m, group, k, sub, nc):
     """``NC`` chunks an iteration (K 640 at 4 x 128: a partial last one; group 384: chunks of
     128 share one scale)."""
     device = "cuda" if CUDA else "cpu"
     _, qweight, scales, zeros = _int4_weights(24, k, group, torch.float16, device, seed=k + m)
     x = torch.randn(m, k, device=device).to(torch.float16)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
-    cfg = {"BLOCK_M": qv.block_m(m), "BLOCK_N": 8, "NC": nc, "num_warps": 4, "num_stages": 2}
+    cfg = {"BLOCK_M": qv.block_m(m), "BLOCK_N": 8, "SUB": sub, "NC": nc, "num_stages": 2}
     assert _rel(qv.int4_gemv(x, qweight, scales, zeros, cfg=cfg), want) < TOL[torch.float16]
 
 
 def test_gemv_configs_keep_the_tiles_in_registers_and_refuse_too_few_rows():
     for m in (1, 4, 16):
         c = qv.int4_gemv_config(m, 4096, 4096, 128)
-        assert c["BLOCK_M"] >= m and c["BLOCK_M"] * c["BLOCK_N"] * c["NC"] * 16 <= 4096
+        assert c["BLOCK_M"] >= m and c["BLOCK_M"] * c["BLOCK_N"] * c["NC"] * c["SUB"] <= 8 * 4096
         f = qv.gemv_config(m, 4096, 4096, 256)
         assert f["BLOCK_M"] >= m and f["BLOCK_M"] * f["BLOCK_N"] * f["BLOCK_K"] <= 8192
     assert qv.int4_sub(384) == 128 and qv.int4_sub(96) == 32
@@ -171,6 +173,8 @@ def test_gemv_configs_keep_the_tiles_in_registers_and_refuse_too_few_rows():
     _, qweight, scales, zeros = _int4_weights(8, 64, 32, torch.float16, "cpu")
     with pytest.raises(ValueError, match="BLOCK_M 2"):
         qv.int4_gemv(x, qweight, scales, zeros, cfg={"BLOCK_M": 2})
+    with pytest.raises(ValueError, match="SUB 64"):
+        qv.int4_gemv(x, qweight, scales, zeros, cfg={"SUB": 64})
 
 
 @pytest.mark.parametrize("group", [32, 128, 384])
