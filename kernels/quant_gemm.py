@@ -18,21 +18,22 @@ Paths:
 * CUDA, up to ``GEMV_ROWS`` rows (decode): ``quant_gemv.fp8_gemv`` / ``int4_gemv`` (Triton): the
   weight dequantised in registers times the activations as they are (for FP8 no activation
   quantisation: the exact weight's product, and no quantisation kernels in the step), one
-  program per row and ``BLOCK_N`` outputs, no tensor-core tile;
+  program per ``BLOCK_N`` outputs for all the rows (each weight tile read once), no
+  tensor-core tile (the kernels take up to 16 rows; ``srt/bench/tune_quant.py`` times them
+  against the tiled kernel at 8 and 16 rows);
 * CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out),
   the activations quantised per token by one Triton kernel (:func:`quantize_per_token`);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
-* CUDA, int4: :func:`_int4_kernel` (Triton): loads each row's ``BLOCK_K / 8`` words of a
-  ``[BLOCK_N, BLOCK_K]`` tile (each feature's word; neighbours share it), shifts out the
-  nibbles and dequantises them in registers (one scale and zero per row and tile: ``BLOCK_K``
-  divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
-  the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
-  projection at batch 1 still has a few programs per SM. Above ``DEQUANT_ROWS`` rows
-  :func:`int4_dequant` writes the dense weight in one pass and ``F.linear`` (cuBLAS) multiplies
-  it: on an H200 the tiled kernel served 582 tokens/s of the 8B shape's projections at 64 rows
-  and 1,278 at 256, where dequantising (17.5 GB moved per step, ~4 ms) and a bf16 GEMM serve
-  several thousand, so the tiled kernel keeps only the split-K rows until it is tuned;
+* CUDA, int4, up to ``DEQUANT_ROWS`` rows: :func:`_int4_kernel` (Triton): loads each output's
+  ``BLOCK_K / 8`` words of a tile once (contiguous), unpacks the nibbles by a broadcast shift
+  into the ``[BLOCK_K, BLOCK_N]`` operand, turns them into floats with the 2^23 bit trick (no
+  int -> float conversions) and dequantises them in registers (one scale and zero per output
+  and tile: ``BLOCK_K`` divides the group), then ``tl.dot`` with the activations. Up to 64
+  rows the K loop is split across programs that add fp32 partial sums atomically, so that an
+  8B projection still has about two programs per SM. Above ``DEQUANT_ROWS`` rows (prefill,
+  compute-bound) :func:`int4_dequant` writes the dense weight in one pass near copy bandwidth
+  (2.5 bytes moved per weight) and ``F.linear`` (cuBLAS) multiplies it;
 * elsewhere (CPUs): the torch reference: activations quantised and dequantised (the same
   rounding as the GPU paths), times the dequantised weight (``dense``, when the caller caches
   it, else dequantised per call).
