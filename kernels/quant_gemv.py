@@ -1,6 +1,7 @@
-"""Decode-row GEMVs of the quantised linear layers (Triton): up to ``quant_gemm.GEMV_ROWS`` rows
-of unquantised activations times FP8 or int4 weights dequantised in registers, for
-``kernels/quant_gemm.py``'s dispatch (its docstring gives the weight layouts).
+"""Decode-row GEMVs of the quantised linear layers (Triton): up to 16 rows of unquantised
+activations times FP8 or int4 weights dequantised in registers, each weight tile read once for
+all the rows, for ``kernels/quant_gemm.py``'s dispatch (which uses them up to its
+``GEMV_ROWS``; its docstring gives the weight layouts).
 
 The loops over ``K`` are software-pipelined ``num_stages`` deep (``tl.range``: no ``tl.dot`` in
 the loop, so the stage count is set on the loop itself, as in ``kernels/gemv.py``). Launch
