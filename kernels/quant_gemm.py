@@ -18,21 +18,22 @@ Paths:
 * CUDA, up to ``GEMV_ROWS`` rows (decode): ``quant_gemv.fp8_gemv`` / ``int4_gemv`` (Triton): the
   weight dequantised in registers times the activations as they are (for FP8 no activation
   quantisation: the exact weight's product, and no quantisation kernels in the step), one
-  program per row and ``BLOCK_N`` outputs, no tensor-core tile;
+  program per ``BLOCK_N`` outputs for all the rows (each weight tile read once), no
+  tensor-core tile (the kernels take up to 16 rows; ``srt/bench/tune_quant.py`` times them
+  against the tiled kernel at 8 and 16 rows);
 * CUDA, FP8 per channel or tensor: :func:`torch._scaled_mm` with row-wise scales (bf16 out),
   the activations quantised per token by one Triton kernel (:func:`quantize_per_token`);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
-* CUDA, int4: :func:`_int4_kernel` (Triton): loads each row's ``BLOCK_K / 8`` words of a
-  ``[BLOCK_N, BLOCK_K]`` tile (each feature's word; neighbours share it), shifts out the
-  nibbles and dequantises them in registers (one scale and zero per row and tile: ``BLOCK_K``
-  divides the group), then ``tl.dot`` with the activations. Up to ``SPLIT_K_ROWS`` rows (decode)
-  the K loop is split across programs that add fp32 partial sums atomically, so that an 8B
-  projection at batch 1 still has a few programs per SM. Above ``DEQUANT_ROWS`` rows
-  :func:`int4_dequant` writes the dense weight in one pass and ``F.linear`` (cuBLAS) multiplies
-  it: on an H200 the tiled kernel served 582 tokens/s of the 8B shape's projections at 64 rows
-  and 1,278 at 256, where dequantising (17.5 GB moved per step, ~4 ms) and a bf16 GEMM serve
-  several thousand, so the tiled kernel keeps only the split-K rows until it is tuned;
+* CUDA, int4, up to ``DEQUANT_ROWS`` rows: :func:`_int4_kernel` (Triton): loads each output's
+  ``BLOCK_K / 8`` words of a tile once (contiguous), unpacks the nibbles by a broadcast shift
+  into the ``[BLOCK_K, BLOCK_N]`` operand, turns them into floats with the 2^23 bit trick (no
+  int -> float conversions) and dequantises them in registers (one scale and zero per output
+  and tile: ``BLOCK_K`` divides the group), then ``tl.dot`` with the activations. Up to 64
+  rows the K loop is split across programs that add fp32 partial sums atomically, so that an
+  8B projection still has about two programs per SM. Above ``DEQUANT_ROWS`` rows (prefill,
+  compute-bound) :func:`int4_dequant` writes the dense weight in one pass near copy bandwidth
+  (2.5 bytes moved per weight) and ``F.linear`` (cuBLAS) multiplies it;
 * elsewhere (CPUs): the torch reference: activations quantised and dequantised (the same
   rounding as the GPU paths), times the dequantised weight (``dense``, when the caller caches
   it, else dequantised per call).
@@ -53,14 +54,14 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
     triton = None
     tl = None
 
-from radixlm.kernels.quant_gemv import fp8_gemv, int4_gemv
+from radixlm.kernels.quant_gemv import MAGIC, MAGIC_F, fp8_gemv, int4_gemv, int4_sub
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
-DEQUANT_ROWS = SPLIT_K_ROWS
+DEQUANT_ROWS = 128
 SEQUENTIAL = tuple(range(8))
 
 
@@ -347,7 +348,13 @@ def _int4_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """``y[M, N] (+)= x[M, K] @ dequant(q)[N, K]^T`` over this program's share of ``K``."""
+    """``y[M, N] (+)= x[M, K] @ dequant(q)[N, K]^T`` over this program's share of ``K``. Each
+    output's ``BLOCK_K / 8`` words of the tile are one contiguous load (each word once: no
+    per-feature gather), unpacked by a broadcast shift into ``[BLOCK_K / 8, 8, BLOCK_N]``
+    (reshaped to the ``[BLOCK_K, BLOCK_N]`` operand of ``tl.dot``, no transpose: with the
+    ``[BLOCK_N, BLOCK_K]`` orientation and a transpose the compiler used all 255 registers
+    and spilled), turned into floats by the 2^23 bit trick and dequantised with one FMA
+    (``q s - z s``)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -356,29 +363,31 @@ def _int4_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    shifts = (offs_k % 8) * 4  # feature 8 c + i: nibble i of word c
+    offs_w = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4  # feature 8 c + i: nibble i of word c
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_len = K // SPLIT_K
-    for k0 in range(pid_k * k_len, (pid_k + 1) * k_len, BLOCK_K):
-        k = k0 + offs_k
+    iters = K // (BLOCK_K * SPLIT_K)
+    for it in range(0, iters):
+        k0 = (pid_k * iters + it) * BLOCK_K  # a multiple of BLOCK_K the compiler can see
         x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
+            x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :],
+            mask=mask_m[:, None],
+            other=0.0,
         )
-        # each feature's word (eight neighbours share one address: one transaction), shifted to
-        # its nibble; no reshape of the tile (a 3-D reshape costs layout conversions)
         words = tl.load(
-            q_ptr + offs_n[:, None] * stride_qn + (k // 8)[None, :],
-            mask=mask_n[:, None],
+            q_ptr + offs_n[None, :] * stride_qn + (k0 // 8 + offs_w)[:, None],
+            mask=mask_n[None, :],
             other=0,
-        )
-        q = ((words >> shifts[None, :]) & 0xF).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        )  # [BLOCK_K / 8, BLOCK_N]
+        bits = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | MAGIC
+        q = tl.reshape(bits, (BLOCK_K, BLOCK_N)).to(tl.float32, bitcast=True) - MAGIC_F
         g = k0 // GROUP
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-        w = ((q - z[:, None]) * s[:, None]).to(x.dtype)  # [BLOCK_N, BLOCK_K]
-        acc += tl.dot(x, tl.trans(w))
+        w = (q * s[None, :] - (z * s)[None, :]).to(x.dtype)  # [BLOCK_K, BLOCK_N]
+        acc += tl.dot(x, w)
     offs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
@@ -398,47 +407,37 @@ def _interpreting() -> bool:
 
 def int4_block_k(k: int, group: int) -> int | None:
     """The K tile: it must divide the group (one scale per row and tile) and K."""
-    for bk in (64, 32):
+    for bk in (128, 64, 32):
         if group % bk == 0 and k % bk == 0:
             return bk
     return None
 
 
 def int4_config(m: int, n: int, k: int, group: int) -> dict:
-    """Launch parameters (deterministic). Up to ``SPLIT_K_ROWS`` rows: 32-row... tiles of 16
-    rows and ``K`` split until about 512 programs (4 per SM of an H100), the partial sums
-    added in fp32; above, 64x64 or 128x128 tiles."""
+    """Launch parameters of the tiled kernel (deterministic), Hopper-sized: ``BLOCK_K`` 128
+    where the group allows; 16x64 tiles up to ``SPLIT_K_ROWS`` rows, 64x64 up to 64, 64x128 up
+    to 128, 128x128 above. Up to 64 rows ``K`` is split (fp32 partial sums added atomically)
+    until there are about 2 programs per SM of an H100 (264), at most 8 ways."""
     bk = int4_block_k(k, group)
     if m <= SPLIT_K_ROWS:
-        block_m, block_n, warps = 16, 32, 4
-        tiles = -(-n // block_n)
-        split = 1
-        while split < 16 and tiles * split < 512 and k % (bk * split * 2) == 0:
-            split *= 2
-        return {
-            "BLOCK_M": block_m,
-            "BLOCK_N": block_n,
-            "BLOCK_K": bk,
-            "SPLIT_K": split,
-            "num_warps": warps,
-            "num_stages": 3,
-        }
-    if m <= 128:
-        return {
-            "BLOCK_M": 64,
-            "BLOCK_N": 64,
-            "BLOCK_K": bk,
-            "SPLIT_K": 1,
-            "num_warps": 4,
-            "num_stages": 3,
-        }
+        block_m, block_n, warps, stages = 16, 64, 4, 4
+    elif m <= 64:
+        block_m, block_n, warps, stages = 64, 64, 4, 4
+    elif m <= 128:
+        block_m, block_n, warps, stages = 64, 128, 4, 3
+    else:
+        block_m, block_n, warps, stages = 128, 128, 8, 3
+    tiles = -(-m // block_m) * -(-n // block_n)
+    split = 1
+    while m <= 64 and split < 8 and tiles * split < 264 and k % (bk * split * 2) == 0:
+        split *= 2
     return {
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
         "BLOCK_K": bk,
-        "SPLIT_K": 1,
-        "num_warps": 8,
-        "num_stages": 3,
+        "SPLIT_K": split,
+        "num_warps": warps,
+        "num_stages": stages,
     }
 
 
@@ -522,19 +521,29 @@ def _int4_dequant_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """One ``[BLOCK_N, BLOCK_K]`` tile (``BLOCK_K`` divides the group: one scale and zero per
+    row): each row's ``BLOCK_K / 8`` words in one contiguous load, all eight nibbles of each
+    written as ``[BLOCK_N, BLOCK_K / 8, 8]`` (eight consecutive outputs a word: wide stores),
+    no reshape and no per-feature gather of words or scales."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (offs_n < N)[:, None] & (k < K)[None, :]
-    words = tl.load(q_ptr + offs_n[:, None] * stride_qn + (k // 8)[None, :], mask=mask, other=0)
-    q = ((words >> ((k % 8) * 4)[None, :]) & 0xF).to(tl.float32)
-    g = offs_n[:, None] * stride_sn + (k // GROUP)[None, :]
-    s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + g, mask=mask, other=0.0).to(tl.float32)
-    w = (q - z) * s
+    c = pid_k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4
+    mask_n = offs_n < N
+    mask = mask_n[:, None] & (c < K // 8)[None, :]
+    words = tl.load(q_ptr + offs_n[:, None] * stride_qn + c[None, :], mask=mask, other=0)
+    bits = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | MAGIC
+    q = bits.to(tl.float32, bitcast=True) - MAGIC_F  # [BLOCK_N, BLOCK_K / 8, 8]
+    g = (pid_k * BLOCK_K) // GROUP
+    s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+    w = q * s[:, None, None] - (z * s)[:, None, None]
+    ptrs = w_ptr + offs_n[:, None, None] * stride_wn + (c * 8)[None, :, None]
     tl.store(
-        w_ptr + offs_n[:, None] * stride_wn + k[None, :], w.to(w_ptr.dtype.element_ty), mask=mask
+        ptrs + tl.arange(0, 8)[None, None, :],
+        w.to(w_ptr.dtype.element_ty),
+        mask=mask[:, :, None],
     )
 
 
@@ -543,11 +552,14 @@ def _jit_dequant():
     return triton.jit(_int4_dequant_kernel)
 
 
-def int4_dequant(qweight, scales, zeros, dtype) -> torch.Tensor:
-    """The int4 layout -> dense ``[N, K]`` ``dtype`` on the device (columns in stored order)."""
+def int4_dequant(qweight, scales, zeros, dtype, block_n: int = 32) -> torch.Tensor:
+    """The int4 layout -> dense ``[N, K]`` ``dtype`` on the device (columns in stored order);
+    tiles of ``block_n`` rows and the largest of 128, 64, 32 features dividing the group (16 KiB
+    written a program at ``block_n`` 32 and 128 features, bf16)."""
     n, k = qweight.shape[0], qweight.shape[1] * 8
+    group = k // scales.shape[1]
     w = torch.empty((n, k), dtype=dtype, device=qweight.device)
-    block_n, block_k = 32, 256
+    block_k = int4_sub(group)
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _jit_dequant()[grid](
         qweight,
@@ -556,7 +568,7 @@ def int4_dequant(qweight, scales, zeros, dtype) -> torch.Tensor:
         w,
         n,
         k,
-        k // scales.shape[1],
+        group,
         qweight.stride(0),
         scales.stride(0),
         w.stride(0),

@@ -1,10 +1,11 @@
-"""Decode-row GEMVs of the quantised linear layers (Triton): up to ``quant_gemm.GEMV_ROWS`` rows
-of unquantised activations times FP8 or int4 weights dequantised in registers, for
-``kernels/quant_gemm.py``'s dispatch (its docstring gives the weight layouts).
+"""Decode-row GEMVs of the quantised linear layers (Triton): up to 16 rows of unquantised
+activations times FP8 or int4 weights dequantised in registers, each weight tile read once for
+all the rows, for ``kernels/quant_gemm.py``'s dispatch (which uses them up to its
+``GEMV_ROWS``; its docstring gives the weight layouts).
 
 The loops over ``K`` are software-pipelined ``num_stages`` deep (``tl.range``: no ``tl.dot`` in
 the loop, so the stage count is set on the loop itself, as in ``kernels/gemv.py``). Launch
-parameters come from :func:`gemv_config` (deterministic, for CUDA graphs); each function takes
+parameters come from :func:`gemv_config` / :func:`int4_gemv_config` (deterministic, for CUDA graphs); each function takes
 ``cfg=`` to override them (``srt/bench/tune_quant.py`` sweeps them). They run on CUDA tensors,
 and on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
@@ -23,10 +24,18 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
     tl = None
 
 # --- Triton: decode rows (GEMV), FP8 and int4 weights times unquantised activations --------
-# Up to GEMV_ROWS rows one program computes BLOCK_N outputs of one row, reading its weight rows
-# once with no tensor-core tile to fill (a 16-row tl.dot tile for one row wastes 15/16 of it
-# and needs split K to spread over the SMs). The programs of one weight tile are adjacent in
-# the launch order (rows vary fastest), so a second row's read of the tile hits L2.
+# One program computes BLOCK_N outputs for every row (BLOCK_M >= M, up to 16): each weight
+# tile is read from memory once and multiplied by all the rows in registers (a program per
+# row re-read the tile per row, and the rows=4 times were ~4x the rows=1 times). No tensor-core
+# tile: the ALU work per weight is a few instructions plus one FMA per row.
+#
+# int4 unpacking: a nibble becomes a float without an int -> float conversion (I2F runs at a
+# quarter of the FMA rate on Hopper and was the GEMV's bottleneck at one row): ``q | 0x4B000000``
+# read as fp32 is ``2^23 + q`` exactly, and one subtraction leaves ``q``.
+
+# constexpr globals: a Triton kernel may read no other module-level names
+MAGIC = tl.constexpr(0x4B000000) if tl is not None else 0x4B000000  # fp32 bits of 2^23
+MAGIC_F = tl.constexpr(8388608.0) if tl is not None else 8388608.0
 
 
 def _fp8_gemv_kernel(
@@ -34,6 +43,7 @@ def _fp8_gemv_kernel(
     w_ptr,
     s_ptr,
     y_ptr,
+    M,
     N,
     K,
     stride_xm,
@@ -41,36 +51,46 @@ def _fp8_gemv_kernel(
     stride_sn,
     stride_ym,
     SCALE_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    """``y[m, n-tile] = sum_k x[m, k] w8[n, k] s[n, k // SCALE_K]`` in fp32 (``SCALE_K``: the
-    scales' block width, a multiple of ``BLOCK_K``; 0: one scale per row)."""
-    m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    """``y[:M, n-tile] = sum_k x[:M, k] w8[n, k] s[n, k // SCALE_K]`` in fp32 (``SCALE_K``: the
+    scales' block width, a multiple of ``BLOCK_K``; 0: one scale per row). The weight tile is
+    loaded once per iteration for all ``M`` rows."""
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
     mask_n = offs_n < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         mask_k = k < K
-        x = tl.load(x_ptr + m * stride_xm + k, mask=mask_k, other=0.0).to(tl.float32)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
         w = tl.load(
             w_ptr + offs_n[:, None] * stride_wn + k[None, :],
             mask=mask_n[:, None] & mask_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        if SCALE_K == 0:
-            acc += w * x[None, :]
-        else:
+        if SCALE_K != 0:
             s = tl.load(s_ptr + offs_n * stride_sn + k0 // SCALE_K, mask=mask_n, other=0.0)
-            acc += w * x[None, :] * s[:, None]
-    y = tl.sum(acc, axis=1)
+            w = w * s[:, None]
+        acc += x[:, None, :] * w[None, :, :]
+    y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
     if SCALE_K == 0:
-        y = y * tl.load(s_ptr + offs_n * stride_sn, mask=mask_n, other=0.0)
-    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+        y = y * tl.load(s_ptr + offs_n * stride_sn, mask=mask_n, other=0.0)[None, :]
+    tl.store(
+        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+        y.to(y_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
 
 
 def _int4_gemv_kernel(
@@ -79,6 +99,7 @@ def _int4_gemv_kernel(
     s_ptr,
     z_ptr,
     y_ptr,
+    M,
     N,
     K,
     GROUP,
@@ -86,114 +107,119 @@ def _int4_gemv_kernel(
     stride_qn,
     stride_sn,
     stride_ym,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    SUB: tl.constexpr,
+    NC: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    """``y[m, n-tile] = x[m] @ dequant(q)[n-tile]^T``: each row's ``BLOCK_K / 8`` words of a
-    tile are loaded once (contiguous), and nibble ``i`` of them multiplies the features
-    ``8 c + i`` (a strided read of the activations, which stay in L1). The scale and zero of
-    word ``c`` are its group's (``GROUP`` a multiple of 8): gathered per word, so that a tile can
-    span several groups and each iteration reads enough bytes to keep the memory busy."""
-    m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    """``y[:M, n-tile] = x[:M] @ dequant(q)[n-tile]^T``. An iteration covers ``NC`` chunks of
+    ``SUB`` features (``SUB`` divides the group, so one scale and zero per row and chunk):
+    a ``[BLOCK_N, NC, SUB / 8]`` tile of words, each row's words contiguous (wide loads), read
+    once for all rows. Nibble ``i`` of word ``c`` is feature ``8 c + i``: the activations are
+    read with stride 8 (they stay in L1). The scale and zero are factored out of each chunk,
+    ``sum (q - z) s x = s (sum q x - z sum x)``: one FMA per weight and row."""
+    CW: tl.constexpr = SUB // 8
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_c = tl.arange(0, BLOCK_K // 8)
+    offs_c = tl.arange(0, NC)
+    mask_m = offs_m < M
     mask_n = offs_n < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+    word = offs_c[:, None] * CW + tl.arange(0, CW)[None, :]  # [NC, CW]: words of an iteration
+    q_rows = q_ptr + offs_n[:, None, None] * stride_qn
+    x_rows = x_ptr + offs_m[:, None, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N, NC), dtype=tl.float32)
+    for k0 in tl.range(0, K, SUB * NC, num_stages=NUM_STAGES):
+        ck = k0 + offs_c * SUB  # first feature of each chunk
+        mask_c = ck < K
         words = tl.load(
-            q_ptr + offs_n[:, None] * stride_qn + (k0 // 8 + offs_c)[None, :],
-            mask=mask_n[:, None],
+            q_rows + (k0 // 8 + word)[None, :, :],
+            mask=mask_n[:, None, None] & mask_c[None, :, None],
             other=0,
-        )
-        g = offs_n[:, None] * stride_sn + ((k0 + 8 * offs_c) // GROUP)[None, :]
-        s = tl.load(s_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        )  # [BLOCK_N, NC, CW]
+        mask_x = mask_m[:, None, None] & mask_c[None, :, None]
+        part = tl.zeros((BLOCK_M, BLOCK_N, NC, CW), dtype=tl.float32)
+        xsum = tl.zeros((BLOCK_M, NC, CW), dtype=tl.float32)
         for i in tl.static_range(8):
-            x = tl.load(x_ptr + m * stride_xm + k0 + offs_c * 8 + i).to(tl.float32)
-            q = ((words >> (4 * i)) & 0xF).to(tl.float32)
-            acc += (q - z) * s * x[None, :]
-    y = tl.sum(acc, axis=1)
-    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
-
-
-def _int4_gemv_grouped_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    z_ptr,
-    y_ptr,
-    N,
-    K,
-    stride_xm,
-    stride_qn,
-    stride_sn,
-    stride_ym,
-    GROUP: tl.constexpr,
-    NG: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    """:func:`_int4_gemv_kernel` with the scale and zero factored out of each group:
-    ``sum_k (q - z) s x = s (sum_k q x - z sum_k x)`` over the ``GROUP`` features of a group, so
-    the inner loop is one multiply-add per weight and the scales are loaded once per row and
-    group (not per word). ``NG`` groups per iteration, held as a ``[BLOCK_N, NG, GROUP / 8]``
-    tile of words."""
-    W: tl.constexpr = GROUP // 8
-    m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    offs_g = tl.arange(0, NG)
-    word = offs_g[:, None] * W + tl.arange(0, W)[None, :]  # [NG, W]: words of the iteration
-    rows = offs_n[:, None, None] * stride_qn
-    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
-    for k0 in tl.range(0, K, GROUP * NG, num_stages=NUM_STAGES):
-        words = tl.load(q_ptr + rows + (k0 // 8 + word)[None, :, :], mask=mask_n[:, None, None])
-        part = tl.zeros((BLOCK_N, NG, W), dtype=tl.float32)
-        xsum = tl.zeros((NG, W), dtype=tl.float32)
-        for i in tl.static_range(8):
-            x = tl.load(x_ptr + m * stride_xm + k0 + word * 8 + i).to(tl.float32)
-            part += ((words >> (4 * i)) & 0xF).to(tl.float32) * x[None, :, :]
+            x = tl.load(x_rows + (k0 + word * 8 + i)[None, :, :], mask=mask_x, other=0.0)
+            x = x.to(tl.float32)  # [BLOCK_M, NC, CW]
+            q = (((words >> (4 * i)) & 0xF) | MAGIC).to(tl.float32, bitcast=True) - MAGIC_F
+            part += q[None, :, :, :] * x[:, None, :, :]
             xsum += x
-        g = offs_n[:, None] * stride_sn + (k0 // GROUP + offs_g)[None, :]
-        s = tl.load(s_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        acc += s * (tl.sum(part, axis=2) - z * tl.sum(xsum, axis=1)[None, :])
-    y = tl.sum(acc, axis=1)
-    tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+        g = offs_n[:, None] * stride_sn + (ck // GROUP)[None, :]  # [BLOCK_N, NC]
+        mask_g = mask_n[:, None] & mask_c[None, :]
+        s = tl.load(s_ptr + g, mask=mask_g, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g, mask=mask_g, other=0.0).to(tl.float32)
+        acc += s[None, :, :] * (
+            tl.sum(part, axis=3) - z[None, :, :] * tl.sum(xsum, axis=2)[:, None, :]
+        )
+    y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+    tl.store(
+        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+        y.to(y_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
 
 
 @functools.cache
 def _jit_gemv(name: str):
-    kernels = {
-        "fp8": _fp8_gemv_kernel,
-        "int4": _int4_gemv_kernel,
-        "int4_grouped": _int4_gemv_grouped_kernel,
-    }
+    kernels = {"fp8": _fp8_gemv_kernel, "int4": _int4_gemv_kernel}
     return triton.jit(kernels[name])
 
 
-def int4_grouped_fits(k: int, group: int, ng: int = 1) -> bool:
-    """Whether :func:`_int4_gemv_grouped_kernel` serves this shape: ``GROUP / 8`` and ``NG``
-    powers of two, ``K`` a whole number of iterations."""
-    w = group // 8
-    return (
-        group % 8 == 0 and w > 0 and not w & (w - 1) and not ng & (ng - 1) and k % (group * ng) == 0
-    )
+def block_m(m: int) -> int:
+    """The rows of a GEMV program: ``m`` rounded up to a power of two (the kernels' tiles)."""
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def int4_sub(group: int) -> int:
+    """Features per chunk of the int4 GEMV: the largest of 128, 64, 32 dividing the group."""
+    return next(s for s in (128, 64, 32) if group % s == 0)
 
 
 def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
-    """Launch parameters of the GEMV kernels (deterministic): 16 output rows per program, 8
-    where that leaves fewer than 512 programs, and ``K`` tiles of ``block_k_max`` (int4: up to
-    1024 features, 4 KiB of a 16-row tile per iteration; FP8: 256, or the scales' block)."""
-    block_n = 16 if m * -(-n // 16) >= 512 else 8
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k_max, "num_warps": 4, "num_stages": 3}
+    """FP8 GEMV launch parameters (deterministic): ``BLOCK_M`` the rows rounded up to a power of
+    two; ``BLOCK_N`` outputs per program with the fp32 accumulator ``BLOCK_M x BLOCK_N x
+    BLOCK_K`` at most 8,192 elements (64 a thread at 4 warps), 8 outputs where that leaves fewer
+    than 512 programs (4 per SM of an H100)."""
+    bm = block_m(m)
+    bk = block_k_max
+    while bm * 2 * bk > 8192 and bk > 32:
+        bk //= 2
+    block_n = max(2, min(16, 8192 // (bm * bk)))
+    if -(-n // block_n) < 512:
+        block_n = max(2, min(block_n, 8))
+    return {"BLOCK_M": bm, "BLOCK_N": block_n, "BLOCK_K": bk, "num_warps": 4, "num_stages": 3}
+
+
+def int4_gemv_config(m: int, n: int, k: int, group: int) -> dict:
+    """int4 GEMV launch parameters (deterministic): chunks of ``SUB`` 32 features (4 words, one
+    16-byte load: the sum over a chunk's words stays in a thread; 128-feature chunks needed a
+    third more shuffles on sm_90), 1,024 features an iteration (4 KiB of words at ``BLOCK_N``
+    8; 16 outputs where that still leaves 512 programs), the partial sums (``BLOCK_M x BLOCK_N
+    x NC x SUB / 8``) at most 4,096 elements as rows grow (fewer outputs, then fewer chunks)."""
+    bm = block_m(m)
+    sub = 32
+    cw = sub // 8
+    nc = 1024 // sub
+    block_n = 16 if -(-n // 16) >= 512 else 8
+    while bm * block_n * nc * cw > 4096 and block_n > 4:
+        block_n //= 2
+    while bm * block_n * nc * cw > 4096 and nc > 1:
+        nc //= 2
+    return {
+        "BLOCK_M": bm,
+        "BLOCK_N": block_n,
+        "SUB": sub,
+        "NC": nc,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
 
 
 def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
-    """``x2`` ``[M, K]`` (``M <= GEMV_ROWS``, unquantised) times the FP8 weight dequantised in
+    """``x2`` ``[M, K]`` (``M <= 16``, unquantised) times the FP8 weight dequantised in
     registers -> ``[M, N]`` ``x2.dtype``. ``block_k``: the scales' block width (a power of two
     >= 16), None for one scale per row."""
     x2 = x2.contiguous()
@@ -201,13 +227,16 @@ def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
     n = w8.shape[0]
     bk = 256 if block_k is None else min(block_k, 128)
     conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
+    if conf["BLOCK_M"] < m:
+        raise ValueError(f"BLOCK_M {conf['BLOCK_M']} is fewer than the {m} rows")
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
+    grid = (triton.cdiv(n, conf["BLOCK_N"]),)
     _jit_gemv("fp8")[grid](
         x2,
         w8,
         w_scale,
         y,
+        m,
         n,
         k,
         x2.stride(0),
@@ -215,6 +244,7 @@ def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
         w_scale.stride(0),
         y.stride(0),
         SCALE_K=0 if block_k is None else block_k,
+        BLOCK_M=conf["BLOCK_M"],
         BLOCK_N=conf["BLOCK_N"],
         BLOCK_K=conf["BLOCK_K"],
         NUM_STAGES=conf["num_stages"],
@@ -224,41 +254,26 @@ def fp8_gemv(x2, w8, w_scale, block_k: int | None, cfg=None) -> torch.Tensor:
 
 
 def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
-    """``x2`` ``[M, K]`` (``M <= GEMV_ROWS``) times the int4 weight transposed -> ``[M, N]``."""
+    """``x2`` ``[M, K]`` (``M <= 16``) times the int4 weight transposed -> ``[M, N]``; the group
+    (``K / scales.shape[1]``) a multiple of 32."""
     x2 = x2.contiguous()
     m, k = x2.shape
     n = qweight.shape[0]
     group = k // scales.shape[1]
-    bk = next(b for b in (1024, 512, 256, 128, 64, 32) if k % b == 0)
-    conf = {**gemv_config(m, n, k, bk), **(cfg or {})}
+    conf = {**int4_gemv_config(m, n, k, group), **(cfg or {})}
+    if conf["BLOCK_M"] < m:
+        raise ValueError(f"BLOCK_M {conf['BLOCK_M']} is fewer than the {m} rows")
+    if group % conf["SUB"]:
+        raise ValueError(f"SUB {conf['SUB']} does not divide the group of {group} features")
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    grid = (m, triton.cdiv(n, conf["BLOCK_N"]))
-    if conf.get("NG") and int4_grouped_fits(k, group, conf["NG"]):
-        _jit_gemv("int4_grouped")[grid](
-            x2,
-            qweight,
-            scales,
-            zeros,
-            y,
-            n,
-            k,
-            x2.stride(0),
-            qweight.stride(0),
-            scales.stride(0),
-            y.stride(0),
-            GROUP=group,
-            NG=conf["NG"],
-            BLOCK_N=conf["BLOCK_N"],
-            NUM_STAGES=conf["num_stages"],
-            num_warps=conf["num_warps"],
-        )
-        return y
+    grid = (triton.cdiv(n, conf["BLOCK_N"]),)
     _jit_gemv("int4")[grid](
         x2,
         qweight,
         scales,
         zeros,
         y,
+        m,
         n,
         k,
         group,
@@ -266,8 +281,10 @@ def int4_gemv(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
         qweight.stride(0),
         scales.stride(0),
         y.stride(0),
+        BLOCK_M=conf["BLOCK_M"],
         BLOCK_N=conf["BLOCK_N"],
-        BLOCK_K=conf["BLOCK_K"],
+        SUB=conf["SUB"],
+        NC=conf["NC"],
         NUM_STAGES=conf["num_stages"],
         num_warps=conf["num_warps"],
     )

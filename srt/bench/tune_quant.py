@@ -10,7 +10,10 @@ L2 reuse flatter it: the weights of one layer are not in L2 when the next reads 
 prints, per shape, the heuristic's time, the best candidate's, and both against the weight-bytes
 roofline (bytes / the copy bandwidth measured in the same run). Every configuration computes the
 same result (checked against the heuristic's output), so a table built from this cannot make a
-model wrong. Reference rows in the same run: bf16 ``F.linear`` and, for int4, dequantise + cuBLAS.
+model wrong. Reference rows in the same run: bf16 ``F.linear`` and, for int4, dequantise + cuBLAS
+(``int4_dequant``; ``int4_dequant_only`` times the dequantisation alone against its own bytes,
+the int4 read plus the bf16 write). The GEMVs are swept up to 16 rows and the tiled kernel from
+``GEMV_ROWS`` rows, so that the rows where one overtakes the other show in one run.
 """
 
 from __future__ import annotations
@@ -26,26 +29,31 @@ from radixlm.kernels import quant_gemm as qg
 from radixlm.kernels import quant_gemv as qv
 from radixlm.srt.bench.bench_quant import GROUP, copy_bandwidth, projections
 
-GEMV_GRID = {
+GEMV_MAX_ROWS = 16  # the GEMV kernels' rows (the dispatch uses them up to qg.GEMV_ROWS)
+
+FP8_GEMV_GRID = {
     "BLOCK_N": (2, 4, 8, 16, 32),
-    "BLOCK_K": (256, 512, 1024, 2048, 4096),
+    "BLOCK_K": (128, 256, 512, 1024),
     "num_warps": (4, 8),
-    "num_stages": (2, 4),
+    "num_stages": (2, 3, 4),
 }
-GROUPED_GRID = {
+INT4_GEMV_GRID = {
     "BLOCK_N": (4, 8, 16, 32),
-    "NG": (1, 2, 4, 8),
+    "SUB": (32, 128),
+    "NC": (2, 4, 8, 16, 32),
     "num_warps": (4, 8),
     "num_stages": (2, 4),
 }
-# fp32 accumulator elements per program (FP8: BLOCK_N * BLOCK_K; int4: one per word) at most
-GEMV_ACC = 8192
+# fp32 elements per program at most: FP8 accumulator BLOCK_M * BLOCK_N * BLOCK_K, int4 partial
+# sums BLOCK_M * BLOCK_N * NC * SUB / 8 (larger tiles spill)
+GEMV_ACC = {"fp8_gemv": 8192, "int4_gemv": 8192}
 TILED_GRID = {
-    "BLOCK_M": (16, 32, 64),
-    "BLOCK_N": (32, 64, 128),
+    "BLOCK_M": (16, 32, 64, 128),
+    "BLOCK_N": (64, 128),
     "BLOCK_K": (64, 128),
-    "SPLIT_K": (1, 2, 4),
-    "num_warps": (4,),
+    "SPLIT_K": (1, 2, 4, 8),
+    "num_warps": (4, 8),
+    "num_stages": (3, 4),
 }
 
 
@@ -101,7 +109,7 @@ def weight_bytes(kind: str, n: int, k: int) -> int:
 def call(kernel: str, x, w, cfg):
     if kernel == "fp8_gemv":
         return lambda: qv.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
-    if kernel in ("int4_gemv", "int4_gemv_g"):
+    if kernel == "int4_gemv":
         return lambda: qv.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
     if kernel == "int4_tiled":
         return lambda: qg.int4_gemm(
@@ -113,40 +121,55 @@ def call(kernel: str, x, w, cfg):
         )
     if kernel == "int4_dequant":
         return lambda: F.linear(x, qg.int4_dequant(w[0], w[1], w[2], x.dtype))
+    if kernel == "int4_dequant_only":  # the dequantisation alone: near copy bandwidth
+        return lambda: qg.int4_dequant(w[0], w[1], w[2], x.dtype, **(cfg or {}))
     return lambda: F.linear(x, w[0])  # bf16
 
 
 KIND = {
     "fp8_gemv": "fp8",
     "int4_gemv": "int4",
-    "int4_gemv_g": "int4",
     "int4_tiled": "int4",
     "int4_dequant": "int4",
+    "int4_dequant_only": "int4",
 }
+GRIDS = {
+    "fp8_gemv": FP8_GEMV_GRID,
+    "int4_gemv": INT4_GEMV_GRID,
+    "int4_tiled": TILED_GRID,
+    "int4_dequant_only": {"block_n": (8, 16, 32, 64)},
+}
+
+
+def fits(kernel: str, cfg: dict, rows: int, k: int) -> bool:
+    """Whether a candidate serves this shape and keeps its tile in registers."""
+    if kernel.endswith("gemv"):
+        per_output = cfg.get("NC", 1) * cfg.get("SUB", 8) // 8 * cfg.get("BLOCK_K", 1)
+        if qv.block_m(rows) * cfg["BLOCK_N"] * per_output > GEMV_ACC[kernel]:
+            return False
+    if kernel == "int4_gemv" and GROUP % cfg["SUB"]:
+        return False
+    if "BLOCK_K" in cfg and k % (cfg["BLOCK_K"] * cfg.get("SPLIT_K", 1)):
+        return False
+    if kernel == "int4_tiled" and (GROUP % cfg["BLOCK_K"] or cfg["BLOCK_M"] > 4 * rows + 16):
+        return False
+    return True
 
 
 def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[dict]:
     kind = KIND.get(kernel, "bf16")
-    grid = {"int4_gemv_g": GROUPED_GRID, "int4_tiled": TILED_GRID}.get(kernel, GEMV_GRID)
-    tuned = ("fp8_gemv", "int4_gemv", "int4_gemv_g", "int4_tiled")
-    cands = configs(grid) if kernel in tuned else []
+    cands = configs(GRIDS[kernel]) if kernel in GRIDS else []
     rows_out = []
     for n, k in projections():
         ws = make_weights(kind, n, k, layers)
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        roof = layers * weight_bytes(kind, n, k) / bw * 1e3
+        moved = weight_bytes(kind, n, k) + (2 * n * k if kernel == "int4_dequant_only" else 0)
+        roof = layers * moved / bw * 1e3  # the dequantisation alone: its bf16 writes too
         ref = call(kernel, x, ws[0], None)()
         base = graph_ms([call(kernel, x, w, None) for w in ws])
         best, best_cfg = base, None
         for cfg in cands[:limit]:
-            if cfg.get("SPLIT_K", 1) > 1 and k % (cfg["BLOCK_K"] * cfg["SPLIT_K"]):
-                continue
-            if "BLOCK_K" in cfg and k % cfg["BLOCK_K"]:
-                continue
-            words = 8 if kernel == "int4_gemv" else 1
-            if kernel == "int4_gemv_g" and not qv.int4_grouped_fits(k, GROUP, cfg["NG"]):
-                continue
-            if kernel.endswith("gemv") and cfg["BLOCK_N"] * cfg["BLOCK_K"] > GEMV_ACC * words:
+            if not fits(kernel, cfg, rows, k):
                 continue
             try:
                 y = call(kernel, x, ws[0], cfg)()
@@ -181,9 +204,10 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--kernels", default="bf16,fp8_gemv,int4_gemv,int4_gemv_g,int4_tiled,int4_dequant"
+        "--kernels",
+        default="bf16,fp8_gemv,int4_gemv,int4_tiled,int4_dequant_only,int4_dequant",
     )
-    ap.add_argument("--rows", default="1,4,16,64")
+    ap.add_argument("--rows", default="1,4,8,16,64,256")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--limit", type=int, default=1000, help="at most this many candidates")
     ap.add_argument("--json", default=None)
@@ -193,9 +217,11 @@ def main(argv=None) -> None:
     results = []
     for kernel in args.kernels.split(","):
         for rows in map(int, args.rows.split(",")):
-            if "gemv" in kernel and rows > qg.GEMV_ROWS:
+            if "gemv" in kernel and rows > GEMV_MAX_ROWS:
                 continue
-            if kernel == "int4_tiled" and rows <= qg.GEMV_ROWS:  # the GEMVs' rows
+            if kernel == "int4_tiled" and rows < qg.GEMV_ROWS:  # the GEMVs' rows
+                continue
+            if kernel == "int4_dequant_only" and rows > 1:  # no activations: once
                 continue
             results += sweep(kernel, rows, args.layers, bw, args.limit)
     if args.json:

@@ -133,9 +133,10 @@ def test_int4_tiled_kernel_serves_decode_rows_with_split_k(m, group):
     assert _rel(qg.int4_gemm(x, qweight, scales, zeros, cfg=cfg), want) < TOL[torch.float16]
 
 
-@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("m", [1, 4, 7, 16])
 @pytest.mark.parametrize("group", [32, 64, 256])
 def test_int4_gemv_kernel_matches_the_reference(m, group):
+    """Every row from one program's tile (up to 16 rows; 7: rows masked off the tile)."""
     device = "cuda" if CUDA else "cpu"
     n, k = 40, 512  # N not a multiple of BLOCK_N
     values, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=group)
@@ -147,25 +148,33 @@ def test_int4_gemv_kernel_matches_the_reference(m, group):
 
 
 @pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize(("group", "ng"), [(32, 1), (64, 2), (128, 4)])
-def test_int4_grouped_gemv_matches_the_reference(m, group, ng):
-    """The GEMV with scales factored out of each group (``NG`` groups per iteration)."""
+@pytest.mark.parametrize(
+    ("group", "k", "sub", "nc"), [(32, 512, 32, 1), (128, 640, 128, 4), (384, 768, 128, 2)]
+)
+def test_int4_gemv_chunks_cover_groups_and_a_partial_last_iteration(m, group, k, sub, nc):
+    """``NC`` chunks an iteration (K 640 at 4 x 128: a partial last one; group 384: chunks of
+    128 share one scale)."""
     device = "cuda" if CUDA else "cpu"
-    n, k = 40, 512  # N not a multiple of BLOCK_N
-    _, qweight, scales, zeros = _int4_weights(n, k, group, torch.float16, device, seed=group + m)
+    _, qweight, scales, zeros = _int4_weights(24, k, group, torch.float16, device, seed=k + m)
     x = torch.randn(m, k, device=device).to(torch.float16)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
-    cfg = {"NG": ng, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
-    assert qv.int4_grouped_fits(k, group, ng)
-    got = qv.int4_gemv(x, qweight, scales, zeros, cfg=cfg)
-    assert got.dtype == torch.float16 and got.shape == (m, n)
-    assert _rel(got, want) < TOL[torch.float16]
+    cfg = {"BLOCK_M": qv.block_m(m), "BLOCK_N": 8, "SUB": sub, "NC": nc, "num_stages": 2}
+    assert _rel(qv.int4_gemv(x, qweight, scales, zeros, cfg=cfg), want) < TOL[torch.float16]
 
 
-def test_int4_grouped_gemv_refuses_shapes_it_cannot_tile():
-    assert not qv.int4_grouped_fits(14336, 14336)  # 1,792 words a group: not a power of two
-    assert not qv.int4_grouped_fits(4096, 128, ng=3)
-    assert not qv.int4_grouped_fits(384, 128, ng=4)  # K not a whole number of iterations
+def test_gemv_configs_keep_the_tiles_in_registers_and_refuse_too_few_rows():
+    for m in (1, 4, 16):
+        c = qv.int4_gemv_config(m, 4096, 4096, 128)
+        assert c["BLOCK_M"] >= m and c["BLOCK_M"] * c["BLOCK_N"] * c["NC"] * c["SUB"] <= 8 * 4096
+        f = qv.gemv_config(m, 4096, 4096, 256)
+        assert f["BLOCK_M"] >= m and f["BLOCK_M"] * f["BLOCK_N"] * f["BLOCK_K"] <= 8192
+    assert qv.int4_sub(384) == 128 and qv.int4_sub(96) == 32
+    x = torch.zeros(3, 64, dtype=torch.float16)
+    _, qweight, scales, zeros = _int4_weights(8, 64, 32, torch.float16, "cpu")
+    with pytest.raises(ValueError, match="BLOCK_M 2"):
+        qv.int4_gemv(x, qweight, scales, zeros, cfg={"BLOCK_M": 2})
+    with pytest.raises(ValueError, match="SUB 64"):
+        qv.int4_gemv(x, qweight, scales, zeros, cfg={"SUB": 64})
 
 
 @pytest.mark.parametrize("group", [32, 128, 384])
@@ -196,7 +205,9 @@ def test_per_token_quantisation_kernel_matches_the_torch_path(k):
     torch.testing.assert_close(q.float(), want_q.float(), rtol=0.07, atol=0)
 
 
-@pytest.mark.parametrize(("m", "k", "block_k"), [(1, 256, None), (3, 200, 128), (2, 96, 32)])
+@pytest.mark.parametrize(
+    ("m", "k", "block_k"), [(1, 256, None), (3, 200, 128), (2, 96, 32), (16, 256, None)]
+)
 def test_fp8_gemv_kernel_is_the_weight_only_product(m, k, block_k):
     """Decode rows: the FP8 weight dequantised in registers times unquantised activations (per
     row scales, or blocks with a partial last one): the exact weight, no activation rounding."""
@@ -235,6 +246,7 @@ def test_int4_config_splits_k_for_few_rows_only():
     assert few["SPLIT_K"] > 1 and 4096 % (few["BLOCK_K"] * few["SPLIT_K"]) == 0
     assert qg.int4_config(256, 4096, 4096, 128)["SPLIT_K"] == 1
     assert qg.int4_config(1, 4096, 4096, 32)["BLOCK_K"] == 32
+    assert qg.int4_config(64, 4096, 4096, 128)["BLOCK_K"] == 128
 
 
 # --- GPU ------------------------------------------------------------------------------------
