@@ -193,28 +193,41 @@ def gemv_config(m: int, n: int, k: int, block_k_max: int) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": block_n, "BLOCK_K": bk, "num_warps": 4, "num_stages": 3}
 
 
+# int4 GEMV launches measured fastest on an H100 (srt/bench/tune_quant.py, 2026-12-07, the 8B
+# projections): (rows <= 1, wide output) -> BLOCK_N, chunk features SUB, chunks NC, warps, stages
+# ("wide": n >= 16,384 outputs, the MLP's up projection; else attention-sized outputs). One row
+# reads 128-feature chunks, 1,024 features an iteration; a few rows read 32-feature chunks.
+_INT4_GEMV_BEST = {
+    (True, True): (32, 128, 8, 4, 2),
+    (True, False): (16, 128, 8, 8, 4),
+    (False, True): (32, 128, 2, 4, 4),
+    (False, False): (16, 32, 32, 4, 2),
+}
+
+
 def int4_gemv_config(m: int, n: int, k: int, group: int) -> dict:
-    """int4 GEMV launch parameters (deterministic): chunks of ``SUB`` 32 features (4 words, one
-    16-byte load: the sum over a chunk's words stays in a thread; 128-feature chunks needed a
-    third more shuffles on sm_90), 1,024 features an iteration (4 KiB of words at ``BLOCK_N``
-    8; 16 outputs where that still leaves 512 programs), the partial sums (``BLOCK_M x BLOCK_N
-    x NC x SUB / 8``) at most 4,096 elements as rows grow (fewer outputs, then fewer chunks)."""
+    """int4 GEMV launch parameters (deterministic), from the measured table above; ``SUB`` is
+    lowered to the largest of 128, 64, 32 dividing the group (``NC`` raised to keep the features
+    an iteration covers), and for more than 4 rows the partial sums (``BLOCK_M x BLOCK_N x NC x
+    SUB / 8``) are kept at most 4,096 elements (fewer outputs, then fewer chunks)."""
     bm = block_m(m)
-    sub = 32
-    cw = sub // 8
-    nc = 1024 // sub
-    block_n = 16 if -(-n // 16) >= 512 else 8
-    while bm * block_n * nc * cw > 4096 and block_n > 4:
-        block_n //= 2
-    while bm * block_n * nc * cw > 4096 and nc > 1:
-        nc //= 2
+    block_n, sub, nc, warps, stages = _INT4_GEMV_BEST[(bm == 1, n >= 16384)]
+    fit = int4_sub(group)
+    if sub > fit:
+        nc, sub = nc * sub // fit, fit
+    if bm > 4:
+        cw = sub // 8
+        while bm * block_n * nc * cw > 4096 and block_n > 4:
+            block_n //= 2
+        while bm * block_n * nc * cw > 4096 and nc > 1:
+            nc //= 2
     return {
         "BLOCK_M": bm,
         "BLOCK_N": block_n,
         "SUB": sub,
         "NC": nc,
-        "num_warps": 4,
-        "num_stages": 3,
+        "num_warps": warps,
+        "num_stages": stages,
     }
 
 
