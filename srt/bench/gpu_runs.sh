@@ -74,7 +74,7 @@ for s in "$@"; do
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
     # launch-parameter sweep of the FP8/int4 kernels (bench/tune_quant.py)
-    tunequant) section tunequant 330 python3 -m radixlm.srt.bench.tune_quant --json "$RESULTS/tune_quant.json" ;;
+    tunequant) section tunequant 560 python3 -m radixlm.srt.bench.tune_quant --json "$RESULTS/tune_quant.json" ;;
     quant) section quant 300 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json"
       section quantengine 400 python3 -m radixlm.srt.bench.bench_gpu --sections calib,decode,prefill \
         --backends triton --graphs on --overlap on --quantization fp8 --json "$RESULTS/quantengine.json" ;;
