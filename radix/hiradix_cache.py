@@ -450,8 +450,8 @@ class HiRadixCache(RadixCache):
         the seconds their reads took (what a disk hit costs, without the parent's backup)."""
         if self.disk is None or pos >= len(tokens):
             return [], 0.0
-        if not last.is_root and (last.page_keys is None or not self._backup(last)):
-            return [], 0.0  # a host-only child needs a parent with a host copy
+        if not last.is_root and last.page_keys is None:
+            return [], 0.0
         keys, pages = self.disk.find(last_key(last), namespace, tokens, pos)
         if not keys:
             return [], 0.0
@@ -460,6 +460,11 @@ class HiRadixCache(RadixCache):
             num_tokens, self.controller.bytes_per_token, self.controller.estimate_load_seconds
         ):
             self.stats.loads_skipped_slower += 1
+            return [], 0.0
+        # a host-only child needs a parent with a host copy: backed up only for a disk hit
+        # (before, every admission past the tree's end copied its whole device prefix to the
+        # host pool, and a small host pool evicted and re-wrote pages for nothing)
+        if not last.is_root and not self._backup(last):
             return [], 0.0
         started = time.perf_counter()
         with self.stats.timed("disk_wait"):
