@@ -64,6 +64,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 SAVE_ON_CLOSE_S = 3.0  # close() writes device-only prefixes to disk for at most this long
+STAGE_HOST_SHARE = 0.25  # at most this share of the host pool holds pages staged to disk
 COPY_HIDDEN_SHARE = 0.5  # a step's loads shorter than this share of it hide under its forward
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
@@ -429,6 +430,10 @@ class HiRadixCache(RadixCache):
         parent in memory. The device slots wait for the copy as a backup's do (``write_op``)."""
         keys = node.page_keys or []
         if not any(not self.disk.storage.exists(k) for k in keys):
+            return
+        staged = sum(len(s.key) for s in self._staged)
+        if staged + len(node.key) > STAGE_HOST_SHARE * self.host_pool.total_size():
+            self.stats.disk_writes_skipped += len(keys)  # best effort: reads need the room
             return
         with self.stats.timed("backup"):
             host = self._alloc_host(len(node.key), {id(n) for n in self._ancestors(node)})
