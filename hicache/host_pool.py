@@ -76,9 +76,10 @@ class HostKVPool:
         self._free_pages: list[int] = list(range(self.num_pages))  # a min-heap of free page ids
         # [num_pages] bool on the CPU: True where the page is free
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool)
-        # [num_pages] int64 CPU: bumped when a page is freed, so a reader on another thread
-        # can tell that the page it copied may hold another page's KV by now
-        self._generation = torch.zeros(self.num_pages, dtype=torch.int64)
+        # per page: bumped when the page is freed, so a reader on another thread can tell that
+        # the page it copied may hold another page's KV by now (a list: the disk writer reads
+        # it for every page it writes, a tensor read costs ~100x more and holds the GIL)
+        self._generation: list[int] = [0] * self.num_pages
 
     @staticmethod
     def tokens_for_bytes(
@@ -132,8 +133,8 @@ class HostKVPool:
         if torch.unique(pages).numel() != pages.numel() or bool(self._is_free[pages].any()):
             raise AssertionError(f"host pages freed twice: {pages.tolist()}")
         self._is_free[pages] = True
-        self._generation[pages] += 1
         for page in pages.tolist():
+            self._generation[page] += 1
             heapq.heappush(self._free_pages, page)
 
     def page_ids(self, host_slots: torch.Tensor) -> torch.Tensor:
@@ -203,7 +204,7 @@ class HostKVPool:
 
     def page_generation(self, page_id: int) -> int:
         """How many times page ``page_id`` was freed so far."""
-        return int(self._generation[page_id])
+        return self._generation[page_id]
 
     def snapshot_page(self, page_id: int, generation: int) -> bytes | None:
         """Page ``page_id``'s bytes if it was not freed since ``generation`` (else None: it

@@ -257,6 +257,12 @@ class StorageIO:
                 return True
         return self._store_has(key)
 
+    def any_pending(self, keys: Sequence[bytes]) -> bool:
+        """Whether any of ``keys`` is still queued or being written (its source memory is
+        still to be read, when the payload is a view)."""
+        with self._lock:
+            return any(k in self._write_queue or k in self._writing for k in keys)
+
     def _read_loop(self) -> None:
         while True:
             item = self._read_queue.get()

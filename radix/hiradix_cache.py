@@ -47,6 +47,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,6 +64,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_EVICT_BATCH = 64  # a host eviction frees at least 1/64 of the host pool
 SELECTIVE_HITS = 2  # write_through_selective backs a node up at its second hit
 SAVE_ON_CLOSE_S = 3.0  # close() writes device-only prefixes to disk for at most this long
+STAGE_HOST_SHARE = 0.25  # at most this share of the host pool holds pages staged to disk
 COPY_HIDDEN_SHARE = 0.5  # a step's loads shorter than this share of it hide under its forward
 AllocSlotsFn = Callable[[int], "torch.Tensor | None"]
 
@@ -97,6 +99,7 @@ class HiRadixCache(RadixCache):
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
         self._pending_writes: list[TreeNode] = []
+        self._staged: list[_Staged] = []  # pages on their way to disk through the host pool
         # (host slots of one page, its disk read): reads still running when their admission
         # stopped waiting; the page is freed once the read is done
         self._busy_host_pages: list[tuple[torch.Tensor, Any]] = []
@@ -198,7 +201,10 @@ class HiRadixCache(RadixCache):
             self._set_page_keys(leaf, namespace)
             path.append(leaf)
             if self.write_policy == "write_through":
-                self._backup(leaf)
+                if self.disk is not None and not (node.is_root or node.host_slots is not None):
+                    self._stage_to_disk(leaf)
+                else:
+                    self._backup(leaf)
         slots = self._concat([n.kv_slots for n in path])
         return InsertResult(num_present, slots, path[-1] if path else node)
 
@@ -391,6 +397,7 @@ class HiRadixCache(RadixCache):
         """Folds finished device -> host copies in (those nodes' pages go to the disk tier) and
         frees the host pages of finished late disk reads."""
         self._free_finished_reads()
+        self._progress_staged()
         if not self._pending_writes:
             return
         still = []
@@ -413,6 +420,60 @@ class HiRadixCache(RadixCache):
             return
         with self.stats.timed("store_pages"):
             self.disk.queue_writes(node, self.host_pool)
+
+    def _stage_to_disk(self, node: TreeNode) -> None:
+        """Write-through of a leaf whose parent has no host copy (a host pool smaller than the
+        device pool dropped it), with a disk tier: the leaf's pages go to disk through host
+        pages it does not keep, freed once the writer is done with them. Backing the leaf up
+        would first copy every ancestor back into the host pool (the whole conversation again,
+        every turn) only to keep the host copies a prefix; the disk's chained keys need no
+        parent in memory. The device slots wait for the copy as a backup's do (``write_op``)."""
+        keys = node.page_keys or []
+        if not any(not self.disk.storage.exists(k) for k in keys):
+            return
+        staged = sum(len(s.key) for s in self._staged)
+        if staged + len(node.key) > STAGE_HOST_SHARE * self.host_pool.total_size():
+            self.stats.disk_writes_skipped += len(keys)  # best effort: reads need the room
+            return
+        with self.stats.timed("backup"):
+            host = self._alloc_host(len(node.key), {id(n) for n in self._ancestors(node)})
+            if host is None:
+                self.stats.backups_skipped += 1
+                return
+            op = self.controller.write_back(node.kv_slots, host)
+            self.stats.write_back_tokens += len(node.key)
+            node.write_op = op
+            self._pending_writes.append(node)  # clears write_op once done (no host copy kept)
+            self._staged.append(_Staged(node.key, list(keys), host, op))
+
+    def _progress_staged(self) -> None:
+        """Staged pages whose copy is done go to the disk writer; their host pages are freed
+        once the writer has none of them left (written, dropped or skipped)."""
+        if not self._staged:
+            return
+        still = []
+        for staged in self._staged:
+            if not staged.queued:
+                if not staged.op.done():
+                    still.append(staged)
+                    continue
+                staged.op.wait()
+                with self.stats.timed("store_pages"):
+                    self.disk.queue_pages(staged.keys, staged.key, staged.host, self.host_pool)
+                staged.queued = True
+            if self.disk.storage.any_pending(staged.keys):
+                still.append(staged)
+            else:
+                self.host_pool.free(staged.host)
+        self._staged = still
+
+    def _free_staged(self) -> None:
+        """Frees every staged page (a write still queued from one finds it freed and skips it:
+        its generation tells)."""
+        for staged in self._staged:
+            staged.op.wait()
+            self.host_pool.free(staged.host)
+        self._staged = []
 
     # ----------------------------------------------------------------------------- disk tier
 
@@ -450,8 +511,8 @@ class HiRadixCache(RadixCache):
         the seconds their reads took (what a disk hit costs, without the parent's backup)."""
         if self.disk is None or pos >= len(tokens):
             return [], 0.0
-        if not last.is_root and (last.page_keys is None or not self._backup(last)):
-            return [], 0.0  # a host-only child needs a parent with a host copy
+        if not last.is_root and last.page_keys is None:
+            return [], 0.0
         keys, pages = self.disk.find(last_key(last), namespace, tokens, pos)
         if not keys:
             return [], 0.0
@@ -460,6 +521,11 @@ class HiRadixCache(RadixCache):
             num_tokens, self.controller.bytes_per_token, self.controller.estimate_load_seconds
         ):
             self.stats.loads_skipped_slower += 1
+            return [], 0.0
+        # a host-only child needs a parent with a host copy: backed up only for a disk hit
+        # (before, every admission past the tree's end copied its whole device prefix to the
+        # host pool, and a small host pool evicted and re-wrote pages for nothing)
+        if not last.is_root and not self._backup(last):
             return [], 0.0
         started = time.perf_counter()
         with self.stats.timed("disk_wait"):
@@ -596,6 +662,7 @@ class HiRadixCache(RadixCache):
             if node.host_slots is not None:
                 self.host_pool.free(node.host_slots)
         self._pending_writes = []
+        self._free_staged()
         if self.disk is not None:
             self.disk.forget_reads()
         self._wait_busy_reads()
@@ -617,8 +684,12 @@ class HiRadixCache(RadixCache):
         device holds to disk (parents first, for at most ``save_s``), then flushes the writer."""
         self._finish_pending_writes()
         if self.disk is not None:
+            for staged in self._staged:  # every staged copy is done: queue them all
+                staged.op.wait()
+            self._progress_staged()
             self._save_device_only(time.monotonic() + save_s)
             self.disk.close()
+            self._free_staged()
 
     def _finish_pending_writes(self) -> None:
         self._progress()
@@ -640,6 +711,8 @@ class HiRadixCache(RadixCache):
                 return
             if node.kv_slots is None or node.host_slots is not None or node.page_keys is None:
                 continue
+            if not any(not storage.exists(k) for k in node.page_keys):
+                continue  # on disk already (staged there, or written before a host eviction)
             num_bytes = len(node.key) * bytes_per_token
             queue_full = storage.pending_write_bytes() + num_bytes > storage.max_pending_write_bytes
             if queue_full or self.host_pool.available_size() < len(node.key):
@@ -677,6 +750,7 @@ class HiRadixCache(RadixCache):
         """Host tokens held by nodes, by reads ahead of admission, and by disk reads still
         running into given-up pages."""
         held = sum(len(n.key) for n in self._all_nodes() if n.host_slots is not None)
+        held += sum(len(s.key) for s in self._staged)
         num_reserved = 0 if self.disk is None else self.disk.num_reserved
         return held + (len(self._busy_host_pages) + num_reserved) * self.page_size
 
@@ -707,6 +781,17 @@ class HiRadixCache(RadixCache):
 
     def snapshot(self):  # the plain tree's snapshot reads device slots of every node
         raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")
+
+
+@dataclass
+class _Staged:
+    """A leaf's pages copied into host pages it does not keep, on their way to the disk."""
+
+    key: tuple[int, ...]
+    keys: list[bytes]
+    host: torch.Tensor
+    op: Any
+    queued: bool = False
 
 
 class _HostPageLender:

@@ -35,6 +35,9 @@ def check_hiradix(cache: HiRadixCache) -> None:
     assert protected == cache._protected_tokens, f"{protected=} != {cache._protected_tokens}"
     dev = cache._concat(device_slots)
     assert dev.unique().numel() == dev.numel(), "a device slot is held by two tree positions"
+    for staged in cache._staged:  # pages on their way to disk, held by no node
+        host_slots.append(staged.host)
+        host_held += len(staged.key)
     for slots, _ in cache._busy_host_pages:  # late disk reads: held until they are done
         host_slots.append(slots)
         host_held += len(slots)

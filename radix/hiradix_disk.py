@@ -182,11 +182,17 @@ class DiskPages:
     def queue_writes(self, node: TreeNode, host_pool: Any) -> None:
         """Queues the node's pages for the disk writer, which writes them from the host pool
         itself (a page freed before it is written is skipped: its generation tells)."""
-        pages = host_pool.page_ids(node.host_slots).tolist()
-        for i, key in enumerate(node.page_keys or ()):
+        self.queue_pages(node.page_keys or [], node.key, node.host_slots, host_pool)
+
+    def queue_pages(
+        self, keys: list[bytes], tokens_all: Page, host_slots: Any, host_pool: Any
+    ) -> None:
+        """Queues pages ``keys`` (of ``tokens_all``, in ``host_slots``) for the disk writer."""
+        pages = host_pool.page_ids(host_slots).tolist()
+        for i, key in enumerate(keys):
             if self.storage.exists(key):
                 continue
-            tokens = node.key[i * self.page_size : (i + 1) * self.page_size]
+            tokens = tokens_all[i * self.page_size : (i + 1) * self.page_size]
             snapshot = functools.partial(  # the writer writes from the pool, without a copy
                 host_pool.page_view, pages[i], host_pool.page_generation(pages[i])
             )

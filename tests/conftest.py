@@ -112,6 +112,29 @@ def tiny_model_writer():
 
 
 @pytest.fixture(scope="session")
+def word_tokenizer():
+    """A word-level tokenizer over ids ``0 .. 511`` built in memory (``t<id>``; ``t0`` unknown
+    and bos, ``t1`` eos): tiny models for machines without the default model."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(512)}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")),
+        unk_token="t0",
+        eos_token="t1",
+        bos_token="t0",
+    )
+
+
+@pytest.fixture(scope="session")
+def offline_tiny_llama_dir(tmp_path_factory, word_tokenizer):
+    """``tiny_llama_dir``'s model over ``word_tokenizer``: needs no default model (tests that
+    feed token ids and run on GPU machines, which do not have it)."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama-offline"), word_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, default_model_dir):
     """A randomly initialised 2-layer Llama with SmolLM2's tokenizer (fast engine tests)."""
     from transformers import AutoTokenizer

@@ -95,6 +95,8 @@ class ModeRun:
     wall_s: float = 0.0
     reqs: list[RequestStats] = field(default_factory=list)
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    # gaps[(c, r)][i]: top-1 minus top-2 logprob at output token i (how near a tie it was)
+    gaps: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     tiers: dict[str, float] | None = None  # tier counters over the run (hierarchical modes)
     disk: dict[str, float] | None = None  # the disk store's figures at the end of the run
     phases: dict[str, float] | None = None  # scheduler-thread seconds per tier phase, rates
@@ -161,7 +163,16 @@ def stream_request(engine, prompt: list[int], output_len: int) -> tuple[float, f
     t0 = time.perf_counter()
     ttft = None
     last = None
-    for chunk in engine.generate(input_ids=prompt, sampling_params=params, stream=True):
+    # the top two logprobs of each output token (no input logprobs): how near a tie each
+    # greedy pick was, for the outputs check
+    stream = engine.generate(
+        input_ids=prompt,
+        sampling_params=params,
+        stream=True,
+        return_logprob=True,
+        top_logprobs_num=2,
+    )
+    for chunk in stream:
         if ttft is None and chunk["output_ids"]:
             ttft = time.perf_counter() - t0
         last = chunk
@@ -210,6 +221,7 @@ class Clients:
         with self.lock:
             self.run.reqs.append(stats)
             self.run.outputs[(c, r)] = output_ids
+            self.run.gaps[(c, r)] = top2_gaps(meta)
 
     def run_all(self, concurrency: int, progress_s: float) -> None:
         threads = [threading.Thread(target=self.client, daemon=True) for _ in range(concurrency)]
@@ -232,6 +244,14 @@ class Clients:
             n = len(self.run.reqs)
             elapsed = time.perf_counter() - t0
             print(f"  {self.run.mode}: {n}/{total} requests, {elapsed:.1f} s", flush=True)
+
+
+def top2_gaps(meta: dict) -> list[float]:
+    """Top-1 minus top-2 logprob of each output token (inf where the engine gave fewer)."""
+    gaps = []
+    for top in meta.get("output_top_logprobs") or []:
+        gaps.append(top[0][0] - top[1][0] if top and len(top) > 1 else float("inf"))
+    return gaps
 
 
 def tier_counters(engine) -> dict | None:

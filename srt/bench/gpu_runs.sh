@@ -98,7 +98,7 @@ for s in "$@"; do
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py tests/srt/executor/test_layer_loads.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
-    multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes device,host,disk,restart ;;
+    multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes off,device,host,disk,restart ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
     *) echo "unknown section $s (see the case list in $0)" ;;
   esac

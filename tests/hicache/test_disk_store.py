@@ -186,6 +186,25 @@ def test_a_restart_keeps_least_recently_used_order(tmp_path: Path) -> None:
     smaller.check_integrity()
 
 
+def test_hits_touch_a_file_at_most_once_in_touch_every_s(tmp_path: Path, monkeypatch) -> None:
+    from radixlm.hicache import disk_store
+
+    store = open_store(tmp_path)
+    key, tokens, payload = make_pages(1)[0]
+    store.set(key, tokens, payload)
+    old_ns = 1_000_000_000 * 1_000_000
+    os.utime(store.page_path(key), ns=(old_ns, old_ns))
+    assert store.get(key, tokens) == payload
+    touched = store.page_path(key).stat().st_mtime_ns
+    assert touched > old_ns  # the first hit touches the file
+    os.utime(store.page_path(key), ns=(old_ns, old_ns))
+    assert store.get(key, tokens) == payload  # a second hit soon after: no metadata write
+    assert store.page_path(key).stat().st_mtime_ns == old_ns
+    monkeypatch.setattr(disk_store, "TOUCH_EVERY_S", 0.0)
+    assert store.get(key, tokens) == payload
+    assert store.page_path(key).stat().st_mtime_ns > old_ns
+
+
 def test_a_page_larger_than_the_cap_is_refused(tmp_path: Path) -> None:
     store = open_store(tmp_path, max_pages=1)
     key, tokens, _ = make_pages(1)[0]

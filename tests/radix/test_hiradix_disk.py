@@ -336,3 +336,40 @@ def test_contract_errors(make_world):
     world.release(req)
     world.cache.reset()
     assert not world.ledger.outstanding
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["sync", "lazy"])
+def test_write_through_stages_a_leaf_to_disk_without_copying_its_parent_back(
+    make_world, tmp_path, lazy
+):
+    """A host pool smaller than the device pool drops a conversation's host copy; its next
+    turn's pages still reach the disk (through host pages nobody keeps, freed once written),
+    without the whole history copied back to the host pool first; a restart reads them all."""
+    ps = 4
+    world = make_world(
+        ps, num_slots=32 * ps, host_tokens=8 * ps, disk_dir=tmp_path, lazy_copies=lazy
+    )
+    first = seq(3 * ps)
+    world.run(first)
+    if lazy:
+        world.engine.finish_all()
+    world.flush()
+    world.cache._evict_host(world.host_pool.total_size(), set())  # the history's host copy
+    assert world.host_pool.used_size() == 0
+    written = world.cache.stats.write_back_tokens
+    turn = first + seq(2 * ps, base=100)
+    world.run(turn)
+    assert world.cache.stats.write_back_tokens - written == 2 * ps  # the new turn only
+    assert tier_profile(world.cache, first, None) == (3 * ps, 0)  # the history: device only
+    world.check_all()  # staged pages are counted as held
+    if lazy:
+        world.engine.finish_all()
+    world.flush()
+    world.cache.tier_stats()  # a step: written staged pages go back to the pool
+    assert world.host_pool.used_size() == 0 and world.cache.check_tiers_idle()
+    assert world.store.num_pages() == len(turn) // ps
+    world.restart()
+    slow_prefill(world)
+    match = world.match_and_load(turn + (999,))  # the values are checked here
+    assert match.num_disk_hit == len(turn)
+    world.check_all()

@@ -125,8 +125,10 @@ def _host_copy(runner: ModelRunner, engine, prefix_slots: torch.Tensor, pin: boo
     return controller, host
 
 
-def test_forward_waits_per_layer_for_a_deferred_load_and_matches_no_cache(tiny_llama_dir):
-    runner = _runner(tiny_llama_dir, 512)
+def test_forward_waits_per_layer_for_a_deferred_load_and_matches_no_cache(
+    offline_tiny_llama_dir,
+):
+    runner = _runner(offline_tiny_llama_dir, 512)
     num_prefix, num_new = 3 * PAGE, 7
     ids, prefix_slots, reference = _prefix_and_reference(runner, num_prefix, num_new)
     controller, host = _host_copy(runner, SyncCopyEngine(), prefix_slots, pin=False)
@@ -161,14 +163,9 @@ def test_graph_replays_and_freed_slots_wait_for_the_whole_copy():
 
 
 @pytest.mark.gpu
-def test_cuda_load_overlaps_the_forward_layer_by_layer(tiny_model_writer, tmp_path):
-    from transformers import AutoTokenizer
-
-    from radixlm.srt.models.default_model import resolve_model_path
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+def test_cuda_load_overlaps_the_forward_layer_by_layer(tiny_model_writer, word_tokenizer, tmp_path):
     model_dir = tiny_model_writer(
-        tmp_path / "tiny8", tok, num_hidden_layers=8, max_position_embeddings=65536
+        tmp_path / "tiny8", word_tokenizer, num_hidden_layers=8, max_position_embeddings=65536
     )
     num_prefix, num_new = 2048 * PAGE, 16
     runner = _runner(model_dir, num_prefix * 2 + 2 * num_new)
