@@ -242,29 +242,36 @@ def _cache_dir() -> Path:
     return Path(base).expanduser() / "cpu_kernels"
 
 
-def _build() -> ctypes.CDLL | None:
+def compile_library(stem: str, source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """``source`` compiled with ``flags`` into the cache (once per source, flags and CPU) and
+    loaded; None where no compiler is found or the build fails (logged). The CPU kernel modules
+    share it (``gguf_cpu.py`` builds its GEMVs here too)."""
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         logger.info("no C++ compiler found: the CPU forward keeps its torch paths")
         return None
-    key = hashlib.sha256("\n".join([SOURCE, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"radixlm_cpu_{key}.so"
+    key = hashlib.sha256("\n".join([source, *flags, _cpu_flags()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"{stem}_{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "cpu_decode.cpp"
-            src.write_text(SOURCE)
+            src = Path(tmp) / f"{stem}.cpp"
+            src.write_text(source)
             out = Path(tmp) / target.name
             proc = subprocess.run(
-                [compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True
+                [compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True
             )
             if proc.returncode != 0:
-                logger.warning(
-                    "building the CPU kernels failed (torch paths kept): %s", proc.stderr
-                )
+                logger.warning("building %s failed (torch paths kept): %s", stem, proc.stderr)
                 return None
             os.replace(out, target)  # atomic: concurrent builders each write a whole file
-    lib = ctypes.CDLL(str(target))
+    return ctypes.CDLL(str(target))
+
+
+def _build() -> ctypes.CDLL | None:
+    lib = compile_library("radixlm_cpu", SOURCE, FLAGS)
+    if lib is None:
+        return None
     lib.rope_f32.argtypes = lib.rope_bf16.argtypes = _ROPE_ARGS
     lib.decode_f32.argtypes = lib.decode_bf16.argtypes = _DECODE_ARGS
     lib.rope_f32.restype = lib.rope_bf16.restype = None

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import gguf_cpu
 from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, can_pack_int4
 from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
 from radixlm.srt.models.layers import Linear, LMHead
@@ -49,19 +50,26 @@ MAX_INT8_HEAD_ROWS = 16
 
 
 class SmallBatchLMHead:
-    """Logits ``[N, vocab]`` float32: per-channel int8 weight and bfloat16 activations for at
-    most ``max_rows`` rows, the model-dtype weight above."""
+    """Logits ``[N, vocab]`` float32 for at most ``max_rows`` rows: GGUF's Q8_0 blocks of the
+    weight times int8 activations (``gguf_cpu.py``; for a Q8_0 embedding, as SmolLM2's, the
+    file's own codes) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
+    activations; the model-dtype weight above ``max_rows``."""
 
     def __init__(self, weight: torch.Tensor, max_rows: int = MAX_INT8_HEAD_ROWS):
         self.dense_weight = weight  # [vocab, hidden] model dtype (may be the tied embedding)
         q = quantize_int8(weight)
         self.codes = q.codes  # [vocab, hidden] int8
         self.scales = q.scales.to(torch.bfloat16)  # [vocab] bfloat16
+        blocks = weight.shape[1] % gguf_cpu.BLOCK == 0
+        self.q8_0 = gguf_cpu.quantize_q8_0(weight) if blocks else None
         self.max_rows = max_rows
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.shape[0] > self.max_rows:
+        rows = hidden.shape[0]
+        if rows > self.max_rows:
             return F.linear(hidden, self.dense_weight).float()
+        if self.q8_0 is not None and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
+            return gguf_cpu.q8_0_matmul(hidden, self.q8_0)
         return int8_matmul(hidden, self.codes, self.scales).float()
 
 
