@@ -15,6 +15,11 @@ blocks of 32 along the input dim and multiply in integers, as llama.cpp does:
   sums per block; OpenMP threads over output rows, the activation rows (1..``MAX_ROWS``) handled
   four at a time against each weight block read.
 
+The LM head takes int16 activations instead (``q8_0_matmul(..., int16=True)``: steps of
+``max|a_block| / 32767``, ``vpmaddwd`` on sign-extended weights): its argmax often sits on near
+ties, which int8 activations flip (SmolLM2's first answer token to "What is the capital of
+France?" is 0.08 ahead of the next).
+
 The int8 activations add an error of about ``max|a_block| / 254`` per element (a uniform
 rounding error of at most half a step), so results differ from the float reference by that much
 times the weights, and greedy tokens may differ from bfloat16-activation paths on near ties.
@@ -103,6 +108,25 @@ void quantize_row(const T* x, int64_t k, int8_t* q, float* d, float* s) {
     }
     d[b] = round_f16(db);
     s[b] = round_f16(db * float(sum));
+  }
+}
+
+// one row of K activations -> int16 codes and per-block scales (the LM head's activations: the
+// logits' argmax sits on near ties that int8 activations flip)
+template <typename T>
+void quantize_row16(const T* x, int64_t k, int16_t* q, float* d) {
+  float buf[QK];
+  for (int64_t b = 0; b < k / QK; ++b) {
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) {
+      if constexpr (sizeof(T) == 2) buf[i] = bf16_to_f32(x[b * QK + i]);
+      else buf[i] = x[b * QK + i];
+      amax = std::max(amax, std::fabs(buf[i]));
+    }
+    const float db = amax / 32767.f;
+    const float id = db > 0.f ? 1.f / db : 0.f;
+    for (int i = 0; i < QK; ++i) q[b * QK + i] = int16_t(std::nearbyint(buf[i] * id));
+    d[b] = db;
   }
 }
 
@@ -209,6 +233,63 @@ void q8_0_rows(const int8_t* codes, const float* wd, int64_t k, Acts a, float* o
 #endif
 }
 
+struct Acts16 {  // int16 activation rows (the LM head's)
+  const int16_t* q;
+  const float* d;
+  const float* s;  // unused
+  int64_t k;
+};
+
+// Q8_0 row against MT int16 activation rows
+template <int MT>
+void q8_0_rows16(const int8_t* codes, const float* wd, int64_t k, Acts16 a, float* out,
+                 int64_t out_stride) {
+  const int64_t nb = k / QK;
+#ifdef RADIXLM_AVX2
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m128i* c = reinterpret_cast<const __m128i*>(codes + b * QK);
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(c));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(c + 1));
+    const float d = wd[b];
+    for (int r = 0; r < MT; ++r) {
+      const __m256i* q = reinterpret_cast<const __m256i*>(a.q + r * a.k + b * QK);
+      const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(q)),
+                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(q + 1)));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d[r * nb + b]),
+                               acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r * out_stride] = hsum(acc[r]);
+#else
+  float acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* c = codes + b * QK;
+    for (int r = 0; r < MT; ++r) {
+      const int16_t* q = a.q + r * a.k + b * QK;
+      int sum = 0;
+      for (int i = 0; i < QK; ++i) sum += c[i] * q[i];
+      acc[r] += float(sum) * (wd[b] * a.d[r * nb + b]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r * out_stride] = acc[r];
+#endif
+}
+
+template <typename T>
+Acts16 quantize16(const T* x, int64_t m, int64_t x_stride, int64_t k) {
+  static thread_local std::vector<int16_t> q;
+  static thread_local std::vector<float> d;
+  q.resize(m * k);
+  d.resize(m * (k / QK));
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row16(x + r * x_stride, k, q.data() + r * k, d.data() + r * (k / QK));
+  }
+  return Acts16{q.data(), d.data(), nullptr, k};
+}
+
 template <typename T>
 Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
   static thread_local std::vector<int8_t> q;
@@ -224,14 +305,14 @@ Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
 }
 
 // out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation
-template <typename RowFn>
-void gemm(Acts a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
+template <typename A, typename RowFn>
+void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
   const int64_t nb = a.k / QK;
   const bool par = threads > 1 && n * a.k * m >= (int64_t(1) << 16);
   #pragma omp parallel for num_threads(threads) schedule(static) if (par)
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
-      const Acts t{a.q + r0 * a.k, a.d + r0 * nb, a.s + r0 * nb, a.k};
+      const A t{a.q + r0 * a.k, a.d + r0 * nb, a.s == nullptr ? nullptr : a.s + r0 * nb, a.k};
       float* o = out + r0 * n + j;
       switch (std::min<int64_t>(4, m - r0)) {
         case 4: row.template operator()<4>(j, t, o, n); break;
@@ -265,6 +346,16 @@ struct Q80 {
   }
 };
 
+struct Q80x16 {
+  const int8_t* codes;
+  const float* d;
+  int64_t k;
+  template <int MT>
+  void operator()(int64_t j, Acts16 a, float* o, int64_t stride) const {
+    q8_0_rows16<MT>(codes + j * k, d + j * (k / QK), k, a, o, stride);
+  }
+};
+
 template <typename T>
 void q4_1(const T* x, int64_t m, int64_t x_stride, int64_t k, const uint8_t* codes,
           const float* d, const float* mins, int64_t n, float* out, int threads) {
@@ -275,6 +366,12 @@ template <typename T>
 void q8_0(const T* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* codes,
           const float* d, int64_t n, float* out, int threads) {
   gemm(quantize(x, m, x_stride, k), m, n, out, threads, Q80{codes, d, k});
+}
+
+template <typename T>
+void q8_0_16(const T* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* codes,
+             const float* d, int64_t n, float* out, int threads) {
+  gemm(quantize16(x, m, x_stride, k), m, n, out, threads, Q80x16{codes, d, k});
 }
 
 }  // namespace
@@ -310,6 +407,15 @@ void q8_0_f32(const float* x, int64_t m, int64_t x_stride, int64_t k, const int8
 void q8_0_bf16(const uint16_t* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* codes,
                const float* d, int64_t n, float* out, int threads) {
   q8_0(x, m, x_stride, k, codes, d, n, out, threads);
+}
+
+void q8_0_x16_f32(const float* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* codes,
+                  const float* d, int64_t n, float* out, int threads) {
+  q8_0_16(x, m, x_stride, k, codes, d, n, out, threads);
+}
+void q8_0_x16_bf16(const uint16_t* x, int64_t m, int64_t x_stride, int64_t k,
+                   const int8_t* codes, const float* d, int64_t n, float* out, int threads) {
+  q8_0_16(x, m, x_stride, k, codes, d, n, out, threads);
 }
 
 }  // extern "C"
@@ -351,6 +457,8 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
                 lib.q8_0_f32.argtypes = lib.q8_0_bf16.argtypes = _Q8_ARGS
                 lib.q4_1_f32.restype = lib.q4_1_bf16.restype = None
                 lib.q8_0_f32.restype = lib.q8_0_bf16.restype = None
+                lib.q8_0_x16_f32.argtypes = lib.q8_0_x16_bf16.argtypes = _Q8_ARGS
+                lib.q8_0_x16_f32.restype = lib.q8_0_x16_bf16.restype = None
             _libs[variant] = lib
     return _libs[variant]
 
@@ -463,14 +571,21 @@ def q4_1_matmul(x: torch.Tensor, w: Q4_1, variant: str = "native") -> torch.Tens
     return out
 
 
-def q8_0_matmul(x: torch.Tensor, w: Q8_0, variant: str = "native") -> torch.Tensor:
-    """``x`` ``[M, K]`` times the Q8_0 weight ``[N, K]`` transposed: ``[M, N]`` float32."""
+def q8_0_matmul(
+    x: torch.Tensor, w: Q8_0, variant: str = "native", int16: bool = False
+) -> torch.Tensor:
+    """``x`` ``[M, K]`` times the Q8_0 weight ``[N, K]`` transposed: ``[M, N]`` float32.
+    ``int16``: activations quantised to int16 per block (``max|a| / 32767`` steps) instead of
+    int8, for the LM head."""
     lib = library(variant)
     assert lib is not None
     n, k = w.codes.shape
     _check(x, k)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    fn = lib.q8_0_f32 if x.dtype == torch.float32 else lib.q8_0_bf16
+    if int16:
+        fn = lib.q8_0_x16_f32 if x.dtype == torch.float32 else lib.q8_0_x16_bf16
+    else:
+        fn = lib.q8_0_f32 if x.dtype == torch.float32 else lib.q8_0_bf16
     fn(
         x.data_ptr(),
         x.shape[0],

@@ -51,8 +51,10 @@ MAX_INT8_HEAD_ROWS = 16
 
 class SmallBatchLMHead:
     """Logits ``[N, vocab]`` float32 for at most ``max_rows`` rows: GGUF's Q8_0 blocks of the
-    weight times int8 activations (``gguf_cpu.py``; for a Q8_0 embedding, as SmolLM2's, the
-    file's own codes) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
+    weight times int16 activations (``gguf_cpu.py``; for a Q8_0 embedding, as SmolLM2's, the
+    file's own codes, so the logits are the dense ones up to 2**-16 of each activation block;
+    int8 activations, as llama.cpp's, flip SmolLM2's answer to "the capital of France", whose
+    two best first tokens are 0.08 apart) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
     activations; the model-dtype weight above ``max_rows``."""
 
     def __init__(self, weight: torch.Tensor, max_rows: int = MAX_INT8_HEAD_ROWS):
@@ -69,7 +71,7 @@ class SmallBatchLMHead:
         if rows > self.max_rows:
             return F.linear(hidden, self.dense_weight).float()
         if self.q8_0 is not None and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
-            return gguf_cpu.q8_0_matmul(hidden, self.q8_0)
+            return gguf_cpu.q8_0_matmul(hidden, self.q8_0, int16=True)
         return int8_matmul(hidden, self.codes, self.scales).float()
 
 
