@@ -8,6 +8,8 @@ request's cached K/V. Two small kernels replace those paths:
   (neox halves, the same rounding as torch's ops: ``x * cos`` rounded, then one fused
   multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
   per layer;
+* :func:`rmsnorm` adds the residual and normalises rows (float32) in one call instead of the
+  add and rms_norm's seven ops;
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
@@ -173,11 +175,39 @@ void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots
   }
 }
 
+// rows of x (+ residual, written to sum) normalised: out = x / rms(x) * w
+void add_rmsnorm(const float* x, const float* res, float* sum, float* out, const float* w,
+                 int64_t rows, int64_t d, float eps, int threads) {
+  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * d >= 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* sr = sum == nullptr ? nullptr : sum + r * d;
+    if (res != nullptr) {
+      const float* rr = res + r * d;
+      #pragma omp simd
+      for (int64_t i = 0; i < d; ++i) sr[i] = xr[i] + rr[i];
+      xr = sr;
+    }
+    float ss = 0.f;
+    #pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / float(d) + eps);
+    float* o = out + r * d;
+    #pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 int radixlm_abi_version() { return 1; }
+
+void rmsnorm_f32(const float* x, const float* res, float* sum, float* out, const float* w,
+                 int64_t rows, int64_t d, float eps, int threads) {
+  add_rmsnorm(x, res, sum, out, w, rows, d, eps, threads);
+}
 
 void rope_f32(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d,
               const float* cos, const float* sin, int64_t cs_stride, int threads) {
@@ -275,6 +305,8 @@ def _build() -> ctypes.CDLL | None:
     lib.rope_f32.argtypes = lib.rope_bf16.argtypes = _ROPE_ARGS
     lib.decode_f32.argtypes = lib.decode_bf16.argtypes = _DECODE_ARGS
     lib.rope_f32.restype = lib.rope_bf16.restype = None
+    lib.rmsnorm_f32.argtypes = [_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, ctypes.c_int]
+    lib.rmsnorm_f32.restype = None
     lib.decode_f32.restype = lib.decode_bf16.restype = None
     return lib
 
@@ -337,6 +369,44 @@ def rope_inplace(
         cos.stride(0),
         torch.get_num_threads(),
     )
+
+
+def serves_norm(x: torch.Tensor) -> bool:
+    """Whether :func:`rmsnorm` takes ``x``: 2-D contiguous float32 on the CPU, kernels on."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.dim() == 2
+        and x.is_contiguous()
+        and available()
+    )
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(x + residual) * weight, x + residual)`` in one call (``residual`` None: ``(norm(x)
+    * weight, x)``); ``x``, ``residual`` ``[T, D]`` contiguous float32, ``weight`` ``[D]``."""
+    lib = library()
+    assert lib is not None and weight.dtype == torch.float32 and weight.is_contiguous()
+    rows, d = x.shape
+    out = torch.empty_like(x)
+    summed = x
+    if residual is not None:
+        assert residual.shape == x.shape and residual.is_contiguous()
+        summed = torch.empty_like(x)
+    lib.rmsnorm_f32(
+        x.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        None if residual is None else summed.data_ptr(),
+        out.data_ptr(),
+        weight.data_ptr(),
+        rows,
+        d,
+        eps,
+        torch.get_num_threads(),
+    )
+    return out, summed
 
 
 class DecodeBatch:
