@@ -141,6 +141,18 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
+// two such dot products summed: u0 . s0 + u1 . s1 (u* at most 15, so the int16 sums fit)
+inline __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#if defined(RADIXLM_VNNI)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+#elif defined(RADIXLM_AVXVNNI)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1,
+                                 s1);
+#else
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -154,6 +166,11 @@ struct Acts {  // quantised activation rows
   const float* d;
   const float* s;
   int64_t k;
+  const int8_t* qp;  // q with each pair of blocks as [lo halves | hi halves] (Q4_1's AVX2 path)
+  Acts rows_from(int64_t r0) const {
+    const int64_t nb = k / QK;
+    return Acts{q + r0 * k, d + r0 * nb, s + r0 * nb, k, qp + r0 * k};
+  }
 };
 
 // Q4_1 row n against MT activation rows starting at a's row 0: out[r * out_stride]
@@ -164,22 +181,60 @@ void q4_1_rows(const uint8_t* codes, const float* wd, const float* wm, int64_t k
   float mins[MT];
   for (int r = 0; r < MT; ++r) mins[r] = 0.f;
 #ifdef RADIXLM_AVX2
-  __m256 acc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  // the blocks' scale products and min terms a chunk at a time in plain vectorised loops;
+  // acc[r][0] sums block pairs, acc[r][1] an odd last block
+  constexpr int64_t CH = 64;
+  __m256 acc[MT][2];
+  for (int r = 0; r < MT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * 16));
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-    const float d = wd[b], m = wm[b];
+  float sc[MT][CH];
+  for (int64_t b0 = 0; b0 < nb; b0 += CH) {
+    const int64_t len = std::min(CH, nb - b0);
     for (int r = 0; r < MT; ++r) {
-      const __m256i q = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(a.q + r * a.k + b * QK));
-      const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(w, q));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d[r * nb + b]), acc[r]);
-      mins[r] += m * a.s[r * nb + b];
+      const float* ad = a.d + r * nb + b0;
+      const float* as = a.s + r * nb + b0;
+      float mn = 0.f;
+      #pragma omp simd reduction(+ : mn)
+      for (int64_t i = 0; i < len; ++i) {
+        sc[r][i] = wd[b0 + i] * ad[i];
+        mn += wm[b0 + i] * as[i];
+      }
+      mins[r] += mn;
+    }
+    // two blocks per step: their 32 code bytes' low nibbles are both blocks' first halves,
+    // the high nibbles their second halves, against the pair-arranged activations; the int32
+    // lanes 0-3 sum block b, 4-7 block b + 1
+    const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    int64_t i = 0;
+    for (; i + 1 < len; i += 2) {
+      const int64_t b = b0 + i;
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 16));
+      const __m256i lo = _mm256_and_si256(raw, low);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      for (int r = 0; r < MT; ++r) {
+        const __m256i* q = reinterpret_cast<const __m256i*>(a.qp + r * a.k + b * QK);
+        const __m256i dot = dot2_u8s8(lo, _mm256_loadu_si256(q), hi, _mm256_loadu_si256(q + 1));
+        const __m256 sc2 = _mm256_permutevar8x32_ps(
+            _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(&sc[r][i]))),
+            pick);
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc2, acc[r][0]);
+      }
+    }
+    for (; i < len; ++i) {  // an odd block (nb - 1 when nb is odd): one at a time
+      const int64_t b = b0 + i;
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * 16));
+      const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+      for (int r = 0; r < MT; ++r) {
+        const __m256i q = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(a.qp + r * a.k + b * QK));
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(w, q));
+        acc[r][1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sc[r][i]), acc[r][1]);
+      }
     }
   }
-  for (int r = 0; r < MT; ++r) out[r * out_stride] = hsum(acc[r]) + mins[r];
+  for (int r = 0; r < MT; ++r) {
+    out[r * out_stride] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + mins[r];
+  }
 #else
   float acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = 0.f;
@@ -236,8 +291,8 @@ void q8_0_rows(const int8_t* codes, const float* wd, int64_t k, Acts a, float* o
 struct Acts16 {  // int16 activation rows (the LM head's)
   const int16_t* q;
   const float* d;
-  const float* s;  // unused
   int64_t k;
+  Acts16 rows_from(int64_t r0) const { return Acts16{q + r0 * k, d + r0 * (k / QK), k}; }
 };
 
 // Q8_0 row against MT int16 activation rows
@@ -287,21 +342,31 @@ Acts16 quantize16(const T* x, int64_t m, int64_t x_stride, int64_t k) {
   for (int64_t r = 0; r < m; ++r) {
     quantize_row16(x + r * x_stride, k, q.data() + r * k, d.data() + r * (k / QK));
   }
-  return Acts16{q.data(), d.data(), nullptr, k};
+  return Acts16{q.data(), d.data(), k};
 }
 
 template <typename T>
 Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
-  static thread_local std::vector<int8_t> q;
+  static thread_local std::vector<int8_t> q, qp;
   static thread_local std::vector<float> d, s;
   q.resize(m * k);
+  qp.resize(m * k);
   d.resize(m * (k / QK));
   s.resize(m * (k / QK));
   for (int64_t r = 0; r < m; ++r) {
-    quantize_row(x + r * x_stride, k, q.data() + r * k, d.data() + r * (k / QK),
-                 s.data() + r * (k / QK));
+    int8_t* qr = q.data() + r * k;
+    quantize_row(x + r * x_stride, k, qr, d.data() + r * (k / QK), s.data() + r * (k / QK));
+    int8_t* pr = qp.data() + r * k;
+    std::memcpy(pr, qr, k);  // an odd last block keeps its layout
+    for (int64_t b = 0; b + 1 < k / QK; b += 2) {  // [b lo, b+1 lo, b hi, b+1 hi], 16 each
+      const int8_t* src = qr + b * QK;
+      std::memcpy(pr + b * QK, src, 16);
+      std::memcpy(pr + b * QK + 16, src + 32, 16);
+      std::memcpy(pr + b * QK + 32, src + 16, 16);
+      std::memcpy(pr + b * QK + 48, src + 48, 16);
+    }
   }
-  return Acts{q.data(), d.data(), s.data(), k};
+  return Acts{q.data(), d.data(), s.data(), k, qp.data()};
 }
 
 // out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation
@@ -312,7 +377,7 @@ void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
   #pragma omp parallel for num_threads(threads) schedule(static) if (par)
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
-      const A t{a.q + r0 * a.k, a.d + r0 * nb, a.s == nullptr ? nullptr : a.s + r0 * nb, a.k};
+      const A t = a.rows_from(r0);
       float* o = out + r0 * n + j;
       switch (std::min<int64_t>(4, m - r0)) {
         case 4: row.template operator()<4>(j, t, o, n); break;
