@@ -9,7 +9,7 @@ request's cached K/V. Two small kernels replace those paths:
   multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
   per layer;
 * :func:`rmsnorm` adds the residual and normalises rows (float32) in one call instead of the
-  add and rms_norm's seven ops;
+  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation;
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
@@ -198,11 +198,26 @@ void add_rmsnorm(const float* x, const float* res, float* sum, float* out, const
   }
 }
 
+// out[r, i] = silu(x[r, i]) * x[r, n + i]
+void silu_mul(const float* x, float* out, int64_t rows, int64_t n, int threads) {
+  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * n >= 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = x + r * 2 * n;
+    const float* u = g + n;
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 int radixlm_abi_version() { return 1; }
+
+void silu_mul_f32(const float* x, float* out, int64_t rows, int64_t n, int threads) {
+  silu_mul(x, out, rows, n, threads);
+}
 
 void rmsnorm_f32(const float* x, const float* res, float* sum, float* out, const float* w,
                  int64_t rows, int64_t d, float eps, int threads) {
@@ -307,6 +322,8 @@ def _build() -> ctypes.CDLL | None:
     lib.rope_f32.restype = lib.rope_bf16.restype = None
     lib.rmsnorm_f32.argtypes = [_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, ctypes.c_int]
     lib.rmsnorm_f32.restype = None
+    lib.silu_mul_f32.argtypes = [_P, _P, _I, _I, ctypes.c_int]
+    lib.silu_mul_f32.restype = None
     lib.decode_f32.restype = lib.decode_bf16.restype = None
     return lib
 
@@ -407,6 +424,17 @@ def rmsnorm(
         torch.get_num_threads(),
     )
     return out, summed
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :n]) * x[:, n:]`` for ``x`` ``[T, 2n]`` contiguous float32 (:func:`serves_norm`
+    says which tensors), one call instead of chunk, silu and mul."""
+    lib = library()
+    assert lib is not None and x.dim() == 2 and x.is_contiguous()
+    rows, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty((rows, n), dtype=x.dtype)
+    lib.silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
+    return out
 
 
 class DecodeBatch:

@@ -258,6 +258,8 @@ class QKVLinear(MergedLinear):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if fused.available(x) and x.dim() == 2:
         return fused.silu_and_mul(x)
+    if cpu_decode.serves_norm(x):  # float32 CPU rows: one C++ call
+        return cpu_decode.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.kernels import cpu_decode
 from radixlm.kernels.attention import registry
@@ -189,3 +190,11 @@ def test_rmsnorm_layer_takes_the_kernel_for_float32_rows():
     assert torch.equal(summed, ref_sum)
     torch.testing.assert_close(out, ref, rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(norm(x), torch.rms_norm(x, (64,), norm.weight, 1e-5))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1536), (3, 7), (40, 2048)])
+def test_silu_and_mul_matches_torch(rows, n):
+    x = torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 4
+    gate, up = x.chunk(2, dim=-1)
+    # expf against torch's vectorised exp: a few float32 ulps
+    torch.testing.assert_close(cpu_decode.silu_and_mul(x), F.silu(gate) * up, rtol=4e-6, atol=1e-6)
