@@ -3,15 +3,19 @@
 At batch 1 a CPU decode step streams every weight once per token; with float32 weights the
 linear layers are nearly the whole step. ``int4`` gives every ``Linear`` (``QKVLinear`` and
 ``MergedLinear`` included) an :class:`~radixlm.kernels.int4_cpu.Int4Linear`: 4-bit weights in
-groups of 32 (GGUF's Q4_1 layout) multiplied with bfloat16 activations while a forward has at
-most ``MAX_INT4_ROWS`` token rows, the layer's own dense weight for more rows (prefill, large
-decode batches), where the dense matmul is faster. The LM head gets a per-channel int8 copy of
-its weight for the same small row counts (:class:`SmallBatchLMHead`).
+groups of 32 (GGUF's Q4_1 layout) multiplied with int8 activations per block of 32 (the C++
+GEMV of ``kernels/gguf_cpu.py``, as llama.cpp does; bfloat16 activations through torch's packed
+kernel where it is off) while a forward has at most ``MAX_INT4_ROWS`` token rows, the layer's
+own dense weight for more rows (prefill, large decode batches), where the dense matmul is
+faster. The LM head gets Q8_0 blocks of its weight with int16 activations (the C++ kernel; a
+per-channel int8 copy and bfloat16 activations where it is off) for the same small row counts
+(:class:`SmallBatchLMHead`).
 
 Precision. For a GGUF model whose linear weights are Q4_1 (the default SmolLM2) the int4 codes
-are the file's own: re-quantizing the dequantized weights recovers them, and only bfloat16
-rounding (activations, scales and zeros) is added. For other weights (safetensors, other GGUF
-types) int4 is round-to-nearest quantization and lossy; check a model's outputs before relying
+are the file's own: re-quantizing the dequantized weights recovers them, and only the
+activations' rounding is added: int8 per block with the C++ GEMV (half a step of
+``max|block| / 127`` per element), else bfloat16 (also on scales and zeros). For other weights
+(safetensors, other GGUF types) int4 is round-to-nearest quantization and lossy; check a model's outputs before relying
 on it. Results depend on the batch's row count, since small and large batches take different
 paths (as GPU kernels do).
 
@@ -21,7 +25,9 @@ layers at 1 and 4 rows: int4 4.6 (top-1 agreement 87%); per-channel int8 0.80 (9
 43.2 ms); bfloat16 0.20 (98.7%; 26.3 and 48.3 ms); float32 (30.8 and 62.5 ms). int8 is the
 fastest at every row count measured and its error is of the size the int4 linear layers already
 add (0.3-0.8, from bfloat16 activations); bfloat16 matmuls slow down quickly with rows on a CPU
-without bf16 instructions.
+without bf16 instructions. (That was against torch's packed kernels; the C++ Q8_0 head now reads
+the embedding's own Q8_0 codes, exact for SmolLM2, with activations rounded to 2**-16 of each
+block's largest value.)
 
 The layers keep their parameters: quantization sets an instance-level ``forward`` on each
 module it converts, so ``named_parameters``, the weight loaders and the tied embedding are
