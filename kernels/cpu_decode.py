@@ -8,6 +8,8 @@ request's cached K/V. Two small kernels replace those paths:
   (neox halves, the same rounding as torch's ops: ``x * cos`` rounded, then one fused
   multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
   per layer;
+* :func:`rmsnorm` adds the residual and normalises rows (float32) in one call instead of the
+  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation;
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
@@ -173,11 +175,54 @@ void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots
   }
 }
 
+// rows of x (+ residual, written to sum) normalised: out = x / rms(x) * w
+void add_rmsnorm(const float* x, const float* res, float* sum, float* out, const float* w,
+                 int64_t rows, int64_t d, float eps, int threads) {
+  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * d >= 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* sr = sum == nullptr ? nullptr : sum + r * d;
+    if (res != nullptr) {
+      const float* rr = res + r * d;
+      #pragma omp simd
+      for (int64_t i = 0; i < d; ++i) sr[i] = xr[i] + rr[i];
+      xr = sr;
+    }
+    float ss = 0.f;
+    #pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / float(d) + eps);
+    float* o = out + r * d;
+    #pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+// out[r, i] = silu(x[r, i]) * x[r, n + i]
+void silu_mul(const float* x, float* out, int64_t rows, int64_t n, int threads) {
+  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * n >= 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = x + r * 2 * n;
+    const float* u = g + n;
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 int radixlm_abi_version() { return 1; }
+
+void silu_mul_f32(const float* x, float* out, int64_t rows, int64_t n, int threads) {
+  silu_mul(x, out, rows, n, threads);
+}
+
+void rmsnorm_f32(const float* x, const float* res, float* sum, float* out, const float* w,
+                 int64_t rows, int64_t d, float eps, int threads) {
+  add_rmsnorm(x, res, sum, out, w, rows, d, eps, threads);
+}
 
 void rope_f32(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d,
               const float* cos, const float* sin, int64_t cs_stride, int threads) {
@@ -242,32 +287,43 @@ def _cache_dir() -> Path:
     return Path(base).expanduser() / "cpu_kernels"
 
 
-def _build() -> ctypes.CDLL | None:
+def compile_library(stem: str, source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """``source`` compiled with ``flags`` into the cache (once per source, flags and CPU) and
+    loaded; None where no compiler is found or the build fails (logged). The CPU kernel modules
+    share it (``gguf_cpu.py`` builds its GEMVs here too)."""
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         logger.info("no C++ compiler found: the CPU forward keeps its torch paths")
         return None
-    key = hashlib.sha256("\n".join([SOURCE, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"radixlm_cpu_{key}.so"
+    key = hashlib.sha256("\n".join([source, *flags, _cpu_flags()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"{stem}_{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "cpu_decode.cpp"
-            src.write_text(SOURCE)
+            src = Path(tmp) / f"{stem}.cpp"
+            src.write_text(source)
             out = Path(tmp) / target.name
             proc = subprocess.run(
-                [compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True
+                [compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True
             )
             if proc.returncode != 0:
-                logger.warning(
-                    "building the CPU kernels failed (torch paths kept): %s", proc.stderr
-                )
+                logger.warning("building %s failed (torch paths kept): %s", stem, proc.stderr)
                 return None
             os.replace(out, target)  # atomic: concurrent builders each write a whole file
-    lib = ctypes.CDLL(str(target))
+    return ctypes.CDLL(str(target))
+
+
+def _build() -> ctypes.CDLL | None:
+    lib = compile_library("radixlm_cpu", SOURCE, FLAGS)
+    if lib is None:
+        return None
     lib.rope_f32.argtypes = lib.rope_bf16.argtypes = _ROPE_ARGS
     lib.decode_f32.argtypes = lib.decode_bf16.argtypes = _DECODE_ARGS
     lib.rope_f32.restype = lib.rope_bf16.restype = None
+    lib.rmsnorm_f32.argtypes = [_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, ctypes.c_int]
+    lib.rmsnorm_f32.restype = None
+    lib.silu_mul_f32.argtypes = [_P, _P, _I, _I, ctypes.c_int]
+    lib.silu_mul_f32.restype = None
     lib.decode_f32.restype = lib.decode_bf16.restype = None
     return lib
 
@@ -330,6 +386,55 @@ def rope_inplace(
         cos.stride(0),
         torch.get_num_threads(),
     )
+
+
+def serves_norm(x: torch.Tensor) -> bool:
+    """Whether :func:`rmsnorm` takes ``x``: 2-D contiguous float32 on the CPU, kernels on."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.dim() == 2
+        and x.is_contiguous()
+        and available()
+    )
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(x + residual) * weight, x + residual)`` in one call (``residual`` None: ``(norm(x)
+    * weight, x)``); ``x``, ``residual`` ``[T, D]`` contiguous float32, ``weight`` ``[D]``."""
+    lib = library()
+    assert lib is not None and weight.dtype == torch.float32 and weight.is_contiguous()
+    rows, d = x.shape
+    out = torch.empty_like(x)
+    summed = x
+    if residual is not None:
+        assert residual.shape == x.shape and residual.is_contiguous()
+        summed = torch.empty_like(x)
+    lib.rmsnorm_f32(
+        x.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        None if residual is None else summed.data_ptr(),
+        out.data_ptr(),
+        weight.data_ptr(),
+        rows,
+        d,
+        eps,
+        torch.get_num_threads(),
+    )
+    return out, summed
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :n]) * x[:, n:]`` for ``x`` ``[T, 2n]`` contiguous float32 (:func:`serves_norm`
+    says which tensors), one call instead of chunk, silu and mul."""
+    lib = library()
+    assert lib is not None and x.dim() == 2 and x.is_contiguous()
+    rows, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty((rows, n), dtype=x.dtype)
+    lib.silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
+    return out
 
 
 class DecodeBatch:

@@ -10,7 +10,9 @@ This is GGUF's Q4_1 block format (its ``d`` and ``m`` are our ``scale`` and ``mi
 each block's minimum to code 0 and its maximum to code 15, so quantizing dequantized Q4_1
 weights recovers the file's own codes. For weights that were not Q4_1 it is lossy.
 
-The matmul is torch's packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``), whose
+Up to ``gguf_cpu.MAX_ROWS`` rows the matmul is ``gguf_cpu.py``'s C++ Q4_1 GEMV (int8
+activations, integer dot products, as llama.cpp multiplies Q4_1); where that library is off or
+not built it is torch's packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``), whose
 convention is ``w = (code - 8) * scale + zero'``, so ``zero' = min + 8 * scale``; scales and
 zeros are stored in bfloat16 and activations are cast to bfloat16 (float32 activations run a
 slow path there). It is slower than a float32 dense matmul once a few rows share the weight
@@ -24,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from radixlm.kernels import gguf_cpu
 
 GROUP_SIZE = 32
 NUM_LEVELS = 16
@@ -113,7 +117,9 @@ class Int4Linear:
             )
         self.dense_weight = weight  # [N, K] model dtype
         self.bias = bias  # [N] model dtype or None
-        self.packed = pack_int4(quantize_int4(weight))
+        codes = quantize_int4(weight)
+        self.packed = pack_int4(codes)
+        self.q4_1 = gguf_cpu.pack_q4_1(*codes)  # the same codes in GGUF's blocks (C++ GEMV)
         self.max_int4_rows = max_int4_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +127,13 @@ class Int4Linear:
         rows = x.shape[0] if flat else x.numel() // self.in_features
         if rows > self.max_int4_rows:
             return F.linear(x, self.dense_weight, self.bias)
-        y = int4_matmul(x if flat else x.reshape(rows, self.in_features), self.packed)
-        y = y.to(x.dtype)
+        x2 = x if flat else x.reshape(rows, self.in_features)
+        if gguf_cpu.serves(x2, rows) and x2.stride(-1) == 1:  # int8 activations, integer dots
+            y = gguf_cpu.q4_1_matmul(x2, self.q4_1)
+            if y.dtype != x.dtype:
+                y = y.to(x.dtype)
+        else:
+            y = int4_matmul(x2, self.packed).to(x.dtype)
         if self.bias is not None:
             y += self.bias
         return y if flat else y.view(*x.shape[:-1], self.out_features)

@@ -5,7 +5,8 @@
     python -m radixlm.srt.bench.bench_cpu --kernels both     # radixlm's CPU kernels on and off
 
 Contenders: radixlm for each ``--quantization`` mode (int4: the GGUF's own Q4_1 codes), with
-its C++ CPU kernels (``kernels/cpu_decode.py``) on, off (the torch paths) or both, and
+its C++ CPU kernels (``kernels/cpu_decode.py``, ``kernels/gguf_cpu.py``) on, off (the torch
+paths) or both, and
 llama.cpp through llama-cpp-python (``pip install llama-cpp-python``; an optional benchmark
 dependency: without it, or with a model that is not a GGUF file, radixlm runs alone and the
 ratios are against the first contender). Every contender gets the same token ids, the same
@@ -43,8 +44,14 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 name = line.split(":", 1)[1].strip()
                 break
+    from radixlm.kernels import gguf_cpu
+
     isa = torch.backends.cpu.get_cpu_capability()
-    return f"{name}, {torch.get_num_threads()} threads of {_cores()} cores, torch ISA {isa}"
+    gemv = gguf_cpu.isa() or "not built"
+    return (
+        f"{name}, {torch.get_num_threads()} threads of {_cores()} cores, torch ISA {isa}, "
+        f"radixlm GEMV {gemv}"
+    )
 
 
 def _cores() -> int:
@@ -62,10 +69,15 @@ class Contender:
 
 
 def radixlm_contender(engine, name: str, kernels: bool) -> Contender:
-    from radixlm.kernels import cpu_decode
+    from radixlm.kernels import cpu_decode, gguf_cpu
 
     def scope():
-        return contextlib.nullcontext() if kernels else cpu_decode.disabled()
+        if kernels:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()  # every C++ CPU kernel off: the torch paths
+        stack.enter_context(cpu_decode.disabled())
+        stack.enter_context(gguf_cpu.disabled())
+        return stack
 
     def generate(prompts: list[list[int]], n: int) -> list[dict]:
         params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}

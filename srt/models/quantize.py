@@ -3,15 +3,19 @@
 At batch 1 a CPU decode step streams every weight once per token; with float32 weights the
 linear layers are nearly the whole step. ``int4`` gives every ``Linear`` (``QKVLinear`` and
 ``MergedLinear`` included) an :class:`~radixlm.kernels.int4_cpu.Int4Linear`: 4-bit weights in
-groups of 32 (GGUF's Q4_1 layout) multiplied with bfloat16 activations while a forward has at
-most ``MAX_INT4_ROWS`` token rows, the layer's own dense weight for more rows (prefill, large
-decode batches), where the dense matmul is faster. The LM head gets a per-channel int8 copy of
-its weight for the same small row counts (:class:`SmallBatchLMHead`).
+groups of 32 (GGUF's Q4_1 layout) multiplied with int8 activations per block of 32 (the C++
+GEMV of ``kernels/gguf_cpu.py``, as llama.cpp does; bfloat16 activations through torch's packed
+kernel where it is off) while a forward has at most ``MAX_INT4_ROWS`` token rows, the layer's
+own dense weight for more rows (prefill, large decode batches), where the dense matmul is
+faster. The LM head gets Q8_0 blocks of its weight with int16 activations (the C++ kernel; a
+per-channel int8 copy and bfloat16 activations where it is off) for the same small row counts
+(:class:`SmallBatchLMHead`).
 
 Precision. For a GGUF model whose linear weights are Q4_1 (the default SmolLM2) the int4 codes
-are the file's own: re-quantizing the dequantized weights recovers them, and only bfloat16
-rounding (activations, scales and zeros) is added. For other weights (safetensors, other GGUF
-types) int4 is round-to-nearest quantization and lossy; check a model's outputs before relying
+are the file's own: re-quantizing the dequantized weights recovers them, and only the
+activations' rounding is added: int8 per block with the C++ GEMV (half a step of
+``max|block| / 127`` per element), else bfloat16 (also on scales and zeros). For other weights
+(safetensors, other GGUF types) int4 is round-to-nearest quantization and lossy; check a model's outputs before relying
 on it. Results depend on the batch's row count, since small and large batches take different
 paths (as GPU kernels do).
 
@@ -21,7 +25,9 @@ layers at 1 and 4 rows: int4 4.6 (top-1 agreement 87%); per-channel int8 0.80 (9
 43.2 ms); bfloat16 0.20 (98.7%; 26.3 and 48.3 ms); float32 (30.8 and 62.5 ms). int8 is the
 fastest at every row count measured and its error is of the size the int4 linear layers already
 add (0.3-0.8, from bfloat16 activations); bfloat16 matmuls slow down quickly with rows on a CPU
-without bf16 instructions.
+without bf16 instructions. (That was against torch's packed kernels; the C++ Q8_0 head now reads
+the embedding's own Q8_0 codes, exact for SmolLM2, with activations rounded to 2**-16 of each
+block's largest value.)
 
 The layers keep their parameters: quantization sets an instance-level ``forward`` on each
 module it converts, so ``named_parameters``, the weight loaders and the tied embedding are
@@ -36,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import gguf_cpu
 from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, can_pack_int4
 from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
 from radixlm.srt.models.layers import Linear, LMHead
@@ -49,19 +56,28 @@ MAX_INT8_HEAD_ROWS = 16
 
 
 class SmallBatchLMHead:
-    """Logits ``[N, vocab]`` float32: per-channel int8 weight and bfloat16 activations for at
-    most ``max_rows`` rows, the model-dtype weight above."""
+    """Logits ``[N, vocab]`` float32 for at most ``max_rows`` rows: GGUF's Q8_0 blocks of the
+    weight times int16 activations (``gguf_cpu.py``; for a Q8_0 embedding, as SmolLM2's, the
+    file's own codes, so the logits are the dense ones up to 2**-16 of each activation block;
+    int8 activations, as llama.cpp's, flip SmolLM2's answer to "the capital of France", whose
+    two best first tokens are 0.08 apart) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
+    activations; the model-dtype weight above ``max_rows``."""
 
     def __init__(self, weight: torch.Tensor, max_rows: int = MAX_INT8_HEAD_ROWS):
         self.dense_weight = weight  # [vocab, hidden] model dtype (may be the tied embedding)
         q = quantize_int8(weight)
         self.codes = q.codes  # [vocab, hidden] int8
         self.scales = q.scales.to(torch.bfloat16)  # [vocab] bfloat16
+        blocks = weight.shape[1] % gguf_cpu.BLOCK == 0
+        self.q8_0 = gguf_cpu.quantize_q8_0(weight) if blocks else None
         self.max_rows = max_rows
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.shape[0] > self.max_rows:
+        rows = hidden.shape[0]
+        if rows > self.max_rows:
             return F.linear(hidden, self.dense_weight).float()
+        if self.q8_0 is not None and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
+            return gguf_cpu.q8_0_matmul(hidden, self.q8_0, int16=True)
         return int8_matmul(hidden, self.codes, self.scales).float()
 
 

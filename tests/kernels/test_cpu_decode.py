@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.kernels import cpu_decode
 from radixlm.kernels.attention import registry
@@ -160,3 +161,40 @@ def test_index_tensors_must_be_int64_on_the_cpu():
     one = torch.ones(1, dtype=torch.int64)
     with pytest.raises(ValueError, match="int64"):
         cpu_decode.DecodeBatch(table, one.int(), one, one)
+
+
+@pytest.mark.parametrize("rows,d", [(1, 576), (3, 64), (17, 100), (300, 576)])
+def test_rmsnorm_matches_torch(rows, d):
+    gen = torch.Generator().manual_seed(rows)
+    x, res = torch.randn(rows, d, generator=gen) * 3, torch.randn(rows, d, generator=gen)
+    w = torch.randn(d, generator=gen)
+    out, summed = cpu_decode.rmsnorm(x, w, 1e-6, res)
+    assert torch.equal(summed, x + res)  # the residual sum is exact
+    ref = torch.rms_norm(x + res, (d,), w, 1e-6)
+    torch.testing.assert_close(out, ref, rtol=2e-6, atol=2e-6)  # float32 sums in another order
+    out, same = cpu_decode.rmsnorm(x, w, 1e-6)
+    assert same is x
+    torch.testing.assert_close(out, torch.rms_norm(x, (d,), w, 1e-6), rtol=2e-6, atol=2e-6)
+
+
+def test_rmsnorm_layer_takes_the_kernel_for_float32_rows():
+    from radixlm.srt.models.layers import RMSNorm
+
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.data.copy_(torch.linspace(0.5, 2, 64))
+    x, res = torch.randn(5, 64), torch.randn(5, 64)
+    assert cpu_decode.serves_norm(x) and not cpu_decode.serves_norm(x.t())
+    out, summed = norm.add_and_norm(x, res)
+    with cpu_decode.disabled():  # the torch path
+        ref, ref_sum = norm.add_and_norm(x, res)
+    assert torch.equal(summed, ref_sum)
+    torch.testing.assert_close(out, ref, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(norm(x), torch.rms_norm(x, (64,), norm.weight, 1e-5))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1536), (3, 7), (40, 2048)])
+def test_silu_and_mul_matches_torch(rows, n):
+    x = torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 4
+    gate, up = x.chunk(2, dim=-1)
+    # expf against torch's vectorised exp: a few float32 ulps
+    torch.testing.assert_close(cpu_decode.silu_and_mul(x), F.silu(gate) * up, rtol=4e-6, atol=1e-6)

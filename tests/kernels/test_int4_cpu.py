@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import gguf_cpu
 from radixlm.kernels.int4_cpu import (
     GROUP_SIZE,
     Int4Codes,
@@ -131,7 +132,13 @@ def test_linear_dispatches_on_rows():
         assert out.dtype == torch.float32 and out.shape == (rows, 64)
         dense = F.linear(x, w, bias)
         if rows <= 2:  # int4 path: close to the dense layer, but not equal
-            int4 = int4_matmul(x, layer.packed).float() + bias
+            if gguf_cpu.available():  # the C++ Q4_1 GEMV, torch's packed kernel when off
+                int4 = gguf_cpu.q4_1_matmul(x, layer.q4_1) + bias
+                with gguf_cpu.disabled():
+                    off = layer(x)
+                torch.testing.assert_close(off, int4_matmul(x, layer.packed).float() + bias)
+            else:
+                int4 = int4_matmul(x, layer.packed).float() + bias
             torch.testing.assert_close(out, int4)
             assert not torch.equal(out, dense)
         else:
