@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from server_pool import NO_TLS
 
 from radixlm.srt import Engine
 
@@ -96,16 +97,30 @@ def test_an_update_waits_for_the_requests_in_flight(tiny_llama_dir, other_dir):
         assert engine.scheduler.check_idle()
 
 
+@pytest.fixture(scope="module")
+def weights_server(tiny_llama_dir, start_server):
+    """One server on the tiny model for the module's HTTP tests (one start instead of one per
+    test): each test leaves it serving and unpaused, on either checkpoint, and asserts only the
+    outputs of the weights it loads itself."""
+    return start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
+
+
+@pytest.fixture(scope="module")
+def other_outputs(other_dir) -> list[list[int]]:
+    """Greedy outputs of an engine started on the other checkpoint (the HTTP tests' reference)."""
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        return _outputs(fresh)
+
+
 @pytest.mark.slow  # starts a server
 def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
-    tiny_llama_dir, other_dir, start_server
+    other_dir, weights_server, other_outputs
 ):
     import threading
 
     import httpx
 
-    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
-    url = server.url
+    url = weights_server.url
 
     def generate(prompt: str, max_new_tokens: int = 8) -> list[int]:
         body = {"text": prompt, "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}
@@ -113,14 +128,13 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
         assert r.status_code == 200, r.text
         return r.json()["output_ids"]
 
-    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
-        want_other = _outputs(fresh)
+    want_other = other_outputs
     before = [generate(p) for p in PROMPTS]
     # a long request in flight: the update waits for it; a request sent meanwhile waits too
     box: dict = {}
     long = threading.Thread(target=lambda: box.update(long=generate(PROMPTS[1], 1500)))
     long.start()
-    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+    while httpx.get(url + "/get_server_info", **NO_TLS).json()["kv_pool"]["num_running"] == 0:
         time.sleep(0.01)
     update: dict = {}
     updater = threading.Thread(
@@ -133,7 +147,7 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
         )
     )
     updater.start()
-    while not httpx.get(url + "/get_server_info").json()["weight_update_pending"]:
+    while not httpx.get(url + "/get_server_info", **NO_TLS).json()["weight_update_pending"]:
         time.sleep(0.01)
     late = generate(PROMPTS[0])  # paused until the new weights are in
     updater.join(120)
@@ -143,7 +157,7 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     assert r.json()["success"] and r.json()["num_paused_requests"] >= 1
     assert late == want_other[0] and [generate(p) for p in PROMPTS] == want_other
     assert box["long"][:8] == before[1]  # it ran on the old weights to its end
-    info = httpx.get(url + "/get_server_info").json()
+    info = httpx.get(url + "/get_server_info", **NO_TLS).json()
     assert info["weight_version"] == "step-7"
     bad = httpx.post(url + "/update_weights_from_disk", json={"model_path": "/nowhere"}, timeout=60)
     assert bad.status_code == 400 and not bad.json()["success"]
@@ -157,7 +171,7 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     assert [generate(p) for p in PROMPTS] == want_other  # still the new weights
     relabel = httpx.post(url + "/update_weight_version", json={"new_version": "step-8"})
     assert relabel.status_code == 200 and relabel.json()["new_version"] == "step-8"
-    assert httpx.get(url + "/get_server_info").json()["weight_version"] == "step-8"
+    assert httpx.get(url + "/get_server_info", **NO_TLS).json()["weight_version"] == "step-8"
     assert httpx.get(url + "/ping").status_code == 200
 
 
@@ -189,7 +203,9 @@ def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other
 
 
 @pytest.mark.slow  # starts a server
-def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_server):
+def test_pause_update_continue_as_rl_loops_do(
+    tiny_llama_dir, other_dir, weights_server, other_outputs
+):
     """/pause_generation (abort mode) aborts what runs and holds new requests; a weight update
     runs meanwhile; /continue_generation lets the held request through, on the new weights.
     In retract mode the running request waits without KV through an update and then ends."""
@@ -197,10 +213,8 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
 
     import httpx
 
-    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
-    url = server.url
-    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
-        want_other = _outputs(fresh)[0]
+    url = weights_server.url
+    want_other = other_outputs[0]
     body = {"text": PROMPTS[0], "sampling_params": GREEDY}
     running: dict = {}
 
@@ -211,7 +225,7 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
             target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
         )
         runner.start()
-        while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+        while httpx.get(url + "/get_server_info", **NO_TLS).json()["kv_pool"]["num_running"] == 0:
             time.sleep(0.01)
         return runner
 
@@ -224,7 +238,7 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
         target=lambda: held.update(r=httpx.post(url + "/generate", json=body, timeout=120))
     )
     waiter.start()
-    while httpx.get(url + "/get_server_info").json()["num_paused_requests"] == 0:
+    while httpx.get(url + "/get_server_info", **NO_TLS).json()["num_paused_requests"] == 0:
         time.sleep(0.01)
     update = {"model_path": str(other_dir)}
     r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
@@ -239,7 +253,7 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
     # retract mode: the running request waits without its KV through an update, then ends
     runner = start_running(400)
     assert httpx.post(url + "/pause_generation", json={"mode": "retract"}).status_code == 200
-    info = httpx.get(url + "/get_server_info").json()["kv_pool"]
+    info = httpx.get(url + "/get_server_info", **NO_TLS).json()["kv_pool"]
     assert info["num_running"] == 0 and info["num_waiting"] == 1, info
     assert info["paused"] == "retract"
     assert info["available"] + info["evictable"] == info["max_total_tokens"], info

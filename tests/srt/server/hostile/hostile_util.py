@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server_pool import NO_TLS
 
 from radixlm.srt.server.process.server_process import ServerProcess
 
@@ -56,7 +57,7 @@ class LiveServer:
         if self.proc is None or self.proc.proc.poll() is not None:
             return False
         try:
-            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+            return httpx.get(self.url + "/health", timeout=5, **NO_TLS).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -85,11 +86,15 @@ class LiveServer:
         headers = {**self.headers, **kw.pop("headers", {})}
         if raw is not None:
             headers.setdefault("Content-Type", "application/json")
-            return httpx.post(self.url + path, content=raw, headers=headers, timeout=timeout, **kw)
-        return httpx.post(self.url + path, json=body, headers=headers, timeout=timeout, **kw)
+            return httpx.post(
+                self.url + path, content=raw, headers=headers, timeout=timeout, **NO_TLS, **kw
+            )
+        return httpx.post(
+            self.url + path, json=body, headers=headers, timeout=timeout, **NO_TLS, **kw
+        )
 
     def get(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> httpx.Response:
-        return httpx.get(self.url + path, headers=self.headers, timeout=timeout)
+        return httpx.get(self.url + path, headers=self.headers, timeout=timeout, **NO_TLS)
 
     def info(self) -> dict[str, Any]:
         r = self.get("/get_server_info", timeout=10)
@@ -132,7 +137,7 @@ def assert_clean(server: LiveServer) -> None:
     """The check every test ends with: /health is 200, once idle no request state is left in
     the tokenizer manager and the KV pool adds up (available + evictable + protected == total)
     with no node still locked."""
-    r = httpx.get(server.url + "/health", timeout=5)
+    r = httpx.get(server.url + "/health", timeout=5, **NO_TLS)
     assert r.status_code == 200, f"/health answered {r.status_code}: {r.text}\n{server.log_tail()}"
     deadline = time.monotonic() + CLEAN_TIMEOUT_S
     info = server.info()

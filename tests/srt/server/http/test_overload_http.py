@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from server_pool import NO_TLS
 
 from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QUEUE_FULL
 
@@ -44,12 +45,12 @@ class Call(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        self.response = httpx.post(self.url + self.path, json=self.body, timeout=300)
+        self.response = httpx.post(self.url + self.path, json=self.body, timeout=300, **NO_TLS)
         self.done_at = time.monotonic()
 
 
 def kv(url: str) -> dict:
-    return httpx.get(url + "/server_info", timeout=30).json()["kv_pool"]
+    return httpx.get(url + "/server_info", timeout=30, **NO_TLS).json()["kv_pool"]
 
 
 def wait_for(url: str, running: int, waiting: int) -> None:
