@@ -16,10 +16,6 @@ from radixlm.srt.server.process.server_process import ServerProcess
 # Variables that change between tests without changing what a server started under them does.
 _VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 HANDOVER_TIMEOUT_S = 60.0
-# Keyword arguments for top-level httpx calls to a test server: it speaks plain HTTP on 127.0.0.1,
-# so there is nothing to verify and no CA bundle to load (httpx's default loads certifi's on every
-# top-level call: tens of ms of CPU, ten times that on a busy machine, paid by every poll).
-NO_TLS: dict[str, Any] = {"verify": False}
 
 
 def normalised_args(args: list[str]) -> tuple[tuple[str, ...], ...]:
