@@ -47,17 +47,18 @@ def wait_drained(url: str, timeout_s: float = HANDOVER_TIMEOUT_S) -> None:
     stream finishing), then flushes its prefix cache so the next module starts as on a fresh
     server. Servers behind an API key answer 401 here and are handed over as they are."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        r = httpx.get(url + "/server_info", timeout=30)
-        if r.status_code != 200:
-            return
-        info = r.json()
-        if info["num_request_states"] == 0 and info["kv_pool"]["num_running"] == 0:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the shared server at {url} did not drain: {info}")
-    httpx.post(url + "/flush_cache", timeout=30)
+    with httpx.Client(timeout=30) as client:  # one CA bundle load, not one a poll
+        while time.monotonic() < deadline:
+            r = client.get(url + "/server_info")
+            if r.status_code != 200:
+                return
+            info = r.json()
+            if info["num_request_states"] == 0 and info["kv_pool"]["num_running"] == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the shared server at {url} did not drain: {info}")
+        client.post(url + "/flush_cache")
 
 
 class ServerPool:

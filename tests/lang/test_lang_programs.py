@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-import httpx
+import plain_http
 import pytest
 
 import radixlm.lang as rl
@@ -57,7 +57,7 @@ def raw(kind: str, request: pytest.FixtureRequest, smol_engine) -> RawGenerate:
 
     def post(prompt=None, sampling_params=None, input_ids=None, **kw) -> dict:
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, **kw}
-        r = httpx.post(
+        r = plain_http.post(
             url + "/generate", json={k: v for k, v in body.items() if v is not None}, timeout=300
         )
         assert r.status_code == 200, r.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
@@ -137,10 +138,8 @@ def test_profile_routes(backend, tmp_path) -> None:
     import gzip
     import json
 
-    import httpx
-
     body = {"output_dir": str(tmp_path), "num_steps": 50, "profile_id": "t", "record_shapes": True}
-    started = httpx.post(backend.base_url + "/start_profile", json=body, timeout=30).json()
+    started = plain_http.post(backend.base_url + "/start_profile", json=body, timeout=30).json()
     assert started["path"] == str(tmp_path / "t-TP-0.trace.json.gz")
     assert qa.run(question="Name a fruit.")["answer"]  # reading it waits for the run
     backend.stop_profile()
@@ -149,15 +148,15 @@ def test_profile_routes(backend, tmp_path) -> None:
     assert any(n.startswith("aten::") for n in names), sorted(names)[:20]
     backend.start_profile()  # the default folder
     assert qa.run(question="Name a color.")["answer"]  # reading it waits for the run
-    stopped = httpx.post(backend.base_url + "/stop_profile", timeout=60).json()
+    stopped = plain_http.post(backend.base_url + "/stop_profile", timeout=60).json()
     path = stopped["path"]
     assert path.endswith("-TP-0.trace.json.gz")
     import os
 
     os.remove(path)
-    r = httpx.post(backend.base_url + "/stop_profile", timeout=30)  # none runs now
+    r = plain_http.post(backend.base_url + "/stop_profile", timeout=30)  # none runs now
     assert r.status_code == 400 and "no profile" in r.json()["error"]["message"]
-    bad = httpx.post(backend.base_url + "/start_profile", json={"activities": ["GPU"]})
+    bad = plain_http.post(backend.base_url + "/start_profile", json={"activities": ["GPU"]})
     assert bad.status_code == 400 and "GPU" in bad.json()["error"]["message"]
-    bad = httpx.post(backend.base_url + "/start_profile", json={"merge_profile": True})
+    bad = plain_http.post(backend.base_url + "/start_profile", json={"merge_profile": True})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "merge_profile"

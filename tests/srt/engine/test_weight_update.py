@@ -8,6 +8,7 @@ import re
 import shutil
 import time
 
+import plain_http
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -96,36 +97,47 @@ def test_an_update_waits_for_the_requests_in_flight(tiny_llama_dir, other_dir):
         assert engine.scheduler.check_idle()
 
 
+@pytest.fixture(scope="module")
+def weights_server(tiny_llama_dir, start_server):
+    """One server on the tiny model for the module's HTTP tests (one start instead of one per
+    test): each test leaves it serving and unpaused, on either checkpoint, and asserts only the
+    outputs of the weights it loads itself."""
+    return start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
+
+
+@pytest.fixture(scope="module")
+def other_outputs(other_dir) -> list[list[int]]:
+    """Greedy outputs of an engine started on the other checkpoint (the HTTP tests' reference)."""
+    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
+        return _outputs(fresh)
+
+
 @pytest.mark.slow  # starts a server
 def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
-    tiny_llama_dir, other_dir, start_server
+    other_dir, weights_server, other_outputs
 ):
     import threading
 
-    import httpx
-
-    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
-    url = server.url
+    url = weights_server.url
 
     def generate(prompt: str, max_new_tokens: int = 8) -> list[int]:
         body = {"text": prompt, "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}
-        r = httpx.post(url + "/generate", json=body, timeout=120)
+        r = plain_http.post(url + "/generate", json=body, timeout=120)
         assert r.status_code == 200, r.text
         return r.json()["output_ids"]
 
-    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
-        want_other = _outputs(fresh)
+    want_other = other_outputs
     before = [generate(p) for p in PROMPTS]
     # a long request in flight: the update waits for it; a request sent meanwhile waits too
     box: dict = {}
     long = threading.Thread(target=lambda: box.update(long=generate(PROMPTS[1], 1500)))
     long.start()
-    while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+    while plain_http.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
         time.sleep(0.01)
     update: dict = {}
     updater = threading.Thread(
         target=lambda: update.update(
-            r=httpx.post(
+            r=plain_http.post(
                 url + "/update_weights_from_disk",
                 json={"model_path": str(other_dir), "weight_version": "step-7"},
                 timeout=120,
@@ -133,7 +145,7 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
         )
     )
     updater.start()
-    while not httpx.get(url + "/get_server_info").json()["weight_update_pending"]:
+    while not plain_http.get(url + "/get_server_info").json()["weight_update_pending"]:
         time.sleep(0.01)
     late = generate(PROMPTS[0])  # paused until the new weights are in
     updater.join(120)
@@ -143,22 +155,24 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     assert r.json()["success"] and r.json()["num_paused_requests"] >= 1
     assert late == want_other[0] and [generate(p) for p in PROMPTS] == want_other
     assert box["long"][:8] == before[1]  # it ran on the old weights to its end
-    info = httpx.get(url + "/get_server_info").json()
+    info = plain_http.get(url + "/get_server_info").json()
     assert info["weight_version"] == "step-7"
-    bad = httpx.post(url + "/update_weights_from_disk", json={"model_path": "/nowhere"}, timeout=60)
+    bad = plain_http.post(
+        url + "/update_weights_from_disk", json={"model_path": "/nowhere"}, timeout=60
+    )
     assert bad.status_code == 400 and not bad.json()["success"]
     assert bad.json()["error"]["param"] == "model_path"
-    refused = httpx.post(
+    refused = plain_http.post(
         url + "/update_weights_from_disk",
         json={"model_path": str(other_dir), "is_async": True},
         timeout=60,
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "is_async"
     assert [generate(p) for p in PROMPTS] == want_other  # still the new weights
-    relabel = httpx.post(url + "/update_weight_version", json={"new_version": "step-8"})
+    relabel = plain_http.post(url + "/update_weight_version", json={"new_version": "step-8"})
     assert relabel.status_code == 200 and relabel.json()["new_version"] == "step-8"
-    assert httpx.get(url + "/get_server_info").json()["weight_version"] == "step-8"
-    assert httpx.get(url + "/ping").status_code == 200
+    assert plain_http.get(url + "/get_server_info").json()["weight_version"] == "step-8"
+    assert plain_http.get(url + "/ping").status_code == 200
 
 
 def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other_dir, tmp_path):
@@ -189,18 +203,16 @@ def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other
 
 
 @pytest.mark.slow  # starts a server
-def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_server):
+def test_pause_update_continue_as_rl_loops_do(
+    tiny_llama_dir, other_dir, weights_server, other_outputs
+):
     """/pause_generation (abort mode) aborts what runs and holds new requests; a weight update
     runs meanwhile; /continue_generation lets the held request through, on the new weights.
     In retract mode the running request waits without KV through an update and then ends."""
     import threading
 
-    import httpx
-
-    server = start_server("--model-path", tiny_llama_dir, "--max-total-tokens", POOL)
-    url = server.url
-    with Engine(str(other_dir), max_total_tokens=POOL, log_level="warning") as fresh:
-        want_other = _outputs(fresh)[0]
+    url = weights_server.url
+    want_other = other_outputs[0]
     body = {"text": PROMPTS[0], "sampling_params": GREEDY}
     running: dict = {}
 
@@ -208,46 +220,48 @@ def test_pause_update_continue_as_rl_loops_do(tiny_llama_dir, other_dir, start_s
         """A /generate of that length in a thread, returned once the scheduler runs it."""
         long = {"text": PROMPTS[1], "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}
         runner = threading.Thread(
-            target=lambda: running.update(r=httpx.post(url + "/generate", json=long, timeout=120))
+            target=lambda: running.update(
+                r=plain_http.post(url + "/generate", json=long, timeout=120)
+            )
         )
         runner.start()
-        while httpx.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
+        while plain_http.get(url + "/get_server_info").json()["kv_pool"]["num_running"] == 0:
             time.sleep(0.01)
         return runner
 
     runner = start_running(1500)
-    assert httpx.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
+    assert plain_http.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
     runner.join(60)
     assert running["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
     held: dict = {}
     waiter = threading.Thread(
-        target=lambda: held.update(r=httpx.post(url + "/generate", json=body, timeout=120))
+        target=lambda: held.update(r=plain_http.post(url + "/generate", json=body, timeout=120))
     )
     waiter.start()
-    while httpx.get(url + "/get_server_info").json()["num_paused_requests"] == 0:
+    while plain_http.get(url + "/get_server_info").json()["num_paused_requests"] == 0:
         time.sleep(0.01)
     update = {"model_path": str(other_dir)}
-    r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
+    r = plain_http.post(url + "/update_weights_from_disk", json=update, timeout=120)
     assert r.status_code == 200 and r.json()["success"], r.text
     assert waiter.is_alive()  # still held: the pause outlasts the update
-    refused = httpx.post(url + "/pause_generation", json={"mode": "freeze"})
+    refused = plain_http.post(url + "/pause_generation", json={"mode": "freeze"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "mode"
-    assert httpx.post(url + "/continue_generation", json={}).status_code == 200
+    assert plain_http.post(url + "/continue_generation", json={}).status_code == 200
     waiter.join(60)
     assert held["r"].json()["output_ids"] == want_other
 
     # retract mode: the running request waits without its KV through an update, then ends
     runner = start_running(400)
-    assert httpx.post(url + "/pause_generation", json={"mode": "retract"}).status_code == 200
-    info = httpx.get(url + "/get_server_info").json()["kv_pool"]
+    assert plain_http.post(url + "/pause_generation", json={"mode": "retract"}).status_code == 200
+    info = plain_http.get(url + "/get_server_info").json()["kv_pool"]
     assert info["num_running"] == 0 and info["num_waiting"] == 1, info
     assert info["paused"] == "retract"
     assert info["available"] + info["evictable"] == info["max_total_tokens"], info
     update = {"model_path": str(tiny_llama_dir)}
-    r = httpx.post(url + "/update_weights_from_disk", json=update, timeout=120)
+    r = plain_http.post(url + "/update_weights_from_disk", json=update, timeout=120)
     assert r.status_code == 200 and r.json()["success"], r.text
     assert runner.is_alive()
-    assert httpx.post(url + "/continue_generation").status_code == 200
+    assert plain_http.post(url + "/continue_generation").status_code == 200
     runner.join(60)
     meta = running["r"].json()["meta_info"]
     assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 400

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import jsonschema
 import openai
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
@@ -123,7 +123,7 @@ def test_invalid_grammars_get_400_and_the_server_stays_healthy(
                 model="default", messages=ASK, max_tokens=4, response_format=fmt, stream=stream
             )
         assert e.value.param == "response_format"
-    r = httpx.post(
+    r = plain_http.post(
         server.url + "/generate",
         timeout=120,
         json={
@@ -133,7 +133,7 @@ def test_invalid_grammars_get_400_and_the_server_stays_healthy(
     )
     assert r.status_code == 400 and "at most one" in r.json()["error"]["message"]
     events = []
-    with httpx.stream(
+    with plain_http.stream(
         "POST",
         server.url + "/generate",
         timeout=120,
@@ -149,7 +149,7 @@ def test_invalid_grammars_get_400_and_the_server_stays_healthy(
     assert error["message"].startswith("Failed to compile json_schema grammar")
     assert error["param"] == "json_schema"
     assert error["code"] == 400 or error["type"] == "invalid_request_error"
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=30).status_code == 200
     ok = client.completions.create(
         model="default", prompt="The capital of France is", temperature=0, max_tokens=3
     )

@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.bench.replay import compare, load_dump, replay, report
@@ -85,7 +86,7 @@ def traced(shared_server, receiver, tmp_path_factory):
 
 def test_one_trace_across_the_three_processes(traced, receiver):
     server, _ = traced
-    r = httpx.post(
+    r = plain_http.post(
         server.url + "/generate",
         json={"text": "The capital of France is", "sampling_params": GREEDY},
         headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import openai
+import plain_http
 import psutil
 import pytest
 
@@ -40,7 +41,7 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 def generate(server: ServerProcess, body: dict) -> httpx.Response:
-    return httpx.post(server.url + "/generate", json=body, timeout=120)
+    return plain_http.post(server.url + "/generate", json=body, timeout=120)
 
 
 def greedy(server: ServerProcess, text: str, n: int) -> dict:
@@ -50,12 +51,12 @@ def greedy(server: ServerProcess, text: str, n: int) -> dict:
 
 
 def kv_pool(server: ServerProcess) -> dict:
-    return httpx.get(server.url + "/server_info", timeout=30).json()["kv_pool"]
+    return plain_http.get(server.url + "/server_info", timeout=30).json()["kv_pool"]
 
 
 def stream_events(server: ServerProcess, path: str, body: dict) -> list:
     events = []
-    with httpx.stream("POST", server.url + path, json=body, timeout=120) as r:
+    with plain_http.stream("POST", server.url + path, json=body, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -90,7 +91,7 @@ def test_chat_completion_answers_paris(client: openai.OpenAI) -> None:
 
 def test_batch_input_ids_stream_and_logprobs(server: ServerProcess) -> None:
     texts = ["Once upon a time", "The sky is"]
-    ids = httpx.post(server.url + "/tokenize", json={"prompt": texts[0]}).json()["tokens"]
+    ids = plain_http.post(server.url + "/tokenize", json={"prompt": texts[0]}).json()["tokens"]
     body = {
         "input_ids": ids,
         "sampling_params": {"max_new_tokens": 3, **GREEDY},
@@ -150,7 +151,7 @@ def test_openai_completions(client: openai.OpenAI) -> None:
     }
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
-    prompt_ids = httpx.post(
+    prompt_ids = plain_http.post(
         str(client.base_url).replace("/v1/", "/tokenize"), json={"prompt": kw["prompt"]}
     ).json()["tokens"]
     assert a.usage.prompt_tokens == len(prompt_ids)  # counted once for the n choices
@@ -220,14 +221,14 @@ def test_concurrent_mixed_requests_match_serial(
 def test_bad_requests_get_4xx(server: ServerProcess, path: str, body: object, status: int) -> None:
     headers = {"content-type": "application/json"}
     kw = {"content": body, "headers": headers} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(server.url + path, timeout=60, **kw)
+    r = plain_http.post(server.url + path, timeout=60, **kw)
     assert r.status_code == status, r.text
     assert r.json()["error"]["message"]
-    assert httpx.get(server.url + "/health").status_code == 200
+    assert plain_http.get(server.url + "/health").status_code == 200
 
 
 def test_server_healthy_after_errors(server: ServerProcess) -> None:
-    assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200
+    assert plain_http.get(server.url + "/health_generate", timeout=60).status_code == 200
     assert greedy(server, "The capital of France is", 2)["text"].startswith(" Paris")
 
 
@@ -238,7 +239,7 @@ def test_disconnect_mid_stream_frees_kv(server: ServerProcess) -> None:
         "stream": True,
         "sampling_params": {"max_new_tokens": 300, "ignore_eos": True},
     }
-    with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
+    with plain_http.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
         lines = r.iter_lines()
         while not next(lines).startswith("data: "):
             pass
@@ -250,12 +251,12 @@ def test_disconnect_mid_stream_frees_kv(server: ServerProcess) -> None:
         time.sleep(0.2)
     assert pool["num_running"] == 0 and pool["num_waiting"] == 0 and pool["protected"] == 0
     assert pool["available"] + pool["evictable"] == MAX_TOTAL_TOKENS
-    assert httpx.post(server.url + "/flush_cache", timeout=30).status_code == 200
+    assert plain_http.post(server.url + "/flush_cache", timeout=30).status_code == 200
     assert kv_pool(server)["available"] == MAX_TOTAL_TOKENS
 
 
 def test_metrics_histograms(server: ServerProcess) -> None:
-    text = httpx.get(server.url + "/metrics", timeout=30).text
+    text = plain_http.get(server.url + "/metrics", timeout=30).text
     counts = {
         ln.split("{")[0]: float(ln.split()[-1])
         for ln in text.splitlines()
@@ -279,7 +280,7 @@ def test_sigterm_drains_then_exits_without_orphans(server: ServerProcess) -> Non
     started = threading.Event()
 
     def consume() -> None:
-        with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as r:
+        with plain_http.stream("POST", server.url + "/generate", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     started.set()

@@ -5,8 +5,8 @@ called with arguments valid against its schema, and each run ends with an answer
 
 from __future__ import annotations
 
-import httpx
 import jsonschema
+import plain_http
 import pytest
 from pydantic import BaseModel, Field
 from tool_util import agents_weather_tool, langchain_chat
@@ -26,7 +26,7 @@ def server(default_server) -> ServerProcess:
 @pytest.fixture(autouse=True)
 def _healthy(server: ServerProcess):
     yield
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=30).status_code == 200
 
 
 # ---------------------------------------------------------------------- LangChain

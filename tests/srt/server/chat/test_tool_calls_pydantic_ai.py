@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import plain_http
 import pytest
 from pydantic import BaseModel, Field
 
@@ -68,7 +68,7 @@ def server(default_server) -> ServerProcess:
 @pytest.fixture(autouse=True)
 def _healthy(server: ServerProcess):
     yield
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=30).status_code == 200
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def transport() -> RecordingTransport:
 
 @pytest.fixture
 def model(server: ServerProcess, transport: RecordingTransport) -> OpenAIChatModel:
-    served = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    served = plain_http.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     provider = OpenAIProvider(
         base_url=server.url + "/v1",
         api_key="x",
@@ -197,7 +197,7 @@ def test_structured_output_over_anthropic_messages(server: ServerProcess) -> Non
     from pydantic_ai.models.anthropic import AnthropicModel
     from pydantic_ai.providers.anthropic import AnthropicProvider
 
-    served = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    served = plain_http.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     model = AnthropicModel(served, provider=AnthropicProvider(base_url=server.url, api_key="x"))
     settings = ModelSettings(temperature=0, max_retries=0)  # greedy: one reply, no retry
     agent = make_agent(model, output_type=City, model_settings=settings)

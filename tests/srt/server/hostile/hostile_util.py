@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import plain_http
 
 from radixlm.srt.server.process.server_process import ServerProcess
 
@@ -56,7 +57,7 @@ class LiveServer:
         if self.proc is None or self.proc.proc.poll() is not None:
             return False
         try:
-            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+            return plain_http.get(self.url + "/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -85,11 +86,13 @@ class LiveServer:
         headers = {**self.headers, **kw.pop("headers", {})}
         if raw is not None:
             headers.setdefault("Content-Type", "application/json")
-            return httpx.post(self.url + path, content=raw, headers=headers, timeout=timeout, **kw)
-        return httpx.post(self.url + path, json=body, headers=headers, timeout=timeout, **kw)
+            return plain_http.post(
+                self.url + path, content=raw, headers=headers, timeout=timeout, **kw
+            )
+        return plain_http.post(self.url + path, json=body, headers=headers, timeout=timeout, **kw)
 
     def get(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> httpx.Response:
-        return httpx.get(self.url + path, headers=self.headers, timeout=timeout)
+        return plain_http.get(self.url + path, headers=self.headers, timeout=timeout)
 
     def info(self) -> dict[str, Any]:
         r = self.get("/get_server_info", timeout=10)
@@ -132,7 +135,7 @@ def assert_clean(server: LiveServer) -> None:
     """The check every test ends with: /health is 200, once idle no request state is left in
     the tokenizer manager and the KV pool adds up (available + evictable + protected == total)
     with no node still locked."""
-    r = httpx.get(server.url + "/health", timeout=5)
+    r = plain_http.get(server.url + "/health", timeout=5)
     assert r.status_code == 200, f"/health answered {r.status_code}: {r.text}\n{server.log_tail()}"
     deadline = time.monotonic() + CLEAN_TIMEOUT_S
     info = server.info()
@@ -202,7 +205,7 @@ def stream(
     server: LiveServer, path: str, body: dict, timeout: float = HTTP_TIMEOUT_S
 ) -> tuple[httpx.Response, list[Any]]:
     """POSTs a streaming request; the response and its parsed events (empty when not 200)."""
-    with httpx.stream(
+    with plain_http.stream(
         "POST", server.url + path, json=body, headers=server.headers, timeout=timeout
     ) as r:
         raw = r.read()
@@ -245,7 +248,7 @@ def stream_aborted_after_first_event(
     arrived, so the request is surely mid-way (a fixed sleep raced fast decoding); ``parse``
     reads the body (SSE with a final ``[DONE]`` unless told otherwise)."""
     raw = b""
-    with httpx.stream(
+    with plain_http.stream(
         "POST", server.url + path, json=body, headers=server.headers, timeout=timeout
     ) as r:
         aborted = False

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import plain_http
 import pytest
 from hostile_util import (
     API_KEY,
@@ -44,7 +45,7 @@ def health_latencies(server: LiveServer, stop: threading.Event) -> list[float]:
     out: list[float] = []
     while not stop.is_set():
         t0 = time.monotonic()
-        r = httpx.get(server.url + "/health", timeout=10)
+        r = plain_http.get(server.url + "/health", timeout=10)
         out.append(time.monotonic() - t0)
         assert r.status_code == 200, r.text
         time.sleep(0.02)
@@ -81,7 +82,9 @@ def test_the_api_key_holds_no_admin_verb(keyed: LiveServer) -> None:
         body = {"mode": "in_place"} if path == "/pause_generation" else {}
         err = assert_4xx(keyed.post(path, body, timeout=10))
         assert err["code"] == "admin_verbs_disabled", (path, err)
-    get = httpx.get(keyed.url + "/get_weights_by_name?name=lm_head.weight", headers=keyed.headers)
+    get = plain_http.get(
+        keyed.url + "/get_weights_by_name?name=lm_head.weight", headers=keyed.headers
+    )
     assert assert_4xx(get)["code"] == "admin_verbs_disabled"
     assert gen(keyed).status_code == 200  # not paused
     assert keyed.post("/flush_cache", None, timeout=10).status_code == 200  # the API key's
@@ -106,16 +109,16 @@ def test_cross_origin_admin_requests_are_refused(server: LiveServer) -> None:
     r = server.post("/pause_generation", raw=b'{"mode": "abort"}', headers=text)
     assert assert_4xx(r)["code"] == "unsupported_media_type"
     for path in ("/flush_cache", "/continue_generation", "/start_profile", "/stop_profile"):
-        r = httpx.post(server.url + path, headers=evil, timeout=10)  # no body: a simple POST
+        r = plain_http.post(server.url + path, headers=evil, timeout=10)  # no body: a simple POST
         assert r.status_code == 415, (path, r.text)
-    img = httpx.get(server.url + "/start_profile", headers={"Sec-Fetch-Site": "cross-site"})
+    img = plain_http.get(server.url + "/start_profile", headers={"Sec-Fetch-Site": "cross-site"})
     assert img.status_code == 415, img.text  # what an <img src=...> sends
     form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example"}
     assert server.post("/flush_cache", raw=b"a=1", headers=form).status_code == 415
-    assert httpx.get(server.url + "/ready").status_code == 200  # nothing was paused
+    assert plain_http.get(server.url + "/ready").status_code == 200  # nothing was paused
     r = server.post("/stop_profile", {})
     assert "no profile is running" in assert_4xx(r)["message"]  # nothing was started
-    assert httpx.post(server.url + "/flush_cache", timeout=10).status_code == 200  # curl's
+    assert plain_http.post(server.url + "/flush_cache", timeout=10).status_code == 200  # curl's
 
 
 def test_dns_rebinding_is_refused(server: LiveServer) -> None:
@@ -128,7 +131,7 @@ def test_dns_rebinding_is_refused(server: LiveServer) -> None:
             assert r.status_code == 400, (host, path, r.text)
             assert r.json()["error"]["code"] == "host_not_allowed"
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
-        r = httpx.get(server.url + "/v1/models", headers={"Host": host})
+        r = plain_http.get(server.url + "/v1/models", headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
 
 
@@ -256,9 +259,9 @@ def pausable(tiny_llama_dir, tmp_path_factory) -> Iterator[LiveServer]:
 def test_a_paused_server_says_so(pausable: LiveServer) -> None:
     assert pausable.post("/pause_generation", {"mode": "abort"}).status_code == 200
     try:
-        ready = httpx.get(pausable.url + "/ready", timeout=5)
+        ready = plain_http.get(pausable.url + "/ready", timeout=5)
         assert ready.status_code == 503 and "paused" in ready.json()["error"]["message"]
-        health = httpx.get(pausable.url + "/health", timeout=5)
+        health = plain_http.get(pausable.url + "/health", timeout=5)
         assert health.status_code == 200 and health.json()["status"] == "paused", health.text
         assert pausable.info()["paused"]
         t0 = time.monotonic()
@@ -268,7 +271,7 @@ def test_a_paused_server_says_so(pausable: LiveServer) -> None:
         assert PAUSE_LIMIT_S - 0.5 < waited < PAUSE_LIMIT_S + 5, waited
     finally:
         assert pausable.post("/continue_generation", {}).status_code == 200
-    assert httpx.get(pausable.url + "/ready", timeout=5).json() == {"status": "ok"}
+    assert plain_http.get(pausable.url + "/ready", timeout=5).json() == {"status": "ok"}
     assert gen(pausable).status_code == 200
     assert_clean(pausable)
 

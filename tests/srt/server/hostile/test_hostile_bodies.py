@@ -11,6 +11,7 @@ import time
 
 import httpx
 import orjson
+import plain_http
 import pytest
 from hostile_util import (
     API_KEY,
@@ -142,7 +143,7 @@ def _poll_health(server: LiveServer, stop: threading.Event, latencies: list[floa
     while not stop.is_set():
         t0 = time.monotonic()
         try:
-            ok = httpx.get(server.url + "/health", timeout=5).status_code == 200
+            ok = plain_http.get(server.url + "/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             ok = False
         latencies.append(time.monotonic() - t0 if ok else float("inf"))
@@ -315,10 +316,10 @@ def test_api_key_on_every_route(keyed: LiveServer) -> None:
         failures.check(("path trick", path), _assert_not_served, keyed, path)
     failures.assert_none()
     for path in OPEN_PATHS:
-        assert httpx.get(keyed.url + path, timeout=10).status_code in (200, 404), path
+        assert plain_http.get(keyed.url + path, timeout=10).status_code in (200, 404), path
     good = {"Authorization": f"Bearer {API_KEY}"}
-    assert httpx.get(keyed.url + "/v1/models", headers=good, timeout=10).status_code == 200
-    r = httpx.post(
+    assert plain_http.get(keyed.url + "/v1/models", headers=good, timeout=10).status_code == 200
+    r = plain_http.post(
         keyed.url + "/generate",
         headers=good,
         timeout=30,

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import httpx
+import plain_http
 import pytest
 from hostile_util import ADMIN_KEY, API_KEY, HTTP_TIMEOUT_S, LiveServer
 
@@ -33,7 +34,7 @@ class Background:
 
     def _run(self, server: LiveServer, path: str, body: dict, headers: dict) -> None:
         try:
-            with httpx.stream(
+            with plain_http.stream(
                 "POST", server.url + path, json=body, headers=headers, timeout=HTTP_TIMEOUT_S
             ) as r:
                 self.status = r.status_code

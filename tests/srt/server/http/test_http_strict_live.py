@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import orjson
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
@@ -40,13 +41,13 @@ def server(tiny_llama_dir, start_server) -> ServerProcess:
 def info(server: ServerProcess) -> dict:
     """/get_server_info as the admin sees it (local paths included)."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    return httpx.get(server.url + "/get_server_info", headers=admin, timeout=30).json()
+    return plain_http.get(server.url + "/get_server_info", headers=admin, timeout=30).json()
 
 
 @pytest.fixture(autouse=True)
 def clean(server: ServerProcess) -> Iterator[None]:
     yield
-    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=10).status_code == 200
     deadline = time.monotonic() + 10
     state = info(server)
     while (state["num_request_states"] or state["kv_pool"]["num_running"]) and (
@@ -60,7 +61,7 @@ def clean(server: ServerProcess) -> Iterator[None]:
 
 
 def post(server: ServerProcess, path: str, body: object, **kw) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=120, **kw)
+    return plain_http.post(server.url + path, json=body, timeout=120, **kw)
 
 
 def test_seed_top_of_range_with_n_2(server: ServerProcess) -> None:
@@ -78,7 +79,7 @@ def test_prompt_token_ids_out_of_range(server: ServerProcess, bad: int) -> None:
 
 def test_cross_origin_shapes_and_coercions(server: ServerProcess) -> None:
     raw = orjson.dumps({"abort_all": True})
-    r = httpx.post(
+    r = plain_http.post(
         server.url + "/abort_request",
         content=raw,
         timeout=10,
@@ -88,7 +89,7 @@ def test_cross_origin_shapes_and_coercions(server: ServerProcess) -> None:
     r = post(server, "/abort_request", {"abort_all": True})
     assert r.status_code == 401  # the admin key is set
     assert post(server, "/flush_cache", {}).status_code == 401
-    assert httpx.get(server.url + "/flush_cache", timeout=10).status_code == 405
+    assert plain_http.get(server.url + "/flush_cache", timeout=10).status_code == 405
     ok = {"Authorization": f"Bearer {ADMIN}"}
     assert post(server, "/flush_cache", {}, headers=ok).status_code == 200
     for field in ({"max_tokens": "10"}, {"stream": "yes"}):
@@ -104,7 +105,7 @@ def test_50mb_prompt_is_refused_quickly_and_health_stays_up(server: ServerProces
     def poll() -> None:
         while not done.is_set():
             t0 = time.monotonic()
-            httpx.get(server.url + "/health", timeout=30)
+            plain_http.get(server.url + "/health", timeout=30)
             gaps.append(time.monotonic() - t0)
             time.sleep(0.05)
 
@@ -112,7 +113,7 @@ def test_50mb_prompt_is_refused_quickly_and_health_stays_up(server: ServerProces
     poller.start()
     try:
         t0 = time.monotonic()
-        r = httpx.post(
+        r = plain_http.post(
             server.url + "/generate",
             content=raw,
             timeout=120,
@@ -148,7 +149,7 @@ def test_chat_defaults_and_shapes(server: ServerProcess) -> None:
 def test_scheduler_rejection_and_disconnect_leave_no_state(server: ServerProcess) -> None:
     r = post(server, "/generate", {"text": "hi", "sampling_params": {"regex": "(", "n": 2}})
     assert 400 <= r.status_code < 500, r.text
-    with httpx.stream(
+    with plain_http.stream(
         "POST",
         server.url + "/generate",
         timeout=60,

@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QUEUE_FULL
@@ -44,12 +45,12 @@ class Call(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        self.response = httpx.post(self.url + self.path, json=self.body, timeout=300)
+        self.response = plain_http.post(self.url + self.path, json=self.body, timeout=300)
         self.done_at = time.monotonic()
 
 
 def kv(url: str) -> dict:
-    return httpx.get(url + "/server_info", timeout=30).json()["kv_pool"]
+    return plain_http.get(url + "/server_info", timeout=30).json()["kv_pool"]
 
 
 def wait_for(url: str, running: int, waiting: int) -> None:
@@ -69,15 +70,15 @@ def test_full_queue_503s_and_a_high_priority_request_overtakes(shared_server) ->
         wait_for(url, running=1, waiting=n)
 
     # full: each dialect answers 503 + Retry-After in its own error shape
-    r = httpx.post(url + "/generate", json=gen(4, priority=0), timeout=60)
+    r = plain_http.post(url + "/generate", json=gen(4, priority=0), timeout=60)
     assert r.status_code == 503 and r.headers["retry-after"]
     assert r.json()["error"]["message"] == QUEUE_FULL
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    r = httpx.post(url + "/v1/chat/completions", json={**chat, "stream": True}, timeout=60)
+    r = plain_http.post(url + "/v1/chat/completions", json={**chat, "stream": True}, timeout=60)
     assert r.status_code == 503 and r.headers["retry-after"]
     err = r.json()["error"]
     assert err["message"] == QUEUE_FULL and err["type"] == "service_unavailable_error"
-    r = httpx.post(url + "/v1/messages", json={**chat, "model": "default"}, timeout=60)
+    r = plain_http.post(url + "/v1/messages", json={**chat, "model": "default"}, timeout=60)
     assert r.status_code == 503 and r.headers["retry-after"]
     body = r.json()
     assert body["type"] == "error" and body["error"]["message"] == QUEUE_FULL
@@ -101,5 +102,5 @@ def test_full_queue_503s_and_a_high_priority_request_overtakes(shared_server) ->
         time.sleep(0.1)
     assert k["available"] + k["evictable"] + k["protected"] == k["max_total_tokens"]
     assert k["protected"] == 0
-    info = httpx.get(url + "/server_info", timeout=30).json()
+    info = plain_http.get(url + "/server_info", timeout=30).json()
     assert info["num_request_states"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
@@ -22,7 +23,7 @@ def server(default_server) -> ServerProcess:
 
 
 def post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=120)
+    return plain_http.post(server.url + path, json=body, timeout=120)
 
 
 def ok(r: httpx.Response):
@@ -52,7 +53,7 @@ def whole_history(server: ServerProcess, input_ids: list[int]) -> dict:
 def wait_idle(server: ServerProcess) -> dict:
     deadline = time.monotonic() + 30
     while True:
-        info = ok(httpx.get(server.url + "/server_info", timeout=30))
+        info = ok(plain_http.get(server.url + "/server_info", timeout=30))
         if info["num_request_states"] == 0 and info["kv_pool"]["num_running"] == 0:
             return info
         assert time.monotonic() < deadline, info
@@ -95,7 +96,7 @@ def test_session_turns_equal_whole_history_requests(server: ServerProcess) -> No
     closed = post(server, "/close_session", {"session_id": sid})
     assert closed.status_code == 200 and closed.content == b""  # SGLang's empty 200
     assert_no_leak(server)
-    info = ok(httpx.get(server.url + "/server_info", timeout=30))
+    info = ok(plain_http.get(server.url + "/server_info", timeout=30))
     assert info["sessions"]["num_open_sessions"] == 0
     assert info["sessions"]["num_session_tokens"] == 0
 

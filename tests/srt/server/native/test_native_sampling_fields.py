@@ -11,6 +11,7 @@ import re
 import time
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
@@ -67,7 +68,7 @@ def tok(default_model_dir):
 
 def generate(server: ServerProcess, sp: dict, text: str = PROMPT, **body) -> httpx.Response:
     payload = {"text": text, "sampling_params": sp, **body}
-    return httpx.post(server.url + "/generate", json=payload, timeout=120)
+    return plain_http.post(server.url + "/generate", json=payload, timeout=120)
 
 
 def ok(r: httpx.Response) -> dict:
@@ -78,7 +79,7 @@ def ok(r: httpx.Response) -> dict:
 def stream(server: ServerProcess, sp: dict) -> list[dict]:
     body = {"text": PROMPT, "sampling_params": sp, "stream": True}
     events = []
-    with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as r:
+    with plain_http.stream("POST", server.url + "/generate", json=body, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":

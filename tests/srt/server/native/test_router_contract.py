@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+import plain_http
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,7 +56,7 @@ def server(start_server) -> ServerProcess:
 
 
 def get(server: ServerProcess, path: str, **kw) -> httpx.Response:
-    return httpx.get(server.url + path, headers=AUTH, timeout=60, **kw)
+    return plain_http.get(server.url + path, headers=AUTH, timeout=60, **kw)
 
 
 def ok_json(r: httpx.Response):
@@ -68,12 +69,12 @@ def long_request(server: ServerProcess, seed: int, n: int = 48) -> httpx.Respons
         "text": f"Count from {seed}:",
         "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
     }
-    return httpx.post(server.url + "/generate", json=body, headers=AUTH, timeout=300)
+    return plain_http.post(server.url + "/generate", json=body, headers=AUTH, timeout=300)
 
 
 def test_health_answers_without_the_key(server: ServerProcess) -> None:
-    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-    assert httpx.get(server.url + "/server_info", timeout=10).status_code == 401
+    assert plain_http.get(server.url + "/health", timeout=10).status_code == 200
+    assert plain_http.get(server.url + "/server_info", timeout=10).status_code == 401
 
 
 @pytest.mark.parametrize("path", ["/server_info", "/get_server_info"])
@@ -196,13 +197,13 @@ def test_many_concurrent_load_queries_are_answered(server: ServerProcess) -> Non
 
 
 def test_flush_cache_and_dp_rank_as_a_router_sends_them(server: ServerProcess) -> None:
-    assert httpx.post(server.url + "/flush_cache", headers=AUTH, timeout=60).status_code == 200
+    assert plain_http.post(server.url + "/flush_cache", headers=AUTH, timeout=60).status_code == 200
     body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}, "model": None}
-    r = httpx.post(
+    r = plain_http.post(
         server.url + "/generate", json={**body, "data_parallel_rank": 0}, headers=AUTH, timeout=60
     )
     assert r.status_code == 200, r.text
-    r = httpx.post(
+    r = plain_http.post(
         server.url + "/generate", json={**body, "data_parallel_rank": 1}, headers=AUTH, timeout=60
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "data_parallel_rank"

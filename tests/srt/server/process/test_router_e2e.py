@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess, free_port
@@ -97,7 +98,7 @@ def wait_router(proc: subprocess.Popen, url: str, num_workers: int) -> str | Non
         if proc.poll() is not None:
             return f"it exited with code {proc.returncode}"
         try:
-            listed = httpx.get(url + "/workers", timeout=2).json()["workers"]
+            listed = plain_http.get(url + "/workers", timeout=2).json()["workers"]
             if sum(w["is_healthy"] for w in listed) == num_workers:
                 return None
         except (httpx.HTTPError, ValueError, KeyError):
@@ -109,7 +110,7 @@ def wait_router(proc: subprocess.Popen, url: str, num_workers: int) -> str | Non
 def prefix_totals(worker: ServerProcess) -> dict[str, int]:
     """A worker's cumulative admissions (requests, prompt and cached tokens) and its
     evictable (cached, unreferenced) KV tokens now."""
-    pool = httpx.get(worker.url + "/server_info", timeout=30).json()["kv_pool"]
+    pool = plain_http.get(worker.url + "/server_info", timeout=30).json()["kv_pool"]
     return {**pool["prefix_cache"], "evictable": pool["evictable"]}
 
 
@@ -124,7 +125,7 @@ def group_prompts() -> list[list[str]]:
 
 def post(url: str, text: str, params: dict) -> dict:
     body = {"text": text, "sampling_params": params}
-    r = httpx.post(url + "/generate", json=body, timeout=120)  # no routing key: it would pin
+    r = plain_http.post(url + "/generate", json=body, timeout=120)  # no routing key: it would pin
     assert r.status_code == 200, r.text
     return r.json()["meta_info"]
 
@@ -142,20 +143,22 @@ def run_workload(url: str) -> float:
 
 
 def flush(url: str) -> None:
-    assert httpx.post(url + "/flush_cache", timeout=30).status_code == 200
+    assert plain_http.post(url + "/flush_cache", timeout=30).status_code == 200
 
 
 def test_native_and_openai_requests_pass_through(router: str) -> None:
     body = {"text": "Hello there", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-    r = httpx.post(router + "/generate", json=body, headers=ROUTING_KEY, timeout=60)
+    r = plain_http.post(router + "/generate", json=body, headers=ROUTING_KEY, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["meta_info"]["completion_tokens"] == 4
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
-    r = httpx.post(router + "/v1/chat/completions", json=chat, timeout=60)
+    r = plain_http.post(router + "/v1/chat/completions", json=chat, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 4
     for path, payload in (("/generate", body), ("/v1/chat/completions", chat)):
-        with httpx.stream("POST", router + path, json={**payload, "stream": True}, timeout=60) as s:
+        with plain_http.stream(
+            "POST", router + path, json={**payload, "stream": True}, timeout=60
+        ) as s:
             assert s.status_code == 200
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
         assert len(events) >= 2 and events[-1] == "data: [DONE]", (path, events[-3:])
@@ -165,11 +168,11 @@ def test_responses_api_passes_through(router: str) -> None:
     """sglang-router re-sends /v1/responses with its own defaults (priority 0, top_k -1,
     stream null, ...); the workers accept them, plain and streamed."""
     body = {"model": "default", "input": "Hi", "max_output_tokens": 4, "temperature": 0}
-    r = httpx.post(router + "/v1/responses", json=body, timeout=60)
+    r = plain_http.post(router + "/v1/responses", json=body, timeout=60)
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["status"] in ("completed", "incomplete") and out["usage"]["output_tokens"] <= 4
-    with httpx.stream("POST", router + "/v1/responses", json={**body, "stream": True}) as s:
+    with plain_http.stream("POST", router + "/v1/responses", json={**body, "stream": True}) as s:
         assert s.status_code == 200
         kinds = [line for line in s.iter_lines() if line.startswith("event: ")]
     assert kinds[0] == "event: response.created"
@@ -203,7 +206,7 @@ def test_flush_through_the_router_reaches_every_worker(
 ) -> None:
     run_workload(router)
     assert sum(prefix_totals(w)["evictable"] for w in workers) > 0
-    r = httpx.post(router + "/flush_cache", timeout=30)
+    r = plain_http.post(router + "/flush_cache", timeout=30)
     assert r.status_code == 200, r.text
     assert [prefix_totals(w)["evictable"] for w in workers] == [0, 0]
 

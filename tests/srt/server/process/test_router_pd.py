@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import plain_http
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess, free_port
@@ -125,7 +126,7 @@ def wait_router(proc: subprocess.Popen, url: str) -> str | None:
         if proc.poll() is not None:
             return f"it exited with code {proc.returncode}"
         try:
-            listed = httpx.get(url + "/workers", timeout=2).json()["workers"]
+            listed = plain_http.get(url + "/workers", timeout=2).json()["workers"]
             if len(listed) == 2 and all(w["is_healthy"] for w in listed):
                 return None
         except (httpx.HTTPError, ValueError, KeyError):
@@ -135,11 +136,11 @@ def wait_router(proc: subprocess.Popen, url: str) -> str | None:
 
 
 def generate(url: str, body: dict, timeout: float = 120) -> httpx.Response:
-    return httpx.post(url + "/generate", json=body, timeout=timeout)
+    return plain_http.post(url + "/generate", json=body, timeout=timeout)
 
 
 def pool_of(worker: ServerProcess) -> dict:
-    return httpx.get(worker.url + "/server_info", timeout=30).json()["kv_pool"]
+    return plain_http.get(worker.url + "/server_info", timeout=30).json()["kv_pool"]
 
 
 def wait_idle(worker: ServerProcess, timeout_s: float = 30.0) -> dict:
@@ -170,7 +171,7 @@ def test_native_generate_through_the_router_equals_a_whole_server(router, worker
 
 
 def stream_events(url: str, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as s:
+    with plain_http.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as s:
         assert s.status_code == 200
         lines = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -190,8 +191,10 @@ def chat_body(**extra) -> dict:
 
 
 def test_openai_chat_through_the_router_equals_a_whole_server(router, workers):
-    routed = httpx.post(router + "/v1/chat/completions", json=chat_body(), timeout=120)
-    whole = httpx.post(workers.whole.url + "/v1/chat/completions", json=chat_body(), timeout=120)
+    routed = plain_http.post(router + "/v1/chat/completions", json=chat_body(), timeout=120)
+    whole = plain_http.post(
+        workers.whole.url + "/v1/chat/completions", json=chat_body(), timeout=120
+    )
     assert routed.status_code == 200, routed.text
     content = whole.json()["choices"][0]["message"]["content"]
     assert routed.json()["choices"][0]["message"]["content"] == content
@@ -199,7 +202,7 @@ def test_openai_chat_through_the_router_equals_a_whole_server(router, workers):
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in streamed if e["choices"])
     assert text == content
     # n = 2: the router sends one room per choice
-    two = httpx.post(router + "/v1/chat/completions", json=chat_body(n=2), timeout=120)
+    two = plain_http.post(router + "/v1/chat/completions", json=chat_body(n=2), timeout=120)
     assert two.status_code == 200, two.text
     assert [c["message"]["content"] for c in two.json()["choices"]] == [content, content]
 
@@ -221,7 +224,7 @@ def test_both_workers_hold_no_kv_and_report_their_transfers(router, workers):
     assert sent["num_transfers"] >= len(PROMPTS) and sent["transfer_bytes_total"] > 0
     assert sent["transfer_bytes_per_s"] > 0 and got["num_transfers"] == sent["num_transfers"]
     assert sent["num_transfer_failures"] == got["num_transfer_failures"] == 0
-    metrics = httpx.get(workers.prefill.url + "/metrics", timeout=30).text
+    metrics = plain_http.get(workers.prefill.url + "/metrics", timeout=30).text
     assert "disaggregation_transfer_bytes_total" in metrics
     assert "disaggregation_pending_transfers" in metrics
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-import httpx
+import plain_http
 import psutil
 import pytest
 
@@ -48,7 +48,7 @@ def test_idle_child_death_exits_for_a_restart_without_orphans(tmp_path) -> None:
         by_name = {c.name(): c for c in children}
         detok = next(c for name, c in by_name.items() if name.startswith("radixlm-detok"))
         assert any(name.startswith("radixlm-sched") for name in by_name)
-        assert httpx.get(server.url + "/health").status_code == 200
+        assert plain_http.get(server.url + "/health").status_code == 200
         detok.kill()
         code = server.proc.wait(15)
     finally:

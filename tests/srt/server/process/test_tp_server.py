@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import plain_http
 import psutil
 import pytest
 
@@ -89,7 +90,7 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[ServerProcess]:
 
 def generate(server: ServerProcess, text: str, params: dict, **extra) -> dict:
     body = {"text": text, "sampling_params": params, **extra}
-    r = httpx.post(server.url + "/generate", json=body, timeout=120)
+    r = plain_http.post(server.url + "/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -103,7 +104,7 @@ def rank_process(procs: list[psutil.Process], name: str) -> psutil.Process:
 
 
 def test_server_info_reports_the_ranks(server: ServerProcess) -> None:
-    info = httpx.get(server.url + "/server_info", timeout=30).json()
+    info = plain_http.get(server.url + "/server_info", timeout=30).json()
     assert info["tp_size"] == 2 and info["dp_size"] == 1
     assert info["max_total_num_tokens"] == 2048
     names = sorted(p.name() for p in processes(server) if p.name().startswith("radixlm-"))
@@ -130,7 +131,7 @@ def test_repeated_prompt_reuses_its_prefix(server: ServerProcess, reference: dic
 
 def test_openai_chat_through_the_ranks(server: ServerProcess) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0}
-    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    r = plain_http.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 5
 
@@ -139,15 +140,15 @@ def test_health_follows_a_stopped_follower(server: ServerProcess) -> None:
     """Idle longer than the heartbeat limit: the follower, blocked waiting for rank 0, still
     beats. Stopped (SIGSTOP), it turns /health 503; running again, 200."""
     time.sleep(HEARTBEAT_STALE_S + 1)
-    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=10).status_code == 200
     follower = rank_process(processes(server), "radixlm-tp1")
     follower.suspend()
     try:
-        r = httpx.get(server.url + "/health", timeout=10)
+        r = plain_http.get(server.url + "/health", timeout=10)
         assert r.status_code == 503 and "tp-rank-1" in r.text
     finally:
         follower.resume()
-    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert plain_http.get(server.url + "/health", timeout=10).status_code == 200
     assert generate(server, PROMPTS[0], GREEDY)["meta_info"]["completion_tokens"] == 10
 
 
@@ -195,13 +196,13 @@ class LongCall(threading.Thread):
 
     def run(self) -> None:
         body = {"text": "Tell me a story", "sampling_params": LONG}
-        self.response = httpx.post(self.url, json=body, timeout=120)
+        self.response = plain_http.post(self.url, json=body, timeout=120)
 
 
 def wait_running(server: ServerProcess) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if httpx.get(server.url + "/server_info", timeout=10).json()["kv_pool"]["num_running"]:
+        if plain_http.get(server.url + "/server_info", timeout=10).json()["kv_pool"]["num_running"]:
             return
         time.sleep(0.1)
     raise AssertionError("the request did not start running")
@@ -216,7 +217,7 @@ def test_killed_follower_takes_the_server_down(own_server: ServerProcess) -> Non
     assert call.response is not None and call.response.status_code == 503
     assert time.monotonic() - t0 < 5
     try:  # the server answers 503 until it is gone, never 200 again
-        assert httpx.get(own_server.url + "/health", timeout=5).status_code == 503
+        assert plain_http.get(own_server.url + "/health", timeout=5).status_code == 503
     except httpx.TransportError:
         pass
     assert own_server.proc.wait(15) == EXIT_WORKER_DIED
