@@ -147,9 +147,36 @@ EXTEND_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("lens", EXTEND_SHAPES)
+HEADS = [(4, 4), (8, 2)]  # one KV head per query head; grouped queries
+
+
+def _grid(first: list, first_ids: list[str], inner: set[tuple[int, int, int]]):
+    """``first`` x ``HEADS`` x page sizes 1 and 4, ids as stacked parametrizes write them. The
+    interpreter spends seconds on each point, so the inner loop runs the points in ``inner``
+    (indices into the three axes: every pair of values of any two axes appears once) and the
+    full suite the whole grid."""
+    for i, (value, value_id) in enumerate(zip(first, first_ids, strict=True)):
+        for j, (heads, kv_heads) in enumerate(HEADS):
+            for k, page_size in enumerate([1, 4]):
+                marks = [] if (i, j, k) in inner else [pytest.mark.slow]
+                yield pytest.param(
+                    value,
+                    heads,
+                    kv_heads,
+                    page_size,
+                    marks=marks,
+                    id=f"{value_id}-{heads}-{kv_heads}-{page_size}",
+                )
+
+
+# each shape with both head layouts and both page sizes, each head layout with each page size
+EXTEND_INNER = {(i, j, (i + j) % 2) for i in range(len(EXTEND_SHAPES)) for j in range(2)}
+
+
+@pytest.mark.parametrize(
+    ("lens", "heads", "kv_heads", "page_size"),
+    list(_grid(EXTEND_SHAPES, [f"lens{i}" for i in range(len(EXTEND_SHAPES))], EXTEND_INNER)),
+)
 def test_extend_matches_torch(lens, heads, kv_heads, page_size):
     case = make_case(*lens, heads=heads, kv_heads=kv_heads, page_size=page_size, seed=len(lens[0]))
     out = run_backend(TritonAttentionBackend(), case)
@@ -170,9 +197,15 @@ def test_mixed_step_plans_a_decode_tail():
     assert backend._extend.decode_tail is None
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("num_splits", [None, 1, 3])
+SPLITS = [None, 1, 3]
+# each split count with both head layouts and both page sizes, each head layout with each page
+DECODE_INNER = {(i, j, (i + j) % 2) for i in range(len(SPLITS)) for j in range(2)}
+
+
+@pytest.mark.parametrize(
+    ("num_splits", "heads", "kv_heads", "page_size"),
+    list(_grid(SPLITS, [str(n) for n in SPLITS], DECODE_INNER)),
+)
 def test_decode_matches_torch(num_splits, heads, kv_heads, page_size):
     seq_lens = [1, 9, 70, 17]  # length 1 leaves most splits empty
     case = make_case(

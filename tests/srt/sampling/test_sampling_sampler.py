@@ -287,17 +287,28 @@ def test_batch_info_fast_path_flags() -> None:
     assert math.isclose(plain.temperatures.item(), 0.5)
 
 
-@pytest.mark.parametrize("candidates", [(256, 4096), (16,), (16, 128)])
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"top_p": 0.9},  # about 300 of 600 tokens kept: beyond the candidates, the sort decides
-        {"top_p": 0.3, "temperature": 0.5},
-        {"top_k": 40, "top_p": 0.95},
-        {"top_k": 300, "min_p": 0.2},
-        {"temperature": 1.3},  # no filter: inverse CDF over the whole vocabulary
-    ],
-)
+CANDIDATES = [(256, 4096), (16,), (16, 128)]
+FILTERS = [
+    # about 300 of 600 tokens kept under top_p 0.9: beyond the candidates, the sort decides
+    ({"top_p": 0.9}, (16, 128)),
+    ({"top_p": 0.3, "temperature": 0.5}, (16,)),
+    ({"top_k": 40, "top_p": 0.95}, (256, 4096)),
+    ({"top_k": 300, "min_p": 0.2}, (16, 128)),
+    ({"temperature": 1.3}, (16,)),  # no filter: inverse CDF over the whole vocabulary
+]
+
+
+def _filter_cases():
+    """Every filter with every candidate ladder; each case samples 30,000 rows (seconds of CPU),
+    so the inner loop runs each filter once over one ladder (every ladder at least once) and
+    the full suite the rest."""
+    for i, (kwargs, inner) in enumerate(FILTERS):
+        for j, candidates in enumerate(CANDIDATES):
+            marks = [] if candidates == inner else [pytest.mark.slow]
+            yield pytest.param(kwargs, candidates, marks=marks, id=f"kwargs{i}-candidates{j}")
+
+
+@pytest.mark.parametrize(("kwargs", "candidates"), list(_filter_cases()))
 def test_cpu_path_samples_the_filtered_distribution(
     kwargs: dict, candidates: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
