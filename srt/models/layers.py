@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import cpu_decode, fused
+from radixlm.kernels import fused
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -66,8 +66,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused.available(x):
             return fused.rmsnorm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
-        if cpu_decode.serves_norm(x) and self.weight.dtype == torch.float32:  # one C++ call
-            return cpu_decode.rmsnorm(x, self.weight, self.eps)[0]
         if x.dtype == torch.float32:  # one fused op: on a CPU each op costs its dispatch
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
@@ -80,12 +78,6 @@ class RMSNorm(nn.Module):
         """Returns ``(norm(x + residual), x + residual)``."""
         if fused.available(x) and x.dim() == 2:
             return fused.add_rmsnorm(x, residual, self.weight, self.eps)
-        if (
-            cpu_decode.serves_norm(x)
-            and cpu_decode.serves_norm(residual)
-            and self.weight.dtype == torch.float32
-        ):
-            return cpu_decode.rmsnorm(x, self.weight, self.eps, residual)
         summed = x + residual
         return self.forward(summed), summed
 
@@ -258,8 +250,6 @@ class QKVLinear(MergedLinear):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if fused.available(x) and x.dim() == 2:
         return fused.silu_and_mul(x)
-    if cpu_decode.serves_norm(x):  # float32 CPU rows: one C++ call
-        return cpu_decode.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
