@@ -448,7 +448,7 @@ def _stream_time(name: str, text: str) -> float:
     import time
 
     best = float("inf")
-    for _ in range(2):
+    for _ in range(3):
         parser = make_tool_parser(name, [])
         start = time.perf_counter()
         for i in range(0, len(text), 3):
@@ -470,7 +470,8 @@ def test_long_outputs_take_linear_time(name: str) -> None:
         }[name]
 
     small, large = _stream_time(name, output(1_500)), _stream_time(name, output(12_000))
-    assert large < 8 * small * 2, (small, large)  # 8x the text; quadratic would be ~64x
+    # 8x the text: linear is ~8x, quadratic ~64x; 24x leaves room for a busy machine's timing
+    assert large < 8 * small * 3, (small, large)
     result = _parse(name, output(12_000))
     assert json.loads(result.calls[0].arguments)["items"][-1] == 11_999
 
