@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from radixlm.srt.models.default_model import resolve_model_path
-    from radixlm.srt.models.loader import load_tokenizer
     from radixlm.srt.models.model_config import ModelConfig
+    from radixlm.srt.models.tokenizer import load_tokenizer
 
     subsets = args.subsets.split(",") if args.subsets else None
     cases = load_cases(args.data_dir, args.limit, subsets)

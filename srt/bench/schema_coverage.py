@@ -87,8 +87,8 @@ def make_vocab(tokenizer: str):
 
         return build_vocab(train_byte_level_tokenizer())
     from radixlm.srt.models.default_model import resolve_model_path
-    from radixlm.srt.models.loader import load_tokenizer
     from radixlm.srt.models.model_config import ModelConfig
+    from radixlm.srt.models.tokenizer import load_tokenizer
 
     model_dir = resolve_model_path(None)
     hf_tokenizer = load_tokenizer(model_dir)

@@ -36,8 +36,9 @@ from radixlm.srt.executor.quant_check import quantise_and_check
 from radixlm.srt.executor.tp_sync import StepReceiver, StepSender
 from radixlm.srt.executor.transfer import to_device
 from radixlm.srt.models.default_model import resolve_model_path
-from radixlm.srt.models.loader import load_model, load_tokenizer
+from radixlm.srt.models.loader import load_model
 from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.tokenizer import load_tokenizer
 from radixlm.srt.models.tp_layers import HeadShard
 
 if TYPE_CHECKING:

@@ -23,6 +23,7 @@ from radixlm.srt.managers.scheduler_process import (
     report_ready,
 )
 from radixlm.srt.messages import BatchTokenOut, decode, encode
+from radixlm.srt.models.tokenizer import IdDecoder, load_tokenizer
 from radixlm.srt.observability.tracing import (
     DetokenizerTraces,
     NullTracer,
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 def load_server_tokenizer(cfg: ServerConfig):
     from radixlm.srt.models.default_model import resolve_model_path
-    from radixlm.srt.models.loader import load_tokenizer
 
     folder = cfg.tokenizer_path or resolve_model_path(
         cfg.model_path, need_weights=cfg.load_format != "dummy"
@@ -91,14 +91,18 @@ def run_detokenizer_process(
     ready_conn: Connection,
     parent_pid: int,
     scheduler_pid: int | None = None,
+    decoder_json: str | None = None,
     heartbeat_path: str | None = None,
 ) -> None:
-    """Entry point of the detokenizer child (started with the ``spawn`` method)."""
+    """Entry point of the detokenizer child (started with the ``spawn`` method).
+    ``decoder_json``: the served tokenizer's exported decoder (``models.tokenizer``); without
+    it the child loads the tokenizer with transformers."""
     life = ChildLifecycle(parent_pid, "detokenizer")
     life.install(cfg.log_level)
     start_heartbeat(heartbeat_path)
     try:
-        detokenizer = Detokenizer(load_server_tokenizer(cfg))
+        tokenizer = IdDecoder(decoder_json) if decoder_json else load_server_tokenizer(cfg)
+        detokenizer = Detokenizer(tokenizer)
         traces = DetokenizerTraces(make_tracer(TraceSettings.from_config(cfg), "detokenizer"))
         loop = DetokenizerLoop(detokenizer, endpoints, life, scheduler_pid, traces)
     except BaseException:

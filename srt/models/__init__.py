@@ -2,7 +2,7 @@
 
 Entry points: ``default_model.resolve_model_path`` (user path or None -> Hugging Face folder,
 converting GGUF files once), ``model_config.ModelConfig.from_pretrained``,
-``loader.load_model`` / ``loader.load_tokenizer``, and ``registry.get_model_class``.
+``loader.load_model`` / ``tokenizer.load_tokenizer``, and ``registry.get_model_class``.
 Every model class follows ``llama.LlamaForCausalLM``'s contract: ``forward(input_ids,
 positions, fb)``, ``compute_logits(hidden)``, ``load_weights(named_tensors)``; its constructor
 takes an optional ``tp`` group (``srt.distributed.TPGroup``) and builds only this rank's slices

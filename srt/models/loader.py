@@ -1,4 +1,4 @@
-"""Builds a model from a Hugging Face folder (config.json + safetensors) and loads its tokenizer."""
+"""Builds a model from a Hugging Face folder (config.json + safetensors); its tokenizer: ``tokenizer``."""
 
 from __future__ import annotations
 
@@ -107,19 +107,3 @@ def load_model(
         device,
     )
     return model.eval()
-
-
-def load_tokenizer(model_dir: str | Path, chat_template: str | None = None):
-    """The transformers tokenizer of a local folder with its chat template, if it has one, or
-    ``chat_template`` (``--chat-template``: a Jinja file's path or the template text)."""
-    from transformers import AutoTokenizer
-
-    from radixlm.srt.config import read_chat_template
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load a tokenizer from {model_dir}: {e}") from e
-    if chat_template is not None:
-        tokenizer.chat_template = read_chat_template(chat_template)
-    return tokenizer

@@ -20,8 +20,9 @@ from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.executor.memory_pool import KVPool
 from radixlm.srt.executor.model_runner import ModelRunner
 from radixlm.srt.models.default_model import resolve_model_path
-from radixlm.srt.models.loader import load_tokenizer, safetensors_files
+from radixlm.srt.models.loader import safetensors_files
 from radixlm.srt.models.model_config import ModelConfig
+from radixlm.srt.models.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

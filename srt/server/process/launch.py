@@ -34,7 +34,7 @@ import orjson
 import psutil
 
 from radixlm.srt.config import ServerConfig
-from radixlm.srt.managers.detokenizer_process import run_detokenizer_process
+from radixlm.srt.managers.detokenizer_process import load_server_tokenizer, run_detokenizer_process
 from radixlm.srt.managers.heartbeat import create_heartbeat_file, heartbeat_age_s
 from radixlm.srt.managers.scheduler_process import (
     EXIT_TP_GROUP_FAILED,
@@ -44,6 +44,7 @@ from radixlm.srt.managers.scheduler_process import (
 )
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.managers.tp_ranks import ranks_on_this_node, with_rendezvous
+from radixlm.srt.models.tokenizer import export_decoder
 from radixlm.srt.server.process.supervisor import (
     DEATH_GRACE_S,
     EXIT_WORKER_DIED,
@@ -88,19 +89,24 @@ class ServerProcesses:
         self.heartbeats = {name: os.path.join(self.ipc_dir, f"{name}.heartbeat") for name in names}
 
     def start(self) -> None:
+        """Starts the scheduler and the tensor-parallel followers of this machine; the
+        detokenizer follows with ``start_detokenizer`` once the tokenizer is loaded."""
         ctx = mp.get_context("spawn")
         if self.has_scheduler:
             self._start_child(ctx, "scheduler", run_scheduler_process, (self.endpoints,))
         for rank in self.follower_ranks:  # while rank 0 loads: every rank must join the group
             self._start_child(ctx, follower_name(rank), run_follower_process, (rank,))
-        if self.has_scheduler:
-            self._start_child(
-                ctx,
-                "detokenizer",
-                run_detokenizer_process,
-                (self.endpoints,),
-                (self.procs["scheduler"].pid,),
-            )
+
+    def start_detokenizer(self, decoder_json: str | None) -> None:
+        """``decoder_json``: the tokenizer's exported decoder (``models.tokenizer``), so the
+        detokenizer starts without transformers; None: it loads the tokenizer itself."""
+        self._start_child(
+            mp.get_context("spawn"),
+            "detokenizer",
+            run_detokenizer_process,
+            (self.endpoints,),
+            (self.procs["scheduler"].pid, decoder_json),
+        )
 
     def _start_child(
         self, ctx: Any, name: str, target: Any, lead: tuple, extra: tuple = ()
@@ -233,12 +239,6 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(0)
 
 
-def load_tokenizer_for(cfg: ServerConfig) -> Any:
-    from radixlm.srt.managers.detokenizer_process import load_server_tokenizer
-
-    return load_server_tokenizer(cfg)
-
-
 def launch_server(cfg: ServerConfig) -> None:
     """Runs the server until SIGTERM/SIGINT (then returns) or until a child dies (then raises
     ``SystemExit(EXIT_WORKER_DIED)``); children never outlive this call."""
@@ -268,7 +268,8 @@ def launch_server(cfg: ServerConfig) -> None:
         parts = 1 + len(procs.heartbeats)  # the tokenizer and each child
         with tqdm(total=parts, desc="starting", unit="part", disable=None) as bar:
             procs.start()
-            tokenizer = load_tokenizer_for(child_cfg)
+            tokenizer = load_server_tokenizer(child_cfg)
+            procs.start_detokenizer(export_decoder(tokenizer))
             bar.update(1)
             infos = procs.wait_ready(on_ready=lambda _: bar.update(1))
         info = infos["scheduler"]

@@ -13,7 +13,8 @@ from model_batches import KVSession, max_rel_err, run_logits
 
 from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models.default_model import default_gguf_path, resolve_model_path
-from radixlm.srt.models.loader import load_model, load_tokenizer
+from radixlm.srt.models.loader import load_model
+from radixlm.srt.models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # loads the default model
 

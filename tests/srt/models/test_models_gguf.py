@@ -17,7 +17,8 @@ from radixlm.srt.executor.forward_batch import ForwardMode
 from radixlm.srt.models import default_model
 from radixlm.srt.models.default_model import resolve_model_path
 from radixlm.srt.models.gguf_loader import convert_gguf
-from radixlm.srt.models.loader import load_model, load_tokenizer
+from radixlm.srt.models.loader import load_model
+from radixlm.srt.models.tokenizer import load_tokenizer
 
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(2)).tolist()
 LLAMA3_8K = {**LLAMA3_ROPE, "original_max_position_embeddings": 8192}

@@ -164,7 +164,7 @@ def test_completion_logprobs_zero_lists_the_sampled_token_alone() -> None:
 # ---------------------------------------------------------------------- the default model
 @pytest.fixture(scope="module")
 def default_tokenizer(default_model_dir):
-    from radixlm.srt.models.loader import load_tokenizer
+    from radixlm.srt.models.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_dir)
 
