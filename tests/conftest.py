@@ -44,6 +44,8 @@ def pytest_configure(config):
 
     torch.set_num_threads(int(_TEST_THREADS))
     _share_default_tls_context()
+    if config.getoption("markexpr", "") == "not slow":  # the quick pass: see tests/quick.py
+        os.environ["RADIXLM_TEST_QUICK"] = "1"
 
 
 def _share_default_tls_context() -> None:

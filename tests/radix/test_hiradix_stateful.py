@@ -34,6 +34,7 @@ import hypothesis.strategies as st
 from hiradix_world import Request, TieredKV, slow_prefill, tier_profile
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from quick import examples
 
 from radixlm.hicache.disk_store import HEADER_SIZE
 
@@ -268,7 +269,7 @@ class HiRadixMachineBase(RuleBasedStateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=25,
+    max_examples=examples(25),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -17,6 +17,7 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from quick import examples
 
 from radixlm.radix import PrefixCache, make_prefix_cache
 
@@ -137,7 +138,7 @@ def run_ops(cache: PrefixCache, pool: SlotPool, ops: list[tuple]) -> None:
 
 
 @pytest.mark.parametrize(("disabled", "page_size"), [(False, 1), (False, 4), (True, 1)])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, max_size=40))
 def test_no_slot_leaks_or_double_frees(disabled: bool, page_size: int, ops: list[tuple]) -> None:
     pool = SlotPool(POOL_SIZE)

@@ -31,6 +31,7 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from quick import examples
 
 from radixlm.radix import MatchResult, RadixCache
 
@@ -267,7 +268,7 @@ class RadixMachineBase(RuleBasedStateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=50,
+    max_examples=examples(50),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

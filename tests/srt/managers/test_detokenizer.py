@@ -5,6 +5,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick import examples
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from radixlm.srt.managers.detokenizer import Detokenizer, held_back_len, trim_stop_str
@@ -192,7 +193,7 @@ def test_abort_without_tokens_drops_state(tok: Tokenizer) -> None:
     assert detok.num_active == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=7), max_size=4),
     pieces=st.lists(st.text(alphabet="ab\nc", max_size=5), max_size=12),

@@ -16,6 +16,7 @@ from grammar_check import Checker, _backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parser_cases import check_arguments, check_deltas, random_pieces, spaced_json
+from quick import examples
 
 from radixlm.grammar.testing import random_walk
 from radixlm.srt.parsers.harmony import HarmonyReasoningParser, harmony_history
@@ -326,7 +327,7 @@ def test_damaged_outputs_stream_like_parse(seed: int) -> None:
     check_all(_mutated(harmony_case(rng, 1 + seed % 3)[0], rng), rng, composed=False)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=30), st.randoms(use_true_random=False))
 def test_any_text_streams_like_parse(parts: list[str], rng: random.Random) -> None:
     check_all("".join(parts), rng, splits=2, composed=False)

@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick import examples
 
 from radixlm.srt.parsers.json_stream import DONE, FAILED, RUNNING, JsonScanner, StringDecoder
 
@@ -66,7 +67,7 @@ def _scan_in_pieces(text: str, rng: random.Random, object_only: bool = False):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_json_values, st.integers(0, 2**32))
 def test_valid_json_is_read_whole_and_every_safe_prefix_closes(value, seed) -> None:
     rng = random.Random(seed)
@@ -86,7 +87,7 @@ def test_valid_json_is_read_whole_and_every_safe_prefix_closes(value, seed) -> N
             _strict_loads(closed)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(alphabet='{}[]",:0123456789.eE+-tfnrulase \\u\n', max_size=24))
 def test_scanner_accepts_exactly_what_json_loads_accepts(text) -> None:
     rng = random.Random(len(text))
@@ -140,7 +141,7 @@ def test_safe_point_holds_back_keys_commas_and_partial_numbers() -> None:
         assert (text[: scanner.safe_end], scanner.closing()) == (prefix, closing), text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=30), st.integers(0, 2**32))
 def test_string_decoder_matches_json_loads(value, seed) -> None:
     rng = random.Random(seed)

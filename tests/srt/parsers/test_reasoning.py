@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parser_cases import random_pieces
+from quick import examples
 
 from radixlm.srt.parsers.reasoning import (
     ReasoningParser,
@@ -52,7 +53,7 @@ _fragments = st.sampled_from(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.lists(_fragments, max_size=16),
     st.booleans(),

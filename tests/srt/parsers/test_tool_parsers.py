@@ -21,6 +21,7 @@ from parser_cases import (
     spaced_json,
     stream,
 )
+from quick import examples
 
 from radixlm.srt.parsers.registry import make_tool_parser
 from radixlm.srt.parsers.tool_base import ToolCall, ToolCallDelta
@@ -95,7 +96,7 @@ def hermes_case(segments: list, rng: random.Random) -> Case:
     return Case("".join(text), "".join(content), calls)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.one_of(_words, _calls), max_size=5), st.randoms(use_true_random=False))
 def test_hermes_generated_outputs(segments, rng) -> None:
     _check_case("hermes", hermes_case(segments, rng), rng)
@@ -122,7 +123,7 @@ def llama3_case(lead: str | None, calls_in: list, trailing: str, rng: random.Ran
     return Case("".join(text), content + trailing, calls)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.none() | _words,
     _calls,
@@ -153,7 +154,7 @@ def generic_case(kind: str, calls_in: list, answer: object, rng: random.Random) 
     return Case(f'{{{ws()}"content"{ws()}:{ws()}{value}{ws()}}}{ws()}', content, [])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.sampled_from(["calls", "answer", "plain"]),
     _calls,
@@ -370,7 +371,7 @@ _fragments = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.sampled_from(PARSERS), st.lists(_fragments, max_size=30), st.randoms(use_true_random=False)
 )
@@ -404,7 +405,7 @@ def _mutated(text: str, rng: random.Random) -> str:
     return text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from(PARSERS),
     st.lists(st.one_of(_words, _calls), min_size=1, max_size=4),

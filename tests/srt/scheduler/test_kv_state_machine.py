@@ -26,6 +26,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from kv_model import KVModel, Tracked
+from quick import examples
 
 from radixlm.grammar import JumpForwardEdit
 from radixlm.radix import RadixCache
@@ -399,7 +400,7 @@ class KVMachinePage16(KVMachineBase):
 
 
 _SETTINGS = settings(
-    max_examples=100,
+    max_examples=examples(100),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -8,6 +8,7 @@ import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick import examples
 
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler.queue_gate import PUSHED_OUT, QUEUE_FULL, QueueGate
@@ -67,7 +68,7 @@ def brute_order(
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(REQ_SPECS, st.booleans(), st.booleans(), st.lists(st.sampled_from("abc"), max_size=4))
 def test_order_is_priority_then_arrival_or_fair_rounds(specs, low_first, fair, served) -> None:
     reqs = _reqs(specs)
@@ -95,7 +96,7 @@ def test_without_priority_scheduling_the_policy_order_stands(specs) -> None:
 RUNNING = st.lists(st.tuples(PRIORITIES, st.integers(1, 40)), min_size=0, max_size=7)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     RUNNING,
     PRIORITIES,
@@ -136,7 +137,7 @@ def test_preemption_matches_the_brute_force_choice(
         assert got == eligible[:k]  # the shortest run of the worst that makes room
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(REQ_SPECS, PRIORITIES, st.booleans())
 def test_a_full_queue_pushes_out_only_a_strictly_worse_request_never_an_admitted_one(
     specs, prio, low_first
