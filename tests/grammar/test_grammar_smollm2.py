@@ -84,6 +84,7 @@ def auto(vocab):
     return create_grammar_backend(GrammarConfig(backend="auto", whitespace_pattern=""), vocab)
 
 
+@pytest.mark.slow
 def test_vocab_matches_the_tokenizer(tokenizer, vocab):
     assert vocab.vocab_size == 49152 and len(vocab.special_token_ids) >= 17
     rng = random.Random(0)

@@ -95,7 +95,22 @@ def _validator(schema):
     return cls(enforced, format_checker=cls.FORMAT_CHECKER)
 
 
-@pytest.mark.parametrize("entry", CORPUS, ids=[e["id"] for e in CORPUS])
+# schemas that admit any JSON value: their walks nest deep before they close (seconds each)
+ANY_VALUE = {
+    "kw_type_object_any",
+    "kw_true_schema",
+    "kw_type_array_any",
+    "kw_property_names_maxlen",
+}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(e, id=e["id"], marks=[pytest.mark.slow] if e["id"] in ANY_VALUE else [])
+        for e in CORPUS
+    ],
+)
 def test_walks_validate(setup, entry):
     vocab, backend, closers = setup
     spec = GrammarSpec.json_schema(json.dumps(entry["schema"]))
@@ -123,4 +138,4 @@ def test_walks_validate(setup, entry):
 def test_the_corpus_is_what_the_docstring_says():
     assert len(CORPUS) == 140
     assert sum(e["category"] == "keyword" for e in CORPUS) == 108
-    assert set(REFUSED) | GAPS | RARELY_ENDS <= {e["id"] for e in CORPUS}
+    assert set(REFUSED) | GAPS | RARELY_ENDS | ANY_VALUE <= {e["id"] for e in CORPUS}

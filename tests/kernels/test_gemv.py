@@ -105,6 +105,7 @@ CFGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_result_does_not_depend_on_cfg(cfg):
     """fp32, K = 208 (uneven for every BLOCK_K but 16): only the summation order changes."""

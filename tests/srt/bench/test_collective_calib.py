@@ -7,6 +7,7 @@ import pytest
 from radixlm.srt.bench.collective_calib import latency_at, measure, tp_roofline_ms
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_give_a_table_per_message_size() -> None:
     rows = measure(2, "cpu", sizes=[4096, 1 << 20], repeats=3)
     assert [r["bytes"] for r in rows] == [4096, 1 << 20]

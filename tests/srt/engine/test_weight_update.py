@@ -79,6 +79,7 @@ def test_weights_swap_in_place_and_back(tiny_llama_dir, other_dir, tmp_path, tin
         assert u["available"] + u["evictable"] + u["protected"] == POOL, u
 
 
+@pytest.mark.slow
 def test_an_update_waits_for_the_requests_in_flight(tiny_llama_dir, other_dir):
     """A request running when the update is asked for finishes on the old weights."""
     import threading

@@ -120,6 +120,7 @@ def test_streamed_and_jumped_outputs_are_valid(reference):
     assert len(reference) == 8
 
 
+@pytest.mark.slow
 def test_streamed_and_unstreamed_requests_get_the_same_tokens(tiny_llama_dir, reference):
     """Jump-forward re-encodes only the token sampled in its step with the forced text, which no
     stream has sent yet, so streaming changes no token (with four re-encoded tokens it did: a
@@ -144,6 +145,7 @@ def test_retraction_keeps_matchers_in_step_and_outputs_equal(tiny_llama_dir, ref
     assert results == reference
 
 
+@pytest.mark.slow
 def test_prefetched_and_inline_masks_give_the_same_outputs(tiny_llama_dir, reference):
     rows = {}
     for prefetch in (False, True):
@@ -158,6 +160,7 @@ def test_prefetched_and_inline_masks_give_the_same_outputs(tiny_llama_dir, refer
     assert prefetched >= 0.9 * total, rows
 
 
+@pytest.mark.slow
 def test_jump_forward_saves_forward_steps(tiny_llama_dir):
     steps = {}
     for disable in (True, False):

@@ -61,6 +61,7 @@ def test_impossible_head_splits_are_refused(heads, kv_heads, size):
         HeadShard.for_rank(heads, kv_heads, size, 0)
 
 
+@pytest.mark.slow
 def test_layers_at_tp2_equal_the_single_rank_layers(tmp_path):
     mp.start_processes(
         tp_layer_cases.rank_main,

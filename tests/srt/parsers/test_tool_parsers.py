@@ -96,6 +96,7 @@ def hermes_case(segments: list, rng: random.Random) -> Case:
     return Case("".join(text), "".join(content), calls)
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.one_of(_words, _calls), max_size=5), st.randoms(use_true_random=False))
 def test_hermes_generated_outputs(segments, rng) -> None:

@@ -154,6 +154,7 @@ def _run(
     return firsts, seconds, thirds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("random_q", [False, True], ids=["one-hot-draft", "random-q-draft"])
 def test_sampled_acceptance_keeps_the_target_distribution(random_q: bool, device: str) -> None:

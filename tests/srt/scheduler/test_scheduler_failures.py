@@ -120,6 +120,7 @@ def _plain_msgs(stream: bool = False):
     return [_msg(rid, seed, stream=stream, **p) for rid, seed, p in PLAIN]
 
 
+@pytest.mark.slow
 def test_hostile_grammar_mid_batch_ends_only_its_request(sched):
     expected = serial(sched, _plain_msgs())
     bad = _msg("bad", 9, max_new_tokens=120, ebnf=HOSTILE_EBNF)
@@ -230,6 +231,7 @@ def test_a_failed_step_answers_and_releases_every_held_request(sched):
     assert got["late"][1] == {"type": "length", "length": 8}  # held no KV: it runs later
 
 
+@pytest.mark.slow
 def test_idle_after_grammar_finish_stream_and_abort(tiny_llama_dir, tmp_path):
     """Grammar requests (jump-forward, EOS and length finishes), streamed or not, one aborted
     mid-stream, for page sizes 1 and 4 and with chunked prefill: idle means leak-free."""

@@ -47,7 +47,14 @@ def run_concurrently(engine, prompts, params, num_threads: int = 4, chunk: int =
         return [out for f in futures for out in f.result(timeout=300)]
 
 
-@pytest.mark.parametrize("policy", ["lpm", "fcfs", "dfs-weight"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "lpm",
+        pytest.param("fcfs", marks=pytest.mark.slow),
+        pytest.param("dfs-weight", marks=pytest.mark.slow),
+    ],
+)
 def test_shared_prefix_stress_under_a_small_pool(tiny_llama_dir, policy):
     from radixlm.srt import Engine
 

@@ -175,6 +175,7 @@ def test_draft_model_keeps_greedy_outputs(varied_llama_dir, tiny_llama_dir, refe
         assert info["num_proposed_tokens"] > 0 and info["num_accepted_tokens"] == 0, info
 
 
+@pytest.mark.slow
 def test_draft_model_sampled_acceptance(varied_llama_dir):
     """Sampled requests drafted by the target itself: the draft distribution equals the
     target's, so nearly every draft token is accepted even at temperature 1 (a wrong row or

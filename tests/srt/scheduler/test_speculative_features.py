@@ -105,6 +105,7 @@ def test_grammar_outputs_stay_valid_with_ngram_and_jump_forward(tiny_llama_dir, 
     assert s.grammars.stats.num_jump_forwards > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["oracle", "wrong"])
 def test_grammar_greedy_outputs_are_unchanged(tiny_llama_dir, tokenizer, drafter_kind):
     """Without jump-forward (whose edits depend on where steps end), constrained greedy

@@ -15,6 +15,7 @@ def test_workloads_are_embedded_and_distinct() -> None:
     assert '"status": "active"' in copy[0]  # the record is in the prompt, to be copied
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_every_mode(tiny_llama_dir, capsys) -> None:
     bench.main(
         [

@@ -96,6 +96,7 @@ def _verify(req, draft: list[int], rng: random.Random) -> int:
     return accepted
 
 
+@pytest.mark.slow
 def test_greedy_drafts_are_the_draft_models_greedy_continuation(drafter, hf_draft, make_req):
     rng = random.Random(0)
     reqs = [make_req([rng.randrange(1000) for _ in range(n)]) for n in (5, 17, 9)]

@@ -22,6 +22,7 @@ def stalled(tmp_path):
         s.close()
 
 
+@pytest.mark.slow
 def test_reads_answer_from_the_last_figures_during_a_long_step(stalled: FakeStack) -> None:
     url = stalled.url
     fresh = httpx.get(url + "/server_info", timeout=10).json()

@@ -124,6 +124,7 @@ def test_separate_reasoning_refusals(stack: FakeStack) -> None:
     assert r.status_code == 400 and "reasoning_parser" in r.text
 
 
+@pytest.mark.slow
 def test_chat_drops_calls_of_tools_not_offered(stack: FakeStack, client: openai.OpenAI) -> None:
     text = hermes_call("rm_rf", {}) + "\n" + hermes_call("get_weather", {"city": "Rome"})
     extra = reply_with(stack, text)

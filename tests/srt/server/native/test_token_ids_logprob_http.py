@@ -149,6 +149,7 @@ def test_refusals_name_the_field(idle_stack: FakeStack, value: Any, words: str) 
     assert err["param"].startswith("token_ids_logprob") and words in err["message"], err
 
 
+@pytest.mark.slow
 def test_largest_requests_pass(idle_stack: FakeStack) -> None:
     """1024 ids at every output position, or every position of a long prompt, pass; more
     than 1024 ids in a per-prompt list is refused before the body is validated."""
