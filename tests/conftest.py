@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# Byte-code caching on, also where the environment turns it off (PYTHONDONTWRITEBYTECODE): else
+# every test process, and every server and rank it starts, compiles the project from source
+# again, and pytest rewrites every test module again (collection alone: 21 -> 11 s of CPU per
+# worker once cached, measured on the 2-core machine).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 # Converted default-model weights are cached here for the whole run (and reused across runs
