@@ -4,6 +4,7 @@ without the scheduler: app.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -14,7 +15,8 @@ from radixlm.srt.server.http.openapi import ERROR_RESPONSES
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang answers its health check within 20 s too
+# SGLang waits 20 s too (its SGLANG_HEALTH_CHECK_TIMEOUT); RADIXLM_HEALTH_CHECK_TIMEOUT changes it
+HEALTH_GENERATE_TIMEOUT_S = float(os.environ.get("RADIXLM_HEALTH_CHECK_TIMEOUT", "20"))
 
 
 @router.get("/health_generate")

@@ -23,15 +23,18 @@ from radixlm.srt.managers.heartbeat import (
     heartbeat_age_s,
     start_heartbeat,
 )
-from radixlm.srt.server.native.health import HEALTH_GENERATE_TIMEOUT_S
 from radixlm.srt.server.process.server_process import ServerProcess
 from radixlm.srt.server.process.supervisor import EXIT_WORKER_DIED
 
 LONG = {"max_new_tokens": 1500, "ignore_eos": True}
+HEALTH_GENERATE_TIMEOUT_S = 6.0  # the servers' RADIXLM_HEALTH_CHECK_TIMEOUT (20 s by default)
 
 
 @pytest.fixture
-def server(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+def server(
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ServerProcess]:
+    monkeypatch.setenv("RADIXLM_HEALTH_CHECK_TIMEOUT", str(HEALTH_GENERATE_TIMEOUT_S))
     s = ServerProcess(
         ["--model-path", str(tiny_llama_dir), "--max-total-tokens", "4096"],
         log_path=tmp_path / "server.log",
