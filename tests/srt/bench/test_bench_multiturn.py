@@ -4,7 +4,8 @@ The end-to-end test runs the bench's own modes on a tiny random Llama in float32
 (no default model): a host pool of a quarter of the device pool in the disk modes, so pages
 leave the host pool for the disk and come back from it, then a restart over the folder. In
 float32 a near-tie flipped by rounding is far rarer than in bf16, so any differing output here
-is a tier handing back other KV than it was given."""
+is a tier handing back other KV than it was given; the top-2 logprob gaps must agree too
+(a tiny random model's greedy tokens barely depend on its prefix)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,5 @@ def test_every_tier_gives_the_outputs_of_no_cache_in_float32(tmp_path):
     for mode in ("device", "host", "disk", "restart"):
         assert len(runs[mode].outputs) == workload.num_requests
         assert divergences(runs["off"], runs[mode]) == [], mode
+        for key, gaps in runs["off"].gaps.items():  # a tiny random model's tokens move little
+            assert runs[mode].gaps[key] == pytest.approx(gaps, abs=1e-4), (mode, key)
