@@ -188,9 +188,10 @@ def print_outputs_check(runs: list[ModeRun]) -> None:
         if wide:
             notes.append(
                 f"  {r.mode}: {len(wide)} differ first where the top-2 gap was >= {NEAR_TIE} nats "
-                f"(smallest {min(wide):.4f}): not a near-tie; check the tier's KV (float32 on the "
-                "CPU: tests/srt/bench/test_bench_multiturn.py)"
+                f"({_counts(wide)}): not a near-tie; check the tier's KV (float32: "
+                "tests/srt/scheduler/test_hicache_staged_restart.py, on the CPU and on a GPU)"
             )
+        notes.append(_computed_split(ref, r))
     what = "no prefix cache" if ref.mode == "off" else "itself cached under its own splits"
     print(f"outputs identical to {ref.mode}'s ({what}): " + ", ".join(parts))
     all_gaps = sorted(g for gs in ref.gaps.values() for g in gs if g != float("inf"))
@@ -200,6 +201,32 @@ def print_outputs_check(runs: list[ModeRun]) -> None:
         )
     for line in notes:
         print(line)
+
+
+def _counts(gaps: list[float]) -> str:
+    """``0.0625 x8, 0.125 x2``: bf16 logits step by 2^-4 between 8 and 16, so one step there is
+    above ``NEAR_TIE`` and still only rounding."""
+    values = sorted(set(gaps))
+    return ", ".join(f"{g:.4f} x{gaps.count(g)}" for g in values[:6]) + (
+        ", ..." if len(values) > 6 else ""
+    )
+
+
+def _computed_split(ref: ModeRun, run: ModeRun) -> str:
+    """The median prompt tokens a request computed (not cached) in ``run``, for its outputs that
+    differ from ``ref``'s and for those that do not: rounding follows the prefill's shape (a
+    prompt computed as one short tail over a long cached prefix runs other GEMM shapes than the
+    whole prompt), a wrong page does not."""
+    computed = {(q.conversation, q.round): q.prompt_tokens - q.cached_tokens for q in run.reqs}
+    split: dict[bool, list[int]] = {True: [], False: []}
+    for key, ids in run.outputs.items():
+        if key in computed and key in ref.outputs:
+            split[ref.outputs[key] != ids].append(computed[key])
+    median = lambda v: "-" if not v else str(sorted(v)[len(v) // 2])  # noqa: E731
+    return (
+        f"  {run.mode}: prompt tokens computed per request (median): {median(split[True])} where "
+        f"the output differs, {median(split[False])} where it does not"
+    )
 
 
 def best_hit_rate(workload: Workload, page_size: int, replay: bool = False) -> float:

@@ -4,7 +4,8 @@ The end-to-end test runs the bench's own modes on a tiny random Llama in float32
 (no default model): a host pool of a quarter of the device pool in the disk modes, so pages
 leave the host pool for the disk and come back from it, then a restart over the folder. In
 float32 a near-tie flipped by rounding is far rarer than in bf16, so any differing output here
-is a tier handing back other KV than it was given."""
+is a tier handing back other KV than it was given; the top-2 logprob gaps must agree too
+(a tiny random model's greedy tokens barely depend on its prefix)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,21 @@ def test_a_difference_at_a_near_tie_is_called_rounding_and_a_wide_one_is_not(cap
     )
     tie = _run("disk", {(0, 0): [1, 9, 3], (1, 0): [4, 5, 6]}, {(0, 0): [1, 0.002, 1]})
     wrong = _run("restart", {(0, 0): [1, 2, 3], (1, 0): [7, 5, 6]}, {(1, 0): [2, 1, 1]})
+    # (conversation, round): prompt 64 tokens, of which 48 cached in restart's (0, 0)
+    wrong.reqs = [
+        bm.RequestStats(0, 0, 0.1, 0.2, 64, 48, 3),
+        bm.RequestStats(1, 0, 0.1, 0.2, 64, 0, 3),
+    ]
     assert divergences(ref, tie) == [0.001]  # the smaller gap of the two runs
     assert divergences(ref, wrong) == [1]
     print_outputs_check([tie, wrong, ref])  # off is the reference wherever it ran
     out = capsys.readouterr().out
     assert "identical to off's (no prefix cache): disk 1/2, restart 1/2" in out
     assert "disk: 1 differ first at a near-tie" in out and "rounding, not a wrong page" in out
-    assert f"restart: 1 differ first where the top-2 gap was >= {NEAR_TIE}" in out
+    assert f"restart: 1 differ first where the top-2 gap was >= {NEAR_TIE} nats (1.0000 x1)" in out
     assert "not a near-tie" in out
+    assert "restart: prompt tokens computed per request (median): 64 where the output " in out
+    assert "differs, 16 where it does not" in out
 
 
 def test_identical_outputs_print_no_notes(capsys):
@@ -74,3 +82,5 @@ def test_every_tier_gives_the_outputs_of_no_cache_in_float32(tmp_path):
     for mode in ("device", "host", "disk", "restart"):
         assert len(runs[mode].outputs) == workload.num_requests
         assert divergences(runs["off"], runs[mode]) == [], mode
+        for key, gaps in runs["off"].gaps.items():  # a tiny random model's tokens move little
+            assert runs[mode].gaps[key] == pytest.approx(gaps, abs=1e-4), (mode, key)
