@@ -5,6 +5,7 @@
 #   bash srt/bench/gpu_runs.sh gemvt dp1off dp1on gemm sweep
 #   bash srt/bench/gpu_runs.sh moetest moe     # MoE kernel, windows/soft-caps, the Qwen3-30B-A3B shape
 #   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
+#   bash srt/bench/gpu_runs.sh kvcheck         # staged writes + restart vs no cache, in float32
 #   bash srt/bench/gpu_runs.sh quanttest quant # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
 #
@@ -98,6 +99,9 @@ for s in "$@"; do
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py tests/srt/executor/test_layer_loads.py ;;
     diskpath) section diskpath 120 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 ;;
+    kvcheck) # staged writes and a restart against no cache: float32 (differences are then real)
+      section kvcheck-test 150 $PYTEST tests/srt/scheduler/test_hicache_staged_restart.py
+      section kvcheck 450 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --dtype float32 --num-conversations 20 --modes off,disk,restart ;;
     multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes off,device,host,disk,restart ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
     *) echo "unknown section $s (see the case list in $0)" ;;
