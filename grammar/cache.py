@@ -305,22 +305,34 @@ class GrammarCompileCache:
         self, job: _Job, compiled: CompiledGrammar | None, error: GrammarCompileError | None = None
     ) -> None:
         size = max(0, int(compiled.size_bytes())) if compiled is not None else 0
-        is_settled = _settle(job.future, compiled, error)
+        is_settled = self._settle_counted(job.future, compiled, error)
         with self._lock:
             if self._jobs.get(job.key) is job:
                 del self._jobs[job.key]
-            if is_settled and error is not None:
-                self.stats.failures += 1
             if is_settled and compiled is not None and self._entries.get(job.key) is job.future:
                 self._sizes[job.key] = size
                 self._num_bytes += size
                 self._evict_locked()
 
+    def _settle_counted(
+        self, future: Future, compiled: CompiledGrammar | None, error: GrammarCompileError | None
+    ) -> bool:
+        """``_settle``, with a failure counted before the future completes, so whoever waited
+        on it finds it in ``stats`` (taken back if a timeout settled the future first)."""
+        if error is None:
+            return _settle(future, compiled, None)
+        with self._lock:
+            self.stats.failures += 1
+        if _settle(future, None, error):
+            return True
+        with self._lock:
+            self.stats.failures -= 1
+        return False
+
     def _expire(self, job: _Job) -> None:
         reason = f"compilation did not finish within {self.compile_timeout_s:g} s"
-        if _settle(job.future, None, GrammarCompileError(job.spec.kind, reason)):
+        if self._settle_counted(job.future, None, GrammarCompileError(job.spec.kind, reason)):
             with self._lock:
-                self.stats.failures += 1
                 job.is_cancelled = True  # a running build stops; the failure stays cached
                 if self._jobs.get(job.key) is job:
                     del self._jobs[job.key]
