@@ -184,7 +184,11 @@ def _resample_from_p(p, draft, q, gen):
     return out + [int(torch.multinomial(p[len(draft)], 1, generator=gen))]
 
 
-@pytest.mark.parametrize("random_q", [False, True], ids=["one-hot-draft", "random-q-draft"])
+@pytest.mark.parametrize(
+    "random_q",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # random q: seconds of sampling
+    ids=["one-hot-draft", "random-q-draft"],
+)
 @pytest.mark.parametrize("wrong_rule", [_accept_all, _resample_from_p])
 def test_the_chi_square_check_catches_wrong_rules(wrong_rule, random_q: bool) -> None:
     torch.manual_seed(0)
