@@ -70,6 +70,7 @@ def test_identical_concurrent_specs_compile_once(vocab):
     cache.shutdown()
 
 
+@pytest.mark.slow
 def test_compilation_runs_off_the_caller_thread(vocab):
     backend = CountingBackend(vocab, delay_s=2.0)
     cache = _cache(backend, vocab)

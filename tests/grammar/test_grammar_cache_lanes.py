@@ -71,6 +71,7 @@ def test_a_compilation_nobody_waits_for_is_cancelled(vocab):
         cache.shutdown()
 
 
+@pytest.mark.slow
 def test_the_compile_timeout_counts_time_spent_queueing(vocab):
     config = GrammarConfig(compile_timeout_s=2.0, compile_workers=1, compile_slow_workers=1)
     cache = create_compile_cache(config, vocab)

@@ -307,6 +307,7 @@ def test_an_explicit_whitespace_option_in_a_json_rule_is_kept(vocab):
 
 
 # ------------------------------------------------------------------ memory
+@pytest.mark.slow
 def test_an_index_build_past_the_address_space_limit_kills_only_the_child(vocab):
     outlines = OutlinesBackend(vocab)
     pool = IndexWorkerPool(outlines.outlines_vocabulary, max_memory_bytes=768 << 20)

@@ -114,7 +114,7 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict[str, dict]:
     return want
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 16])
 def test_mixed_chunks_give_the_unchunked_outputs(tiny_llama_dir, tmp_path, reference, page_size):
     s = _scheduler(tiny_llama_dir, tmp_path, chunked_prefill_size=CHUNK, page_size=page_size)
     assert s.admission.mixes

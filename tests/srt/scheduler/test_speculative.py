@@ -138,7 +138,7 @@ def test_batch_of_one_with_whole_drafts_accepted(varied_llama_dir, reference):
     assert info["acceptance_rate"] == 1.0 and info["num_verify_steps"] == 4, info
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 16])
 def test_ngram_drafts_on_repetitive_text_keep_greedy_outputs(tiny_llama_dir, page_size):
     ps = repetitive_prompts(5, 4)
     msgs = [msg(f"n{i}", p, max_new_tokens=40) for i, p in enumerate(ps)]
