@@ -28,7 +28,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
@@ -42,17 +42,11 @@ from radixlm.srt.managers.scheduler_process import (
     run_follower_process,
     run_scheduler_process,
 )
-from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.managers.tp_ranks import ranks_on_this_node, with_rendezvous
 from radixlm.srt.models.tokenizer import export_decoder
-from radixlm.srt.server.process.supervisor import (
-    DEATH_GRACE_S,
-    EXIT_WORKER_DIED,
-    DrainGate,
-    SupervisedServer,
-    Supervisor,
-    describe_exit,
-)
+
+if TYPE_CHECKING:
+    from radixlm.srt.server.process.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -242,12 +236,11 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
 def launch_server(cfg: ServerConfig) -> None:
     """Runs the server until SIGTERM/SIGINT (then returns) or until a child dies (then raises
     ``SystemExit(EXIT_WORKER_DIED)``); children never outlive this call."""
+    # the HTTP side's modules (torch among them) load after the children are started, so the
+    # scheduler's own imports and model load overlap them
     from tqdm import tqdm
 
-    from radixlm.srt.managers.model_info import served_model_name
     from radixlm.srt.models.default_model import resolve_model_path
-    from radixlm.srt.server.app import create_app
-    from radixlm.srt.server.http.metrics import ServerMetrics
 
     configure_logging(cfg.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)  # during start-up; uvicorn's handler after
@@ -268,6 +261,12 @@ def launch_server(cfg: ServerConfig) -> None:
         parts = 1 + len(procs.heartbeats)  # the tokenizer and each child
         with tqdm(total=parts, desc="starting", unit="part", disable=None) as bar:
             procs.start()
+            from radixlm.srt.managers.model_info import served_model_name
+            from radixlm.srt.managers.tokenizer_manager import TokenizerManager
+            from radixlm.srt.server.app import create_app
+            from radixlm.srt.server.http.metrics import ServerMetrics
+            from radixlm.srt.server.process.supervisor import DrainGate, Supervisor
+
             tokenizer = load_server_tokenizer(child_cfg)
             procs.start_detokenizer(export_decoder(tokenizer))
             bar.update(1)
@@ -298,6 +297,8 @@ def launch_server(cfg: ServerConfig) -> None:
 def serve(cfg: ServerConfig, supervisor: Supervisor) -> None:
     import uvicorn
 
+    from radixlm.srt.server.process.supervisor import DEATH_GRACE_S, SupervisedServer
+
     level = cfg.log_level.lower()
     config = uvicorn.Config(
         supervisor.gate,
@@ -322,6 +323,8 @@ def run_follower_node(procs: ServerProcesses) -> None:
     """A machine with ``node_rank > 0``: its followers, no HTTP. Returns when they all exited 0
     (rank 0 stopped them) or on SIGTERM / SIGINT; raises ``SystemExit(EXIT_WORKER_DIED)`` when
     one failed (the others are killed)."""
+    from radixlm.srt.server.process.supervisor import EXIT_WORKER_DIED, describe_exit
+
     signal.signal(signal.SIGINT, _exit_on_signal)
     try:
         procs.start()

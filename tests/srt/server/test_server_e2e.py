@@ -256,12 +256,21 @@ def test_disconnect_mid_stream_frees_kv(server: ServerProcess) -> None:
 
 
 def test_metrics_histograms(server: ServerProcess) -> None:
-    text = plain_http.get(server.url + "/metrics", timeout=30).text
-    counts = {
-        ln.split("{")[0]: float(ln.split()[-1])
-        for ln in text.splitlines()
-        if ln.startswith("radixlm_") and "_count{" in ln
-    }
+    # a streamed request of its own (time to first token and between tokens are streams' figures)
+    body = {"text": "Hello", "stream": True, "sampling_params": {"max_new_tokens": 3}}
+    with plain_http.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
+        assert r.status_code == 200 and list(r.iter_lines())
+    deadline = time.monotonic() + 5  # a request's figures are recorded as its answer goes out
+    while True:
+        text = plain_http.get(server.url + "/metrics", timeout=30).text
+        counts = {
+            ln.split("{")[0]: float(ln.split()[-1])
+            for ln in text.splitlines()
+            if ln.startswith("radixlm_") and "_count{" in ln
+        }
+        if counts["radixlm_e2e_request_latency_seconds_count"] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert counts["radixlm_e2e_request_latency_seconds_count"] > 0
     assert counts["radixlm_time_to_first_token_seconds_count"] > 0
     assert counts["radixlm_inter_token_latency_seconds_count"] > 0
