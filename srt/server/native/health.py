@@ -15,8 +15,23 @@ from radixlm.srt.server.http.openapi import ERROR_RESPONSES
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
-# SGLang waits 20 s too (its SGLANG_HEALTH_CHECK_TIMEOUT); RADIXLM_HEALTH_CHECK_TIMEOUT changes it
-HEALTH_GENERATE_TIMEOUT_S = float(os.environ.get("RADIXLM_HEALTH_CHECK_TIMEOUT", "20"))
+
+def _health_check_timeout_s() -> float:
+    """SGLang waits 20 s too (its SGLANG_HEALTH_CHECK_TIMEOUT); RADIXLM_HEALTH_CHECK_TIMEOUT
+    changes it (seconds, a positive number)."""
+    text = os.environ.get("RADIXLM_HEALTH_CHECK_TIMEOUT", "20")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"RADIXLM_HEALTH_CHECK_TIMEOUT must be a positive number of seconds, not {text!r}"
+        )
+    return value
+
+
+HEALTH_GENERATE_TIMEOUT_S = _health_check_timeout_s()
 
 
 @router.get("/health_generate")
