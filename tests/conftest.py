@@ -65,7 +65,9 @@ def _share_default_tls_context() -> None:
 
     from httpx._transports import default
 
-    build = default.create_ssl_context
+    build = getattr(default, "create_ssl_context", None)
+    if build is None:  # another httpx layout: clients build their own contexts, as before
+        return
 
     @functools.cache
     def shared_default():
