@@ -71,7 +71,7 @@ for s in "$@"; do
     dp) section dp 300 $PROFILE --kv-cache-dtypes auto,fp8_e4m3 --batch-sizes 256 --json "$RESULTS/dp.json" ;;
     # the Triton window/soft-cap cases of the attention tests only (FlashInfer's JIT builds: ktest)
     moetest) section moetest 300 $PYTEST --durations=12 -m gpu -k "not attention_backends or (window_and_softcap and triton)" tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
-    moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ;;
+    moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ${MOE_PHASES:+--phases $MOE_PHASES} ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
     # launch-parameter sweep of the FP8/int4 kernels (bench/tune_quant.py)
