@@ -105,6 +105,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def tiers_always_load(monkeypatch):
+    """Every host and disk hit is loaded. The cache weighs a load against recomputing by
+    measured rates; a tiny model recomputes so cheaply that on a busy CPU reading its pages is
+    judged slower and skipped, and a test about the loaded pages would see none."""
+    from radixlm.radix.hicache_stats import TierStats
+
+    monkeypatch.setattr(TierStats, "load_pays_off", lambda self, *args: True)
+    monkeypatch.setattr(TierStats, "disk_pays_off", lambda self, *args: True)
+
+
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The embedded SmolLM2-135M-Instruct, converted once into the test cache."""

@@ -57,15 +57,8 @@ def test_identical_outputs_print_no_notes(capsys):
 
 
 @pytest.mark.slow
-def test_every_tier_gives_the_outputs_of_no_cache_in_float32(tmp_path, monkeypatch):
-    from radixlm.radix.hicache_stats import TierStats
+def test_every_tier_gives_the_outputs_of_no_cache_in_float32(tmp_path, tiers_always_load):
     from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
-
-    # every hit is loaded: the cache's load-or-recompute judgement is timed, and on a busy CPU
-    # it finds reading the tiny model's pages slower than recomputing them and skips the loads
-    # this test is about
-    monkeypatch.setattr(TierStats, "load_pays_off", lambda self, *args: True)
-    monkeypatch.setattr(TierStats, "disk_pays_off", lambda self, *args: True)
 
     folder = make_model_folder(tmp_path / "tiny", dict(TINY_LLAMA))
     args = bm.parse_args(

@@ -176,7 +176,9 @@ def test_http_route_pauses_new_requests_and_answers_in_sglangs_shape(
     assert plain_http.get(url + "/ping").status_code == 200
 
 
-def test_a_disk_kv_tier_never_serves_the_old_weights_pages(tiny_llama_dir, other_dir, tmp_path):
+def test_a_disk_kv_tier_never_serves_the_old_weights_pages(
+    tiny_llama_dir, other_dir, tmp_path, tiers_always_load
+):
     """Pages written with one checkpoint live in that checkpoint's folder: after an update the
     disk tier reads and writes another folder, and going back finds the first one's pages."""
     options = dict(

@@ -72,7 +72,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.mark.parametrize("hicache", [False, True])
-def test_tiny_engine_with_fp8_kv_runs_and_leaks_nothing(tiny_llama_dir, hicache):
+def test_tiny_engine_with_fp8_kv_runs_and_leaks_nothing(tiny_llama_dir, hicache, tiers_always_load):
     """Prefill, decode and prefix reuse over an fp8 pool: five ~70-token prompts, one at a
     time, overflow a 192-token device pool, so a second pass finds its prefixes evicted (and,
     with ``hicache``, loads them back from the host tier): outputs are the same both times

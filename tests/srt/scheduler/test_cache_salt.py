@@ -53,7 +53,7 @@ def _close(s: Scheduler) -> None:
 
 
 @pytest.mark.slow  # two schedulers on a tiny model (about 5 s on 2 cores)
-def test_no_prefix_is_shared_across_salts_in_any_tier(tiny_llama_dir, tmp_path):
+def test_no_prefix_is_shared_across_salts_in_any_tier(tiny_llama_dir, tmp_path, tiers_always_load):
     none = {"device": 0, "host": 0, "disk": 0}
     s = _scheduler(tiny_llama_dir, tmp_path)
     try:

@@ -44,7 +44,9 @@ def _prefetched(s: Scheduler) -> int:
     return s.cache.tier_stats()["disk_prefetched_pages"]
 
 
-def test_aborted_and_admitted_requests_let_their_disk_reads_go(tiny_llama_dir, tmp_path):
+def test_aborted_and_admitted_requests_let_their_disk_reads_go(
+    tiny_llama_dir, tmp_path, tiers_always_load
+):
     rng = random.Random(0)
     prompt = [rng.randrange(100, 40000) for _ in range(200)]
     first = _scheduler(tiny_llama_dir, tmp_path)

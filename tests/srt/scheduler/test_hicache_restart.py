@@ -63,7 +63,9 @@ def _conversations(s: Scheduler, seed: int = 0) -> dict[str, int]:
     return {k: after[k] - before[k] for k in keys}
 
 
-def test_a_restart_replays_the_conversations_it_served_from_its_tiers(tiny_llama_dir, tmp_path):
+def test_a_restart_replays_the_conversations_it_served_from_its_tiers(
+    tiny_llama_dir, tmp_path, tiers_always_load
+):
     first = _scheduler(tiny_llama_dir, tmp_path)
     try:
         served = _conversations(first)
