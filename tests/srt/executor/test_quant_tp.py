@@ -15,8 +15,14 @@ from quant_checkpoints import write_quantised  # noqa: E402
 
 # float32 on a CPU: two ranks add partial sums in another order (rounding only). FP8 formats
 # whose activation scales are per token would differ more (each rank of a row-parallel layer
-# scales its own slice of the row); block (128-aligned slices) and static scales do not.
+# scales its own slice of the row); static scales do not.
 LOGIT_TOL = 1e-4
+# Block scales (128-aligned slices, computed from the same values on both sides) still round
+# activations to fp8 dynamically: an input one float32 ulp apart (the partial sums' order) can
+# round to the neighbouring fp8 value, a step of up to 1/8 of it. Seen on an AVX-512 Xeon: one
+# request's row moved by 0.02-0.11 from the step of such a flip on (the KV it wrote carries it),
+# every other row within 2e-6; a wrongly sharded weight or scale moves every row by O(1).
+LOGIT_TOL_DYNAMIC_FP8 = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -59,4 +65,4 @@ def test_tp2_equals_tp1(fmt, tp_results):
     pairs = [(a, b) for a, b in zip(steps, ref_steps, strict=True) if a.numel()]
     assert pairs and all(a.shape == b.shape for a, b in pairs)
     worst = max(float((a - b).abs().max()) for a, b in pairs)
-    assert worst < LOGIT_TOL, worst
+    assert worst < (LOGIT_TOL_DYNAMIC_FP8 if fmt == "fp8_block" else LOGIT_TOL), worst
