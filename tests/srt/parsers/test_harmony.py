@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import jsonschema
 import pytest
 from grammar_check import Checker, _backend
+from growth import assert_grows_linearly, best_cpu_seconds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parser_cases import check_arguments, check_deltas, random_pieces, spaced_json
@@ -334,15 +334,13 @@ def test_any_text_streams_like_parse(parts: list[str], rng: random.Random) -> No
 
 
 def _time(text: str, reasoning: bool) -> float:
-    best = float("inf")
-    for _ in range(2):
+    def stream() -> None:
         parser = make_reasoning_parser(NAME, False) if reasoning else make_tool_parser(NAME, [])
-        start = time.perf_counter()
         for i in range(0, len(text), 3):
             parser.feed(text[i : i + 3])
         parser.flush()
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return best_cpu_seconds(stream)
 
 
 @pytest.mark.parametrize("reasoning", [False, True])
@@ -353,8 +351,7 @@ def test_long_outputs_take_linear_time(reasoning: bool) -> None:
         calls = "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|call|>" * n
         return f"{think}<|start|>assistant<|channel|>commentary to=functions.typed <|constrain|>json<|message|>{args}<|call|>{calls}"
 
-    small, large = _time(output(400), reasoning), _time(output(3_200), reasoning)
-    assert large < 8 * small * 2, (small, large)  # 8x the text; quadratic would be ~64x
+    assert_grows_linearly(_time(output(400), reasoning), _time(output(3_200), reasoning))
     calls = parse(output(300)).calls
     assert len(calls) == 301 and json.loads(calls[0].arguments)["a"][-1] == 299
 

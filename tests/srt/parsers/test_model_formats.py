@@ -9,6 +9,7 @@ import random
 
 import pytest
 from format_cases import TOOLS, mistral_case, pythonic_case, qwen3_coder_case
+from growth import assert_grows_linearly, best_cpu_seconds
 from parser_cases import Case, check_arguments, check_deltas, random_pieces
 
 from radixlm.srt.parsers.registry import make_tool_parser
@@ -304,17 +305,13 @@ def test_any_text_streams_like_parse(name: str, seed: int) -> None:
 
 
 def _time(name: str, text: str) -> float:
-    import time
-
-    best = float("inf")
-    for _ in range(2):
+    def stream() -> None:
         parser = make_tool_parser(name, TOOLS)
-        start = time.perf_counter()
         for i in range(0, len(text), 3):
             parser.feed(text[i : i + 3])
         parser.flush()
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return best_cpu_seconds(stream)
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -336,8 +333,7 @@ def test_long_outputs_take_linear_time(name: str) -> None:
             else (f'[TOOL_CALLS] [{{"name": "typed", "arguments": {args}}}]')
         )
 
-    small, large = _time(name, output(1_500)), _time(name, output(12_000))
-    assert large < 8 * small * 2, (small, large)  # 8x the text; quadratic would be ~64x
+    assert_grows_linearly(_time(name, output(1_500)), _time(name, output(12_000)))
     assert json.loads(parse(name, output(12_000)).calls[0].arguments)["a"][-1] == 11_999
 
 

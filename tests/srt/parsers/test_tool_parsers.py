@@ -10,6 +10,7 @@ import json
 import random
 
 import pytest
+from growth import assert_grows_linearly, best_cpu_seconds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parser_cases import (
@@ -447,17 +448,13 @@ def test_hold_back_is_bounded() -> None:
 
 
 def _stream_time(name: str, text: str) -> float:
-    import time
-
-    best = float("inf")
-    for _ in range(3):
+    def stream() -> None:
         parser = make_tool_parser(name, [])
-        start = time.perf_counter()
         for i in range(0, len(text), 3):
             parser.feed(text[i : i + 3])
         parser.flush()
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return best_cpu_seconds(stream)
 
 
 @pytest.mark.parametrize("name", PARSERS)
@@ -471,23 +468,18 @@ def test_long_outputs_take_linear_time(name: str) -> None:
             "generic": f'{{"tool_calls": [{call}]}}',
         }[name]
 
-    small, large = _stream_time(name, output(1_500)), _stream_time(name, output(12_000))
-    # 8x the text: linear is ~8x, quadratic ~64x; 24x leaves room for a busy machine's timing
-    assert large < 8 * small * 3, (small, large)
+    assert_grows_linearly(_stream_time(name, output(1_500)), _stream_time(name, output(12_000)))
     result = _parse(name, output(12_000))
     assert json.loads(result.calls[0].arguments)["items"][-1] == 11_999
 
 
 def test_many_markers_in_one_text_take_linear_time() -> None:
     """Every marker used to copy the rest of the text (8x the markers took ~64x the time)."""
-    import time
 
     def parse_time(n: int) -> float:
         text = "<tool_call>x" * n
-        start = time.perf_counter()
         result = _parse("hermes", text)
         assert result.content == text and result.calls == []
-        return time.perf_counter() - start
+        return best_cpu_seconds(lambda: _parse("hermes", text))
 
-    small, large = parse_time(10_000), parse_time(80_000)
-    assert large < 8 * small * 2.5, (small, large)
+    assert_grows_linearly(parse_time(10_000), parse_time(80_000))
