@@ -54,7 +54,8 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
     triton = None
     tl = None
 
-from radixlm.kernels.quant_gemv import MAGIC, MAGIC_F, fp8_gemv, int4_gemv, int4_sub
+from radixlm.kernels.int4_mm import int4_mm
+from radixlm.kernels.quant_gemv import MAGIC, MAGIC_F, fp8_gemv, int4_sub
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -460,13 +461,14 @@ def _gemv_fits(block_k: int | None, w_scale: torch.Tensor) -> bool:
 
 
 def int4_gemm(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
-    """``x2`` ``[M, K]`` bf16/fp16 times the int4 weight transposed -> ``[M, N]`` ``x2.dtype``
-    (up to ``GEMV_ROWS`` rows: :func:`int4_gemv`, unless ``cfg`` asks for the tiled kernel)."""
+    """``x2`` ``[M, K]`` bf16/fp16 times the int4 weight transposed -> ``[M, N]`` ``x2.dtype``:
+    up to ``DEQUANT_ROWS`` rows :func:`int4_mm.int4_mm`, above dequantise + cuBLAS; ``cfg``
+    runs the older tiled kernel :func:`_int4_kernel` with those launch parameters."""
     x2 = x2.contiguous()
-    if x2.shape[0] <= GEMV_ROWS and cfg is None:
-        return int4_gemv(x2, qweight, scales, zeros)
     if x2.shape[0] > DEQUANT_ROWS and cfg is None:  # compute-bound: cuBLAS on the dense tile
         return F.linear(x2, int4_dequant(qweight, scales, zeros, x2.dtype))
+    if cfg is None:
+        return int4_mm(x2, qweight, scales, zeros)
     m, k = x2.shape
     n = qweight.shape[0]
     group = k // scales.shape[1]
