@@ -107,20 +107,21 @@ def _int4_mm_kernel(
     for it in range(pid_k * per_split, min(tiles, (pid_k + 1) * per_split)):
         k0 = it * BLOCK_K  # a multiple of BLOCK_K the compiler can see
         h = tl.load(h_rows + k0 // 4, mask=mask_n[:, None], other=0)  # [BLOCK_N, QH]
+        dt = x_ptr.dtype.element_ty
         if ASM:
             v0, v1, v2, v3 = tl.inline_asm_elementwise(
                 ASM_BF16 if IS_BF16 else ASM_FP16,
                 "=r,=r,=r,=r,r",
                 [h],
-                (x_ptr.dtype.element_ty,) * 4,
+                (dt, dt, dt, dt),
                 is_pure=True,
                 pack=2,
             )
         else:  # the same values (the interpreter runs no inline assembly)
-            v0 = (((h >> 0) & 0xF).to(tl.float32) + BIAS).to(x_ptr.dtype.element_ty)
-            v1 = (((h >> 4) & 0xF).to(tl.float32) + BIAS).to(x_ptr.dtype.element_ty)
-            v2 = (((h >> 8) & 0xF).to(tl.float32) + BIAS).to(x_ptr.dtype.element_ty)
-            v3 = (((h >> 12) & 0xF).to(tl.float32) + BIAS).to(x_ptr.dtype.element_ty)
+            v0 = (((h >> 0) & 0xF).to(tl.float32) + BIAS).to(dt)
+            v1 = (((h >> 4) & 0xF).to(tl.float32) + BIAS).to(dt)
+            v2 = (((h >> 8) & 0xF).to(tl.float32) + BIAS).to(dt)
+            v3 = (((h >> 12) & 0xF).to(tl.float32) + BIAS).to(dt)
         # the operand's feature order: nibble-major (column i QH + h holds feature 4 h + i), so
         # the converted pairs are the operand's register pairs; the activations are permuted
         # the same way (the sum over K does not depend on the order)

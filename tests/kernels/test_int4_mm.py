@@ -79,6 +79,19 @@ def test_int4_mm_split_counts_are_left_at_zero_for_the_next_launch():
     assert not im._counts(torch.device(DEVICE), 1).any()
 
 
+@pytest.mark.parametrize("mm_rows", [0, 16])
+def test_int4_linear_takes_int4_mm_up_to_mm_rows(mm_rows, monkeypatch):
+    """``MM_ROWS`` decides: int4_mm's output (bit for bit) up to it, the older kernels above."""
+    monkeypatch.setattr(qg, "MM_ROWS", mm_rows)
+    qweight, scales, zeros = _weights(40, 256, 128, torch.float16)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5)).to(torch.float16)
+    x = x.to(DEVICE)
+    got = qg.int4_linear(x, qweight, scales, zeros)
+    assert torch.equal(got, im.int4_mm(x, qweight, scales, zeros)) == (mm_rows >= 3)
+    want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
+    assert _rel(got, want) < TOL[torch.float16]
+
+
 def test_int4_mm_config_fits_the_groups_and_refuses_tiles_that_do_not():
     for group in (32, 64, 128, 384, 14336):
         for m in (1, 16, 64, 128):
@@ -140,7 +153,8 @@ def test_gpu_int4_mm_replays_in_a_cuda_graph_with_split_k():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
 @pytest.mark.parametrize(("n", "k"), EIGHT_B)
-def test_gpu_int4_linear_on_the_8b_projections(dtype, m, n, k):
+def test_gpu_int4_linear_on_the_8b_projections(dtype, m, n, k, monkeypatch):
+    monkeypatch.setattr(qg, "MM_ROWS", qg.DEQUANT_ROWS)  # the dispatch int4_mm is meant for
     qweight, scales, zeros = _weights(n, k, 128, dtype, seed=m)
     x = torch.randn(m, k, device="cuda").to(dtype)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
