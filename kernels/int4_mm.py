@@ -6,21 +6,21 @@ The weight layout is ``kernels/quant_gemm.py``'s (``qweight`` int32 ``[N, K / 8]
 ``8 c + i`` in nibble ``i`` of word ``c``), read as int16 ``[N, K / 4]``: on a little-endian
 device int16 ``h`` holds features ``4 h .. 4 h + 3`` in its nibbles 0..3.
 
-Conversion (CUDA): two int16 at a time in one 32-bit register, four packed operations a
-nibble pair, no int -> float conversions:
+Conversion (CUDA): two int16 at a time in one 32-bit register, two weights an instruction, no
+int -> float conversions:
 
 * ``(r >> 4 i) & 0x000F000F | MAGIC`` puts nibble ``i`` of both halves into the mantissas of a
-  pair of 16-bit floats (``lop3``): bf16 ``0x4300 | q`` reads as ``128 + q``, fp16
+  pair of 16-bit floats (one ``lop3``): bf16 ``0x4300 | q`` reads as ``128 + q``, fp16
   ``0x6400 | q`` as ``1024 + q``;
-* one packed FMA with 1 and ``-(BIAS + zero)`` leaves ``q - zero`` exactly (small integers);
-* one packed FMA with the scale and -0 gives ``(q - zero) * scale`` rounded once to the
-  activation dtype (the weight the torch reference dequantises, rounded to bf16/fp16).
+* one packed FMA with 1 and ``-(BIAS + zero)`` leaves ``q - zero``, a small integer, exactly;
+* the scale is applied per tile in fp32 to the dot's result, not per weight.
 
-That is about 1.9 instructions a weight, against about five for the fp32 path of
-``kernels/quant_gemv.py`` (shift, mask, or, subtract and an FMA a row). The zeros must be
-integers (every supported format's zero points are: 0..16). Under the Triton interpreter (CPU
-tests) the same values come from plain Triton operations in fp32 (``ASM`` off): inline
-assembly cannot run there.
+About 2.5 lane-instructions a weight in the K loop at 1-16 rows (``srt/bench/sass_loop.py``),
+against about eight for the fp32 path of ``kernels/quant_gemv.py``. The zeros must be integers
+(every supported format's zero points are: 0..16). The operand's K order inside a tile is
+nibble-major and the activations are permuted to match (see the kernel). Under the Triton
+interpreter (CPU tests) the same values come from plain Triton operations in fp32 (``ASM``
+off): inline assembly cannot run there.
 
 Launch parameters: :func:`int4_mm_config` (deterministic, for CUDA graphs); ``cfg=`` overrides
 them (``srt/bench/tune_quant.py`` sweeps them).
@@ -41,20 +41,23 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
     tl = None
 
 
-def _convert_asm(magic: int) -> str:
-    """PTX of one pair of int16 (``$4``) -> four pairs of 16-bit floats ``$0..$3``: nibble
-    ``i`` of both int16 in the mantissas of ``$i`` (``BIAS + q`` exactly)."""
-    lines = ["{", ".reg .b32 t<3>;"]
+def _convert_asm(magic: int, one: int, fma: str) -> str:
+    """PTX of one pair of int16 (``$4``) and the pair ``-(BIAS + zero)`` (``$5``) -> four pairs
+    of 16-bit floats ``$0..$3``: nibble ``i`` of both int16 minus the zero in ``$i``. The
+    ``lop3`` puts the nibble into the mantissa (``BIAS + q`` exactly), the packed FMA with 1
+    subtracts ``BIAS + zero`` (``q - zero``: a small integer, exact)."""
+    lines = ["{", ".reg .b32 t<3>, one;", f"mov.b32 one, {one:#010x};"]
     lines += [f"shr.b32 t{i - 1}, $4, {4 * i};" for i in (1, 2, 3)]
     for i, src in enumerate(("$4", "t0", "t1", "t2")):  # (src & 0x000F000F) | magic
         lines.append(f"lop3.b32 ${i}, {src}, 0x000F000F, {magic:#010x}, 0xEA;")
+    lines += [f"{fma} ${i}, ${i}, one, $5;" for i in range(4)]
     return "\n".join([*lines, "}"])
 
 
 # constexpr globals: a Triton kernel may read no other module-level names
-if tl is not None:
-    ASM_BF16 = tl.constexpr(_convert_asm(0x43004300))  # bf16 0x4300 | q = 128 + q
-    ASM_FP16 = tl.constexpr(_convert_asm(0x64006400))  # fp16 0x6400 | q = 1024 + q
+if tl is not None:  # bf16 0x4300 | q = 128 + q, fp16 0x6400 | q = 1024 + q; 1.0 in each
+    ASM_BF16 = tl.constexpr(_convert_asm(0x43004300, 0x3F803F80, "fma.rn.bf16x2"))
+    ASM_FP16 = tl.constexpr(_convert_asm(0x64006400, 0x3C003C00, "fma.rn.f16x2"))
 
 
 def _int4_mm_kernel(
@@ -80,15 +83,14 @@ def _int4_mm_kernel(
     ASM: tl.constexpr,
     IS_BF16: tl.constexpr,
 ):
-    """``y[m-tile, n-tile] (+)= x[m-tile] @ dequant(W)[n-tile]^T`` over this program's share of
-    ``K``. With ``SPLIT_K`` > 1 each program writes its fp32 part of the tile to ``ws`` and
-    counts itself in ``count[tile]``; the last one adds the parts in order (deterministic),
-    stores the tile and resets the count to 0. ``BLOCK_K`` divides the group
-    and ``K``: one scale and zero per output and tile. An iteration converts a
-    ``[BLOCK_N, BLOCK_K / 4]`` tile of int16 into the operand ``v = BIAS + q`` (exact) and
-    multiplies it with the activations, ``dot(v, x^T)`` (the weight tile is the MMA's A
-    operand, the rows its N: Hopper's wgmma from ``BLOCK_N`` 64); then, in fp32,
-    ``acc += s (d - (BIAS + z) sum(x))``: the zero and scale per tile, not per weight."""
+    """``y[m-tile, n-tile] = x[m-tile] @ dequant(W)[n-tile]^T``, this program's share of ``K``
+    (``BLOCK_K`` divides the group and ``K``: one scale and zero per output and tile). An
+    iteration converts a ``[BLOCK_N, BLOCK_K / 4]`` tile of int16 into the operand ``q - z``
+    (exact), multiplies it with the activations, ``dot(v, x^T)`` (the weight tile is the MMA's
+    A operand, the rows its N: Hopper's wgmma from ``BLOCK_N`` 64), and adds the product times
+    the tile's scales in fp32. With ``SPLIT_K`` > 1 each program writes its fp32 part of the
+    tile to ``ws`` and counts itself in ``count[tile]``; the last one adds the parts in order
+    (deterministic), stores the tile and resets the count to 0."""
     BIAS: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     QH: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
@@ -107,34 +109,33 @@ def _int4_mm_kernel(
     for it in range(pid_k * per_split, min(tiles, (pid_k + 1) * per_split)):
         k0 = it * BLOCK_K  # a multiple of BLOCK_K the compiler can see
         h = tl.load(h_rows + k0 // 4, mask=mask_n[:, None], other=0)  # [BLOCK_N, QH]
+        g = offs_n * stride_sn + k0 // GROUP
+        s = tl.load(s_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
         dt = x_ptr.dtype.element_ty
         if ASM:
+            nz = tl.broadcast_to((-(z + BIAS)).to(dt)[:, None], (BLOCK_N, QH))  # an integer
             v0, v1, v2, v3 = tl.inline_asm_elementwise(
                 ASM_BF16 if IS_BF16 else ASM_FP16,
-                "=r,=r,=r,=r,r",
-                [h],
+                "=r,=r,=r,=r,r,r",
+                [h, nz],
                 (dt, dt, dt, dt),
                 is_pure=True,
                 pack=2,
             )
         else:  # the same values (the interpreter runs no inline assembly)
-            v0 = (((h >> 0) & 0xF).to(tl.float32) + BIAS).to(dt)
-            v1 = (((h >> 4) & 0xF).to(tl.float32) + BIAS).to(dt)
-            v2 = (((h >> 8) & 0xF).to(tl.float32) + BIAS).to(dt)
-            v3 = (((h >> 12) & 0xF).to(tl.float32) + BIAS).to(dt)
+            v0 = (((h >> 0) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+            v1 = (((h >> 4) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+            v2 = (((h >> 8) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+            v3 = (((h >> 12) & 0xF).to(tl.float32) - z[:, None]).to(dt)
         # the operand's feature order: nibble-major (column i QH + h holds feature 4 h + i), so
         # the converted pairs are the operand's register pairs; the activations are permuted
         # the same way (the sum over K does not depend on the order)
         v = tl.permute(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (0, 2, 3, 1))
         v = tl.reshape(v, (BLOCK_N, BLOCK_K))  # [n, r, p, h] = nibble 2 r + p of int16 h
         x = tl.load(x_rows + k0, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
-        x_sum = tl.sum(x.to(tl.float32), axis=1)
-        x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, QH, 4)), (0, 2, 1)), (BLOCK_M, BLOCK_K))
-        g = offs_n * stride_sn + k0 // GROUP
-        s = tl.load(s_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
-        zb = tl.load(z_ptr + g, mask=mask_n, other=0.0).to(tl.float32) + BIAS
-        d = tl.dot(v, tl.trans(x))  # [BLOCK_N, BLOCK_M]
-        acc += s[:, None] * (d - zb[:, None] * x_sum[None, :])
+        x_p = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, QH, 4)), (0, 2, 1)), (BLOCK_M, BLOCK_K))
+        acc += s[:, None] * tl.dot(v, tl.trans(x_p))  # [BLOCK_N, BLOCK_M]
     ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
     mask = mask_n[:, None] & mask_m[None, :]
     if SPLIT_K == 1:
