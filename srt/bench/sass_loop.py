@@ -27,6 +27,7 @@ from collections import Counter
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 from radixlm.kernels import int4_mm as im
 from radixlm.kernels import quant_gemm as qg
@@ -75,6 +76,9 @@ def loop_opcodes(sass: str) -> Counter:
 
 
 def profile(fn, pointers, constexprs, warps, stages, weights_per_iter) -> dict:
+    """Compile the Python kernel function ``fn`` for sm_90 (a JIT function of its own, also
+    where ``TRITON_INTERPRET`` is set) and profile its K loop."""
+    fn = JITFunction(fn)
     sig, attrs = _signature(fn, pointers, constexprs)
     kernel = triton.compile(
         ASTSource(fn, sig, constexprs=constexprs, attrs=attrs),
@@ -98,7 +102,7 @@ def cases() -> list[tuple[str, object, dict, dict, int, int, int]]:
         label = f"int4_mm rows {rows} ({const['BLOCK_M']}x{const['BLOCK_N']}x{const['BLOCK_K']})"
         weights = c["BLOCK_N"] * c["BLOCK_K"]
         out.append(
-            (label, im._jit(), ptrs, const, c["num_warps"], c["num_stages"], weights),
+            (label, im._int4_mm_kernel, ptrs, const, c["num_warps"], c["num_stages"], weights),
         )
     for rows in (1, 4):
         c = qv.int4_gemv_config(rows, 4096, 4096, GROUP)
@@ -107,14 +111,14 @@ def cases() -> list[tuple[str, object, dict, dict, int, int, int]]:
         weights = c["BLOCK_N"] * c["SUB"] * c["NC"]
         ptrs = {**bf16, "q_ptr": "*i32"}
         label = f"int4 GEMV rows {rows} (fp32 path)"
-        out.append((label, qv._jit_gemv("int4"), ptrs, const, c["num_warps"], 1, weights))
+        out.append((label, qv._int4_gemv_kernel, ptrs, const, c["num_warps"], 1, weights))
     for rows in (16, 64):
         c = qg.int4_config(rows, 4096, 4096, GROUP)
         const = {k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K")}
         ptrs = {**bf16, "q_ptr": "*i32", "y_ptr": "*fp32"}
         weights = c["BLOCK_N"] * c["BLOCK_K"]
         label = f"int4 tiled rows {rows} (fp32 path)"
-        out.append((label, qg._jit_int4(), ptrs, const, c["num_warps"], c["num_stages"], weights))
+        out.append((label, qg._int4_kernel, ptrs, const, c["num_warps"], c["num_stages"], weights))
     return out
 
 

@@ -259,6 +259,20 @@ def timed_at(kernel: str, rows: int) -> bool:
     return True
 
 
+def summary(results: list[dict]) -> list[str]:
+    """One line per kernel and row count: the ranges over the shapes of the heuristic's and the
+    best candidate's time against the roofline (the table the docs take)."""
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r["kernel"], r["rows"]), []).append(r)
+    lines = ["kernel | rows | heuristic / roofline | best / roofline"]
+    for (kernel, rows), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        h = [r["heuristic_ratio"] for r in rs]
+        b = [r["best_ratio"] for r in rs]
+        lines.append(f"{kernel} | {rows} | {min(h):.2f}-{max(h):.2f}x | {min(b):.2f}-{max(b):.2f}x")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -287,6 +301,7 @@ def main(argv=None) -> None:
             with open(args.json, "w") as f:
                 out = {"device": torch.cuda.get_device_name(), "copy_bw": bw}
                 json.dump({**out, "rows": results}, f)
+    print("\n".join(summary(results)), flush=True)
 
 
 if __name__ == "__main__":
