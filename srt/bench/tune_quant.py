@@ -66,7 +66,7 @@ INT4_MM_GRIDS = {
         "num_stages": (3, 4),
     },
     128: {
-        "BLOCK_M": (64, 128),
+        "BLOCK_M": (64, 128, 256),
         "BLOCK_N": (128, 256),
         "SPLIT_K": (1, 2, 4),
         "num_warps": (4, 8),
@@ -178,8 +178,10 @@ def grid(kernel: str, rows: int) -> dict | None:
 
 def fits(kernel: str, cfg: dict, rows: int, k: int) -> bool:
     """Whether a candidate serves this shape and keeps its tile in registers."""
-    if kernel == "int4_mm":
-        return cfg.get("SPLIT_K", 1) <= k // 128
+    if kernel == "int4_mm":  # no split without a tile, no row tile over the rows (a power of 2)
+        return cfg.get("SPLIT_K", 1) <= k // 128 and cfg.get("BLOCK_M", 16) <= max(
+            16, qv.block_m(rows)
+        )
     if kernel.endswith("gemv"):
         per_output = cfg.get("NC", 1) * cfg.get("SUB", 8) // 8 * cfg.get("BLOCK_K", 1)
         if qv.block_m(rows) * cfg["BLOCK_N"] * per_output > GEMV_ACC[kernel]:
