@@ -84,58 +84,60 @@ def _int4_mm_kernel(
     IS_BF16: tl.constexpr,
 ):
     """``y[m-tile, n-tile] = x[m-tile] @ dequant(W)[n-tile]^T``, this program's share of ``K``
-    (``BLOCK_K`` divides the group and ``K``: one scale and zero per output and tile). An
-    iteration converts a ``[BLOCK_N, BLOCK_K / 4]`` tile of int16 into the operand ``q - z``
+    (``BLOCK_K`` divides ``K``; a group divides it or it divides the group). An iteration takes
+    ``BLOCK_K`` features in dots of ``GK = min(BLOCK_K, GROUP)`` (one scale and zero per output
+    and dot): it converts a ``[BLOCK_N, GK / 4]`` tile of int16 into the operand ``q - z``
     (exact), multiplies it with the activations, ``dot(v, x^T)`` (the weight tile is the MMA's
     A operand, the rows its N: Hopper's wgmma from ``BLOCK_N`` 64), and adds the product times
-    the tile's scales in fp32. With ``SPLIT_K`` > 1 each program writes its fp32 part of the
+    the scales in fp32. With ``SPLIT_K`` > 1 each program writes its fp32 part of the
     tile to ``ws`` and counts itself in ``count[tile]``; the last one adds the parts in order
     (deterministic), stores the tile and resets the count to 0."""
     BIAS: tl.constexpr = 128.0 if IS_BF16 else 1024.0
-    QH: tl.constexpr = BLOCK_K // 4
+    GK: tl.constexpr = BLOCK_K if BLOCK_K <= GROUP else GROUP  # features a dot: one scale
+    QH: tl.constexpr = GK // 4
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     mask_m = offs_m < M
     h_rows = h_ptr + offs_n[:, None] * stride_hn + tl.arange(0, QH)[None, :]
-    x_rows = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    x_rows = x_ptr + offs_m[:, None] * stride_xm + tl.arange(0, GK)[None, :]
+    dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     tiles = K // BLOCK_K
     per_split = tl.cdiv(tiles, SPLIT_K)
     for it in range(pid_k * per_split, min(tiles, (pid_k + 1) * per_split)):
-        k0 = it * BLOCK_K  # a multiple of BLOCK_K the compiler can see
-        h = tl.load(h_rows + k0 // 4, mask=mask_n[:, None], other=0)  # [BLOCK_N, QH]
-        g = offs_n * stride_sn + k0 // GROUP
-        s = tl.load(s_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
-        dt = x_ptr.dtype.element_ty
-        if ASM:
-            nz = tl.broadcast_to((-(z + BIAS)).to(dt)[:, None], (BLOCK_N, QH))  # an integer
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                ASM_BF16 if IS_BF16 else ASM_FP16,
-                "=r,=r,=r,=r,r,r",
-                [h, nz],
-                (dt, dt, dt, dt),
-                is_pure=True,
-                pack=2,
-            )
-        else:  # the same values (the interpreter runs no inline assembly)
-            v0 = (((h >> 0) & 0xF).to(tl.float32) - z[:, None]).to(dt)
-            v1 = (((h >> 4) & 0xF).to(tl.float32) - z[:, None]).to(dt)
-            v2 = (((h >> 8) & 0xF).to(tl.float32) - z[:, None]).to(dt)
-            v3 = (((h >> 12) & 0xF).to(tl.float32) - z[:, None]).to(dt)
-        # the operand's feature order: nibble-major (column i QH + h holds feature 4 h + i), so
-        # the converted pairs are the operand's register pairs; the activations are permuted
-        # the same way (the sum over K does not depend on the order)
-        v = tl.permute(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (0, 2, 3, 1))
-        v = tl.reshape(v, (BLOCK_N, BLOCK_K))  # [n, r, p, h] = nibble 2 r + p of int16 h
-        x = tl.load(x_rows + k0, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
-        x_p = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, QH, 4)), (0, 2, 1)), (BLOCK_M, BLOCK_K))
-        acc += s[:, None] * tl.dot(v, tl.trans(x_p))  # [BLOCK_N, BLOCK_M]
+        for sub in tl.static_range(BLOCK_K // GK):  # groups smaller than the tile: one each
+            k0 = it * BLOCK_K + sub * GK  # a multiple of GK the compiler can see
+            h = tl.load(h_rows + k0 // 4, mask=mask_n[:, None], other=0)  # [BLOCK_N, QH]
+            g = offs_n * stride_sn + k0 // GROUP
+            s = tl.load(s_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g, mask=mask_n, other=0.0).to(tl.float32)
+            if ASM:
+                nz = tl.broadcast_to((-(z + BIAS)).to(dt)[:, None], (BLOCK_N, QH))  # integers
+                v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                    ASM_BF16 if IS_BF16 else ASM_FP16,
+                    "=r,=r,=r,=r,r,r",
+                    [h, nz],
+                    (dt, dt, dt, dt),
+                    is_pure=True,
+                    pack=2,
+                )
+            else:  # the same values (the interpreter runs no inline assembly)
+                v0 = (((h >> 0) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+                v1 = (((h >> 4) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+                v2 = (((h >> 8) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+                v3 = (((h >> 12) & 0xF).to(tl.float32) - z[:, None]).to(dt)
+            # the operand's feature order: nibble-major (column i QH + h holds feature 4 h + i),
+            # so the converted pairs are the operand's register pairs; the activations are
+            # permuted the same way (the sum over K does not depend on the order)
+            v = tl.permute(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (0, 2, 3, 1))
+            v = tl.reshape(v, (BLOCK_N, GK))  # [n, r, p, h] = nibble 2 r + p of int16 h
+            x = tl.load(x_rows + k0, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, GK]
+            x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, QH, 4)), (0, 2, 1)), (BLOCK_M, GK))
+            acc += s[:, None] * tl.dot(v, tl.trans(x))  # [BLOCK_N, BLOCK_M]
     ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
     mask = mask_n[:, None] & mask_m[None, :]
     if SPLIT_K == 1:
@@ -181,9 +183,11 @@ def _interpreting() -> bool:
 
 
 def tile_fits(block_k: int, k: int, group: int) -> bool:
-    """Whether a ``block_k`` tile fits: it divides the group (one scale and zero per output and
-    tile) and ``K``, and is at least the MMA's 16 features."""
-    return block_k >= 16 and group % block_k == 0 and k % block_k == 0
+    """Whether a ``block_k`` tile fits: it divides ``K``, and it divides the group or the group
+    divides it (one scale and zero per output and dot of ``min(block_k, group)`` features, at
+    least the MMA's 16)."""
+    fits_group = group % block_k == 0 or block_k % group == 0
+    return k % block_k == 0 and fits_group and min(block_k, group) >= 16
 
 
 @functools.cache
@@ -196,9 +200,9 @@ def _sm_count(device: str) -> int:
 def int4_mm_config(m: int, n: int, k: int, group: int, sms: int = 132) -> dict:
     """Launch parameters (deterministic for a device with ``sms`` SMs). ``BLOCK_M`` the rows
     rounded up to a power of two from 16 (at most 128, 8 warps there); ``BLOCK_N`` 128 (Hopper
-    wgmma tiles of 64 x rows, two a program); ``BLOCK_K`` the largest of 128, 64, 32, 16
-    dividing the group and ``K``; ``K`` split until there are about two programs per SM, at
-    least two tiles a split, at most 16 splits."""
+    wgmma tiles of 64 x rows, two a program); ``BLOCK_K`` the first of 128, 64, 32, 16 that
+    :func:`tile_fits`; ``K`` split until there are about two programs per SM, at least two
+    tiles a split, at most 16 splits."""
     bm = min(128, max(16, 1 << max(m - 1, 0).bit_length()))
     bn = 128 if n >= 128 else 64
     bk = next(b for b in (128, 64, 32, 16) if tile_fits(b, k, group))

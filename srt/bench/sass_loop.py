@@ -4,7 +4,8 @@ machine: no GPU needed, only Triton's bundled ``ptxas`` and ``cuobjdump``.
     python -m radixlm.srt.bench.sass_loop
     python -m radixlm.srt.bench.sass_loop --json sass_loop.json
 
-For each kernel and launch configuration it compiles the kernel (bf16 activations, group 128),
+For each kernel and launch configuration it compiles the kernel (bf16 activations, group 128
+unless named),
 finds the K loop in the SASS (the longest backward branch), and prints the loop's instructions
 per weight: ``loop instructions x threads / weights an iteration``, the lane-instructions a
 weight costs in steady state, with the most frequent opcodes. A memory-bound kernel has a
@@ -94,12 +95,13 @@ def cases() -> list[tuple[str, object, dict, dict, int, int, int]]:
     """(label, kernel, pointer types, constexprs, warps, stages, weights an iteration)."""
     bf16 = {"x_ptr": "*bf16", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16"}
     out = []
-    for rows in (1, 16, 64, 128):
-        c = im.int4_mm_config(rows, 4096, 4096, GROUP)
+    for rows, group in ((1, GROUP), (16, GROUP), (64, GROUP), (128, GROUP), (1, 64), (1, 32)):
+        c = im.int4_mm_config(rows, 4096, 4096, group)
         const = {k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
-        const.update(GROUP=GROUP, ASM=True, IS_BF16=True)
+        const.update(GROUP=group, ASM=True, IS_BF16=True)
         ptrs = {**bf16, "h_ptr": "*i16", "ws_ptr": "*fp32", "count_ptr": "*i32"}
         label = f"int4_mm rows {rows} ({const['BLOCK_M']}x{const['BLOCK_N']}x{const['BLOCK_K']})"
+        label += f", group {group}" if group != GROUP else ""
         weights = c["BLOCK_N"] * c["BLOCK_K"]
         out.append(
             (label, im._int4_mm_kernel, ptrs, const, c["num_warps"], c["num_stages"], weights),

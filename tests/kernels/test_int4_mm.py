@@ -1,8 +1,8 @@
 """The int4 weight-only matmul with packed nibble conversion (``kernels/int4_mm.py``) against the
 torch reference (``F.linear`` with the weight dequantised in fp32).
 
-CPU: the kernel under the Triton interpreter (its plain-Triton conversion; fp16) with one group
-over several tiles, split K (uneven, and with an empty split) and its arrival counts left at
+CPU: the kernel under the Triton interpreter (its plain-Triton conversion; fp16) with several
+groups a tile and one group over several tiles, split K (uneven, and with an empty split) and its arrival counts left at
 zero, rows over one ``BLOCK_M``. GPU (``gpu``): the inline-assembly conversion gives the same
 output as the plain one, split K replays in a CUDA graph, and the dispatch (``int4_linear``)
 on the Llama-3-8B projections at rows 1, 4, 16 and 64, group 128, bf16 and fp16.
@@ -57,11 +57,12 @@ def _check(m, n, k, group, dtype, cfg=None, seed=0):
 @pytest.mark.parametrize(
     ("m", "n", "k", "group", "cfg"),
     [
-        (1, 40, 512, 32, None),  # tiles of one group, N not a multiple of BLOCK_N
+        (1, 40, 512, 32, None),  # four groups a tile, N not a multiple of BLOCK_N
         (3, 40, 512, 128, {"BLOCK_K": 64, "SPLIT_K": 1}),  # a group over two tiles
         (5, 24, 640, 128, {"SPLIT_K": 2}),  # five tiles in two splits (3 + 2)
         (3, 24, 768, 384, {"SPLIT_K": 4}),  # six tiles in four splits: one split is empty
-        (2, 40, 512, 32, {"BLOCK_K": 16, "SPLIT_K": 3}),
+        (2, 40, 512, 32, {"BLOCK_K": 16, "SPLIT_K": 3}),  # a group over two tiles
+        (4, 24, 512, 64, {"BLOCK_K": 256, "SPLIT_K": 1, "BLOCK_N": 16}),  # four groups a tile
         (20, 72, 256, 64, {"BLOCK_M": 16, "SPLIT_K": 1}),  # rows over two BLOCK_M tiles
     ],
 )
@@ -112,7 +113,8 @@ def test_int4_mm_config_fits_the_groups_and_refuses_tiles_that_do_not():
                 per_split = -(-ktiles // c["SPLIT_K"])
                 assert 1 <= c["SPLIT_K"] <= 16 and (c["SPLIT_K"] - 1) * per_split < ktiles
     assert not im.tile_fits(256, 768, 384) and im.tile_fits(128, 768, 384)
-    assert not im.tile_fits(128, 4096, 64) and not im.tile_fits(8, 64, 64)
+    assert im.tile_fits(128, 4096, 32) and im.tile_fits(128, 4096, 64)  # groups a tile
+    assert not im.tile_fits(128, 4096, 96) and not im.tile_fits(8, 64, 64)
     qweight, scales, zeros = _weights(8, 768, 384, torch.float16)
     x = torch.zeros(1, 768, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="BLOCK_K 256"):
