@@ -37,16 +37,17 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _weights(n, k, group, dtype, seed=0):
     """Random int4 weights in the kernel layout; zeros 0..16 (GPTQ's ``zero + 1`` reaches 16)."""
-    g = torch.Generator().manual_seed(seed)
-    values = torch.randint(0, 16, (n, k), generator=g)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.005).to(dtype)
-    zeros = torch.randint(0, 17, (n, k // group), generator=g).to(dtype)
-    return qg.pack_int4(values, 1).to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)  # made where they are used: 8B shapes
+    values = torch.randint(0, 16, (n, k), generator=g, device=DEVICE, dtype=torch.int32)
+    scales = torch.rand(n, k // group, generator=g, device=DEVICE) * 0.02 + 0.005
+    zeros = torch.randint(0, 17, (n, k // group), generator=g, device=DEVICE)
+    return qg.pack_int4(values, 1), scales.to(dtype), zeros.to(dtype)
 
 
 def _check(m, n, k, group, dtype, cfg=None, seed=0):
     qweight, scales, zeros = _weights(n, k, group, dtype, seed)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=g, device=DEVICE).to(dtype)
     want = F.linear(x.float(), qg.dequantize_int4(qweight, scales, zeros))
     got = im.int4_mm(x, qweight, scales, zeros, cfg=cfg)
     assert got.dtype == dtype and got.shape == (m, n)
