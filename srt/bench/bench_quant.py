@@ -1,9 +1,11 @@
 """Quantised linear layers on a GPU: the Llama-3-8B shape's projections in bf16, FP8 (per-channel
 weights, per-token activations: ``torch._scaled_mm``) and int4 AWQ-style (group 128 with
-zeros: the Triton kernel of ``kernels/quant_gemm.py``), random weights, no download.
+zeros: the dispatch of ``kernels/quant_gemm.py``; variant ``int4_mm``: ``kernels/int4_mm.py`` up to
+``DEQUANT_ROWS`` rows), random weights, no download.
 
     python -m radixlm.srt.bench.bench_quant                      # everything, one run
     python -m radixlm.srt.bench.bench_quant --layers 8 --json quant.json
+    python -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_mm
 
 One decode step's weights are the 32 layers' q/k/v, o, gate/up and down projections plus the
 bf16 LM head (the same in every variant). Measured in the same run:
@@ -112,11 +114,25 @@ def make_layers(variant: str, layers: int, gen: torch.Generator) -> tuple[list, 
                 z = torch.randint(0, 16, (n, k // GROUP), device="cuda", generator=gen).to(
                     torch.bfloat16
                 )
-                fns.append(lambda x, q=q, s=s, z=z: quant_gemm.int4_linear(x, q, s, z))
+                fns.append(int4_fn(variant, q, s, z))
                 nbytes += q.numel() * 4 + s.numel() * 2 + z.numel() * 2
     head = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
     fns.append(lambda x, w=head: F.linear(x, w))  # the LM head stays bf16
     return fns, nbytes + head.numel() * 2
+
+
+def int4_fn(variant: str, q, s, z):
+    """``int4``: the dispatch (``quant_gemm.int4_linear``); ``int4_mm``: ``kernels/int4_mm.py``
+    up to ``DEQUANT_ROWS`` rows whatever ``MM_ROWS`` says (then the dispatch): both in one run."""
+    from radixlm.kernels import int4_mm, quant_gemm
+
+    if variant == "int4":
+        return lambda x: quant_gemm.int4_linear(x, q, s, z)
+    return lambda x: (
+        int4_mm.int4_mm(x, q, s, z)
+        if x.shape[0] <= quant_gemm.DEQUANT_ROWS
+        else quant_gemm.int4_linear(x, q, s, z)
+    )
 
 
 def step_fn(fns: list, rows: int):

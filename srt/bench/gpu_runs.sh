@@ -7,6 +7,8 @@
 #   DEADLINE=1000 bash srt/bench/gpu_runs.sh kvtest diskpath multiturn   # KV tiers (issue 40)
 #   bash srt/bench/gpu_runs.sh kvcheck         # staged writes + restart vs no cache, in float32
 #   bash srt/bench/gpu_runs.sh quanttest quant # FP8/int4 kernel tests, then bf16 vs FP8 vs int4 (8B shape)
+#   bash srt/bench/gpu_runs.sh int4test int4tune int4quant  # int4 kernel tests, int4_mm vs the
+#                                              # older kernels (projections, then the 8B step)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
@@ -74,6 +76,13 @@ for s in "$@"; do
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ${MOE_PHASES:+--phases $MOE_PHASES} ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
+    # the int4 kernels' GPU tests, then int4_mm's sweep against the older int4 kernels and bf16
+    # (rows 1-256; candidates until TUNE_DEADLINE s, then heuristics only)
+    int4test) section int4test 170 $PYTEST -m gpu tests/kernels/test_int4_mm.py tests/kernels/test_quant_gemm.py ;;
+    int4tune) section int4tune 400 python3 -m radixlm.srt.bench.tune_quant --kernels bf16,int4_mm,int4_gemv,int4_tiled,int4_dequant \
+      --rows "${TUNE_ROWS:-1,4,16,64,256}" --sweep int4_mm --deadline-s "${TUNE_DEADLINE:-200}" --json "$RESULTS/int4_tune.json" ;;
+    # the 8B step with int4 weights: the dispatch against int4_mm, bf16 alongside
+    int4quant) section int4quant 300 python3 -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_mm --json "$RESULTS/int4_quant.json" ;;
     # launch-parameter sweep of the FP8/int4 kernels (bench/tune_quant.py)
     tunequant) section tunequant 560 python3 -m radixlm.srt.bench.tune_quant --json "$RESULTS/tune_quant.json" ;;
     quant) section quant 300 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json"

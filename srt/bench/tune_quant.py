@@ -21,14 +21,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import time
 
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import int4_mm as im
 from radixlm.kernels import quant_gemm as qg
 from radixlm.kernels import quant_gemv as qv
 from radixlm.srt.bench.bench_quant import GROUP, copy_bandwidth, projections
 
+DEADLINE = [float("inf")]  # time.monotonic() after which candidates are skipped
 GEMV_MAX_ROWS = 16  # the GEMV kernels' rows (the dispatch uses them up to qg.GEMV_ROWS)
 
 FP8_GEMV_GRID = {
@@ -47,6 +50,29 @@ INT4_GEMV_GRID = {
 # fp32 elements per program at most: FP8 accumulator BLOCK_M * BLOCK_N * BLOCK_K, int4 partial
 # sums BLOCK_M * BLOCK_N * NC * SUB / 8 (larger tiles spill)
 GEMV_ACC = {"fp8_gemv": 8192, "int4_gemv": 8192}
+# int4_mm (kernels/int4_mm.py) by rows (BLOCK_K: the heuristic's, 128 at group 128): up to 16
+# rows one 16-row tile, compiled once for all of them (the rows and splits are not specialised)
+INT4_MM_GRIDS = {
+    16: {
+        "BLOCK_N": (64, 128, 256),
+        "SPLIT_K": (1, 2, 4, 8, 16),
+        "num_warps": (4, 8),
+        "num_stages": (3, 4, 6),
+    },
+    64: {
+        "BLOCK_N": (64, 128, 256),
+        "SPLIT_K": (1, 2, 4, 8),
+        "num_warps": (4, 8),
+        "num_stages": (3, 4),
+    },
+    128: {
+        "BLOCK_M": (64, 128, 256),
+        "BLOCK_N": (128, 256),
+        "SPLIT_K": (1, 2, 4),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3),
+    },
+}
 TILED_GRID = {
     "BLOCK_M": (16, 32, 64, 128),
     "BLOCK_N": (64, 128),
@@ -111,6 +137,8 @@ def call(kernel: str, x, w, cfg):
         return lambda: qv.fp8_gemv(x, w[0], w[1], None, cfg=cfg)
     if kernel == "int4_gemv":
         return lambda: qv.int4_gemv(x, w[0], w[1], w[2], cfg=cfg)
+    if kernel == "int4_mm":
+        return lambda: im.int4_mm(x, w[0], w[1], w[2], cfg=cfg)
     if kernel == "int4_tiled":
         return lambda: qg.int4_gemm(
             x,
@@ -128,6 +156,7 @@ def call(kernel: str, x, w, cfg):
 
 KIND = {
     "fp8_gemv": "fp8",
+    "int4_mm": "int4",
     "int4_gemv": "int4",
     "int4_tiled": "int4",
     "int4_dequant": "int4",
@@ -141,8 +170,18 @@ GRIDS = {
 }
 
 
+def grid(kernel: str, rows: int) -> dict | None:
+    if kernel == "int4_mm":
+        return INT4_MM_GRIDS[next(r for r in (16, 64, 128) if rows <= r or r == 128)]
+    return GRIDS.get(kernel)
+
+
 def fits(kernel: str, cfg: dict, rows: int, k: int) -> bool:
     """Whether a candidate serves this shape and keeps its tile in registers."""
+    if kernel == "int4_mm":  # no split without a tile, no row tile over the rows (a power of 2)
+        return cfg.get("SPLIT_K", 1) <= k // 128 and cfg.get("BLOCK_M", 16) <= max(
+            16, qv.block_m(rows)
+        )
     if kernel.endswith("gemv"):
         per_output = cfg.get("NC", 1) * cfg.get("SUB", 8) // 8 * cfg.get("BLOCK_K", 1)
         if qv.block_m(rows) * cfg["BLOCK_N"] * per_output > GEMV_ACC[kernel]:
@@ -157,18 +196,27 @@ def fits(kernel: str, cfg: dict, rows: int, k: int) -> bool:
 
 
 def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[dict]:
+    """Every projection shape: the heuristic's time and, within ``limit`` candidates and
+    before the ``--deadline-s`` cut-off, the best candidate's."""
     kind = KIND.get(kernel, "bf16")
-    cands = configs(GRIDS[kernel]) if kernel in GRIDS else []
+    g = grid(kernel, rows)
+    cands = configs(g) if g else []
     rows_out = []
     for n, k in projections():
         ws = make_weights(kind, n, k, layers)
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         moved = weight_bytes(kind, n, k) + (2 * n * k if kernel == "int4_dequant_only" else 0)
         roof = layers * moved / bw * 1e3  # the dequantisation alone: its bf16 writes too
-        ref = call(kernel, x, ws[0], None)()
-        base = graph_ms([call(kernel, x, w, None) for w in ws])
+        try:
+            ref = call(kernel, x, ws[0], None)()
+            base = graph_ms([call(kernel, x, w, None) for w in ws])
+        except Exception as exc:  # noqa: BLE001 - reported, the sweep goes on
+            print(f"  {kernel} rows {rows} {n}x{k}: heuristic failed: {exc!r}"[:400], flush=True)
+            continue
         best, best_cfg = base, None
         for cfg in cands[:limit]:
+            if time.monotonic() > DEADLINE[0]:
+                break
             if not fits(kernel, cfg, rows, k):
                 continue
             try:
@@ -201,32 +249,61 @@ def sweep(kernel: str, rows: int, layers: int, bw: float, limit: int) -> list[di
     return rows_out
 
 
+def timed_at(kernel: str, rows: int) -> bool:
+    """The rows each kernel serves: GEMVs up to 16, the tiled kernel from ``GEMV_ROWS``, the
+    dequantisation alone once (no activations), int4_mm up to 256 (against dequant + cuBLAS)."""
+    if "gemv" in kernel:
+        return rows <= GEMV_MAX_ROWS
+    if kernel == "int4_tiled":
+        return rows >= qg.GEMV_ROWS
+    if kernel == "int4_dequant_only":
+        return rows == 1
+    return True
+
+
+def summary(results: list[dict]) -> list[str]:
+    """One line per kernel and row count: the ranges over the shapes of the heuristic's and the
+    best candidate's time against the roofline (the table the docs take)."""
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r["kernel"], r["rows"]), []).append(r)
+    lines = ["kernel | rows | heuristic / roofline | best / roofline"]
+    for (kernel, rows), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        h = [r["heuristic_ratio"] for r in rs]
+        b = [r["best_ratio"] for r in rs]
+        lines.append(f"{kernel} | {rows} | {min(h):.2f}-{max(h):.2f}x | {min(b):.2f}-{max(b):.2f}x")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--kernels",
-        default="bf16,fp8_gemv,int4_gemv,int4_tiled,int4_dequant_only,int4_dequant",
+        default="bf16,fp8_gemv,int4_mm,int4_gemv,int4_tiled,int4_dequant_only,int4_dequant",
     )
     ap.add_argument("--rows", default="1,4,8,16,64,256")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--limit", type=int, default=1000, help="at most this many candidates")
+    ap.add_argument("--sweep", default=None, help="kernels whose candidates are timed (all)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="then heuristics only")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.deadline_s:
+        DEADLINE[0] = time.monotonic() + args.deadline_s
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s", flush=True)
+    swept = set(args.sweep.split(",")) if args.sweep else None
     results = []
-    for kernel in args.kernels.split(","):
-        for rows in map(int, args.rows.split(",")):
-            if "gemv" in kernel and rows > GEMV_MAX_ROWS:
-                continue
-            if kernel == "int4_tiled" and rows < qg.GEMV_ROWS:  # the GEMVs' rows
-                continue
-            if kernel == "int4_dequant_only" and rows > 1:  # no activations: once
-                continue
-            results += sweep(kernel, rows, args.layers, bw, args.limit)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": results}, f)
+    for rows, kernel in itertools.product(map(int, args.rows.split(",")), args.kernels.split(",")):
+        if not timed_at(kernel, rows):
+            continue
+        limit = args.limit if swept is None or kernel in swept else 0
+        results += sweep(kernel, rows, args.layers, bw, limit)
+        if args.json:  # written as it goes: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                out = {"device": torch.cuda.get_device_name(), "copy_bw": bw}
+                json.dump({**out, "rows": results}, f)
+    print("\n".join(summary(results)), flush=True)
 
 
 if __name__ == "__main__":
