@@ -331,3 +331,36 @@ def test_concurrent_reads_into_pool_pages_while_the_writer_writes(tmp_path: Path
     assert all(into.page_bytes(i) == source.page_bytes(i) for i in range(num_pages))
     io.close()
     store.check_integrity()
+
+
+def test_fill_blocks_copies_across_other_block_boundaries() -> None:
+    from radixlm.hicache.storage_base import fill_blocks
+
+    data = bytes(range(200))
+    sources = [memoryview(data)[a:b] for a, b in [(0, 7), (7, 7), (7, 120), (120, 200)]]
+    into = [memoryview(bytearray(n)) for n in (50, 1, 0, 149)]
+    assert fill_blocks(into, sources)
+    assert b"".join(bytes(b) for b in into) == data
+    into = [memoryview(bytearray(n)) for n in (100, 100)]
+    assert fill_blocks(into, data) and b"".join(bytes(b) for b in into) == data
+    short = [memoryview(bytearray(99))]
+    assert not fill_blocks(short, sources) and bytes(short[0]) == bytes(99)
+
+
+def test_a_read_of_a_queued_view_that_went_stale_is_a_miss(faulty: FaultyStore) -> None:
+    from radixlm.hicache.host_pool import HostKVPool
+    from radixlm.hicache.storage_base import PageView
+
+    pool = HostKVPool(2 * PAGE_SIZE, PAGE_SIZE, 2, 1, 2, torch.float32)
+    io = make_io(faulty)
+    faulty.mode, faulty.stall_s = "stall", 30.0
+    (blocker, tokens_0, payload_0), (key, tokens, _) = make_pages(2)
+    assert io.submit_write(blocker, tokens_0, payload_0)  # holds the writer
+    is_current = [True]
+    view = PageView(tuple(pool.page_blocks(0)), lambda: is_current[0])
+    assert io.submit_write(key, tokens, lambda: view, pool.bytes_per_page)
+    assert io.submit_read_into(key, tokens, pool.page_blocks(1)).result(timeout=5) is True
+    is_current[0] = False  # the page was freed: what was copied may be another page's
+    assert io.submit_read_into(key, tokens, pool.page_blocks(1)).result(timeout=5) is False
+    faulty.release()
+    io.close()
