@@ -11,8 +11,8 @@ Layout
 ``<fingerprint>`` is ``model_fingerprint(fingerprint)[0]``: another model, dtype, page size or
 layout version reads and writes another folder, so its pages never match.
 
-The page file's format and how its bytes move (one ``preadv`` per read, straight into the
-caller's blocks; one ``writev`` per write, straight from them): ``page_file``.
+The page file's format and how its bytes move (``preadv`` straight into the caller's blocks,
+``pwritev`` straight from them, each chunk hashed while it is in the CPU's cache): ``page_file``.
 
 Durability: a page is written to a temp file in its final folder and renamed into place
 (``os.replace``), so a reader sees a whole file or none. Nothing is fsynced: after a power

@@ -1,6 +1,5 @@
 """One page file of the disk tier: its format, and its bytes moved straight between the file and
-the caller's memory (the host KV pool's page blocks), verified, with as few system calls as
-the kernel allows.
+the caller's memory (the host KV pool's page blocks), verified, without a copy in Python.
 
 Format (little-endian)
 ----------------------
@@ -24,10 +23,10 @@ How the bytes move: a read is ``open``, ``preadv`` of the header, the token ids,
 straight into the caller's blocks and one byte past the expected end (which tells a file that is
 too long without an ``fstat``), then ``close``; a write is ``open``, ``pwritev`` of the payload
 straight from the caller's blocks, then of the header, then ``close``. Both move the payload in
-chunks of ``CHUNK_BYTES`` (one system call each: the GIL is given up once per chunk) and hash
-each chunk while it is still in the core's cache: right after reading it, just before writing
-it. Checksum updates of a page's blocks (64 KiB each for an 8B model) run without giving the
-GIL up.
+chunks of ``CHUNK_BYTES``, one system call each, and hash each chunk while it is still in the
+core's cache: right after reading it, just before writing it (hashing a 2 MiB page after one
+``preadv`` read it from memory a second time). A system call gives the GIL up; a checksum
+update of 64 KiB (one layer of an 8B model's page) does not, larger ones do.
 """
 
 from __future__ import annotations
@@ -108,6 +107,7 @@ def read_page_into(
     head = memoryview(bytearray(HEADER_SIZE + len(token_bytes)))
     past_end = memoryview(bytearray(1))  # filled only if the file is longer than expected
     parts = chunk_groups([b.cast("B") for b in blocks], CHUNK_BYTES)
+    expected = head.nbytes + sum(size for _, size in parts)
     # the file's token ids must equal the caller's (checked below), so the caller's are hashed
     checksum = xxhash.xxh3_64(token_bytes)
     got = 0
@@ -117,7 +117,7 @@ def read_page_into(
             first, last = i == 0, i == len(parts) - 1
             views = [head, *part] if first else part
             want = part_bytes + (head.nbytes if first else 0)
-            n = preadv_into(fd, [*views, past_end] if last else views, got, want + last)
+            n = preadv_into(fd, [*views, past_end] if last else views, got, want)
             got += n
             if n < want:
                 return False  # the file ended early
@@ -126,7 +126,7 @@ def read_page_into(
     finally:
         os.close(fd)
     header = parse_header(head)
-    if got != head.nbytes + sum(b for _, b in parts) or header is None or header.key != key:
+    if got != expected or header is None or header.key != key:
         return False  # longer than expected, or another key's page
     if header.file_bytes != got or head[HEADER_SIZE:] != token_bytes:
         return False
@@ -157,16 +157,16 @@ def _slices(view: memoryview, size: int) -> list[memoryview]:
     return [view[start : start + size] for start in range(0, view.nbytes, size)]
 
 
-def preadv_into(fd: int, views: Sequence[memoryview], offset: int, nbytes: int) -> int:
-    """Fills ``views`` (byte views, ``nbytes`` in all) in order from ``fd`` at ``offset`` until
-    they are full or the file ends (one ``preadv`` when the kernel gives everything at once);
-    the number of bytes read."""
+def preadv_into(fd: int, views: Sequence[memoryview], offset: int, min_bytes: int) -> int:
+    """Reads into ``views`` (byte views) in order from ``fd`` at ``offset`` until at least
+    ``min_bytes`` are in, they are full, or the file ends (one ``preadv`` when the kernel gives
+    that much at once); the number of bytes read."""
     done = os.preadv(fd, views[:IOV_MAX], offset)
-    if done == nbytes or done <= 0:
+    if done >= min_bytes or done <= 0:
         return max(done, 0)
     left = list(views)
     _advance(left, done)
-    while left:
+    while left and done < min_bytes:
         n = os.preadv(fd, left[:IOV_MAX], offset + done)
         if n <= 0:
             break

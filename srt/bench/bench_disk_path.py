@@ -9,9 +9,10 @@ Fills a fresh disk page store with random pages of one KV geometry (default: Lla
 * ``raw``: every page file read whole by ``--threads`` threads (``readinto`` into one reused
   buffer per thread, so the buffer stays in the CPU's cache): what the folder gives at most, as
   ``dd`` would read it;
-* ``pool``: the same files read by the same threads with one ``preadv`` each straight into the
-  blocks of the host KV pool's pages, without a check: what moving the bytes into host pages
-  costs (cold memory, a page's blocks apart), the floor of any path that ends in host pages;
+* ``pool``: the same files read by the same threads straight into the blocks of the host KV
+  pool's pages by ``preadv`` calls of the path's chunk size, without a check: what moving the
+  bytes into host pages costs (cold memory, a page's blocks apart), the floor of any path that
+  ends in host pages;
 * ``path``: what a disk hit does at admission: reads submitted to the storage threads
   (``StorageIO.submit_read_into``, verified: header, token ids, checksum), each page's file read
   by one ``preadv`` straight into the blocks of a reserved host KV pool page;
@@ -79,17 +80,23 @@ def _on_threads(work: Callable[[int], None], threads: int) -> float:
 
 
 def pool_read_rate(store, pool, pages, threads: int) -> tuple[int, float]:
-    """(bytes, seconds) of reading each page's file by one ``preadv`` straight into its host
-    pool page's blocks (the header and token ids into a scratch buffer), without a check."""
+    """(bytes, seconds) of reading each page's file straight into its host pool page's blocks
+    (the header and token ids into a scratch buffer) by ``preadv`` calls of the path's chunk
+    size, without a check: the bare copy the path does."""
+    from radixlm.hicache.page_file import CHUNK_BYTES, chunk_groups
+
     paths = [str(store.page_path(key)) for key, _ in pages]
     head_bytes = os.path.getsize(paths[0]) - pool.bytes_per_page if paths else 0
 
     def work(i: int) -> None:
         head = memoryview(bytearray(head_bytes))
         for page_id in range(i, len(paths), threads):
+            groups = chunk_groups(pool.page_blocks(page_id), CHUNK_BYTES)
             fd = os.open(paths[page_id], os.O_RDONLY)
             try:
-                os.preadv(fd, [head, *pool.page_blocks(page_id)], 0)
+                offset = os.preadv(fd, [head], 0)
+                for group, _ in groups:
+                    offset += os.preadv(fd, group, offset)
             finally:
                 os.close(fd)
 
