@@ -12,7 +12,8 @@ Layout
 layout version reads and writes another folder, so its pages never match.
 
 The page file's format and how its bytes move (``preadv`` straight into the caller's blocks,
-``pwritev`` straight from them, each chunk hashed while it is in the CPU's cache): ``page_file``.
+each chunk hashed while it is in the CPU's cache; one ``writev`` straight from them):
+``page_file``.
 
 Durability: a page is written to a temp file in its final folder and renamed into place
 (``os.replace``), so a reader sees a whole file or none. Nothing is fsynced: after a power
