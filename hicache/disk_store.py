@@ -11,9 +11,8 @@ Layout
 ``<fingerprint>`` is ``model_fingerprint(fingerprint)[0]``: another model, dtype, page size or
 layout version reads and writes another folder, so its pages never match.
 
-The page file's format and how its bytes move (``preadv`` straight into the caller's blocks,
-each chunk hashed while it is in the CPU's cache; one ``writev`` straight from them):
-``page_file``.
+The page file's format and how its bytes move (one ``preadv`` straight into the caller's
+blocks, one ``writev`` straight from them): ``page_file``.
 
 Durability: a page is written to a temp file in its final folder and renamed into place
 (``os.replace``), so a reader sees a whole file or none. Nothing is fsynced: after a power
@@ -121,13 +120,22 @@ class DiskPageStore(PageStore):
     """Pages as verified files in ``root_dir/<fingerprint digest>/``, at most ``max_bytes``
     of files (header and token ids included), evicted least-recently-used first."""
 
-    def __init__(self, root_dir: str | Path, fingerprint: Mapping[str, object], max_bytes: int):
+    def __init__(
+        self,
+        root_dir: str | Path,
+        fingerprint: Mapping[str, object],
+        max_bytes: int,
+        read_chunk_bytes: int = 0,
+    ):
+        """``read_chunk_bytes`` > 0 reads a page's payload in chunks of that size, each hashed
+        while in the cache, instead of one ``preadv`` a page (``page_file.read_page_into``)."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.fingerprint, fields = model_fingerprint(fingerprint)
         self.folder = Path(root_dir) / self.fingerprint
         self._folder_str = str(self.folder)
         self.max_bytes = max_bytes
+        self.read_chunk_bytes = read_chunk_bytes
         self._lock = threading.Lock()
         # key -> (file bytes, generation), least recently used first
         self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
@@ -324,17 +332,18 @@ class DiskPageStore(PageStore):
         blocks: Sequence[memoryview] | None = None,
     ) -> memoryview | bool | None:
         """The payload of the file at ``path`` if every check passes (read into ``blocks`` when
-        given: True then), else None. One ``preadv`` (``page_file.read_page_into``) straight
-        into the caller's blocks, or into a recycled buffer of the size the index holds
+        given: True then), else None. Read (``page_file.read_page_into``) straight into the
+        caller's blocks, or into a recycled buffer of the size the index holds
         (``recycle``): a fresh 2 MiB ``bytes`` per page cost more in page faults than the read
         itself (``bench_disk_path``)."""
+        chunk = self.read_chunk_bytes
         if blocks is not None:
-            return page_file.read_page_into(path, key, expected_tokens, blocks) or None
+            return page_file.read_page_into(path, key, expected_tokens, blocks, chunk) or None
         payload_len = file_bytes - HEADER_SIZE - len(expected_tokens)
         if payload_len < 0:
             return None
         payload = self._buffers.take(payload_len)
-        if page_file.read_page_into(path, key, expected_tokens, (payload,)):
+        if page_file.read_page_into(path, key, expected_tokens, (payload,), chunk):
             return payload
         self._buffers.give(payload)
         return None

@@ -21,12 +21,17 @@ A file is valid only if its size is exactly ``44 + 8 * num_tokens + payload_len`
 
 How the bytes move: a read is ``open``, ``preadv`` of the header, the token ids, the payload
 straight into the caller's blocks and one byte past the expected end (which tells a file that is
-too long without an ``fstat``), then ``close``. The payload comes in chunks of ``CHUNK_BYTES``,
-one ``preadv`` each, and each chunk is hashed right after it is read, while it is still in the
-core's cache (hashing a 2 MiB page after one ``preadv`` read it from memory a second time). A
-write is ``open``, one ``writev`` of the header, the token ids and the payload straight from the
-caller's blocks, then ``close``. A system call gives the GIL up; a checksum update of 64 KiB
-(one layer of an 8B model's page) does not, larger ones do.
+too long without an ``fstat``), then ``close``; each block is hashed after the read. A write is
+``open``, one ``writev`` of the header, the token ids and the payload straight from the caller's
+blocks, then ``close``. One long system call per page because each gives the GIL up, and a
+reader that gives it up while the scheduler thread runs Python may wait up to the interpreter's
+switch interval (5 ms) to get it back; a checksum update of 64 KiB (one layer of an 8B model's
+page) does not give it up, larger ones do.
+
+``chunk_bytes`` > 0 reads the payload in chunks of that size instead, one ``preadv`` each, each
+hashed right after it is read while it is still in the core's cache (hashing a 2 MiB page after
+one ``preadv`` reads it from memory a second time): 10-20% faster on a 2-core CPU, at the price
+of a GIL hand-off per chunk (``bench_disk_path --read-chunk-kib``).
 """
 
 from __future__ import annotations
@@ -46,10 +51,6 @@ HEADER = struct.Struct("<4sHHIQQ16s")
 HEADER_SIZE = HEADER.size  # 44
 TOKEN_BYTES = 8  # one token id, int64
 IOV_MAX = 1024  # buffers one readv/writev takes at most (POSIX: at least 16; Linux: 1024)
-# bytes read per system call and then hashed: small enough to stay in a core's L2 cache between
-# the two, so the checksum does not read the page from memory a second time (2 MiB pages: 10-20%
-# less CPU per page read than one preadv per page, 2-core CPU)
-CHUNK_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -94,15 +95,20 @@ def write_page(path: str | os.PathLike, key: bytes, token_bytes: bytes, blocks: 
 
 
 def read_page_into(
-    path: str | os.PathLike, key: bytes, token_bytes: bytes, blocks: Sequence[memoryview]
+    path: str | os.PathLike,
+    key: bytes,
+    token_bytes: bytes,
+    blocks: Sequence[memoryview],
+    chunk_bytes: int = 0,
 ) -> bool:
     """Reads the page file at ``path`` with its payload straight into ``blocks`` (byte views, in
-    order); True only if the file is exactly a page of ``key`` for ``token_bytes`` whose payload
-    fills ``blocks`` and whose checksum holds (on False the blocks' contents are undefined).
-    Raises OSError when the file cannot be opened or read."""
+    order), in one ``preadv`` or (``chunk_bytes`` > 0) in chunks of about that size; True only if
+    the file is exactly a page of ``key`` for ``token_bytes`` whose payload fills ``blocks`` and
+    whose checksum holds (on False the blocks' contents are undefined). Raises OSError when the
+    file cannot be opened or read."""
     head = memoryview(bytearray(HEADER_SIZE + len(token_bytes)))
     past_end = memoryview(bytearray(1))  # filled only if the file is longer than expected
-    parts = chunk_groups([b.cast("B") for b in blocks], CHUNK_BYTES)
+    parts = chunk_groups([b if b.format == "B" else b.cast("B") for b in blocks], chunk_bytes)
     expected = head.nbytes + sum(size for _, size in parts)
     # the file's token ids must equal the caller's (checked below), so the caller's are hashed
     checksum = xxhash.xxh3_64(token_bytes)
@@ -133,7 +139,10 @@ def chunk_groups(
     views: Sequence[memoryview], chunk_bytes: int
 ) -> list[tuple[list[memoryview], int]]:
     """``views`` (byte views) in order, as (group, its bytes) of about ``chunk_bytes`` each (a
-    view longer than that is sliced); one empty group when there are none."""
+    view longer than that is sliced; ``chunk_bytes`` <= 0: one group); one empty group when
+    there are none."""
+    if chunk_bytes <= 0:
+        return [(list(views), sum(v.nbytes for v in views))]
     groups: list[tuple[list[memoryview], int]] = []
     group: list[memoryview] = []
     size = 0

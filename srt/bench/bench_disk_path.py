@@ -10,7 +10,7 @@ Fills a fresh disk page store with random pages of one KV geometry (default: Lla
   buffer per thread, so the buffer stays in the CPU's cache): what the folder gives at most, as
   ``dd`` would read it;
 * ``pool``: the same files read by the same threads straight into the blocks of the host KV
-  pool's pages by ``preadv`` calls of the path's chunk size, without a check: what moving the
+  pool's pages by ``preadv`` as the path reads them, without a check: what moving the
   bytes into host pages costs (cold memory, a page's blocks apart), the floor of any path that
   ends in host pages;
 * ``path``: what a disk hit does at admission: reads submitted to the storage threads
@@ -45,7 +45,9 @@ def raw_read_rate(
     folder: str | Path, threads: int = 4, max_bytes: int = 2 << 30
 ) -> tuple[int, float]:
     """(bytes, seconds) of reading the page files under ``folder`` whole (the most recently
-    written first, at most ``max_bytes`` of them), on ``threads``."""
+    written first, at most ``max_bytes`` of them), on ``threads`` that each take the next file
+    (as the storage threads take the next read: a thread slowed by other work holds no share
+    back)."""
     found = [(p.stat().st_mtime_ns, p.stat().st_size, str(p)) for p in Path(folder).rglob("*.page")]
     paths, total_bytes = [], 0
     for _, size, path in sorted(found, reverse=True):
@@ -54,10 +56,11 @@ def raw_read_rate(
         paths.append(path)
         total_bytes += size
     total = [0] * threads
+    next_paths = iter(paths)  # shared: each thread takes the next file (next() holds the GIL)
 
     def work(i: int) -> None:
         buf = bytearray(0)
-        for path in paths[i::threads]:
+        for path in next_paths:
             size = os.path.getsize(path)
             if len(buf) < size:
                 buf = bytearray(size)
@@ -81,17 +84,19 @@ def _on_threads(work: Callable[[int], None], threads: int) -> float:
 
 def pool_read_rate(store, pool, pages, threads: int) -> tuple[int, float]:
     """(bytes, seconds) of reading each page's file straight into its host pool page's blocks
-    (the header and token ids into a scratch buffer) by ``preadv`` calls of the path's chunk
-    size, without a check: the bare copy the path does."""
-    from radixlm.hicache.page_file import CHUNK_BYTES, chunk_groups
+    (the header and token ids into a scratch buffer) by ``preadv`` as the store reads (one a
+    page, or one a chunk), without a check: the bare copy the path does."""
+    from radixlm.hicache.page_file import chunk_groups
 
     paths = [str(store.page_path(key)) for key, _ in pages]
     head_bytes = os.path.getsize(paths[0]) - pool.bytes_per_page if paths else 0
 
+    next_pages = iter(range(len(paths)))  # shared, as in raw_read_rate
+
     def work(i: int) -> None:
         head = memoryview(bytearray(head_bytes))
-        for page_id in range(i, len(paths), threads):
-            groups = chunk_groups(pool.page_blocks(page_id), CHUNK_BYTES)
+        for page_id in next_pages:
+            groups = chunk_groups(pool.page_blocks(page_id), store.read_chunk_bytes)
             fd = os.open(paths[page_id], os.O_RDONLY)
             try:
                 offset = os.preadv(fd, [head], 0)
@@ -141,7 +146,12 @@ def fill_store(folder: Path, args: argparse.Namespace):
         torch.bfloat16,
     )
     pool.data.view(torch.int16).random_(-(2**15), 2**15 - 1)
-    store = DiskPageStore(folder, {"bench": "disk_path"}, max_bytes=1 << 40)
+    store = DiskPageStore(
+        folder,
+        {"bench": "disk_path"},
+        max_bytes=1 << 40,
+        read_chunk_bytes=args.read_chunk_kib << 10,
+    )
     tokens = list(range(args.num_pages * args.page_size))
     keys = page_keys(tokens, args.page_size)
     pages = []
@@ -190,6 +200,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=4, help="reader threads (both reads)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
+        "--read-chunk-kib",
+        type=int,
+        default=0,
+        help="read a page in preadv calls of this many KiB, each chunk hashed while in the "
+        "cache (default 0: one preadv a page, as the server does)",
+    )
+    ap.add_argument(
         "--busy-thread",
         action="store_true",
         help="a thread of pure Python runs beside every read, as a server's scheduler thread",
@@ -201,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         raw_read_rate(tmp, args.threads)  # into the page cache
         print(
             f"{len(pages)} pages of {pool.bytes_per_page / 2**20:.2f} MiB, {args.threads} threads"
+            + (f", read in {args.read_chunk_kib} KiB chunks" if args.read_chunk_kib else "")
             + (", a busy Python thread beside" if args.busy_thread else "")
         )
         print(

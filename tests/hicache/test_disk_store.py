@@ -489,3 +489,21 @@ def test_get_into_reads_a_verified_page_straight_into_blocks(tmp_path: Path) -> 
     flip_payload_byte(store.page_path(k0))
     assert not store.get_into(k0, t0, blocks) and not store.exists(k0)  # corrupt: deleted
     assert store.stats()["hits"] == 1
+
+
+@pytest.mark.parametrize("read_chunk_bytes", [0, 100])
+def test_reads_in_chunks_give_the_same_pages_and_refuse_the_same_damage(
+    tmp_path: Path, read_chunk_bytes: int
+) -> None:
+    store = DiskPageStore(tmp_path, FINGERPRINT, 100 * FILE_BYTES, read_chunk_bytes)
+    pages = make_pages(3)
+    for key, tokens, payload in pages:
+        assert store.set(key, tokens, payload)
+    (k0, t0, p0), (k1, t1, p1), (k2, t2, p2) = pages
+    blocks = _split_views(bytes(PAYLOAD_BYTES), 4)
+    assert store.get_into(k0, t0, blocks) and b"".join(blocks) == p0
+    assert store.get(k1, t1) == p1
+    flip_payload_byte(store.page_path(k2))
+    assert store.get(k2, t2) is None and not store.exists(k2)
+    assert store.stats()["corrupt_deleted"] == 1
+    store.check_integrity()

@@ -26,21 +26,20 @@ def make_pool(num_pages: int = 3, page_size: int = 4, layers: int = 5, heads: in
     return pool
 
 
-def write_and_read(tmp_path: Path, pool: HostKVPool, into: HostKVPool) -> bool:
+def write_and_read(tmp_path: Path, pool: HostKVPool, into: HostKVPool, chunk: int = 0) -> bool:
     tokens = encode_token_ids(range(pool.page_size))
     path = tmp_path / "page"
     write_page(path, KEY, tokens, pool.page_blocks(1))
-    return read_page_into(path, KEY, tokens, into.page_blocks(2))
+    return read_page_into(path, KEY, tokens, into.page_blocks(2), chunk)
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 100, 640, 1 << 20])  # blocks are 256 bytes
+@pytest.mark.parametrize("chunk_bytes", [0, 1, 100, 640, 1 << 20])  # blocks are 256 bytes
 def test_a_page_reads_back_byte_identical_into_another_pages_blocks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+    tmp_path: Path, chunk_bytes: int
 ) -> None:
-    monkeypatch.setattr(page_file, "CHUNK_BYTES", chunk_bytes)
     pool, into = make_pool(), make_pool()
     before = [into.page_bytes(p) for p in (0, 1)]
-    assert write_and_read(tmp_path, pool, into)
+    assert write_and_read(tmp_path, pool, into, chunk_bytes)
     assert into.page_bytes(2) == pool.page_bytes(1)
     assert torch.equal(into.page_kv(2).view(torch.int16), pool.page_kv(1).view(torch.int16))
     assert [into.page_bytes(p) for p in (0, 1)] == before  # its neighbours untouched
@@ -48,8 +47,7 @@ def test_a_page_reads_back_byte_identical_into_another_pages_blocks(
     assert (tmp_path / "page").stat().st_size == size
 
 
-def test_more_blocks_than_one_system_call_takes(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(page_file, "CHUNK_BYTES", 1 << 30)
+def test_more_blocks_than_one_system_call_takes(tmp_path: Path) -> None:
     pool, into = (
         make_pool(layers=page_file.IOV_MAX + 5, heads=1, page_size=1),
         make_pool(layers=page_file.IOV_MAX + 5, heads=1, page_size=1),
@@ -58,7 +56,8 @@ def test_more_blocks_than_one_system_call_takes(tmp_path: Path, monkeypatch) -> 
     assert into.page_bytes(2) == pool.page_bytes(1)
 
 
-def test_short_reads_and_writes_are_completed(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("chunk_bytes", [0, 300])
+def test_short_reads_and_writes_are_completed(tmp_path: Path, monkeypatch, chunk_bytes) -> None:
     """The kernel may move fewer bytes than asked (signals, some file systems)."""
     real_preadv, real_pwritev = os.preadv, os.pwritev
 
@@ -78,7 +77,7 @@ def test_short_reads_and_writes_are_completed(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setattr(page_file.os, "preadv", at_most_100(real_preadv))
     monkeypatch.setattr(page_file.os, "pwritev", at_most_100(real_pwritev))
     pool, into = make_pool(), make_pool()
-    assert write_and_read(tmp_path, pool, into)
+    assert write_and_read(tmp_path, pool, into, chunk_bytes)
     monkeypatch.undo()
     assert into.page_bytes(2) == pool.page_bytes(1)
 
@@ -92,6 +91,7 @@ def test_chunk_groups_cover_the_views_in_order_within_the_chunk_size() -> None:
         assert all(size == sum(v.nbytes for v in group) for group, size in groups)
         assert all(size <= chunk for group, size in groups)
     assert chunk_groups([], 64) == [([], 0)]
+    assert chunk_groups(views, 0) == [(views, 2048)]
 
 
 # --- files that are not this page -------------------------------------------------------------
@@ -130,16 +130,15 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-@pytest.mark.parametrize("chunk_bytes", [256, 1 << 20])
-def test_a_damaged_file_is_refused(tmp_path: Path, monkeypatch, damage: str, chunk_bytes) -> None:
-    monkeypatch.setattr(page_file, "CHUNK_BYTES", chunk_bytes)
+@pytest.mark.parametrize("chunk_bytes", [0, 256])
+def test_a_damaged_file_is_refused(tmp_path: Path, damage: str, chunk_bytes: int) -> None:
     pool, into = make_pool(), make_pool()
     tokens = encode_token_ids(range(pool.page_size))
     path = tmp_path / "page"
     write_page(path, KEY, tokens, pool.page_blocks(1))
-    assert read_page_into(path, KEY, tokens, into.page_blocks(2))
+    assert read_page_into(path, KEY, tokens, into.page_blocks(2), chunk_bytes)
     DAMAGES[damage](path, path.stat().st_size)
-    assert not read_page_into(path, KEY, tokens, into.page_blocks(2))
+    assert not read_page_into(path, KEY, tokens, into.page_blocks(2), chunk_bytes)
 
 
 def test_another_key_other_tokens_or_another_shape_are_refused(tmp_path: Path) -> None:
