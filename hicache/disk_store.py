@@ -162,8 +162,8 @@ class DiskPageStore(PageStore):
         return self._verified_read(key, token_ids, None)
 
     def get_into(self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]) -> bool:
-        """Reads the page's payload straight into ``blocks`` (one ``preadv`` for the whole file),
-        verified."""
+        """Reads the page's payload straight into ``blocks`` (``page_file.read_page_into``: one
+        ``preadv`` for the whole file, or one a chunk), verified."""
         return self._verified_read(key, token_ids, blocks) is not None
 
     def _verified_read(

@@ -76,7 +76,9 @@ def parse_header(data: Payload) -> PageHeader | None:
     return PageHeader(num_tokens, payload_len, checksum, key)
 
 
-def write_page(path: str | os.PathLike, key: bytes, token_bytes: bytes, blocks: Sequence[Payload]):
+def write_page(
+    path: str | os.PathLike, key: bytes, token_bytes: bytes, blocks: Sequence[Payload]
+) -> None:
     """Writes a new page file (``O_EXCL``) at ``path`` straight from the payload ``blocks``: the
     checksum first, then the header, the token ids and the blocks with one ``writev`` (unlike
     reads, writing in cache-sized chunks, each hashed just before, measured no faster, and each
