@@ -4,7 +4,8 @@
     python -m radixlm.srt.bench.bench_disk_path --num-pages 64 --layers 2 --heads 2 --head-dim 64
 
 Fills a fresh disk page store with random pages of one KV geometry (default: Llama-3-8B, bf16,
-16 tokens a page: 2 MiB a page), then, with the files in the page cache:
+16 tokens a page: 2 MiB a page) from a host KV pool (page-locked where CUDA is, as the server's),
+then, with the files in the page cache:
 
 * ``raw``: every page file read whole by ``--threads`` threads (``readinto`` into one reused
   buffer per thread, so the buffer stays in the CPU's cache): what the folder gives at most, as
@@ -144,6 +145,7 @@ def fill_store(folder: Path, args: argparse.Namespace):
         args.heads,
         args.head_dim,
         torch.bfloat16,
+        pin_memory=torch.cuda.is_available(),  # page-locked, as the server's pool on a GPU
     )
     pool.data.view(torch.int16).random_(-(2**15), 2**15 - 1)
     store = DiskPageStore(
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         raw_read_rate(tmp, args.threads)  # into the page cache
         print(
             f"{len(pages)} pages of {pool.bytes_per_page / 2**20:.2f} MiB, {args.threads} threads"
+            + (", pinned host pool" if pool.is_pinned else "")
             + (f", read in {args.read_chunk_kib} KiB chunks" if args.read_chunk_kib else "")
             + (", a busy Python thread beside" if args.busy_thread else "")
         )
