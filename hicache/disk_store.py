@@ -11,23 +11,8 @@ Layout
 ``<fingerprint>`` is ``model_fingerprint(fingerprint)[0]``: another model, dtype, page size or
 layout version reads and writes another folder, so its pages never match.
 
-Page file format (little-endian)
---------------------------------
-======  ==============  ==========================================================
-offset  size            field
-======  ==============  ==========================================================
-0       4               magic ``b"RLKV"``
-4       2               format version (``FORMAT_VERSION``)
-6       2               reserved, 0
-8       4               num_tokens
-12      8               payload_len, bytes
-20      8               checksum: xxh3_64 over the token-id bytes then the payload
-28      16              the page key (the file name says the same)
-44      8 * num_tokens  token ids, int64
-...     payload_len     payload
-======  ==============  ==========================================================
-
-A file is valid only if its size is exactly ``44 + 8 * num_tokens + payload_len``.
+The page file's format and how its bytes move (one ``preadv`` straight into the caller's
+blocks, one ``writev`` straight from them): ``page_file``.
 
 Durability: a page is written to a temp file in its final folder and renamed into place
 (``os.replace``), so a reader sees a whole file or none. Nothing is fsynced: after a power
@@ -48,31 +33,24 @@ import json
 import logging
 import os
 import secrets
-import struct
 import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import xxhash
 from tqdm import tqdm
 
+from radixlm.hicache import page_file
+from radixlm.hicache.page_file import HEADER_SIZE, parse_header
 from radixlm.hicache.page_hash import encode_token_ids, model_fingerprint
 from radixlm.hicache.storage_base import PageStore, PageView, Payload, check_key
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RLKV"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<4sHHIQQ16s")
-HEADER_SIZE = HEADER.size  # 44
-TOKEN_BYTES = 8  # one token id, int64
 PAGE_SUFFIX = ".page"
 TEMP_SUFFIX = ".tmp"
-IOV_MAX = 1024  # buffers one writev takes at most (POSIX: at least 16; Linux: 1024)
 # a hit sets its file's mtime at most this often: a metadata write on every read halved the
 # read path's bytes/s (bench_disk_path), and a restart needs the LRU order only roughly
 TOUCH_EVERY_S = 30.0
@@ -91,86 +69,6 @@ COUNTERS = (
     "stale_skipped",  # a PageView's memory was reused while it was written: not stored
     "invalid_files_removed",  # at start-up: bad headers, wrong sizes, leftover temp files
 )
-
-
-@dataclass(frozen=True)
-class PageHeader:
-    num_tokens: int
-    payload_len: int
-    checksum: int
-    key: bytes
-
-    @property
-    def file_bytes(self) -> int:
-        return HEADER_SIZE + TOKEN_BYTES * self.num_tokens + self.payload_len
-
-
-def pack_header(key: bytes, token_bytes: bytes, blocks: Sequence[Payload]) -> bytes:
-    """The header of a page whose payload is ``blocks`` in order."""
-    checksum = xxhash.xxh3_64(token_bytes)
-    payload_len = 0
-    for block in blocks:
-        checksum.update(block)
-        payload_len += memoryview(block).nbytes
-    num_tokens = len(token_bytes) // TOKEN_BYTES
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, num_tokens, payload_len, checksum.intdigest(), key)
-
-
-def parse_header(data: bytes) -> PageHeader | None:
-    """The header at the start of ``data``; None if it is short or not a valid header."""
-    if len(data) < HEADER_SIZE:
-        return None
-    magic, version, reserved, num_tokens, payload_len, checksum, key = HEADER.unpack_from(data)
-    if magic != MAGIC or version != FORMAT_VERSION or reserved != 0 or num_tokens == 0:
-        return None
-    return PageHeader(num_tokens, payload_len, checksum, key)
-
-
-def _write_all(path: Path, chunks: Iterable[Payload]) -> None:
-    """Writes ``chunks`` in order into a new file with one ``writev`` (a page is dozens of
-    blocks: a write per block gave the GIL up and took it back from the scheduler each time)."""
-    views = [memoryview(c).cast("B") for c in chunks]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        while views:
-            n = os.writev(fd, views[:IOV_MAX])
-            if n <= 0:
-                raise OSError(f"writev wrote nothing to {path}")
-            while views and n >= views[0].nbytes:
-                n -= views[0].nbytes
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
-    finally:
-        os.close(fd)
-
-
-def _read_full(file, view: memoryview) -> bool:
-    """Fills ``view`` from an unbuffered file; False at an early end of file."""
-    done = 0
-    while done < view.nbytes:
-        n = file.readinto(view[done:])
-        if not n:
-            return False
-        done += n
-    return True
-
-
-def _preadv_full(fd: int, blocks: Sequence[memoryview], offset: int) -> bool:
-    """Fills ``blocks`` in order from ``fd`` at ``offset`` (one ``preadv`` for all of them when
-    the kernel gives everything at once); False at an early end of file."""
-    views = [b.cast("B") for b in blocks]
-    while views:
-        n = os.preadv(fd, views, offset)
-        if n <= 0:
-            return False
-        offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-    return True
 
 
 class PageBuffers:
@@ -222,12 +120,22 @@ class DiskPageStore(PageStore):
     """Pages as verified files in ``root_dir/<fingerprint digest>/``, at most ``max_bytes``
     of files (header and token ids included), evicted least-recently-used first."""
 
-    def __init__(self, root_dir: str | Path, fingerprint: Mapping[str, object], max_bytes: int):
+    def __init__(
+        self,
+        root_dir: str | Path,
+        fingerprint: Mapping[str, object],
+        max_bytes: int,
+        read_chunk_bytes: int = 0,
+    ):
+        """``read_chunk_bytes`` > 0 reads a page's payload in chunks of that size, each hashed
+        while in the cache, instead of one ``preadv`` a page (``page_file.read_page_into``)."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.fingerprint, fields = model_fingerprint(fingerprint)
         self.folder = Path(root_dir) / self.fingerprint
+        self._folder_str = str(self.folder)
         self.max_bytes = max_bytes
+        self.read_chunk_bytes = read_chunk_bytes
         self._lock = threading.Lock()
         # key -> (file bytes, generation), least recently used first
         self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
@@ -254,7 +162,8 @@ class DiskPageStore(PageStore):
         return self._verified_read(key, token_ids, None)
 
     def get_into(self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]) -> bool:
-        """Reads the page's payload straight into ``blocks`` (one ``preadv``), verified."""
+        """Reads the page's payload straight into ``blocks`` (``page_file.read_page_into``: one
+        ``preadv`` for the whole file, or one a chunk), verified."""
         return self._verified_read(key, token_ids, blocks) is not None
 
     def _verified_read(
@@ -268,14 +177,14 @@ class DiskPageStore(PageStore):
                 self._counters["misses"] += 1
                 return None
         size, generation = entry
-        path = self.page_path(key)
+        path = self._page_file(key)
         try:
-            payload = self._read_verified(path, key, expected, blocks)
+            payload = self._read_verified(path, key, expected, size, blocks)
         except OSError as error:
             self._drop_bad(key, generation, "read_errors", f"{path}: {error}")
             return None
         if payload is None:
-            self._drop_bad(key, generation, "corrupt_deleted", str(path))
+            self._drop_bad(key, generation, "corrupt_deleted", path)
             return None
         now = time.monotonic()
         with self._lock:
@@ -379,6 +288,11 @@ class DiskPageStore(PageStore):
         """Where the page ``key`` lives (whether or not it is stored)."""
         return self.folder / key[:1].hex() / (key.hex() + PAGE_SUFFIX)
 
+    def _page_file(self, key: bytes) -> str:
+        """``page_path`` as a string, without ``pathlib`` (a read's path is built per page)."""
+        name = key.hex()
+        return os.path.join(self._folder_str, name[:2], name + PAGE_SUFFIX)
+
     def _write_page(
         self,
         key: bytes,
@@ -393,7 +307,7 @@ class DiskPageStore(PageStore):
         temp = path.with_name(f"{key.hex()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         try:
             path.parent.mkdir(exist_ok=True)
-            _write_all(temp, (pack_header(key, token_bytes, blocks), token_bytes, *blocks))
+            page_file.write_page(temp, key, token_bytes, blocks)
             with self._lock:
                 if is_current is not None and not is_current():
                     _remove(temp)
@@ -411,47 +325,28 @@ class DiskPageStore(PageStore):
 
     def _read_verified(
         self,
-        path: Path,
+        path: str,
         key: bytes,
         expected_tokens: bytes,
+        file_bytes: int,
         blocks: Sequence[memoryview] | None = None,
     ) -> memoryview | bool | None:
         """The payload of the file at ``path`` if every check passes (read into ``blocks`` when
-        given: True then), else None. Unbuffered: the header and token ids in one read, the
-        payload by ``readinto`` straight into a recycled buffer (``recycle``) or by one
-        ``preadv`` into the caller's blocks: a fresh 2 MiB ``bytes`` per page cost more in page
-        faults than the read itself (``bench_disk_path``)."""
-        head = bytearray(HEADER_SIZE + len(expected_tokens))
-        with open(path, "rb", buffering=0) as file:
-            if not _read_full(file, memoryview(head)):
-                return None
-            header = parse_header(head)
-            if header is None or header.key != key:
-                return None
-            if TOKEN_BYTES * header.num_tokens != len(expected_tokens):
-                return None
-            if os.fstat(file.fileno()).st_size != header.file_bytes:
-                return None
-            token_bytes = memoryview(head)[HEADER_SIZE:]
-            if token_bytes != expected_tokens:
-                return None
-            if blocks is None:
-                payload = self._buffers.take(header.payload_len)
-                if not _read_full(file, payload):
-                    return None
-                parts: Sequence[memoryview] = (payload,)
-            else:
-                if sum(b.nbytes for b in blocks) != header.payload_len:
-                    return None
-                if not _preadv_full(file.fileno(), blocks, len(head)):
-                    return None
-                parts = blocks
-        checksum = xxhash.xxh3_64(token_bytes)
-        for part in parts:
-            checksum.update(part)
-        if checksum.intdigest() != header.checksum:
+        given: True then), else None. Read (``page_file.read_page_into``) straight into the
+        caller's blocks, or into a recycled buffer of the size the index holds
+        (``recycle``): a fresh 2 MiB ``bytes`` per page cost more in page faults than the read
+        itself (``bench_disk_path``)."""
+        chunk = self.read_chunk_bytes
+        if blocks is not None:
+            return page_file.read_page_into(path, key, expected_tokens, blocks, chunk) or None
+        payload_len = file_bytes - HEADER_SIZE - len(expected_tokens)
+        if payload_len < 0:
             return None
-        return True if blocks is not None else parts[0]
+        payload = self._buffers.take(payload_len)
+        if page_file.read_page_into(path, key, expected_tokens, (payload,), chunk):
+            return payload
+        self._buffers.give(payload)
+        return None
 
     def recycle(self, payload: Payload) -> None:
         """A payload ``get`` returned, copied out and no longer referenced by the caller: its

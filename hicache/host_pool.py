@@ -68,11 +68,10 @@ class HostKVPool:
         if pin_memory:
             self.data.zero_()  # touches the pages with torch's threads: locking them is faster
             _pin_in_place(self, self.data)
-        # the same memory as [num_layers, num_pages, bytes of one layer of a page] uint8 numpy:
-        # page blocks as memoryviews without a torch call per block
-        self._blocks = (
-            self.data.view(-1).view(torch.uint8).numpy().reshape(num_layers, self.num_pages, -1)
-        )
+        # the same memory as one flat byte view: a page's blocks are slices of it (no torch or
+        # numpy call per block: a page's list of views is built on every disk read and write)
+        self._bytes = memoryview(self.data.view(-1).view(torch.uint8).numpy()).cast("B")
+        self._block_bytes = self.bytes_per_page // num_layers  # one layer's K and V of a page
         self._free_pages: list[int] = list(range(self.num_pages))  # a min-heap of free page ids
         # [num_pages] bool on the CPU: True where the page is free
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool)
@@ -196,7 +195,9 @@ class HostKVPool:
         byte views of ``data``: its payload, in order, without a copy (for ``readinto`` /
         ``writev``)."""
         self._check_page(page_id)
-        return [memoryview(block) for block in self._blocks[:, page_id]]
+        size, flat = self._block_bytes, self._bytes
+        layer_stride = self.num_pages * size
+        return [flat[o : o + size] for o in range(page_id * size, flat.nbytes, layer_stride)]
 
     def page_bytes(self, page_id: int) -> bytes:
         """A copy of page ``page_id``'s payload (``bytes_per_page`` bytes)."""

@@ -57,15 +57,24 @@ class PageView:
 Payload = bytes | memoryview
 
 
-def fill_blocks(blocks: Sequence[memoryview], payload: Payload) -> bool:
-    """Copies ``payload`` into ``blocks`` in order; False (nothing copied) on a size mismatch."""
-    src = memoryview(payload).cast("B")
-    if src.nbytes != sum(b.nbytes for b in blocks):
+def fill_blocks(blocks: Sequence[memoryview], payload: Payload | Sequence[Payload]) -> bool:
+    """Copies ``payload`` (bytes, or a sequence of byte blocks read in order) into ``blocks`` in
+    order, block boundaries free to differ; False (nothing copied) on a size mismatch."""
+    parts = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+    sources = [memoryview(p).cast("B") for p in parts]
+    if sum(s.nbytes for s in sources) != sum(b.nbytes for b in blocks):
         return False
-    offset = 0
+    src_iter = iter(sources)
+    src = memoryview(b"")
     for block in blocks:
-        block[:] = src[offset : offset + block.nbytes]
-        offset += block.nbytes
+        filled = 0
+        while filled < block.nbytes:
+            if not src.nbytes:
+                src = next(src_iter)
+                continue
+            n = min(src.nbytes, block.nbytes - filled)
+            block[filled : filled + n] = src[:n]
+            src, filled = src[n:], filled + n
     return True
 
 

@@ -84,6 +84,15 @@ def _materialize(payload: bytes | Callable[[], bytes | PageView | None]) -> byte
     return data.to_bytes() if isinstance(data, PageView) else data
 
 
+def _fill_from_pending(blocks: Sequence[memoryview], payload: bytes | Callable) -> bool:
+    """Copies a queued write's payload into ``blocks``: a view's blocks straight (no
+    intermediate bytes), kept only if its page did not go stale meanwhile."""
+    data = payload() if callable(payload) else payload
+    if isinstance(data, PageView):
+        return fill_blocks(blocks, data.blocks) and data.is_current()
+    return data is not None and fill_blocks(blocks, data)
+
+
 def _resolved(payload: bytes | bool | None) -> Future:
     future: Future = Future()
     future.set_result(payload)
@@ -225,10 +234,9 @@ class StorageIO:
             pending = self._write_queue.get(key) or self._writing.get(key)
             if pending is not None and pending.token_ids == tokens:
                 self._counters["reads_from_pending"] += 1
-                payload = _materialize(pending.payload)
                 if blocks is None:
-                    return _resolved(payload)
-                return _resolved(payload is not None and fill_blocks(blocks, payload))
+                    return _resolved(_materialize(pending.payload))
+                return _resolved(_fill_from_pending(blocks, pending.payload))
             if self._is_closing or self._pending_reads >= self.max_pending_reads:
                 self._counters["reads_skipped"] += 1
                 return _resolved(None if blocks is None else False)

@@ -4,10 +4,16 @@
     python -m radixlm.srt.bench.bench_disk_path --num-pages 64 --layers 2 --heads 2 --head-dim 64
 
 Fills a fresh disk page store with random pages of one KV geometry (default: Llama-3-8B, bf16,
-16 tokens a page: 2 MiB a page), then, with the files in the page cache:
+16 tokens a page: 2 MiB a page) from a host KV pool (page-locked where CUDA is, as the server's),
+then, with the files in the page cache:
 
 * ``raw``: every page file read whole by ``--threads`` threads (``readinto`` into one reused
-  buffer per thread): what the folder gives at most;
+  buffer per thread, so the buffer stays in the CPU's cache): what the folder gives at most, as
+  ``dd`` would read it;
+* ``pool``: the same files read by the same threads straight into the blocks of the host KV
+  pool's pages by ``preadv`` as the path reads them, without a check: what moving the
+  bytes into host pages costs (cold memory, a page's blocks apart), the floor of any path that
+  ends in host pages;
 * ``path``: what a disk hit does at admission: reads submitted to the storage threads
   (``StorageIO.submit_read_into``, verified: header, token ids, checksum), each page's file read
   by one ``preadv`` straight into the blocks of a reserved host KV pool page;
@@ -15,17 +21,22 @@ Fills a fresh disk page store with random pages of one KV geometry (default: Lla
   copied into a host pool page (``HostKVPool.write_page_bytes``) and the buffer given back (run
   1 allocates the read buffers, later runs reuse them).
 
-Prints bytes/s of the three and the path's ratio to the raw read. ``raw_read_rate`` is also used by ``bench_multiturn``
-to put the disk modes' measured path rate beside a raw read of their folder.
+Prints bytes/s of each and the path's ratio to the raw read and to ``pool``. ``--busy-thread``
+runs a thread of pure Python beside every measurement, as the scheduler thread is beside the
+storage threads in a server: a storage thread that gives the GIL up for a system call may then
+wait up to the interpreter's switch interval to get it back. ``raw_read_rate`` is also used by
+``bench_multiturn`` to put the disk modes' measured path rate beside a raw read of their folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -35,7 +46,9 @@ def raw_read_rate(
     folder: str | Path, threads: int = 4, max_bytes: int = 2 << 30
 ) -> tuple[int, float]:
     """(bytes, seconds) of reading the page files under ``folder`` whole (the most recently
-    written first, at most ``max_bytes`` of them), on ``threads``."""
+    written first, at most ``max_bytes`` of them), on ``threads`` that each take the next file
+    (as the storage threads take the next read: a thread slowed by other work holds no share
+    back)."""
     found = [(p.stat().st_mtime_ns, p.stat().st_size, str(p)) for p in Path(folder).rglob("*.page")]
     paths, total_bytes = [], 0
     for _, size, path in sorted(found, reverse=True):
@@ -44,23 +57,79 @@ def raw_read_rate(
         paths.append(path)
         total_bytes += size
     total = [0] * threads
+    next_paths = iter(paths)  # shared: each thread takes the next file (next() holds the GIL)
 
     def work(i: int) -> None:
         buf = bytearray(0)
-        for path in paths[i::threads]:
+        for path in next_paths:
             size = os.path.getsize(path)
             if len(buf) < size:
                 buf = bytearray(size)
             with open(path, "rb", buffering=0) as f:
                 total[i] += f.readinto(memoryview(buf)[:size])
 
+    seconds = _on_threads(work, threads)
+    return sum(total), seconds
+
+
+def _on_threads(work: Callable[[int], None], threads: int) -> float:
+    """Seconds ``work(i)`` takes on ``threads`` threads (i = 0 .. threads - 1) at once."""
     started = time.perf_counter()
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    return sum(total), time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def pool_read_rate(store, pool, pages, threads: int) -> tuple[int, float]:
+    """(bytes, seconds) of reading each page's file straight into its host pool page's blocks
+    (the header and token ids into a scratch buffer) by ``preadv`` as the store reads (one a
+    page, or one a chunk), without a check: the bare copy the path does."""
+    from radixlm.hicache.page_file import chunk_groups
+
+    paths = [str(store.page_path(key)) for key, _ in pages]
+    head_bytes = os.path.getsize(paths[0]) - pool.bytes_per_page if paths else 0
+
+    next_pages = iter(range(len(paths)))  # shared, as in raw_read_rate
+
+    def work(i: int) -> None:
+        head = memoryview(bytearray(head_bytes))
+        for page_id in next_pages:
+            groups = chunk_groups(pool.page_blocks(page_id), store.read_chunk_bytes)
+            fd = os.open(paths[page_id], os.O_RDONLY)
+            try:
+                offset = os.preadv(fd, [head], 0)
+                for group, _ in groups:
+                    offset += os.preadv(fd, group, offset)
+            finally:
+                os.close(fd)
+
+    return len(paths) * pool.bytes_per_page, _on_threads(work, threads)
+
+
+@contextlib.contextmanager
+def busy_python(is_on: bool) -> Iterator[None]:
+    """A thread running pure Python (it holds the GIL but for the interpreter's switches) while
+    the block runs, when ``is_on``."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        count = 0
+        while not stop.is_set():
+            for _ in range(1000):
+                count += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    if is_on:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if is_on:
+            thread.join()
 
 
 def fill_store(folder: Path, args: argparse.Namespace):
@@ -76,9 +145,15 @@ def fill_store(folder: Path, args: argparse.Namespace):
         args.heads,
         args.head_dim,
         torch.bfloat16,
+        pin_memory=torch.cuda.is_available(),  # page-locked, as the server's pool on a GPU
     )
     pool.data.view(torch.int16).random_(-(2**15), 2**15 - 1)
-    store = DiskPageStore(folder, {"bench": "disk_path"}, max_bytes=1 << 40)
+    store = DiskPageStore(
+        folder,
+        {"bench": "disk_path"},
+        max_bytes=1 << 40,
+        read_chunk_bytes=args.read_chunk_kib << 10,
+    )
     tokens = list(range(args.num_pages * args.page_size))
     keys = page_keys(tokens, args.page_size)
     pages = []
@@ -126,6 +201,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--threads", type=int, default=4, help="reader threads (both reads)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--read-chunk-kib",
+        type=int,
+        default=0,
+        help="read a page in preadv calls of this many KiB, each chunk hashed while in the "
+        "cache (default 0: one preadv a page, as the server does)",
+    )
+    ap.add_argument(
+        "--busy-thread",
+        action="store_true",
+        help="a thread of pure Python runs beside every read, as a server's scheduler thread",
+    )
     ap.add_argument("--dir", default=None, help="folder (default: a temp dir, removed after)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -133,16 +220,25 @@ def main(argv: list[str] | None = None) -> None:
         raw_read_rate(tmp, args.threads)  # into the page cache
         print(
             f"{len(pages)} pages of {pool.bytes_per_page / 2**20:.2f} MiB, {args.threads} threads"
+            + (", pinned host pool" if pool.is_pinned else "")
+            + (f", read in {args.read_chunk_kib} KiB chunks" if args.read_chunk_kib else "")
+            + (", a busy Python thread beside" if args.busy_thread else "")
         )
-        print(f"{'run':>4}{'raw GB/s':>10}{'path GB/s':>11}{'buffered GB/s':>15}{'path/raw':>10}")
+        print(
+            f"{'run':>4}{'raw GB/s':>10}{'pool GB/s':>11}{'path GB/s':>11}{'buffered GB/s':>15}"
+            f"{'path/raw':>10}{'path/pool':>11}"
+        )
         for i in range(args.repeats):
-            raw_b, raw_s = raw_read_rate(tmp, args.threads)
-            path_b, path_s = path_rate(store, pool, pages, args.threads)
-            buf_b, buf_s = path_rate(store, pool, pages, args.threads, buffered=True)
-            raw, path, buf = raw_b / raw_s, path_b / path_s, buf_b / buf_s
+            with busy_python(args.busy_thread):
+                raw_b, raw_s = raw_read_rate(tmp, args.threads)
+                pool_b, pool_s = pool_read_rate(store, pool, pages, args.threads)
+                path_b, path_s = path_rate(store, pool, pages, args.threads)
+                buf_b, buf_s = path_rate(store, pool, pages, args.threads, buffered=True)
+            raw, floor = raw_b / raw_s, pool_b / pool_s
+            path, buf = path_b / path_s, buf_b / buf_s
             print(
-                f"{i + 1:>4}{raw / 1e9:>10.2f}{path / 1e9:>11.2f}{buf / 1e9:>15.2f}"
-                f"{path / raw:>10.2f}"
+                f"{i + 1:>4}{raw / 1e9:>10.2f}{floor / 1e9:>11.2f}{path / 1e9:>11.2f}"
+                f"{buf / 1e9:>15.2f}{path / raw:>10.2f}{path / floor:>11.2f}"
             )
         store.close()
 

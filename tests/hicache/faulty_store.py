@@ -19,7 +19,8 @@ The three damaging modes hurt the inner store's own medium, so what is tested is
 store's verification (``exists`` true, then ``get`` a miss that deletes the page). An inner
 store without ``page_path`` (not on disk) has the page deleted instead, which is what a
 verifying store does on finding it bad. ``calls`` counts calls per method, ``faults`` the
-faults injected.
+faults injected. ``get_into`` (a read straight into the caller's blocks) is forwarded to the
+inner store's own and takes the faults of ``get`` (counted as ``get`` calls).
 
 The module-level helpers damage a ``DiskPageStore`` page file directly (``store.page_path``).
 """
@@ -33,7 +34,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from radixlm.hicache.disk_store import HEADER_SIZE, TEMP_SUFFIX, TOKEN_BYTES, DiskPageStore
+from radixlm.hicache.disk_store import TEMP_SUFFIX, DiskPageStore
+from radixlm.hicache.page_file import HEADER_SIZE, TOKEN_BYTES
 from radixlm.hicache.page_hash import encode_token_ids
 from radixlm.hicache.storage_base import PageStore, Payload
 
@@ -144,15 +146,23 @@ class FaultyStore(PageStore):
 
     def get(self, key: bytes, token_ids: Sequence[int]) -> bytes | None:
         self._enter("get")
+        return self.inner.get(key, token_ids) if self._damage(key) else None
+
+    def get_into(self, key: bytes, token_ids: Sequence[int], blocks: Sequence[memoryview]) -> bool:
+        self._enter("get")  # the inner store's own read into the blocks, faults as for get
+        return self._damage(key) and self.inner.get_into(key, token_ids, blocks)
+
+    def _damage(self, key: bytes) -> bool:
+        """Damages the stored page as ``mode`` says; False if it was deleted instead."""
         damage = DAMAGE.get(self.mode)
         if damage is not None and self.inner.exists(key):
             self.faults += 1
             page_path = getattr(self.inner, "page_path", None)
             if page_path is None:
                 self.inner.delete(key)
-                return None
+                return False
             damage(page_path(key))
-        return self.inner.get(key, token_ids)
+        return True
 
     def set(self, key: bytes, token_ids: Sequence[int], payload: Payload) -> bool:
         self._enter("set")

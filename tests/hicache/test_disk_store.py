@@ -23,8 +23,9 @@ from faulty_store import (
     truncate_file,
 )
 
-from radixlm.hicache import disk_store
-from radixlm.hicache.disk_store import HEADER_SIZE, TOKEN_BYTES, DiskPageStore
+from radixlm.hicache import disk_store, page_file
+from radixlm.hicache.disk_store import DiskPageStore
+from radixlm.hicache.page_file import HEADER_SIZE, TOKEN_BYTES
 from radixlm.hicache.page_hash import page_keys
 from radixlm.hicache.storage_base import NullPageStore
 
@@ -337,10 +338,10 @@ def test_a_vanished_or_unreadable_file_is_a_read_error(
     os.unlink(store.page_path(key))
     assert store.get(key, tokens) is None and not store.exists(key)
 
-    def failing_open(*args: object, **kwargs: object) -> None:
+    def failing_read(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(disk_store, "open", failing_open, raising=False)
+    monkeypatch.setattr(page_file, "preadv_into", failing_read)
     assert store.get(key2, tokens2) is None
     monkeypatch.undo()
     assert not store.exists(key2) and not store.page_path(key2).exists()
@@ -366,8 +367,8 @@ def _disk_full(*args: object, **kwargs: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def _half_written_then_full(path: Path, chunks: object) -> None:
-    path.write_bytes(b"half a page")
+def _half_written_then_full(path: str, *args: object) -> None:
+    Path(path).write_bytes(b"half a page")
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
@@ -380,7 +381,7 @@ def test_a_full_disk_stores_nothing_and_the_store_stays_usable(
     if where == "rename":
         monkeypatch.setattr(disk_store.os, "replace", _disk_full)
     else:
-        monkeypatch.setattr(disk_store, "_write_all", _half_written_then_full)
+        monkeypatch.setattr(page_file, "write_page", _half_written_then_full)
     assert not store.set(key, tokens, payload)
     monkeypatch.undo()
     assert files_in(store) == ["fingerprint.json"]
@@ -488,3 +489,21 @@ def test_get_into_reads_a_verified_page_straight_into_blocks(tmp_path: Path) -> 
     flip_payload_byte(store.page_path(k0))
     assert not store.get_into(k0, t0, blocks) and not store.exists(k0)  # corrupt: deleted
     assert store.stats()["hits"] == 1
+
+
+@pytest.mark.parametrize("read_chunk_bytes", [0, 100])
+def test_reads_in_chunks_give_the_same_pages_and_refuse_the_same_damage(
+    tmp_path: Path, read_chunk_bytes: int
+) -> None:
+    store = DiskPageStore(tmp_path, FINGERPRINT, 100 * FILE_BYTES, read_chunk_bytes)
+    pages = make_pages(3)
+    for key, tokens, payload in pages:
+        assert store.set(key, tokens, payload)
+    (k0, t0, p0), (k1, t1, p1), (k2, t2, p2) = pages
+    blocks = _split_views(bytes(PAYLOAD_BYTES), 4)
+    assert store.get_into(k0, t0, blocks) and b"".join(blocks) == p0
+    assert store.get(k1, t1) == p1
+    flip_payload_byte(store.page_path(k2))
+    assert store.get(k2, t2) is None and not store.exists(k2)
+    assert store.stats()["corrupt_deleted"] == 1
+    store.check_integrity()

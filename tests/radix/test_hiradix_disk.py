@@ -373,3 +373,34 @@ def test_write_through_stages_a_leaf_to_disk_without_copying_its_parent_back(
     match = world.match_and_load(turn + (999,))  # the values are checked here
     assert match.num_disk_hit == len(turn)
     world.check_all()
+
+
+def test_a_host_page_whose_read_is_in_flight_is_not_reused_before_the_read_ends(
+    make_world, tmp_path
+):
+    """A prefetch let go while its reads run: pages whose read was not started go back at once;
+    a page the reader thread is still filling stays held (the pool cannot hand it out) until the
+    read ends, then goes back at the next step."""
+    ps = 4
+    world = make_world(ps, num_slots=16 * ps, host_tokens=64, disk_dir=tmp_path)
+    tokens = seq(6 * ps)
+    world.run(tokens)
+    spill(world, tokens)
+    world.restart(fault_mode="stall", stall_s=30.0)
+    disk = world.cache.disk
+    handle = world.cache.prefetch(tokens)
+    assert disk.num_reserved == 4  # a quarter of the 16 host pages
+    deadline = time.monotonic() + 10.0
+    while world.faulty.calls["get"] < 2 and time.monotonic() < deadline:  # both readers stalled
+        time.sleep(0.005)
+    world.cache.release_prefetch(handle)
+    world.cache.tier_stats()  # a step: the reads in flight are not done
+    assert world.host_pool.used_size() == 2 * ps  # the two pages being read into
+    world.check_all()
+    taken = world.host_pool.alloc(world.host_pool.available_size())
+    assert taken is not None and world.host_pool.alloc(ps) is None  # not handed out
+    world.host_pool.free(taken)
+    world.faulty.release()
+    settle(world)
+    assert world.host_pool.used_size() == 0
+    world.check_all()

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from quick import examples
 
-from radixlm.hicache.disk_store import HEADER_SIZE
+from radixlm.hicache.page_file import HEADER_SIZE
 
 PageKey = tuple[str | None, tuple[int, ...]]
 NAMESPACES = st.sampled_from([None, "lora-a"])

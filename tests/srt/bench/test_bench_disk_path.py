@@ -1,16 +1,26 @@
-"""bench_disk_path on a tiny geometry: both reads cover the same bytes of the same folder."""
+"""bench_disk_path on a tiny geometry: every read covers the same bytes of the same folder."""
 
 from __future__ import annotations
 
 import argparse
 
-from radixlm.srt.bench.bench_disk_path import fill_store, main, path_rate, raw_read_rate
+import pytest
 
-TINY = dict(num_pages=6, page_size=4, layers=2, heads=2, head_dim=8)
+from radixlm.srt.bench.bench_disk_path import (
+    fill_store,
+    main,
+    path_rate,
+    pool_read_rate,
+    raw_read_rate,
+)
+
+TINY = dict(num_pages=6, page_size=4, layers=2, heads=2, head_dim=8, read_chunk_kib=0)
 
 
-def test_the_path_and_the_raw_read_cover_the_same_pages(tmp_path):
-    store, pool, pages = fill_store(tmp_path, argparse.Namespace(**TINY))
+@pytest.mark.parametrize("read_chunk_kib", [0, 1])  # a page is 2 KiB
+def test_the_path_and_the_raw_read_cover_the_same_pages(tmp_path, read_chunk_kib):
+    args = argparse.Namespace(**{**TINY, "read_chunk_kib": read_chunk_kib})
+    store, pool, pages = fill_store(tmp_path, args)
     expected = [pool.page_bytes(i) for i in range(len(pages))]
     pool.data.zero_()
     for buffered in (False, True):  # straight into the pool's pages, and via read buffers
@@ -18,6 +28,9 @@ def test_the_path_and_the_raw_read_cover_the_same_pages(tmp_path):
         path_bytes, _ = path_rate(store, pool, pages, threads=2, buffered=buffered)
         assert path_bytes == len(pages) * pool.bytes_per_page
         assert [pool.page_bytes(i) for i in range(len(pages))] == expected  # every page
+    pool.data.zero_()
+    assert pool_read_rate(store, pool, pages, threads=2)[0] == path_bytes
+    assert [pool.page_bytes(i) for i in range(len(pages))] == expected  # the bare copy too
     raw_bytes, _ = raw_read_rate(tmp_path, threads=2)
     assert raw_bytes == sum(p.stat().st_size for p in tmp_path.rglob("*.page")) > path_bytes
     assert raw_read_rate(tmp_path, threads=2, max_bytes=1)[0] == 0
@@ -26,6 +39,6 @@ def test_the_path_and_the_raw_read_cover_the_same_pages(tmp_path):
 
 def test_main_prints_one_row_per_repeat(capsys):
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    main([*args, "--repeats", "2", "--threads", "2"])
+    main([*args, "--repeats", "2", "--threads", "2", "--busy-thread"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 3  # the header line starts with the page count, then two runs
