@@ -25,12 +25,20 @@ them on one writer thread and ``num_read_threads`` reader threads.
   it belongs to the caller.
 
 All methods may be called from any thread.
+
+Starting a StorageIO lowers the process's GIL switch interval to ``SWITCH_INTERVAL_S`` at most
+(``sys.setswitchinterval``; Python's default is 5 ms). Each read gives the GIL up around its
+system calls and must win it back from the scheduler thread, which runs Python most of the
+time; at 5 ms a turn a busy scheduler thread held readers to a third of the rate they reach at
+0.5 ms (``bench_disk_path --busy-thread``, docs/results/multiturn-hicache.md). A thread that
+waits for nothing costs nothing: the interpreter only switches when another thread asks.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +49,15 @@ from dataclasses import dataclass
 from radixlm.hicache.storage_base import PageStore, PageView, Payload, check_key, fill_blocks
 
 logger = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_S = 0.0005  # the most a reader waits for the GIL after a system call
+
+
+def lower_switch_interval(seconds: float = SWITCH_INTERVAL_S) -> None:
+    """Lowers the process's GIL switch interval to ``seconds`` (never raises it)."""
+    if sys.getswitchinterval() > seconds:
+        sys.setswitchinterval(seconds)
+
 
 IO_COUNTERS = (
     "writes_queued",
@@ -108,7 +125,10 @@ class StorageIO:
         max_pending_write_bytes: int = 256 << 20,
         num_read_threads: int = 2,
         max_pending_reads: int = 1024,
+        switch_interval_s: float | None = SWITCH_INTERVAL_S,
     ) -> None:
+        """``switch_interval_s``: the GIL switch interval the process is lowered to (see the
+        module docstring); None leaves it as it is."""
         if max_pending_write_bytes < 0 or num_read_threads < 1 or max_pending_reads < 0:
             raise ValueError(
                 "StorageIO needs max_pending_write_bytes >= 0, num_read_threads >= 1 and "
@@ -127,6 +147,8 @@ class StorageIO:
         self._pending_reads = 0  # queued or being read
         self._counters = dict.fromkeys(IO_COUNTERS, 0)
         self._is_closing = False
+        if switch_interval_s is not None:
+            lower_switch_interval(switch_interval_s)
         self._writer = threading.Thread(target=self._write_loop, name="hicache-writer", daemon=True)
         self._readers = [
             threading.Thread(target=self._read_loop, name=f"hicache-reader-{i}", daemon=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -40,6 +41,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+from radixlm.hicache.storage_io import SWITCH_INTERVAL_S
 
 
 def raw_read_rate(
@@ -169,7 +172,9 @@ def path_rate(store, pool, pages, threads: int, buffered: bool = False) -> tuple
     into host pool pages (``buffered``: into read buffers, then copied into the pages)."""
     from radixlm.hicache.storage_io import StorageIO
 
-    io = StorageIO(store, num_read_threads=threads, max_pending_reads=len(pages) + 1)
+    io = StorageIO(
+        store, num_read_threads=threads, max_pending_reads=len(pages) + 1, switch_interval_s=None
+    )
     try:
         started = time.perf_counter()
         if buffered:
@@ -214,7 +219,15 @@ def main(argv: list[str] | None = None) -> None:
         help="a thread of pure Python runs beside every read, as a server's scheduler thread",
     )
     ap.add_argument("--dir", default=None, help="folder (default: a temp dir, removed after)")
+    ap.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=SWITCH_INTERVAL_S * 1e3,
+        help="the GIL switch interval of the run (default: the one a storage tier sets; "
+        "Python's own is 5)",
+    )
     args = ap.parse_args(argv)
+    sys.setswitchinterval(args.switch_interval_ms / 1e3)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         store, pool, pages = fill_store(Path(tmp), args)
         raw_read_rate(tmp, args.threads)  # into the page cache
@@ -223,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             + (", pinned host pool" if pool.is_pinned else "")
             + (f", read in {args.read_chunk_kib} KiB chunks" if args.read_chunk_kib else "")
             + (", a busy Python thread beside" if args.busy_thread else "")
+            + f", GIL switch interval {args.switch_interval_ms:g} ms"
         )
         print(
             f"{'run':>4}{'raw GB/s':>10}{'pool GB/s':>11}{'path GB/s':>11}{'buffered GB/s':>15}"

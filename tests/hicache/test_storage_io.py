@@ -364,3 +364,22 @@ def test_a_read_of_a_queued_view_that_went_stale_is_a_miss(faulty: FaultyStore) 
     assert io.submit_read_into(key, tokens, pool.page_blocks(1)).result(timeout=5) is False
     faulty.release()
     io.close()
+
+
+def test_starting_lowers_the_gil_switch_interval_and_never_raises_it(faulty, monkeypatch) -> None:
+    import sys
+
+    from radixlm.hicache import storage_io
+
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: state["interval"])
+    monkeypatch.setattr(sys, "setswitchinterval", lambda s: state.update(interval=s))
+    state = {"interval": 0.005}  # Python's default
+    io = StorageIO(faulty)
+    assert state["interval"] == storage_io.SWITCH_INTERVAL_S
+    io.close()
+    state["interval"] = 0.0001  # lower already: kept
+    StorageIO(faulty).close()
+    assert state["interval"] == 0.0001
+    state["interval"] = 0.005
+    StorageIO(faulty, switch_interval_s=None).close()  # left as it is
+    assert state["interval"] == 0.005
