@@ -10,6 +10,7 @@
 #   bash srt/bench/gpu_runs.sh int4test int4tune int4quant  # int4 kernel tests, int4_mm vs the
 #                                              # older kernels (projections, then the 8B step)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
+#   DEADLINE=420 bash srt/bench/gpu_runs.sh servepace  # prefill first vs --tpot-target-ms 50
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -106,6 +107,17 @@ for s in "$@"; do
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
+    servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT
+      rm -f "$RESULTS/servepace.jsonl"
+      for v in default paced; do
+        case $v in
+          default) flags="" ;;
+          paced) flags="--tpot-target-ms ${TPOT_TARGET_MS:-50}" ;;
+        esac
+        section "servepace-$v" 200 $SERVING --request-rates "${SERVEPACE_RATES:-8,12,32}" $flags \
+          --label "$v" --output-file "$RESULTS/servepace.jsonl" --step-timeline "$RESULTS/steps-pace-$v.jsonl"
+      done
+      python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servepace.jsonl" | tee "$RESULTS/servepace.txt" ;;
     kvtest) section kvtest 300 $PYTEST tests/hicache tests/radix/test_hiradix_restart.py tests/srt/executor/test_layer_loads.py ;;
     # the disk tier's read path against a raw read of its folder and the copy into host pages
     # (pool), quiet, then beside a thread of pure Python (as the scheduler thread is in a server);

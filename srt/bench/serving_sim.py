@@ -1,9 +1,9 @@
 """The real scheduler under a Poisson load on a virtual clock, with a device cost model in place
 of the model: how scheduling settings change TTFT, TPOT and goodput, deterministically, on a CPU.
 
-    python -m radixlm.srt.bench.serving_sim --request-rates 8,12 \\
+    python -m radixlm.srt.bench.serving_sim --request-rates 8,12,32 \\
         --variant default=--disable-mixed-chunk --variant mixed=--enable-mixed-chunk \\
-        --variant bounded="--mixed-step-target-ms 30"
+        --variant paced="--disable-mixed-chunk --tpot-target-ms 50"
 
 Each variant is a string of server flags (``--chunked-prefill-size`` defaults to the GPU's
 8,192 here). The scheduler, its KV pool and its admission are the real ones (a tiny random
@@ -18,9 +18,18 @@ Cost model (defaults: the 8B shape on one H100, docs/results/serving.md and the 
 a step prefilling ``P`` new tokens over ``A`` attended (token, key) pairs and decoding ``R`` rows
 of total context ``C`` costs ``prefill_fixed + P / prefill_rate + A * attn`` when ``P > 0``,
 plus ``decode_base`` when ``P == 0`` (the weights are read by the prefill when there is one),
-plus ``R * decode_row + C * decode_ctx``, plus ``mixed_extra`` for a mixed step (no CUDA
-graph). Not modelled: overlap scheduling, host time, the prefix cache (prompts are random).
-The figures are those of the model, not of a device: use it to compare scheduling decisions.
+plus ``R * decode_row + C * decode_ctx``, plus ``mixed_extra + P * mixed_token`` for a mixed
+step (no CUDA graph, the decode rows through the extend kernels). The decode terms meet the
+issue's H100 figures (batch 1 in 5.99 ms with cuBLAS, 13,090 tok/s at batch 256, both over
+1,024-token prompts: ``decode_ctx`` is a bf16 KV token's 128 KiB read at 85.5% of the H100's
+3.0 TB/s, about); ``mixed_token`` makes a mixed step of the issue's workload prefill about
+1.33x slower than a prefill-only one, near what the H100 ``servemix`` runs of 2026-12-07
+measured (1.48x, 1.31x and 1.32x: 25.8k against 38.1k, 27.3k against 35.9k, 30.6k against 40.4k
+tok/s at 8, 12 and 32 req/s). Not
+modelled: overlap scheduling, host time, the prefix cache (prompts are random). After the
+table, the workload's sum of parts (its prompts at the full-chunk prefill rate plus its output
+at batch 256) and each run's share of it. The figures are those of the model, not of a device:
+use it to compare scheduling decisions.
 """
 
 from __future__ import annotations
@@ -55,10 +64,11 @@ class CostModel:
     prefill_rate: float = 41900.0  # tokens/s at a full chunk
     prefill_fixed: float = 0.003  # s per prefill step
     attn: float = 2e-10  # s per attended (query, key) pair of a prefill
-    decode_base: float = 0.0055  # s: a decode-only step reads the weights
-    decode_row: float = 2e-5  # s per decode row
-    decode_ctx: float = 6e-8  # s per context token a decode row reads
+    decode_base: float = 0.0059  # s: a decode-only step reads the weights
+    decode_row: float = 1e-6  # s per decode row
+    decode_ctx: float = 5e-8  # s per context token a decode row reads
     mixed_extra: float = 0.004  # s: a mixed step runs without a CUDA graph
+    mixed_token: float = 5e-6  # s per prompt token of a mixed step, beyond a prefill-only one
 
     def step_s(self, prefill: int, attended: int, rows: int, context: int) -> float:
         s = 0.0
@@ -69,8 +79,43 @@ class CostModel:
         if rows:
             s += rows * self.decode_row + context * self.decode_ctx
             if prefill:
-                s += self.mixed_extra
+                s += self.mixed_extra + prefill * self.mixed_token
         return s
+
+
+MEASURED_DECODE_256 = 13090.0  # tok/s, batch 256 of ~1,056-token contexts, H100 (issue 39)
+
+
+def sum_of_parts(reqs: list, cost: CostModel) -> dict[str, float]:
+    """Seconds the workload's tokens need at the parts' own rates: its prompts at the full-chunk
+    prefill rate, its output at batch 256 (the issue's measured 13,090 tok/s, and the model's
+    256-row step at the workload's mean decode context), and the req/s each sum allows."""
+    prompt = sum(len(r.input_ids) for r in reqs)
+    output = sum(r.output_len for r in reqs)
+    context = sum(len(r.input_ids) * r.output_len + r.output_len**2 / 2 for r in reqs) / output
+    model_256 = 256 / cost.step_s(0, 0, 256, int(256 * context))
+    prefill_s = prompt / cost.prefill_rate
+    parts = {"prefill_s": prefill_s, "decode_context": context, "model_decode_256": model_256}
+    for key, rate in (("measured", MEASURED_DECODE_256), ("model", model_256)):
+        parts[key + "_s"] = prefill_s + output / rate
+        parts[key + "_req_s"] = len(reqs) / parts[key + "_s"]
+    return parts
+
+
+def print_parts(parts: dict[str, float], records: list[dict[str, Any]]) -> None:
+    print(
+        f"sum of parts: prefill {parts['prefill_s']:.1f} s at the full-chunk rate + decode at "
+        f"batch 256: {parts['measured_s']:.1f} s at the measured {MEASURED_DECODE_256:,.0f} "
+        f"tok/s ({parts['measured_req_s']:.2f} req/s), {parts['model_s']:.1f} s at the model's "
+        f"{parts['model_decode_256']:,.0f} tok/s for the workload's mean decode context of "
+        f"{parts['decode_context']:,.0f} tokens ({parts['model_req_s']:.2f} req/s)"
+    )
+    for r in records:
+        share = [r["request_throughput"] / parts[k + "_req_s"] for k in ("measured", "model")]
+        print(
+            f"  rate {r['request_rate']:g} {r['label']}: {r['request_throughput']:.2f} req/s, "
+            f"{share[0]:.0%} / {share[1]:.0%} of the two sums"
+        )
 
 
 class VirtualClock:
@@ -248,6 +293,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             records.append({"label": label, "request_rate": rate, **summary})
             print(f"rate {rate:g} {label}: done", flush=True)
     print_comparison(records)
+    print_parts(sum_of_parts(reqs, cost), records)
     return records
 
 

@@ -171,6 +171,12 @@ class ServerConfig:
         "size a mixed step's prefill piece from the measured prefill rate so that the step, "
         "decode rows included, lasts about this long (default: no bound)",
     )
+    tpot_target_ms: float | None = _opt(
+        None,
+        "while requests decode, prefill only as much prompt per step as keeps their time per "
+        "output token near this (the decode batch fills while prompts wait; default: prefill "
+        "first, whatever fits)",
+    )
     schedule_policy: str = _opt("fcfs", "waiting-queue order", SCHEDULE_POLICIES)
     schedule_conservativeness: float = _opt(
         1.0,

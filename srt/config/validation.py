@@ -18,7 +18,7 @@ _AT_LEAST_1 = (
     " max_queued_requests mixed_chunk_size cuda_graph_max_bs"
 ).split()
 _ABOVE_0 = (
-    "ttft_target_ms mixed_step_target_ms grammar_compile_timeout_s dump_requests_max_mb"
+    "ttft_target_ms tpot_target_ms mixed_step_target_ms grammar_compile_timeout_s dump_requests_max_mb"
     " max_request_body_mb"
 ).split()
 _BOUNDS = (

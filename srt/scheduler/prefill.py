@@ -190,16 +190,17 @@ class PrefillAdmission:
         chunked: Req | None,
         running: Sequence[Req],
         policy: AdmissionPolicy,
-        num_decode_tokens: int = 0,
+        budget: int | None = None,
     ) -> ScheduledBatch | None:
         """A prefill batch: ``chunked``'s next piece first, then waiting requests in policy
         order while the budget, the pool (less the reserve for ``running`` and for the batch's
-        own requests) and ``max_running_requests`` (counting ``running``) allow. Admitted
+        own requests) and ``max_running_requests`` (counting ``running``) allow; ``budget``:
+        new tokens of the step (default: ``self.budget()``, nothing decoding). Admitted
         requests leave ``waiting``. None when nothing fits; in particular, when ``chunked`` is
         given, a batch always starts with its piece (the scheduler then clears its
         ``chunked``)."""
         batch = ScheduledBatch(ForwardMode.EXTEND)
-        budget = self.budget(num_decode_tokens)
+        budget = self.budget() if budget is None else budget
         promised = self.reserve(running)
         if chunked is not None:
             used = self._add_piece(batch, chunked, budget)

@@ -3,6 +3,8 @@
 Each ``step()`` picks a prefill batch when waiting requests fit (prefill first, as SGLang;
 with chunked prefill it also carries every running request's decode token, see ``prefill.py``),
 otherwise a decode batch of every running request; one forward; sampling; finish checks.
+With ``--tpot-target-ms`` a prefill beside running requests is paced (``pacing.py``): it takes
+only what their time per output token can spare, else the step decodes.
 The I/O around it (ZMQ in the scheduler process, queues in the in-process Engine) calls
 ``handle`` for incoming messages and ``step`` while ``wants_step()``.
 
@@ -57,6 +59,7 @@ from radixlm.srt.scheduler.output import (
     record_prefill_only_logprobs,
 )
 from radixlm.srt.scheduler.overlap import InflightDecode, launch_decode
+from radixlm.srt.scheduler.pacing import PrefillPacer
 from radixlm.srt.scheduler.policy import make_policy
 from radixlm.srt.scheduler.prefill import PrefillAdmission, PrefillRate, mixed_batch
 from radixlm.srt.scheduler.profiling import StepProfiler
@@ -123,6 +126,12 @@ class Scheduler:
             self.stats.count_token,
         )
         self.admission = PrefillAdmission(r.cfg, self.kv, self.stats, self.prefill_rate)
+        target = cfg.tpot_target_ms  # prefill paced for the running requests (pacing.py)
+        self.pacer = PrefillPacer(
+            None if target is None else target / 1000,
+            self.admission.chunk_size,
+            self.prefill_rate,
+        )
         self.overlap = r.device.type == "cuda" and not cfg.disable_overlap_schedule
         self.inflight: InflightDecode | None = None
         self.traces = SchedulerTraces(make_tracer(TraceSettings.from_config(cfg), "scheduler"))
@@ -320,6 +329,7 @@ class Scheduler:
     # ---------------------------------------------------------------- the step
     def step(self) -> BatchTokenOut | None:
         self.timeline.begin(self)
+        self.pacer.begin_step(time.monotonic(), len(self.running))
         self._admit_compiled_grammars()
         self.retention.expire()
         touched: list[Req] = self._poll_disaggregation()
@@ -331,6 +341,8 @@ class Scheduler:
                 self._preempt_for_priority()
                 batch, is_prefill = self._schedule_prefill()
             batch = batch or self._schedule_decode()
+        if batch is not None:
+            self.pacer.on_step(not is_prefill or self._mixes_decode(batch), is_prefill)
         self.timeline.batch(self, batch)
         if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
@@ -396,8 +408,11 @@ class Scheduler:
             if decode is None or self.num_retractions > retractions:
                 return decode, False  # the pool is full: no admission this step
         num_decode_tokens = sum(decode.extend_lens) if decode is not None else 0
+        budget = self.pacer.budget(self.admission.budget(num_decode_tokens), len(self.running))
+        if budget <= 0:
+            return decode, False  # the running requests' turn: the credit is spent
         prefill = self.admission.schedule(
-            self.waiting, self.chunked, self.running, self.policy, num_decode_tokens
+            self.waiting, self.chunked, self.running, self.policy, budget
         )
         if prefill is None:
             return decode, False
@@ -405,6 +420,11 @@ class Scheduler:
             self.rule.note_served(req)  # fair scheduling's round robin
         self.chunked = None  # its piece is in the batch; _run sets it again until it completes
         return (prefill if decode is None else mixed_batch(prefill, decode)), True
+
+    def _mixes_decode(self, batch: ScheduledBatch) -> bool:
+        """Whether a prefill batch also computes the running requests' next tokens."""
+        running = {id(r) for r in self.running}
+        return any(id(r) in running for r in batch.reqs)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         """One new token per running request; requests with jump-forward tokens pending
@@ -519,7 +539,8 @@ class Scheduler:
         if self.chunked is not None or not self.running:
             return False
         if self.waiting and not self.admission.blocked(self.waiting, self.running):
-            return False  # resolve first: the next step may admit some
+            if self.pacer.budget(self.admission.budget(), len(self.running)) > 0:
+                return False  # resolve first: the next step may admit some
         if self.rule.may_preempt(self.waiting, self.running):
             return False  # resolve first: the next step may retract some for a waiting one
         if self.spec.enabled and any(self.spec.is_candidate(r) for r in self.running):

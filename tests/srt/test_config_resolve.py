@@ -149,3 +149,5 @@ def test_a_mixed_step_cap_turns_mixed_steps_on_and_is_checked(monkeypatch):
         config_from_kwargs(mixed_chunk_size=0)
     with pytest.raises(ValueError, match="mixed_step_target_ms must be > 0"):
         config_from_kwargs(mixed_step_target_ms=0.0)
+    with pytest.raises(ValueError, match="tpot_target_ms must be > 0"):
+        config_from_kwargs(tpot_target_ms=-1.0)

@@ -9,9 +9,15 @@ from pathlib import Path
 import pytest
 
 from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
-from radixlm.srt.bench.datasets import RandomTokens, long_tailed_requests
+from radixlm.srt.bench.datasets import BenchRequest, RandomTokens, long_tailed_requests
 from radixlm.srt.bench.serving_report import Slo
-from radixlm.srt.bench.serving_sim import CONTEXT, CostModel, server_config, simulate
+from radixlm.srt.bench.serving_sim import (
+    CONTEXT,
+    CostModel,
+    server_config,
+    simulate,
+    sum_of_parts,
+)
 
 
 def test_the_cost_model_charges_the_weights_once_per_step() -> None:
@@ -23,11 +29,31 @@ def test_the_cost_model_charges_the_weights_once_per_step() -> None:
         decode_row=0.25,
         decode_ctx=0.001,
         mixed_extra=4.0,
+        mixed_token=0.001,
     )
     assert m.step_s(0, 0, 0, 0) == 0.0
     assert m.step_s(1000, 0, 0, 0) == pytest.approx(1.5)  # prefill only
     assert m.step_s(0, 0, 4, 1000) == pytest.approx(2.0 + 1.0 + 1.0)  # decode only
-    assert m.step_s(1000, 0, 4, 1000) == pytest.approx(1.5 + 1.0 + 1.0 + 4.0)  # mixed
+    assert m.step_s(1000, 0, 4, 1000) == pytest.approx(1.5 + 1.0 + 1.0 + 4.0 + 1.0)  # mixed
+
+
+def test_the_default_cost_model_meets_the_h100_decode_figures() -> None:
+    """The issue's H100 figures: batch 1 in 5.99 ms (cuBLAS) and 13,090 tok/s at batch 256,
+    both over 1,024-token prompts with up to 64 tokens decoded (mean context ~1,056)."""
+    m = CostModel()
+    assert m.step_s(0, 0, 1, 1056) == pytest.approx(0.00599, rel=0.02)
+    assert 256 / m.step_s(0, 0, 256, 256 * 1056) == pytest.approx(13090, rel=0.02)
+
+
+def test_the_sum_of_parts_adds_the_prompts_and_the_output_at_their_rates() -> None:
+    reqs = [BenchRequest([1] * 1000, 100), BenchRequest([1] * 3000, 300)]
+    cost = CostModel(prefill_rate=1000.0)
+    parts = sum_of_parts(reqs, cost)
+    assert parts["prefill_s"] == pytest.approx(4.0)
+    assert parts["measured_s"] == pytest.approx(4.0 + 400 / 13090)
+    context = (1000 * 100 + 100**2 / 2 + 3000 * 300 + 300**2 / 2) / 400
+    assert parts["decode_context"] == pytest.approx(context)
+    assert parts["model_req_s"] == pytest.approx(2 / parts["model_s"])
 
 
 @pytest.mark.slow  # a scheduler over a tiny model, a few hundred steps
@@ -40,6 +66,7 @@ def test_a_simulated_run_completes_and_the_bound_holds(tmp_path: Path) -> None:
         ("alone", "--disable-mixed-chunk"),
         ("mixed", "--enable-mixed-chunk"),
         ("bounded", "--mixed-step-target-ms 50"),
+        ("paced", "--disable-mixed-chunk --tpot-target-ms 50"),
     ):
         cfg = server_config(flags, str(folder))
         got[label] = simulate(cfg, reqs, 20.0, cost, Slo(), seed=3)
@@ -53,3 +80,7 @@ def test_a_simulated_run_completes_and_the_bound_holds(tmp_path: Path) -> None:
     # the measured rate (step time, decode rows included) never beats the modelled prefill rate
     assert 0 < bounded["max_mixed_prefill_tokens"] <= int(cost.prefill_rate * 0.050)
     assert got["mixed"]["step_timeline"]["max_mixed_prefill_tokens"] > cost.prefill_rate * 0.050
+    paced = got["paced"]
+    assert paced["step_timeline"]["mixed_share"] == 0
+    # one chunk's stall at most, spread over the running requests' tokens
+    assert paced["tpot_ms"]["p99"] < got["alone"]["tpot_ms"]["p99"]

@@ -128,3 +128,28 @@ def test_admission_keeps_room_for_the_running_requests_output(tiny_llama_dir, re
     assert greedy_info["num_retractions"] > 0
     assert careful_info["num_retractions"] == 0
     assert 0 < careful_info["new_token_ratio"] < 0.7  # decayed over the decode steps
+
+
+def test_paced_prefill_gives_the_same_greedy_outputs(tiny_llama_dir, reference, monkeypatch):
+    """A 1 ms TPOT target on a CPU (slower decode steps than that: prompts get the pacer's
+    minimum share, so the queue joins between decode steps) changes order and batching only."""
+    from radixlm.srt.scheduler.pacing import PrefillPacer
+
+    paced = []
+    budget = PrefillPacer.budget
+
+    def spy(self, budget_tokens, num_running):
+        out = budget(self, budget_tokens, num_running)
+        paced.append(out < budget_tokens)
+        return out
+
+    monkeypatch.setattr(PrefillPacer, "budget", spy)
+    outputs, _ = run_workload(
+        tiny_llama_dir,
+        max_total_tokens=4096,
+        chunked_prefill_size=16,
+        disable_mixed_chunk=True,
+        tpot_target_ms=1.0,
+    )
+    assert outputs == reference
+    assert any(paced)  # some steps decoded, or prefilled less, while prompts waited
