@@ -164,3 +164,31 @@ def test_abort_while_a_step_is_in_flight(tiny_llama_dir):
     assert outputs["r1"][1]["type"] == "length" and len(outputs["r1"][0]) == 11
     info = s.server_info()
     assert info["available"] + info["evictable"] + info["protected"] == info["max_total_tokens"]
+
+
+def test_paced_prefill_chains_decode_while_admissible_requests_wait(tiny_llama_dir):
+    """With a 1 ms TPOT target (CPU decode steps are slower: the pacer grants prompts a share
+    only now and then) requests that could be admitted wait while decode steps chain; the
+    final tokens are those of the synchronous, unpaced scheduler."""
+    _, sync_out, _ = _run_all(tiny_llama_dir, overlap=False, late=True)
+    s = _scheduler(tiny_llama_dir, overlap=True, tpot_target_ms=1.0, disable_mixed_chunk=True)
+    paced_chains = []
+    can_chain = s._can_chain_decode
+
+    def spy():
+        ok = can_chain()
+        admissible = bool(s.waiting) and not s.admission.blocked(s.waiting, s.running)
+        paced_chains.append(ok and admissible)
+        return ok
+
+    s._can_chain_decode = spy
+    for i in range(3):
+        _submit(s, i, PARAMS[i])
+    for _ in range(4):
+        s.step()
+    for i in range(3, len(PROMPTS)):
+        _submit(s, i, PARAMS[i])
+    outputs: dict = {}
+    _drain(s, outputs)
+    assert any(paced_chains)
+    assert {k: v for k, v in outputs.items() if v[1]} == {k: v for k, v in sync_out.items() if v[1]}
