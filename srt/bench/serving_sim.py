@@ -52,6 +52,7 @@ from radixlm.srt.bench.serving_report import RequestOutput, Slo, summarize
 from radixlm.srt.bench.step_timeline import summarize_steps
 from radixlm.srt.config import ServerConfig, add_cli_args, config_from_args
 from radixlm.srt.messages import TokenizedGenerateReq
+from radixlm.srt.scheduler import policy as policy_module
 from radixlm.srt.scheduler import scheduler as scheduler_module
 from radixlm.srt.scheduler.scheduler import Scheduler
 
@@ -119,7 +120,8 @@ def print_parts(parts: dict[str, float], records: list[dict[str, Any]]) -> None:
 
 
 class VirtualClock:
-    """Stands in for the ``time`` module of the scheduler (``monotonic``, ``perf_counter``)."""
+    """Stands in for the ``time`` module of the scheduler and its queue order (``monotonic``,
+    ``perf_counter``)."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -152,14 +154,13 @@ def simulate(
 ) -> dict[str, Any]:
     """One rate: the summary ``bench_serving`` would print, with its step timeline."""
     clock = VirtualClock()
+    virtual = SimpleNamespace(monotonic=clock.monotonic, perf_counter=clock.perf_counter)
     real_time = scheduler_module.time
-    scheduler_module.time = SimpleNamespace(
-        monotonic=clock.monotonic, perf_counter=clock.perf_counter
-    )
+    scheduler_module.time = policy_module.time = virtual
     try:
         return _simulate(cfg, reqs, rate, cost, slo, seed, clock)
     finally:
-        scheduler_module.time = real_time
+        scheduler_module.time = policy_module.time = real_time
 
 
 def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "spf")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

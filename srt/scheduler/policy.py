@@ -6,10 +6,15 @@
   than it saves).
 - ``dfs-weight``: walk the radix tree depth first, heaviest subtree (most waiting requests)
   first, so requests sharing a prefix are admitted together.
+- ``spf``: shortest prompt first, so short requests are not queued behind long prefills
+  (radixlm's own; SGLang has ``lof``, longest output first). Bounded: a request that has waited
+  more than ``SPF_MAX_WAIT_S`` goes before every younger one (the oldest first), so a long
+  prompt is overtaken for that long at most.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -17,6 +22,7 @@ from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 
 LPM_MAX_QUEUE = 128
+SPF_MAX_WAIT_S = 2.0  # spf: waited longer than this, a request is no longer overtaken
 IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
 
 
@@ -86,7 +92,17 @@ class DFSWeightPolicy:
         return out
 
 
-POLICIES = {p.name: p for p in (FCFSPolicy, LPMPolicy, DFSWeightPolicy)}
+class ShortestPromptFirstPolicy:
+    name = "spf"
+
+    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+        now = time.monotonic()
+        overdue = [r for r in waiting if now - r.arrival_time > SPF_MAX_WAIT_S]
+        young = [r for r in waiting if now - r.arrival_time <= SPF_MAX_WAIT_S]
+        return overdue + sorted(young, key=lambda r: len(r.prompt_ids))  # stable: fcfs ties
+
+
+POLICIES = {p.name: p for p in (FCFSPolicy, LPMPolicy, DFSWeightPolicy, ShortestPromptFirstPolicy)}
 
 
 def make_policy(name: str):
