@@ -10,7 +10,9 @@
 #   bash srt/bench/gpu_runs.sh int4test int4tune int4quant  # int4 kernel tests, int4_mm vs the
 #                                              # older kernels (projections, then the 8B step)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
-#   DEADLINE=420 bash srt/bench/gpu_runs.sh servepace  # prefill first vs --tpot-target-ms 50
+#   DEADLINE=570 bash srt/bench/gpu_runs.sh servepace  # prefill first vs --tpot-target-ms 50
+#                                              # vs that and --schedule-policy spf
+#                                              # (SERVEPACE_VARIANTS picks: default paced spf spfpaced)
 #
 # Runs the checkout it lives in without installing it (the top-level folders are linked into a
 # `radixlm` package under /tmp). Optional environment: WHEELS (a folder of wheels installed with
@@ -107,14 +109,17 @@ for s in "$@"; do
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
-    servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT
+    servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT,
+      # then paced with shortest prompt first (bounded)
       rm -f "$RESULTS/servepace.jsonl"
-      for v in default paced; do
+      for v in ${SERVEPACE_VARIANTS:-default paced spfpaced}; do
         case $v in
           default) flags="" ;;
           paced) flags="--tpot-target-ms ${TPOT_TARGET_MS:-50}" ;;
+          spf) flags="--schedule-policy spf" ;;
+          spfpaced) flags="--tpot-target-ms ${TPOT_TARGET_MS:-50} --schedule-policy spf" ;;
         esac
-        section "servepace-$v" 200 $SERVING --request-rates "${SERVEPACE_RATES:-8,12,32}" $flags \
+        section "servepace-$v" 180 $SERVING --request-rates "${SERVEPACE_RATES:-8,12,32}" $flags \
           --label "$v" --output-file "$RESULTS/servepace.jsonl" --step-timeline "$RESULTS/steps-pace-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servepace.jsonl" | tee "$RESULTS/servepace.txt" ;;

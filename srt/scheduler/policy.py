@@ -22,7 +22,7 @@ from radixlm.srt.scheduler.batch import ScheduledBatch
 from radixlm.srt.scheduler.req import Req
 
 LPM_MAX_QUEUE = 128
-SPF_MAX_WAIT_S = 2.0  # spf: waited longer than this, a request is no longer overtaken
+SPF_MAX_WAIT_S = 5.0  # spf: waited longer than this, a request is no longer overtaken
 IN_BATCH_PREFIX_MIN_SHARED = 32  # defer a request sharing this many uncached tokens in-batch
 
 
