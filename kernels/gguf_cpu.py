@@ -369,12 +369,12 @@ Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
   return Acts{q.data(), d.data(), s.data(), k, qp.data()};
 }
 
-// out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation
+// out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation.
+// gemm_rows runs as an orphaned `omp for`: shared by the team inside a parallel region (the
+// whole-model step of cpu_step.py), all on the caller outside one
 template <typename A, typename RowFn>
-void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
-  const int64_t nb = a.k / QK;
-  const bool par = threads > 1 && n * a.k * m >= (int64_t(1) << 16);
-  #pragma omp parallel for num_threads(threads) schedule(static) if (par)
+void gemm_rows(A a, int64_t m, int64_t n, float* out, RowFn row) {
+  #pragma omp for schedule(static)
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
       const A t = a.rows_from(r0);
@@ -387,6 +387,13 @@ void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
       }
     }
   }
+}
+
+template <typename A, typename RowFn>
+void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
+  const bool par = threads > 1 && n * a.k * m >= (int64_t(1) << 16);
+  #pragma omp parallel num_threads(threads) if (par)
+  gemm_rows(a, m, n, out, row);
 }
 
 struct Q41 {
@@ -442,6 +449,17 @@ void q8_0_16(const T* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* c
 }  // namespace
 
 extern "C" {
+
+// q4_1_f32 as a part of the caller's parallel region: one thread quantises the activations,
+// the team shares the output rows (cpu_step.py takes its address)
+void q4_1_rows_f32(const float* x, int64_t m, int64_t x_stride, int64_t k,
+                   const uint8_t* codes, const float* d, const float* mins, int64_t n,
+                   float* out) {
+  Acts a;
+  #pragma omp single copyprivate(a)
+  a = quantize(x, m, x_stride, k);
+  gemm_rows(a, m, n, out, Q41{codes, d, mins, k});
+}
 
 // 0 scalar, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI: the dot product this build runs
 int radixlm_gguf_isa() {

@@ -11,6 +11,7 @@ from torch import nn
 
 from radixlm.kernels import cpu_decode, fused, gemv
 from radixlm.srt.distributed import TPGroup
+from radixlm.srt.models.int4_step import Int4StepRunner
 from radixlm.srt.models.layers import (
     RMSNorm,
     RotaryEmbedding,
@@ -243,6 +244,14 @@ class LlamaModel(nn.Module):
             self.make_layer(config, i, options, tp) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._int4_step: Int4StepRunner | None | bool = False  # False: not looked at yet
+
+    def int4_step(self) -> Int4StepRunner | None:
+        """The CPU decode step of an int4 model (``srt/models/int4_step.py``), None where its
+        layers do not qualify; looked at on first use (int4 layers are set after loading)."""
+        if self._int4_step is False:
+            self._int4_step = Int4StepRunner.for_model(self)
+        return self._int4_step
 
     def make_layer(
         self, config: ModelConfig, layer_id: int, options: DecoderOptions, tp: TPGroup
@@ -253,6 +262,11 @@ class LlamaModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
+        if input_ids.device.type == "cpu" and fb.mode.is_decode:
+            step = self.int4_step()
+            batch = step.serves(input_ids, fb) if step is not None else None
+            if batch is not None:  # every layer in one C++ call
+                return step.forward(input_ids, positions, fb, batch)
         hidden, residual = self.embed_tokens(input_ids), None
         rope = self.rotary_emb.cos_sin(positions, hidden.dtype)
         for layer in self.layers:

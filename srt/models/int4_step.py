@@ -1,0 +1,108 @@
+"""The int4 Llama decoder's decode step in one C++ call on the CPU (``kernels/cpu_step.py``).
+
+:meth:`Int4StepRunner.for_model` looks once at a model's layers: every one a plain
+:class:`LlamaDecoderLayer` (no q/k norms, biases, soft-cap or sinks) whose four linears are
+:class:`~radixlm.kernels.int4_cpu.Int4Linear` (``--quantization int4``) over float32 weights.
+Then each decode batch of 1..``gguf_cpu.MAX_ROWS`` rows that the cpu attention backend serves
+runs as embedding lookup, cos/sin, one call for the layers and the final norm; everything else
+(prefill, bigger batches, an fp8 pool, KV calibration, the kernels switched off) takes the
+layer-by-layer path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.kernels import cpu_step, gguf_cpu
+from radixlm.kernels.attention.base import attention_sinks, attention_window, logit_cap
+from radixlm.kernels.int4_cpu import Int4Linear
+
+if TYPE_CHECKING:
+    from radixlm.srt.executor.forward_batch import ForwardBatch
+
+
+def _int4(module: torch.nn.Module) -> Int4Linear | None:
+    """The module's Int4Linear forward (set by ``quantize.py``) if it has no bias."""
+    fwd = module.__dict__.get("forward")
+    return fwd if isinstance(fwd, Int4Linear) and fwd.bias is None else None
+
+
+class Int4StepRunner:
+    """Runs ``model`` (a ``LlamaModel``) through an :class:`cpu_step.Int4DecodeStep`."""
+
+    def __init__(self, model, step: cpu_step.Int4DecodeStep):
+        self.model, self.step = model, step
+        self._pool = None  # the KV pool the step is bound to
+
+    @classmethod
+    def for_model(cls, model) -> Int4StepRunner | None:
+        """A runner where every layer qualifies (see the module docstring), else None."""
+        from radixlm.srt.models.layers import RMSNorm
+        from radixlm.srt.models.llama import LlamaDecoderLayer
+
+        layers = []
+        for layer in model.layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if type(layer) is not LlamaDecoderLayer or attn.qk_norm:
+                return None
+            norms = (layer.input_layernorm, layer.post_attention_layernorm, model.norm)
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
+                return None
+            if logit_cap(attn) or attention_sinks(attn) is not None:
+                return None
+            linears = [_int4(m) for m in (attn.qkv_proj, attn.o_proj)]
+            linears += [_int4(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
+            if any(q is None or q.dense_weight.dtype != torch.float32 for q in linears):
+                return None
+            norm1, norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            qkv, o, gate_up, down = (q.q4_1 for q in linears)
+            window = attention_window(attn)
+            layers.append(cpu_step.LayerWeights(norm1, norm2, qkv, o, gate_up, down, window))
+        if not layers:
+            return None
+        first = model.layers[0]
+        attn = first.self_attn
+        dims = cpu_step.Dims(
+            hidden=first.input_layernorm.weight.shape[0],
+            heads=attn.num_heads,
+            kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            inter=first.mlp.down_proj.in_features,
+        )
+        eps = {
+            n.eps
+            for layer in model.layers
+            for n in (layer.input_layernorm, layer.post_attention_layernorm)
+        } | {model.norm.eps}
+        scales = {layer.self_attn.scaling for layer in model.layers}
+        if len(eps) != 1 or len(scales) != 1:
+            return None
+        step = cpu_step.Int4DecodeStep(layers, model.norm.weight, dims, eps.pop(), scales.pop())
+        return cls(model, step)
+
+    def serves(self, input_ids: torch.Tensor, fb: ForwardBatch):
+        """The batch's attention indices (``cpu_decode.DecodeBatch``) when the step takes this
+        forward, else None."""
+        if not (fb.mode.is_decode and input_ids.device.type == "cpu"):
+            return None
+        if not (0 < input_ids.shape[0] <= gguf_cpu.MAX_ROWS and cpu_step.available()):
+            return None
+        decode_batch = getattr(fb.attn_backend, "decode_batch", None)
+        batch = decode_batch(fb, torch.float32) if decode_batch is not None else None
+        if batch is None or fb.kv_pool.direct_write_target(0) is None:  # None: calibrating
+            return None
+        return batch
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, batch):
+        """The final norm's output ``[B, hidden]``; the new K/V are in the pool."""
+        pool, model = fb.kv_pool, self.model
+        pool.layer_loads.wait_all()  # host-tier loads of every layer are in place
+        if pool is not self._pool:
+            kv = [pool.get_kv(i) for i in range(len(model.layers))]
+            self.step.bind_pool([k for k, _ in kv], [v for _, v in kv])
+            self._pool = pool
+        residual = model.embed_tokens(input_ids)
+        cos, sin = model.rotary_emb.cos_sin(positions, torch.float32)
+        return self.step.run(residual, batch, cos, sin)
