@@ -81,24 +81,28 @@ inline void put(uint16_t* p, int64_t i, float x) { p[i] = to_bf16(x); }
 // every function named *_rows below runs its loop as an orphaned `omp for`: inside a parallel
 // region (cpu_step.py's whole-model step) the team shares it, outside one the caller runs it all;
 // each item is computed the same way either way
+// one head of d values rotated in place (neox halves): x * cos rounded, then one fused
+// multiply-add of swap(x) * signed sin, as torch.addcmul
+template <typename T>
+void rope_head(T* p, const T* c, const T* s, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = load(p, i), x2 = load(p, i + half);
+    const float a1 = round_to(x1 * load(c, i), p);
+    const float a2 = round_to(x2 * load(c, i + half), p);
+    put(p, i, std::fma(x2, load(s, i), a1));
+    put(p, i + half, std::fma(x1, load(s, i + half), a2));
+  }
+}
+
 template <typename T>
 void rope_rows(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, const T* cos,
                const T* sin, int64_t cs_stride) {
-  const int64_t half = d / 2;
   const int64_t items = rows * heads;
   #pragma omp for schedule(static)
   for (int64_t it = 0; it < items; ++it) {
     const int64_t r = it / heads, h = it % heads;
-    T* p = x + r * row_stride + h * d;
-    const T* c = cos + r * cs_stride;
-    const T* s = sin + r * cs_stride;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = load(p, i), x2 = load(p, i + half);
-      const float a1 = round_to(x1 * load(c, i), p);
-      const float a2 = round_to(x2 * load(c, i + half), p);
-      put(p, i, std::fma(x2, load(s, i), a1));
-      put(p, i + half, std::fma(x1, load(s, i + half), a2));
-    }
+    rope_head(x + r * row_stride + h * d, cos + r * cs_stride, sin + r * cs_stride, d);
   }
 }
 
@@ -195,6 +199,27 @@ void decode_rows(const DecodeArgs& a, const T* q, const T* k_new, const T* v_new
   }
 }
 
+// item `it` (request, KV head) of decode_rows for q, k, v in one row of qkv that rope has not
+// rotated yet: it rotates its own query heads and key head, writes its K/V head into the pool
+// and attends (no other item reads them, so items need no barrier between the three)
+template <typename T>
+void rope_decode_item(const DecodeArgs& a, int64_t it, T* qkv, const T* cos, const T* sin,
+                      int64_t cs_stride, T* k_buf, T* v_buf, T* out) {
+  static thread_local std::vector<float> qf, acc, scores;
+  const int64_t d = a.d, group = a.heads / a.kv_heads, row = a.kv_heads * d;
+  const int64_t b = it / a.kv_heads, kh = it % a.kv_heads;
+  T* q = qkv + b * a.q_stride;
+  T* k = q + a.heads * d + kh * d;
+  T* v = k + row;
+  const T* c = cos + b * cs_stride;
+  const T* s = sin + b * cs_stride;
+  for (int64_t g = 0; g < group; ++g) rope_head(q + (kh * group + g) * d, c, s, d);
+  rope_head(k, c, s, d);
+  std::memcpy(k_buf + a.out_slots[b] * row + kh * d, k, d * sizeof(T));
+  std::memcpy(v_buf + a.out_slots[b] * row + kh * d, v, d * sizeof(T));
+  attend_item(a, b, kh, qkv, k_buf, v_buf, out, qf, acc, scores);
+}
+
 template <typename T>
 void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots,
             const int64_t* seq_lens, const int64_t* out_slots, int64_t batch, const T* q,
@@ -280,22 +305,24 @@ float torch_sum_squares(const float* x, int64_t n) {
 
 // rows of x (+ residual, written to sum; sum may be residual itself) normalised:
 // out = x * (1 / sqrt(mean(x^2) + eps)) * w, rounded as torch's rms_norm rounds it
+void add_rmsnorm_row(const float* x, const float* res, float* sum, float* out, const float* w,
+                     int64_t d, float eps) {
+  if (res != nullptr) {
+    #pragma omp simd
+    for (int64_t i = 0; i < d; ++i) sum[i] = x[i] + res[i];
+    x = sum;
+  }
+  const float inv = 1.f / std::sqrt(torch_sum_squares(x, d) / float(d) + eps);
+  #pragma omp simd
+  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+}
+
 void add_rmsnorm_rows(const float* x, const float* res, float* sum, float* out, const float* w,
                       int64_t rows, int64_t d, float eps) {
   #pragma omp for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float* sr = sum == nullptr ? nullptr : sum + r * d;
-    if (res != nullptr) {
-      const float* rr = res + r * d;
-      #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) sr[i] = xr[i] + rr[i];
-      xr = sr;
-    }
-    const float inv = 1.f / std::sqrt(torch_sum_squares(xr, d) / float(d) + eps);
-    float* o = out + r * d;
-    #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+    add_rmsnorm_row(x + r * d, res == nullptr ? nullptr : res + r * d,
+                    sum == nullptr ? nullptr : sum + r * d, out + r * d, w, d, eps);
   }
 }
 
@@ -337,19 +364,21 @@ inline float sleef_expf(float d) {
 // x / (1 + exp(-x)) with SLEEF's exp over whole steps of `vec` elements of a row and the C
 // library's expf for the row's last n % vec (vec 0: the C library's everywhere); in chunks of
 // 512 columns over the team
+void silu_mul_span(const float* g, float* o, int64_t n, int64_t lo, int64_t hi, int64_t tail) {
+  const float* u = g + n;
+  const int64_t mid = std::max(lo, std::min(hi, tail));
+  #pragma omp simd
+  for (int64_t i = lo; i < mid; ++i) o[i] = g[i] / (1.f + sleef_expf(-g[i])) * u[i];
+  for (int64_t i = mid; i < hi; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
 void silu_mul_rows(const float* x, float* out, int64_t rows, int64_t n, int64_t vec) {
   const int64_t chunks = (n + 511) / 512;
   const int64_t tail = vec > 0 ? n - n % vec : 0;
   #pragma omp for schedule(static)
   for (int64_t it = 0; it < rows * chunks; ++it) {
-    const int64_t r = it / chunks, lo = it % chunks * 512, hi = std::min(n, lo + 512);
-    const float* g = x + r * 2 * n;
-    const float* u = g + n;
-    float* o = out + r * n;
-    const int64_t mid = std::max(lo, std::min(hi, tail));
-    #pragma omp simd
-    for (int64_t i = lo; i < mid; ++i) o[i] = g[i] / (1.f + sleef_expf(-g[i])) * u[i];
-    for (int64_t i = mid; i < hi; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    const int64_t r = it / chunks, lo = it % chunks * 512;
+    silu_mul_span(x + r * 2 * n, out + r * n, n, lo, std::min(n, lo + 512), tail);
   }
 }
 
@@ -402,21 +431,20 @@ void decode_bf16(const int64_t* table, int64_t table_stride, const int64_t* req_
          k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
 }
 
-// the float32 kernels as parts of a caller's parallel region (cpu_step.py takes their addresses)
-void rope_rows_f32(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d,
-                   const float* cos, const float* sin, int64_t cs_stride) {
-  rope_rows(x, rows, row_stride, heads, d, cos, sin, cs_stride);
+// float32 pieces of cpu_step.py's whole-model step (it takes their addresses), each run by
+// the calling thread alone: one item of the fused rope + K/V write + attention, a norm row, a
+// silu row
+void rope_decode_item_f32(const DecodeArgs* a, int64_t item, float* qkv, const float* cos,
+                          const float* sin, int64_t cs_stride, float* k_buf, float* v_buf,
+                          float* out) {
+  rope_decode_item(*a, item, qkv, cos, sin, cs_stride, k_buf, v_buf, out);
 }
-void decode_rows_f32(const DecodeArgs* a, const float* q, const float* k_new,
-                     const float* v_new, float* k_buf, float* v_buf, float* out) {
-  decode_rows(*a, q, k_new, v_new, k_buf, v_buf, out);
+void rmsnorm_row_f32(const float* x, const float* res, float* sum, float* out, const float* w,
+                     int64_t d, float eps) {
+  add_rmsnorm_row(x, res, sum, out, w, d, eps);
 }
-void rmsnorm_rows_f32(const float* x, const float* res, float* sum, float* out, const float* w,
-                      int64_t rows, int64_t d, float eps) {
-  add_rmsnorm_rows(x, res, sum, out, w, rows, d, eps);
-}
-void silu_mul_rows_f32(const float* x, float* out, int64_t rows, int64_t n, int64_t vec) {
-  silu_mul_rows(x, out, rows, n, vec);
+void silu_mul_row_f32(const float* x, float* out, int64_t n, int64_t vec) {
+  silu_mul_span(x, out, n, 0, n, vec > 0 ? n - n % vec : 0);
 }
 
 }  // extern "C"

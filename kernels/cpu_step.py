@@ -37,26 +37,34 @@ import torch
 from radixlm.kernels import cpu_decode, gguf_cpu
 
 SOURCE = r"""
+#include <omp.h>
+#include <sched.h>
+
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RADIXLM_PAUSE() _mm_pause()
+#else
+#define RADIXLM_PAUSE() ((void)0)
+#endif
 
 namespace {
 
-using Q41Fn = void (*)(const float*, int64_t, int64_t, int64_t, const uint8_t*, const float*,
-                       const float*, int64_t, float*);
-using RopeFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
-                        int64_t);
-using DecodeFn = void (*)(const void*, const float*, const float*, const float*, float*, float*,
-                          float*);
-using NormFn = void (*)(const float*, const float*, float*, float*, const float*, int64_t,
-                        int64_t, float);
-using SiluFn = void (*)(const float*, float*, int64_t, int64_t, int64_t);
+using SpanFn = void (*)(const float*, int64_t, int64_t, int64_t, const uint8_t*, const float*,
+                        const float*, int64_t, int64_t, int64_t, float*, int);
+using ItemFn = void (*)(const void*, int64_t, float*, const float*, const float*, int64_t,
+                        float*, float*, float*);
+using NormFn = void (*)(const float*, const float*, float*, float*, const float*, int64_t, float);
+using SiluFn = void (*)(const float*, float*, int64_t, int64_t);
 
-struct Kernels {  // the libraries' *_rows_f32 entry points
-  Q41Fn q4_1;
-  RopeFn rope;
-  DecodeFn attend;
-  NormFn norm;
-  SiluFn silu;
+struct Kernels {  // the libraries' entry points, each run by the calling thread alone
+  SpanFn q4_1;  // output rows [j0, j1) of a Q4_1 GEMV
+  ItemFn attend;  // one (request, KV head) item: rope, K/V write, attention
+  NormFn norm;  // one row of add + RMSNorm
+  SiluFn silu;  // one row of silu * mul
 };
 
 struct Q4 {  // a Q4_1 weight [n, k]
@@ -93,53 +101,178 @@ struct Dims {
   int64_t silu_vec;  // cpu_decode.silu_vec()
 };
 
-void q4(const Kernels& f, const float* x, int64_t m, int64_t k, const Q4& w, float* out) {
-  f.q4_1(x, m, k, k, w.codes, w.d, w.m, w.n, out);
-}
+// The step is a sequence of stages (5 per layer, then the final norm), each cut into chunks
+// (GEMV output rows, attention items, rows) that any thread takes from a counter once the
+// stage before is complete. A thread the OS has descheduled holds the others up only while it
+// holds a chunk (an OpenMP barrier per stage would wait for it at every stage).
+struct alignas(64) Stage {
+  std::atomic<int64_t> taken{0};
+  std::atomic<int64_t> done{0};
+};
+
+constexpr int64_t GEMV_CHUNK = 32;  // output rows per chunk
+
+struct Shared {
+  const Kernels* f;
+  const Layer* layers;
+  int64_t num_layers;
+  const Dims* dims;
+  DecodeArgs args;
+  const float* cos;
+  const float* sin;
+  int64_t cs_stride;
+  float eps;
+  int64_t B;
+  float* res[2];  // [B, hidden] the residual stream, read from one and written to the other
+  float* x;  // [B, hidden] the last GEMV's output
+  float* qkv;
+  float* att;
+  float* gate_up;
+  float* out;
+  const float* final_norm;
+  Stage* stages;
+};
+
+// one thread's walk through the stages; `own_sum` and `own` are its private rows
+class Walker {
+ public:
+  Walker(const Shared& sh, float* own_sum, float* own) : sh_(sh), own_sum_(own_sum), own_(own) {}
+
+  void run() {
+    const Dims& dm = *sh_.dims;
+    const int64_t D = dm.hidden, q_size = dm.heads * dm.head_dim;
+    for (int64_t l = 0; l < sh_.num_layers; ++l) {
+      const Layer& L = sh_.layers[l];
+      gemv(L.qkv, D, sh_.qkv, own_, [&] { add_norm(L.norm1, l == 0); }, l > 0);
+      DecodeArgs a = sh_.args;
+      a.window = L.window;
+      stage(sh_.B * dm.kv_heads, [] {}, [&](int64_t it, bool) {
+        sh_.f->attend(&a, it, sh_.qkv, sh_.cos, sh_.sin, sh_.cs_stride, L.k_buf, L.v_buf,
+                      sh_.att);
+      });
+      gemv(L.o, q_size, sh_.x, sh_.att, [] {}, false);
+      gemv(L.gate_up, D, sh_.gate_up, own_, [&] { add_norm(L.norm2, false); }, true);
+      gemv(L.down, dm.inter, sh_.x, own_, [&] { silu(); }, false);
+    }
+    stage(sh_.B, [] {}, [&](int64_t b, bool) {  // the final norm, a row per chunk
+      sh_.f->norm(sh_.x + b * D, sh_.res[cur_] + b * D, own_sum_ + b * D, sh_.out + b * D,
+                  sh_.final_norm, D, sh_.eps);
+    });
+  }
+
+ private:
+  // stage `next_` in `chunks` chunks: waits for the previous stage, then takes chunks;
+  // prepare() runs before this thread's first chunk, work(c, first) does chunk c
+  template <typename Prep, typename Work>
+  void stage(int64_t chunks, Prep prepare, Work work) {
+    if (next_ > 0) wait(sh_.stages[next_ - 1], last_chunks_);
+    Stage& st = sh_.stages[next_];
+    bool ready = false;
+    for (int64_t c; (c = st.taken.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      if (!ready) prepare();
+      work(c, !ready);
+      ready = true;
+      st.done.fetch_add(1, std::memory_order_release);
+    }
+    ++next_;
+    last_chunks_ = chunks;
+  }
+
+  // out = in . W^T, GEMV_CHUNK rows per chunk; `in` is computed by prepare() when it is the
+  // thread's own buffer; the taker of chunk 0 stores the residual sum when `stores_residual`
+  template <typename Prep>
+  void gemv(const Q4& w, int64_t k, float* out, const float* in, Prep prepare,
+            bool stores_residual) {
+    const int64_t chunks = (w.n + GEMV_CHUNK - 1) / GEMV_CHUNK;
+    stage(chunks, prepare, [&](int64_t c, bool fresh) {
+      if (c == 0 && stores_residual) {
+        std::memcpy(sh_.res[1 - cur_], own_sum_, sh_.B * sh_.dims->hidden * sizeof(float));
+      }
+      const int64_t j0 = c * GEMV_CHUNK, j1 = j0 + GEMV_CHUNK < w.n ? j0 + GEMV_CHUNK : w.n;
+      sh_.f->q4_1(in, sh_.B, k, k, w.codes, w.d, w.m, w.n, j0, j1, out, fresh ? 1 : 0);
+    });
+    if (stores_residual) cur_ = 1 - cur_;  // every thread, taker or not
+  }
+
+  // own = norm(x + residual) * w, own_sum = x + residual (first layer: own = norm(residual) * w)
+  void add_norm(const float* w, bool first) {
+    const int64_t D = sh_.dims->hidden;
+    for (int64_t b = 0; b < sh_.B; ++b) {
+      const float* r = sh_.res[cur_] + b * D;
+      if (first) sh_.f->norm(r, nullptr, nullptr, own_ + b * D, w, D, sh_.eps);
+      else sh_.f->norm(sh_.x + b * D, r, own_sum_ + b * D, own_ + b * D, w, D, sh_.eps);
+    }
+  }
+
+  void silu() {
+    const Dims& dm = *sh_.dims;
+    for (int64_t b = 0; b < sh_.B; ++b) {
+      sh_.f->silu(sh_.gate_up + b * 2 * dm.inter, own_ + b * dm.inter, dm.inter, dm.silu_vec);
+    }
+  }
+
+  static void wait(const Stage& st, int64_t chunks) {
+    for (int spins = 0; st.done.load(std::memory_order_acquire) < chunks;) {
+      if (++spins < 1000) RADIXLM_PAUSE();
+      else sched_yield();  // on a busy machine: let the holder of the chunk run
+    }
+  }
+
+  const Shared& sh_;
+  float* own_sum_;
+  float* own_;
+  int cur_ = 0;
+  int64_t next_ = 0;
+  int64_t last_chunks_ = 0;
+};
 
 }  // namespace
 
 extern "C" {
 
-int radixlm_step_abi_version() { return 1; }
+int radixlm_step_abi_version() { return 3; }
 
-// residual [B, hidden]: the embeddings in, the last layer's residual stream out; x: scratch
-// of B * (3 * hidden + qkv + heads * head_dim + 3 * inter) floats; out [B, hidden]: the final
-// norm's output. idx: the batch's (table, table stride, req_slots, seq_lens, out_slots).
+// residual [B, hidden]: the embeddings (overwritten); scratch: B * (2 * hidden + qkv +
+// heads * head_dim + 2 * inter) shared floats, then per thread B * (hidden + max(hidden,
+// inter)); out [B, hidden]: the final norm's output. idx: the batch's (table, table stride,
+// req_slots, seq_lens, out_slots).
 void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
                      const int64_t* idx, int64_t batch, const float* cos, const float* sin,
                      int64_t cs_stride, float* residual, float* scratch, const float* final_norm,
                      float* out, const Dims* dims, float eps, float scale, int threads) {
-  const int64_t D = dims->hidden, hd = dims->head_dim;
-  const int64_t q_size = dims->heads * hd, kv_size = dims->kv_heads * hd;
-  const int64_t qkv_size = q_size + 2 * kv_size, B = batch;
-  float* x = scratch;  // the stage's output that the next add + norm takes
-  float* hn = x + B * D;  // normalised rows, a GEMV's input
-  float* qkv = hn + B * D;
-  float* att = qkv + B * qkv_size;
-  float* gu = att + B * q_size;
-  float* act = gu + B * 2 * dims->inter;
-  DecodeArgs a{reinterpret_cast<const int64_t*>(idx[0]), idx[1],
-               reinterpret_cast<const int64_t*>(idx[2]), reinterpret_cast<const int64_t*>(idx[3]),
-               reinterpret_cast<const int64_t*>(idx[4]), B, qkv_size, qkv_size, qkv_size,
-               dims->heads, dims->kv_heads, hd, scale, 0};
-  #pragma omp parallel num_threads(threads) firstprivate(a)
+  const int64_t D = dims->hidden, hd = dims->head_dim, B = batch;
+  const int64_t q_size = dims->heads * hd, qkv_size = q_size + 2 * dims->kv_heads * hd;
+  const int64_t wide = D > dims->inter ? D : dims->inter;
+  std::vector<Stage> stages(5 * num_layers + 1);
+  Shared sh{};
+  sh.f = f;
+  sh.layers = layers;
+  sh.num_layers = num_layers;
+  sh.dims = dims;
+  sh.args = DecodeArgs{reinterpret_cast<const int64_t*>(idx[0]), idx[1],
+                       reinterpret_cast<const int64_t*>(idx[2]),
+                       reinterpret_cast<const int64_t*>(idx[3]),
+                       reinterpret_cast<const int64_t*>(idx[4]), B, qkv_size, qkv_size,
+                       qkv_size, dims->heads, dims->kv_heads, hd, scale, 0};
+  sh.cos = cos;
+  sh.sin = sin;
+  sh.cs_stride = cs_stride;
+  sh.eps = eps;
+  sh.B = B;
+  sh.x = scratch;
+  sh.res[0] = residual;
+  sh.res[1] = sh.x + B * D;
+  sh.qkv = sh.res[1] + B * D;
+  sh.att = sh.qkv + B * qkv_size;
+  sh.gate_up = sh.att + B * q_size;
+  sh.out = out;
+  sh.final_norm = final_norm;
+  sh.stages = stages.data();
+  float* own_base = sh.gate_up + B * 2 * dims->inter;
+  #pragma omp parallel num_threads(threads)
   {
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const Layer& L = layers[l];
-      if (l == 0) f->norm(residual, nullptr, nullptr, hn, L.norm1, B, D, eps);
-      else f->norm(x, residual, residual, hn, L.norm1, B, D, eps);
-      q4(*f, hn, B, D, L.qkv, qkv);
-      f->rope(qkv, B, qkv_size, dims->heads + dims->kv_heads, hd, cos, sin, cs_stride);
-      a.window = L.window;
-      f->attend(&a, qkv, qkv + q_size, qkv + q_size + kv_size, L.k_buf, L.v_buf, att);
-      q4(*f, att, B, q_size, L.o, x);
-      f->norm(x, residual, residual, hn, L.norm2, B, D, eps);
-      q4(*f, hn, B, D, L.gate_up, gu);
-      f->silu(gu, act, B, dims->inter, dims->silu_vec);
-      q4(*f, act, B, dims->inter, L.down, x);
-    }
-    f->norm(x, residual, residual, out, final_norm, B, D, eps);
+    float* own_sum = own_base + omp_get_thread_num() * B * (D + wide);
+    Walker(sh, own_sum, own_sum + B * D).run();
   }
 }
 
@@ -151,11 +284,10 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _STEP_ARGS = [_P, _P, _I, _P, _I, _P, _P, _I, _P, _P, _P, _P, _P, ctypes.c_float]
 _STEP_ARGS += [ctypes.c_float, ctypes.c_int]
 _ENTRY_POINTS = (  # the Kernels struct's fields, in order
-    (gguf_cpu, "q4_1_rows_f32"),
-    (cpu_decode, "rope_rows_f32"),
-    (cpu_decode, "decode_rows_f32"),
-    (cpu_decode, "rmsnorm_rows_f32"),
-    (cpu_decode, "silu_mul_rows_f32"),
+    (gguf_cpu, "q4_1_span_f32"),
+    (cpu_decode, "rope_decode_item_f32"),
+    (cpu_decode, "rmsnorm_row_f32"),
+    (cpu_decode, "silu_mul_row_f32"),
 )
 
 _lock = threading.Lock()
@@ -245,7 +377,7 @@ class Int4DecodeStep:
         self._table = self._weight_table()  # [L, 21] int64; K/V columns set by bind_pool
         self._dims = torch.tensor([*dims, cpu_decode.silu_vec()], dtype=torch.int64)
         self._pool: tuple[torch.Tensor, ...] = ()
-        self._scratch: dict[int, torch.Tensor] = {}  # batch rows -> scratch floats
+        self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> floats
 
     @staticmethod
     def _check(layers: Sequence[LayerWeights], final_norm: torch.Tensor, dims: Dims) -> None:
@@ -281,13 +413,16 @@ class Int4DecodeStep:
         self._table[:, 19] = torch.tensor([b.data_ptr() for b in v_buffers])
         self._pool = (*k_buffers, *v_buffers)
 
-    def _scratch_for(self, rows: int) -> torch.Tensor:
-        buf = self._scratch.get(rows)
+    def _scratch_for(self, rows: int, threads: int) -> torch.Tensor:
+        """Shared buffers, then each thread's own (``decode_step_f32`` says the sizes)."""
+        buf = self._scratch.get((rows, threads))
         if buf is None:
             d = self.dims
-            per_row = 3 * d.hidden + (d.heads + 2 * d.kv_heads) * d.head_dim
-            per_row += d.heads * d.head_dim + 3 * d.inter
-            buf = self._scratch[rows] = torch.empty(rows * per_row, dtype=torch.float32)
+            shared = 2 * d.hidden + (d.heads + 2 * d.kv_heads) * d.head_dim
+            shared += d.heads * d.head_dim + 2 * d.inter
+            own = d.hidden + max(d.hidden, d.inter)
+            size = rows * (shared + threads * own)
+            buf = self._scratch[(rows, threads)] = torch.empty(size, dtype=torch.float32)
         return buf
 
     def run(
@@ -315,6 +450,7 @@ class Int4DecodeStep:
         ):
             raise ValueError(f"residual must be [1..{gguf_cpu.MAX_ROWS}, hidden] float32")
         out = torch.empty_like(residual)
+        threads = torch.get_num_threads()
         idx = torch.tensor([batch.table[0], batch.table[1], *batch.ptrs], dtype=torch.int64)
         lib.decode_step_f32(
             kernels.data_ptr(),
@@ -326,12 +462,12 @@ class Int4DecodeStep:
             sin.data_ptr(),
             cos.stride(0),
             residual.data_ptr(),
-            self._scratch_for(rows).data_ptr(),
+            self._scratch_for(rows, threads).data_ptr(),
             self._final_norm.data_ptr(),
             out.data_ptr(),
             self._dims.data_ptr(),
             self.eps,
             self.scale,
-            torch.get_num_threads(),
+            threads,
         )
         return out
