@@ -9,7 +9,11 @@ request's cached K/V. Two small kernels replace those paths:
   multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
   per layer;
 * :func:`rmsnorm` adds the residual and normalises rows (float32) in one call instead of the
-  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation;
+  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation; both round
+  as torch's float32 CPU ops do, bit for bit: the sum of squares in the order of torch's sum
+  kernel (vectors of 8, four partial sums, a cascade of levels of 16), silu's exp as SLEEF's
+  ``expf_u10`` over torch's vector steps and the C library's ``expf`` on each row's rest
+  (:func:`silu_vec`);
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the

@@ -2,23 +2,29 @@
 
 At batch 1 a CPU decode step of a small model is mostly fixed costs: for each of SmolLM2's 30
 layers about a dozen Python calls, torch ops and output buffers around the C++ kernels, and one
-OpenMP parallel region per kernel (each waking the pool). This kernel runs every layer of a
-decode batch (1..``gguf_cpu.MAX_ROWS`` rows) in one parallel region:
+OpenMP parallel region per kernel (each waking the pool, each a barrier that a descheduled
+thread holds up on a busy machine). This kernel runs every layer of a decode batch
+(1..``gguf_cpu.MAX_ROWS`` rows) and the final norm in one parallel region:
 
-    add + RMSNorm, QKV Q4_1 GEMV, rope, K/V write + paged attention, o GEMV,
+    add + RMSNorm, QKV Q4_1 GEMV, rope + K/V write + paged attention, o GEMV,
     add + RMSNorm, gate/up GEMV, silu * mul, down GEMV        (per layer)
     add + final RMSNorm                                       (then the LM head, as before)
 
-It adds no arithmetic of its own: every stage is the existing kernel's code
-(``cpu_decode.py``'s rope, attention, add+RMSNorm and silu*mul, ``gguf_cpu.py``'s Q4_1 GEMV),
-called through the ``*_rows_f32`` entry points those libraries export for a caller's parallel
-region (their loops are orphaned ``omp for``s: the team shares each stage, with a barrier after
-it). So the step's results equal those kernels called one by one, bit for bit; they differ from
-the layer-by-layer path of an int4 model only where that path uses torch ops instead (its
-RMSNorm and silu * mul: float32 ulps).
+Stages: the GEMVs (in chunks of 32 output rows), the attention's (request, KV head) items and
+the final norm's rows are taken chunk by chunk from a counter by whichever thread is running,
+once the stage before is complete; the norms and silu * mul that feed a GEMV run in each thread
+that takes a chunk of it, on its own copy (as does the activations' int8 quantisation). So
+there are no barriers: a thread the OS has descheduled holds the others up only while it holds
+a chunk.
 
-Buffers: the caller owns them (:class:`Int4DecodeStep` keeps one scratch tensor per batch
-size); nothing is allocated per step but the hidden state's output. ``RADIXLM_CPU_STEP=0``, or
+It adds no arithmetic of its own: every piece is the existing kernels' code (``cpu_decode.py``'s
+rope, attention, add+RMSNorm and silu*mul, ``gguf_cpu.py``'s Q4_1 GEMV) through entry points
+that run one item, row or span of rows on the calling thread. Its results equal those kernels
+called one by one, bit for bit, and so the layer-by-layer int4 path's (whose torch RMSNorm and
+silu round as those kernels do).
+
+Buffers: the caller owns them (:class:`Int4DecodeStep` keeps one scratch tensor per batch size
+and thread count); nothing is allocated per step but the output. ``RADIXLM_CPU_STEP=0``, or
 either library switched off (``RADIXLM_CPU_KERNELS=0``, ``RADIXLM_CPU_GEMV=0``), keeps the
 layer-by-layer path; :func:`disabled` does it for a block of code (benchmarks, tests).
 """

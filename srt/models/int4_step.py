@@ -3,6 +3,7 @@
 :meth:`Int4StepRunner.for_model` looks once at a model's layers: every one a plain
 :class:`LlamaDecoderLayer` (no q/k norms, biases, soft-cap or sinks) whose four linears are
 :class:`~radixlm.kernels.int4_cpu.Int4Linear` (``--quantization int4``) over float32 weights.
+The model must be a plain ``LlamaModel`` (families that override its forward keep their own).
 Then each decode batch of 1..``gguf_cpu.MAX_ROWS`` rows that the cpu attention backend serves
 runs as embedding lookup, cos/sin, one call for the layers and the final norm; everything else
 (prefill, bigger batches, an fp8 pool, KV calibration, the kernels switched off) takes the
@@ -18,6 +19,7 @@ import torch
 from radixlm.kernels import cpu_step, gguf_cpu
 from radixlm.kernels.attention.base import attention_sinks, attention_window, logit_cap
 from radixlm.kernels.int4_cpu import Int4Linear
+from radixlm.srt.models.layers import RMSNorm
 
 if TYPE_CHECKING:
     from radixlm.srt.executor.forward_batch import ForwardBatch
@@ -27,6 +29,29 @@ def _int4(module: torch.nn.Module) -> Int4Linear | None:
     """The module's Int4Linear forward (set by ``quantize.py``) if it has no bias."""
     fwd = module.__dict__.get("forward")
     return fwd if isinstance(fwd, Int4Linear) and fwd.bias is None else None
+
+
+def _norms(layer) -> tuple:
+    return (layer.input_layernorm, layer.post_attention_layernorm)
+
+
+def _layer_weights(layer) -> cpu_step.LayerWeights | None:
+    """What the step reads of ``layer``, None where it does not qualify."""
+    from radixlm.srt.models.llama import LlamaDecoderLayer
+
+    if type(layer) is not LlamaDecoderLayer:
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.qk_norm or logit_cap(attn) or attention_sinks(attn) is not None:
+        return None
+    if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in _norms(layer)):
+        return None
+    linears = [_int4(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    if any(q is None or q.dense_weight.dtype != torch.float32 for q in linears):
+        return None
+    qkv, o, gate_up, down = (q.q4_1 for q in linears)
+    norm1, norm2 = (n.weight for n in _norms(layer))
+    return cpu_step.LayerWeights(norm1, norm2, qkv, o, gate_up, down, attention_window(attn))
 
 
 class Int4StepRunner:
@@ -39,46 +64,26 @@ class Int4StepRunner:
     @classmethod
     def for_model(cls, model) -> Int4StepRunner | None:
         """A runner where every layer qualifies (see the module docstring), else None."""
-        from radixlm.srt.models.layers import RMSNorm
-        from radixlm.srt.models.llama import LlamaDecoderLayer
+        from radixlm.srt.models.llama import LlamaModel
 
-        layers = []
-        for layer in model.layers:
-            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            if type(layer) is not LlamaDecoderLayer or attn.qk_norm:
-                return None
-            norms = (layer.input_layernorm, layer.post_attention_layernorm, model.norm)
-            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
-                return None
-            if logit_cap(attn) or attention_sinks(attn) is not None:
-                return None
-            linears = [_int4(m) for m in (attn.qkv_proj, attn.o_proj)]
-            linears += [_int4(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
-            if any(q is None or q.dense_weight.dtype != torch.float32 for q in linears):
-                return None
-            norm1, norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-            qkv, o, gate_up, down = (q.q4_1 for q in linears)
-            window = attention_window(attn)
-            layers.append(cpu_step.LayerWeights(norm1, norm2, qkv, o, gate_up, down, window))
-        if not layers:
+        if type(model) is not LlamaModel or not len(model.layers):
+            return None
+        layers = [_layer_weights(layer) for layer in model.layers]
+        norms = [n for layer in model.layers for n in _norms(layer)] + [model.norm]
+        eps = {n.eps for n in norms}
+        scales = {layer.self_attn.scaling for layer in model.layers}
+        if any(w is None for w in layers) or len(eps) != 1 or len(scales) != 1:
+            return None
+        if type(model.norm) is not RMSNorm or model.norm.weight.dtype != torch.float32:
             return None
         first = model.layers[0]
-        attn = first.self_attn
         dims = cpu_step.Dims(
             hidden=first.input_layernorm.weight.shape[0],
-            heads=attn.num_heads,
-            kv_heads=attn.num_kv_heads,
-            head_dim=attn.head_dim,
+            heads=first.self_attn.num_heads,
+            kv_heads=first.self_attn.num_kv_heads,
+            head_dim=first.self_attn.head_dim,
             inter=first.mlp.down_proj.in_features,
         )
-        eps = {
-            n.eps
-            for layer in model.layers
-            for n in (layer.input_layernorm, layer.post_attention_layernorm)
-        } | {model.norm.eps}
-        scales = {layer.self_attn.scaling for layer in model.layers}
-        if len(eps) != 1 or len(scales) != 1:
-            return None
         step = cpu_step.Int4DecodeStep(layers, model.norm.weight, dims, eps.pop(), scales.pop())
         return cls(model, step)
 

@@ -157,3 +157,16 @@ def test_step_checks_its_weights_and_buffers(model):
         step.bind_pool(
             [torch.zeros(4, 2, 16, dtype=torch.bfloat16)] * 2, [torch.zeros(4, 2, 16)] * 2
         )
+
+
+def test_switches_turn_the_step_off(monkeypatch):
+    with gguf_cpu.disabled():  # RADIXLM_CPU_GEMV=0's switch
+        assert not cpu_step.available()
+    with cpu_decode.disabled():  # RADIXLM_CPU_KERNELS=0's
+        assert not cpu_step.available()
+    monkeypatch.setenv("RADIXLM_CPU_STEP", "0")
+    monkeypatch.setattr(cpu_step, "_state", {})  # built again: the variable is read then
+    assert not cpu_step.available()
+    monkeypatch.delenv("RADIXLM_CPU_STEP")
+    monkeypatch.setattr(cpu_step, "_state", {})
+    assert cpu_step.available()
