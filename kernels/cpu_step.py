@@ -12,8 +12,9 @@ thread holds up on a busy machine). This kernel runs every layer of a decode bat
 
 Stages: the GEMVs (in chunks of 32 output rows), the attention's (request, KV head) items and
 the final norm's rows are taken chunk by chunk from a counter by whichever thread is running,
-once the stage before is complete; the norms and silu * mul that feed a GEMV run in each thread
-that takes a chunk of it, on its own copy (as does the activations' int8 quantisation). So
+once the stage before is complete; the norms (and silu * mul of 1-2 rows) that feed a GEMV run
+in each thread that takes a chunk of it, on its own copy (as does the activations' int8
+quantisation); silu * mul of more rows is a stage of its own. So
 there are no barriers: a thread the OS has descheduled holds the others up only while it holds
 a chunk.
 
@@ -107,7 +108,7 @@ struct Dims {
   int64_t silu_vec;  // cpu_decode.silu_vec()
 };
 
-// The step is a sequence of stages (5 per layer, then the final norm), each cut into chunks
+// The step is a sequence of stages (5 or 6 per layer, then the final norm), each cut into chunks
 // (GEMV output rows, attention items, rows) that any thread takes from a counter once the
 // stage before is complete. A thread the OS has descheduled holds the others up only while it
 // holds a chunk (an OpenMP barrier per stage would wait for it at every stage).
@@ -117,6 +118,9 @@ struct alignas(64) Stage {
 };
 
 constexpr int64_t GEMV_CHUNK = 32;  // output rows per chunk
+// up to this many rows each thread computes silu * mul itself before its first chunk of the
+// down GEMV; more rows are a stage of their own (the rows' work shared, one wait more)
+constexpr int64_t PRIVATE_SILU_ROWS = 2;
 
 struct Shared {
   const Kernels* f;
@@ -134,6 +138,7 @@ struct Shared {
   float* qkv;
   float* att;
   float* gate_up;
+  float* act;  // [B, inter] silu * mul (more than PRIVATE_SILU_ROWS rows)
   float* out;
   const float* final_norm;
   Stage* stages;
@@ -158,7 +163,12 @@ class Walker {
       });
       gemv(L.o, q_size, sh_.x, sh_.att, [] {}, false);
       gemv(L.gate_up, D, sh_.gate_up, own_, [&] { add_norm(L.norm2, false); }, true);
-      gemv(L.down, dm.inter, sh_.x, own_, [&] { silu(); }, false);
+      if (sh_.B <= PRIVATE_SILU_ROWS) {  // each thread takes the few rows itself
+        gemv(L.down, dm.inter, sh_.x, own_, [&] { silu(own_); }, false);
+      } else {  // a stage of its own, a row per chunk, into the shared rows
+        stage(sh_.B, [] {}, [&](int64_t b, bool) { silu_row(b, sh_.act); });
+        gemv(L.down, dm.inter, sh_.x, sh_.act, [] {}, false);
+      }
     }
     stage(sh_.B, [] {}, [&](int64_t b, bool) {  // the final norm, a row per chunk
       sh_.f->norm(sh_.x + b * D, sh_.res[cur_] + b * D, own_sum_ + b * D, sh_.out + b * D,
@@ -210,11 +220,13 @@ class Walker {
     }
   }
 
-  void silu() {
+  void silu_row(int64_t b, float* act) {
     const Dims& dm = *sh_.dims;
-    for (int64_t b = 0; b < sh_.B; ++b) {
-      sh_.f->silu(sh_.gate_up + b * 2 * dm.inter, own_ + b * dm.inter, dm.inter, dm.silu_vec);
-    }
+    sh_.f->silu(sh_.gate_up + b * 2 * dm.inter, act + b * dm.inter, dm.inter, dm.silu_vec);
+  }
+
+  void silu(float* act) {
+    for (int64_t b = 0; b < sh_.B; ++b) silu_row(b, act);
   }
 
   static void wait(const Stage& st, int64_t chunks) {
@@ -239,7 +251,7 @@ extern "C" {
 int radixlm_step_abi_version() { return 3; }
 
 // residual [B, hidden]: the embeddings (overwritten); scratch: B * (2 * hidden + qkv +
-// heads * head_dim + 2 * inter) shared floats, then per thread B * (hidden + max(hidden,
+// heads * head_dim + 3 * inter) shared floats, then per thread B * (hidden + max(hidden,
 // inter)); out [B, hidden]: the final norm's output. idx: the batch's (table, table stride,
 // req_slots, seq_lens, out_slots).
 void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
@@ -249,7 +261,7 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
   const int64_t D = dims->hidden, hd = dims->head_dim, B = batch;
   const int64_t q_size = dims->heads * hd, qkv_size = q_size + 2 * dims->kv_heads * hd;
   const int64_t wide = D > dims->inter ? D : dims->inter;
-  std::vector<Stage> stages(5 * num_layers + 1);
+  std::vector<Stage> stages(6 * num_layers + 1);
   Shared sh{};
   sh.f = f;
   sh.layers = layers;
@@ -274,7 +286,8 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
   sh.out = out;
   sh.final_norm = final_norm;
   sh.stages = stages.data();
-  float* own_base = sh.gate_up + B * 2 * dims->inter;
+  sh.act = sh.gate_up + B * 2 * dims->inter;
+  float* own_base = sh.act + B * dims->inter;
   #pragma omp parallel num_threads(threads)
   {
     float* own_sum = own_base + omp_get_thread_num() * B * (D + wide);
@@ -425,7 +438,7 @@ class Int4DecodeStep:
         if buf is None:
             d = self.dims
             shared = 2 * d.hidden + (d.heads + 2 * d.kv_heads) * d.head_dim
-            shared += d.heads * d.head_dim + 2 * d.inter
+            shared += d.heads * d.head_dim + 3 * d.inter
             own = d.hidden + max(d.hidden, d.inter)
             size = rows * (shared + threads * own)
             buf = self._scratch[(rows, threads)] = torch.empty(size, dtype=torch.float32)
