@@ -170,3 +170,23 @@ def test_switches_turn_the_step_off(monkeypatch):
     monkeypatch.delenv("RADIXLM_CPU_STEP")
     monkeypatch.setattr(cpu_step, "_state", {})
     assert cpu_step.available()
+
+
+def test_sliding_window_layers(tmp_path):
+    model = load_model(write_checkpoint("llama", tmp_path), torch.float32, "cpu")
+    quantize_model(model, "int4", CPU)
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window = 6  # each query sees its last 6 keys
+    session, reqs = prefilled(model, [20, 3])
+    fb = next_batch(session, reqs, seed=3)
+    with torch.inference_mode():
+        with cpu_step.disabled():
+            ref = model.model(fb.input_ids, fb.positions, fb)
+        out = model.model(fb.input_ids, fb.positions, fb)
+    assert model.model.int4_step().serves(fb.input_ids, fb) is not None
+    assert torch.equal(out, ref)
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window = None
+    with torch.inference_mode(), cpu_step.disabled():
+        unwindowed = model.model(fb.input_ids, fb.positions, fb)
+    assert not torch.equal(unwindowed, out)  # the window took keys away
