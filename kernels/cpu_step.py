@@ -66,12 +66,21 @@ using ItemFn = void (*)(const void*, int64_t, float*, const float*, const float*
                         float*, float*, float*);
 using NormFn = void (*)(const float*, const float*, float*, float*, const float*, int64_t, float);
 using SiluFn = void (*)(const float*, float*, int64_t, int64_t);
+using HeadFn = void (*)(const float*, int64_t, int64_t, int64_t, const int8_t*, const float*,
+                        int64_t, int64_t, int64_t, float*, int);
 
 struct Kernels {  // the libraries' entry points, each run by the calling thread alone
   SpanFn q4_1;  // output rows [j0, j1) of a Q4_1 GEMV
   ItemFn attend;  // one (request, KV head) item: rope, K/V write, attention
   NormFn norm;  // one row of add + RMSNorm
   SiluFn silu;  // one row of silu * mul
+  HeadFn head;  // output rows [j0, j1) of the Q8_0 LM head (int16 activations)
+};
+
+struct Head {  // the LM head's Q8_0 weight [vocab, hidden]; codes null: no head in the step
+  const int8_t* codes;
+  const float* d;
+  int64_t vocab;
 };
 
 struct Q4 {  // a Q4_1 weight [n, k]
@@ -118,6 +127,7 @@ struct alignas(64) Stage {
 };
 
 constexpr int64_t GEMV_CHUNK = 32;  // output rows per chunk
+constexpr int64_t HEAD_CHUNK = 512;  // LM head rows (vocabulary entries) per chunk
 // up to this many rows each thread computes silu * mul itself before its first chunk of the
 // down GEMV; more rows are a stage of their own (the rows' work shared, one wait more)
 constexpr int64_t PRIVATE_SILU_ROWS = 2;
@@ -141,6 +151,8 @@ struct Shared {
   float* act;  // [B, inter] silu * mul (more than PRIVATE_SILU_ROWS rows)
   float* out;
   const float* final_norm;
+  Head head;
+  float* logits;  // [B, vocab]
   Stage* stages;
 };
 
@@ -173,6 +185,12 @@ class Walker {
     stage(sh_.B, [] {}, [&](int64_t b, bool) {  // the final norm, a row per chunk
       sh_.f->norm(sh_.x + b * D, sh_.res[cur_] + b * D, own_sum_ + b * D, sh_.out + b * D,
                   sh_.final_norm, D, sh_.eps);
+    });
+    const Head& h = sh_.head;
+    if (h.codes == nullptr) return;
+    stage((h.vocab + HEAD_CHUNK - 1) / HEAD_CHUNK, [] {}, [&](int64_t c, bool fresh) {
+      const int64_t j0 = c * HEAD_CHUNK, j1 = j0 + HEAD_CHUNK < h.vocab ? j0 + HEAD_CHUNK : h.vocab;
+      sh_.f->head(sh_.out, sh_.B, D, D, h.codes, h.d, h.vocab, j0, j1, sh_.logits, fresh ? 1 : 0);
     });
   }
 
@@ -248,20 +266,21 @@ class Walker {
 
 extern "C" {
 
-int radixlm_step_abi_version() { return 3; }
+int radixlm_step_abi_version() { return 4; }
 
 // residual [B, hidden]: the embeddings (overwritten); scratch: B * (2 * hidden + qkv +
 // heads * head_dim + 3 * inter) shared floats, then per thread B * (hidden + max(hidden,
-// inter)); out [B, hidden]: the final norm's output. idx: the batch's (table, table stride,
-// req_slots, seq_lens, out_slots).
+// inter)); out [B, hidden]: the final norm's output; logits [B, vocab]: the LM head's (when
+// head->codes is set). idx: the batch's (table, table stride, req_slots, seq_lens, out_slots).
 void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
                      const int64_t* idx, int64_t batch, const float* cos, const float* sin,
                      int64_t cs_stride, float* residual, float* scratch, const float* final_norm,
-                     float* out, const Dims* dims, float eps, float scale, int threads) {
+                     float* out, const Dims* dims, float eps, float scale, const Head* head,
+                     float* logits, int threads) {
   const int64_t D = dims->hidden, hd = dims->head_dim, B = batch;
   const int64_t q_size = dims->heads * hd, qkv_size = q_size + 2 * dims->kv_heads * hd;
   const int64_t wide = D > dims->inter ? D : dims->inter;
-  std::vector<Stage> stages(6 * num_layers + 1);
+  std::vector<Stage> stages(6 * num_layers + 2);
   Shared sh{};
   sh.f = f;
   sh.layers = layers;
@@ -285,6 +304,8 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
   sh.gate_up = sh.att + B * q_size;
   sh.out = out;
   sh.final_norm = final_norm;
+  sh.head = *head;
+  sh.logits = logits;
   sh.stages = stages.data();
   sh.act = sh.gate_up + B * 2 * dims->inter;
   float* own_base = sh.act + B * dims->inter;
@@ -301,12 +322,13 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
 FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _STEP_ARGS = [_P, _P, _I, _P, _I, _P, _P, _I, _P, _P, _P, _P, _P, ctypes.c_float]
-_STEP_ARGS += [ctypes.c_float, ctypes.c_int]
+_STEP_ARGS += [ctypes.c_float, _P, _P, ctypes.c_int]
 _ENTRY_POINTS = (  # the Kernels struct's fields, in order
     (gguf_cpu, "q4_1_span_f32"),
     (cpu_decode, "rope_decode_item_f32"),
     (cpu_decode, "rmsnorm_row_f32"),
     (cpu_decode, "silu_mul_row_f32"),
+    (gguf_cpu, "q8_0_x16_span_f32"),
 )
 
 _lock = threading.Lock()
@@ -388,11 +410,23 @@ class Int4DecodeStep:
         dims: Dims,
         eps: float,
         scale: float,
+        head: gguf_cpu.Q8_0 | None = None,
     ):
+        """``head``: the LM head's Q8_0 weight ``[vocab, hidden]``, multiplied in the same call
+        (int16 activations, as ``quantize.SmallBatchLMHead``); None: the caller's."""
         self._check(layers, final_norm, dims)
+        if head is not None and (
+            head.codes.shape[1] != dims.hidden or head.codes.dtype != torch.int8
+        ):
+            raise ValueError(f"the head must be a Q8_0 weight of [vocab, {dims.hidden}]")
         self.dims, self.eps, self.scale = dims, eps, scale
         self._layers = list(layers)  # keeps the weights the table points at alive
         self._final_norm = final_norm
+        self._head = head
+        vocab = 0 if head is None else head.codes.shape[0]
+        ptrs = [0, 0] if head is None else [head.codes.data_ptr(), head.d.data_ptr()]
+        self._head_args = torch.tensor([*ptrs, vocab], dtype=torch.int64)  # the C++ Head
+        self._vocab = vocab
         self._table = self._weight_table()  # [L, 21] int64; K/V columns set by bind_pool
         self._dims = torch.tensor([*dims, cpu_decode.silu_vec()], dtype=torch.int64)
         self._pool: tuple[torch.Tensor, ...] = ()
@@ -450,12 +484,13 @@ class Int4DecodeStep:
         batch: cpu_decode.DecodeBatch,
         cos: torch.Tensor,
         sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """Every layer for the batch's rows, then the final norm: ``residual`` ``[B, hidden]``
-        contiguous float32 (the embeddings; overwritten with the residual stream) -> the final
-        norm's output ``[B, hidden]``. ``cos``/``sin``: ``RotaryEmbedding.cos_sin`` of the
-        batch's positions (float32); ``batch``: its indices, as the attention kernel takes them.
-        Writes the new tokens' K/V into the bound pool."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer for the batch's rows, then the final norm (and the LM head): ``residual``
+        ``[B, hidden]`` contiguous float32 (the embeddings; overwritten) -> (the final norm's
+        output ``[B, hidden]``, the logits ``[B, vocab]`` float32 or None without a head).
+        ``cos``/``sin``: ``RotaryEmbedding.cos_sin`` of the batch's positions (float32);
+        ``batch``: its indices, as the attention kernel takes them. Writes the new tokens' K/V
+        into the bound pool."""
         if not self._pool:
             raise RuntimeError("bind_pool first")
         lib, kernels = _library()  # type: ignore[misc]
@@ -469,6 +504,8 @@ class Int4DecodeStep:
         ):
             raise ValueError(f"residual must be [1..{gguf_cpu.MAX_ROWS}, hidden] float32")
         out = torch.empty_like(residual)
+        vocab = self._vocab
+        logits = torch.empty((rows, vocab), dtype=torch.float32) if vocab else None
         threads = torch.get_num_threads()
         idx = torch.tensor([batch.table[0], batch.table[1], *batch.ptrs], dtype=torch.int64)
         lib.decode_step_f32(
@@ -487,6 +524,8 @@ class Int4DecodeStep:
             self._dims.data_ptr(),
             self.eps,
             self.scale,
+            self._head_args.data_ptr(),
+            None if logits is None else logits.data_ptr(),
             threads,
         )
-        return out
+        return out, logits

@@ -456,6 +456,16 @@ void q4_1_span_f32(const float* x, int64_t m, int64_t x_stride, int64_t k, const
   for (int64_t j = j0; j < j1; ++j) gemm_row(a, m, n, out, row, j);
 }
 
+// output rows [j0, j1) of q8_0_x16_f32 (the LM head), on the calling thread; `fresh` as above
+void q8_0_x16_span_f32(const float* x, int64_t m, int64_t x_stride, int64_t k,
+                       const int8_t* codes, const float* d, int64_t n, int64_t j0, int64_t j1,
+                       float* out, int fresh) {
+  static thread_local Acts16 a;
+  if (fresh) a = quantize16(x, m, x_stride, k);
+  const Q80x16 row{codes, d, k};
+  for (int64_t j = j0; j < j1; ++j) gemm_row(a, m, n, out, row, j);
+}
+
 // 0 scalar, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI: the dot product this build runs
 int radixlm_gguf_isa() {
 #if defined(RADIXLM_VNNI)

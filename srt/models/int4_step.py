@@ -54,6 +54,16 @@ def _layer_weights(layer) -> cpu_step.LayerWeights | None:
     return cpu_step.LayerWeights(norm1, norm2, qkv, o, gate_up, down, attention_window(attn))
 
 
+def _q8_0_head(lm_head) -> gguf_cpu.Q8_0 | None:
+    """The Q8_0 weight the int4 LM head multiplies 1..``MAX_ROWS`` rows by, if it does."""
+    from radixlm.srt.models.quantize import SmallBatchLMHead
+
+    fwd = None if lm_head is None else lm_head.__dict__.get("forward")
+    if not isinstance(fwd, SmallBatchLMHead) or fwd.q8_0 is None:
+        return None
+    return fwd.q8_0 if fwd.max_rows >= gguf_cpu.MAX_ROWS else None
+
+
 class Int4StepRunner:
     """Runs ``model`` (a ``LlamaModel``) through an :class:`cpu_step.Int4DecodeStep`."""
 
@@ -62,8 +72,10 @@ class Int4StepRunner:
         self._pool = None  # the KV pool the step is bound to
 
     @classmethod
-    def for_model(cls, model) -> Int4StepRunner | None:
-        """A runner where every layer qualifies (see the module docstring), else None."""
+    def for_model(cls, model, lm_head=None) -> Int4StepRunner | None:
+        """A runner where every layer qualifies (see the module docstring), else None;
+        ``lm_head`` (an ``LMHead`` module): multiplied in the same call where it is int4 mode's
+        Q8_0 head (``quantize.SmallBatchLMHead``)."""
         from radixlm.srt.models.llama import LlamaModel
 
         if type(model) is not LlamaModel or not len(model.layers):
@@ -84,7 +96,10 @@ class Int4StepRunner:
             head_dim=first.self_attn.head_dim,
             inter=first.mlp.down_proj.in_features,
         )
-        step = cpu_step.Int4DecodeStep(layers, model.norm.weight, dims, eps.pop(), scales.pop())
+        head = _q8_0_head(lm_head)
+        step = cpu_step.Int4DecodeStep(
+            layers, model.norm.weight, dims, eps.pop(), scales.pop(), head
+        )
         return cls(model, step)
 
     def serves(self, input_ids: torch.Tensor, fb: ForwardBatch):
@@ -100,8 +115,11 @@ class Int4StepRunner:
             return None
         return batch
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, batch):
-        """The final norm's output ``[B, hidden]``; the new K/V are in the pool."""
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, batch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the final norm's output ``[B, hidden]``, the logits ``[B, vocab]`` or None without
+        a head in the step); the new K/V are in the pool."""
         pool, model = fb.kv_pool, self.model
         pool.layer_loads.wait_all()  # host-tier loads of every layer are in place
         if pool is not self._pool:

@@ -94,10 +94,10 @@ def test_step_equals_its_kernels_one_by_one(model, lens):
         fb = next_batch(session, reqs, seed=step)
         ref = kernels_one_by_one(model, fb)
         ref_pool = pool_state(session)
-        runner = model.model.int4_step()
+        runner = model.int4_step()
         assert runner and runner.serves(fb.input_ids, fb) is not None
         with torch.inference_mode():
-            out = model.model(fb.input_ids, fb.positions, fb)
+            out = model(fb.input_ids, fb.positions, fb)
         assert torch.equal(out, ref)
         assert all(torch.equal(a, b) for a, b in zip(pool_state(session), ref_pool, strict=True))
 
@@ -110,17 +110,31 @@ def test_step_equals_the_layer_path(model, lens):
         fb = next_batch(session, reqs, seed=5 + step)
         with torch.inference_mode():
             with cpu_step.disabled():
-                ref = model.model(fb.input_ids, fb.positions, fb)
-            out = model.model(fb.input_ids, fb.positions, fb)
+                ref = model(fb.input_ids, fb.positions, fb)
+            out = model(fb.input_ids, fb.positions, fb)
         assert torch.equal(out, ref)
+
+
+def test_step_computes_the_lm_head_logits(model):
+    session, reqs = prefilled(model, [12, 40])
+    fb = next_batch(session, reqs, seed=9)
+    with torch.inference_mode():
+        with cpu_step.disabled():
+            ref = model.compute_logits(model(fb.input_ids, fb.positions, fb))
+        hidden = model(fb.input_ids, fb.positions, fb)
+        assert model._step_logits is not None  # computed in the step's call
+        logits = model.compute_logits(hidden)
+        assert torch.equal(logits, ref)
+        assert torch.equal(model.compute_logits(hidden), ref)  # taken once, then the head's
+        assert torch.equal(model.compute_logits(hidden[:1]), ref[:1])  # other rows: the head
 
 
 def test_step_serves_only_the_batches_it_can(model):
     session, reqs = prefilled(model, [9] * 17)
     fb = next_batch(session, reqs, seed=1)  # 17 rows: more than the GEMVs take
     with torch.inference_mode():
-        model.model(fb.input_ids, fb.positions, fb)
-    runner = model.model.int4_step()
+        model(fb.input_ids, fb.positions, fb)
+    runner = model.int4_step()
     assert runner is not None and runner.serves(fb.input_ids, fb) is None
     fb = next_batch(session, reqs[:4], seed=2)
     assert runner.serves(fb.input_ids, fb) is not None
@@ -181,12 +195,12 @@ def test_sliding_window_layers(tmp_path):
     fb = next_batch(session, reqs, seed=3)
     with torch.inference_mode():
         with cpu_step.disabled():
-            ref = model.model(fb.input_ids, fb.positions, fb)
-        out = model.model(fb.input_ids, fb.positions, fb)
-    assert model.model.int4_step().serves(fb.input_ids, fb) is not None
+            ref = model(fb.input_ids, fb.positions, fb)
+        out = model(fb.input_ids, fb.positions, fb)
+    assert model.int4_step().serves(fb.input_ids, fb) is not None
     assert torch.equal(out, ref)
     for layer in model.model.layers:
         layer.self_attn.sliding_window = None
     with torch.inference_mode(), cpu_step.disabled():
-        unwindowed = model.model(fb.input_ids, fb.positions, fb)
+        unwindowed = model(fb.input_ids, fb.positions, fb)
     assert not torch.equal(unwindowed, out)  # the window took keys away
