@@ -8,13 +8,13 @@ thread holds up on a busy machine). This kernel runs every layer of a decode bat
 
     add + RMSNorm, QKV Q4_1 GEMV, rope + K/V write + paged attention, o GEMV,
     add + RMSNorm, gate/up GEMV, silu * mul, down GEMV        (per layer)
-    add + final RMSNorm                                       (then the LM head, as before)
+    add + final RMSNorm, the Q8_0 LM head (int4 mode's, where given)
 
-Stages: the GEMVs (in chunks of 32 output rows), the attention's (request, KV head) items and
-the final norm's rows are taken chunk by chunk from a counter by whichever thread is running,
-once the stage before is complete; the norms (and silu * mul of 1-2 rows) that feed a GEMV run
-in each thread that takes a chunk of it, on its own copy (as does the activations' int8
-quantisation); silu * mul of more rows is a stage of its own. So
+Stages: the GEMVs (in chunks of 32 output rows), the attention's (request, KV head) items, the
+final norm's rows and the head's rows (chunks of 512) are taken chunk by chunk from a counter
+by whichever thread is running, once the stage before is complete; the norms (and silu * mul
+of 1-2 rows) that feed a GEMV run in each thread that takes a chunk of it, on its own copy (as
+does the activations' int8 quantisation); silu * mul of more rows is a stage of its own. So
 there are no barriers: a thread the OS has descheduled holds the others up only while it holds
 a chunk.
 
