@@ -9,7 +9,11 @@ request's cached K/V. Two small kernels replace those paths:
   multiply-add of ``swap(x) * signed_sin``, as ``torch.addcmul``), one call instead of eight ops
   per layer;
 * :func:`rmsnorm` adds the residual and normalises rows (float32) in one call instead of the
-  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation;
+  add and rms_norm's seven ops, and :func:`silu_and_mul` the gated MLP's activation; both round
+  as torch's float32 CPU ops do, bit for bit: the sum of squares in the order of torch's sum
+  kernel (vectors of 8, four partial sums, a cascade of levels of 16), silu's exp as SLEEF's
+  ``expf_u10`` over torch's vector steps and the C library's ``expf`` on each row's rest
+  (:func:`silu_vec`);
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
@@ -78,25 +82,146 @@ inline float round_to(float x, const uint16_t*) {
 inline void put(float* p, int64_t i, float x) { p[i] = x; }
 inline void put(uint16_t* p, int64_t i, float x) { p[i] = to_bf16(x); }
 
+// every function named *_rows below runs its loop as an orphaned `omp for`: inside a parallel
+// region (cpu_step.py's whole-model step) the team shares it, outside one the caller runs it all;
+// each item is computed the same way either way
+// one head of d values rotated in place (neox halves): x * cos rounded, then one fused
+// multiply-add of swap(x) * signed sin, as torch.addcmul
+template <typename T>
+void rope_head(T* p, const T* c, const T* s, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = load(p, i), x2 = load(p, i + half);
+    const float a1 = round_to(x1 * load(c, i), p);
+    const float a2 = round_to(x2 * load(c, i + half), p);
+    put(p, i, std::fma(x2, load(s, i), a1));
+    put(p, i + half, std::fma(x1, load(s, i + half), a2));
+  }
+}
+
+template <typename T>
+void rope_rows(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, const T* cos,
+               const T* sin, int64_t cs_stride) {
+  const int64_t items = rows * heads;
+  #pragma omp for schedule(static)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t r = it / heads, h = it % heads;
+    rope_head(x + r * row_stride + h * d, cos + r * cs_stride, sin + r * cs_stride, d);
+  }
+}
+
 template <typename T>
 void rope(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, const T* cos,
           const T* sin, int64_t cs_stride, int threads) {
-  const int64_t half = d / 2;
-  const int64_t items = rows * heads;
-  #pragma omp parallel for num_threads(threads) if (threads > 1 && items >= 64)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t r = it / heads, h = it % heads;
-    T* p = x + r * row_stride + h * d;
-    const T* c = cos + r * cs_stride;
-    const T* s = sin + r * cs_stride;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = load(p, i), x2 = load(p, i + half);
-      const float a1 = round_to(x1 * load(c, i), p);
-      const float a2 = round_to(x2 * load(c, i + half), p);
-      put(p, i, std::fma(x2, load(s, i), a1));
-      put(p, i + half, std::fma(x1, load(s, i + half), a2));
+  #pragma omp parallel num_threads(threads) if (threads > 1 && rows * heads >= 64)
+  rope_rows(x, rows, row_stride, heads, d, cos, sin, cs_stride);
+}
+
+struct DecodeArgs {  // one decode attention call (decode() below says what each field is)
+  const int64_t* table;
+  int64_t table_stride;
+  const int64_t* req_slots;
+  const int64_t* seq_lens;
+  const int64_t* out_slots;
+  int64_t batch;
+  int64_t q_stride, k_stride, v_stride;
+  int64_t heads, kv_heads, d;
+  float scale;
+  int64_t window;
+};
+
+// request b's attention for KV head kh: all of the GQA group's query heads per key row, an
+// exact two-pass softmax, float32 sums; qf, acc, scores: the calling thread's scratch
+template <typename T>
+void attend_item(const DecodeArgs& a, int64_t b, int64_t kh, const T* q, const T* k_buf,
+                 const T* v_buf, T* out, std::vector<float>& qf, std::vector<float>& acc,
+                 std::vector<float>& scores) {
+  const int64_t d = a.d, row = a.kv_heads * d, group = a.heads / a.kv_heads;
+  const int64_t len = a.seq_lens[b];
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+  const int64_t n = len - lo;
+  const int64_t* slots = a.table + a.req_slots[b] * a.table_stride + lo;
+  const T* qb = q + b * a.q_stride + kh * group * d;
+  qf.resize(group * d);
+  acc.assign(group * d, 0.f);
+  for (int64_t i = 0; i < group * d; ++i) qf[i] = load(qb, i);
+  scores.resize(group * n);
+  std::vector<float> mx(group, -INFINITY), sum(group, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const T* kr = k_buf + slots[j] * row + kh * d;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf.data() + g * d;
+      float s = 0.f;
+      #pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < d; ++i) s += qg[i] * load(kr, i);
+      s *= a.scale;
+      scores[g * n + j] = s;
+      mx[g] = std::max(mx[g], s);
     }
   }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * n;
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - mx[g]);
+      total += sg[j];
+    }
+    sum[g] = total;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vr = v_buf + slots[j] * row + kh * d;
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * n + j];
+      float* ag = acc.data() + g * d;
+      #pragma omp simd
+      for (int64_t i = 0; i < d; ++i) ag[i] += p * load(vr, i);
+    }
+  }
+  T* ob = out + (b * a.heads + kh * group) * d;
+  for (int64_t g = 0; g < group; ++g) {
+    const float inv = 1.f / sum[g];
+    for (int64_t i = 0; i < d; ++i) put(ob, g * d + i, acc[g * d + i] * inv);
+  }
+}
+
+// writes the new K/V rows (one thread), then every (request, KV head) item over the team
+template <typename T>
+void decode_rows(const DecodeArgs& a, const T* q, const T* k_new, const T* v_new, T* k_buf,
+                 T* v_buf, T* out) {
+  const int64_t row = a.kv_heads * a.d;  // one slot of a pool buffer
+  if (k_new != nullptr) {
+    #pragma omp single
+    for (int64_t b = 0; b < a.batch; ++b) {
+      std::memcpy(k_buf + a.out_slots[b] * row, k_new + b * a.k_stride, row * sizeof(T));
+      std::memcpy(v_buf + a.out_slots[b] * row, v_new + b * a.v_stride, row * sizeof(T));
+    }
+  }
+  std::vector<float> qf, acc, scores;
+  #pragma omp for schedule(dynamic, 1)
+  for (int64_t it = 0; it < a.batch * a.kv_heads; ++it) {
+    attend_item(a, it / a.kv_heads, it % a.kv_heads, q, k_buf, v_buf, out, qf, acc, scores);
+  }
+}
+
+// item `it` (request, KV head) of decode_rows for q, k, v in one row of qkv that rope has not
+// rotated yet: it rotates its own query heads and key head, writes its K/V head into the pool
+// and attends (no other item reads them, so items need no barrier between the three)
+template <typename T>
+void rope_decode_item(const DecodeArgs& a, int64_t it, T* qkv, const T* cos, const T* sin,
+                      int64_t cs_stride, T* k_buf, T* v_buf, T* out) {
+  static thread_local std::vector<float> qf, acc, scores;
+  const int64_t d = a.d, group = a.heads / a.kv_heads, row = a.kv_heads * d;
+  const int64_t b = it / a.kv_heads, kh = it % a.kv_heads;
+  T* q = qkv + b * a.q_stride;
+  T* k = q + a.heads * d + kh * d;
+  T* v = k + row;
+  const T* c = cos + b * cs_stride;
+  const T* s = sin + b * cs_stride;
+  for (int64_t g = 0; g < group; ++g) rope_head(q + (kh * group + g) * d, c, s, d);
+  rope_head(k, c, s, d);
+  std::memcpy(k_buf + a.out_slots[b] * row + kh * d, k, d * sizeof(T));
+  std::memcpy(v_buf + a.out_slots[b] * row + kh * d, v, d * sizeof(T));
+  attend_item(a, b, kh, qkv, k_buf, v_buf, out, qf, acc, scores);
 }
 
 template <typename T>
@@ -106,107 +231,164 @@ void decode(const int64_t* table, int64_t table_stride, const int64_t* req_slots
             T* k_buf,
             T* v_buf, T* out, int64_t heads, int64_t kv_heads, int64_t d, float scale,
             int64_t window, int threads) {
-  const int64_t row = kv_heads * d;  // one slot of a pool buffer
-  if (k_new != nullptr) {
-    for (int64_t b = 0; b < batch; ++b) {
-      std::memcpy(k_buf + out_slots[b] * row, k_new + b * k_stride, row * sizeof(T));
-      std::memcpy(v_buf + out_slots[b] * row, v_new + b * v_stride, row * sizeof(T));
-    }
-  }
-  const int64_t group = heads / kv_heads;
-  const int64_t items = batch * kv_heads;
+  const DecodeArgs a{table,    table_stride, req_slots, seq_lens, out_slots, batch, q_stride,
+                     k_stride, v_stride,     heads,     kv_heads, d,         scale, window};
   int64_t keys = 0;
   for (int64_t b = 0; b < batch; ++b) {
     keys += window > 0 ? std::min(seq_lens[b], window) : seq_lens[b];
   }
   // below ~64k multiply-adds per thread the wake-up costs more than it saves
-  const bool par = threads > 1 && items > 1 && keys * heads * d >= 65536 * 2;
+  const bool par = threads > 1 && batch * kv_heads > 1 && keys * heads * d >= 65536 * 2;
   #pragma omp parallel num_threads(threads) if (par)
-  {
-    std::vector<float> qf(group * d), acc(group * d), scores;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / kv_heads, kh = it % kv_heads;
-      const int64_t len = seq_lens[b];
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - lo;
-      const int64_t* slots = table + req_slots[b] * table_stride + lo;
-      const T* qb = q + b * q_stride + kh * group * d;
-      for (int64_t i = 0; i < group * d; ++i) qf[i] = load(qb, i);
-      scores.resize(group * n);
-      std::vector<float> mx(group, -INFINITY), sum(group, 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        const T* kr = k_buf + slots[j] * row + kh * d;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * d;
-          float s = 0.f;
-          #pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < d; ++i) s += qg[i] * load(kr, i);
-          s *= scale;
-          scores[g * n + j] = s;
-          mx[g] = std::max(mx[g], s);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * n;
-        float total = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          sg[j] = std::exp(sg[j] - mx[g]);
-          total += sg[j];
-        }
-        sum[g] = total;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        const T* vr = v_buf + slots[j] * row + kh * d;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * n + j];
-          float* ag = acc.data() + g * d;
-          #pragma omp simd
-          for (int64_t i = 0; i < d; ++i) ag[i] += p * load(vr, i);
-        }
-      }
-      T* ob = out + (b * heads + kh * group) * d;
-      for (int64_t g = 0; g < group; ++g) {
-        const float inv = 1.f / sum[g];
-        for (int64_t i = 0; i < d; ++i) put(ob, g * d + i, acc[g * d + i] * inv);
-      }
+  decode_rows(a, q, k_new, v_new, k_buf, v_buf, out);
+}
+
+// sum of x[i]^2 in the order torch's CPU sum takes for a contiguous float32 row
+// (aten/src/ATen/native/cpu/SumKernel.cpp: vectors of 8 floats, four interleaved partial sums
+// over them in a cascade of levels of 16, then the scalar tail and the vector's lanes; the AVX2
+// kernel, which AVX-512 machines run too): rms_norm's mean of squares, bit for bit
+inline int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t v = uint64_t(x - 1); v != 0; v >>= 1) ++bits;
+  return bits;
+}
+
+template <int W>
+void add_squares(float (&acc)[W], const float* x) {
+  for (int l = 0; l < W; ++l) acc[l] += x[l] * x[l];
+}
+
+float torch_sum_squares(const float* x, int64_t n) {
+  constexpr int W = 8, ILP = 4, LEVELS = 4;
+  if (n < W) {  // torch's scalar path: the same cascade over single floats
+    float acc[LEVELS][ILP] = {};
+    for (int64_t i = 0; i + ILP <= n; i += ILP) {
+      for (int k = 0; k < ILP; ++k) acc[0][k] += x[i + k] * x[i + k];
     }
+    for (int64_t i = n / ILP * ILP; i < n; ++i) acc[0][0] += x[i] * x[i];
+    for (int k = 1; k < ILP; ++k) acc[0][0] += acc[0][k];
+    return 0.f + acc[0][0];
+  }
+  const int64_t vecs = n / W, rows = vecs / ILP;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / LEVELS);
+  const int64_t step = int64_t(1) << power, mask = step - 1;
+  float acc[LEVELS][ILP][W] = {};
+  int64_t i = 0;
+  while (i + step <= rows) {
+    for (int64_t j = 0; j < step; ++j, ++i) {
+      for (int k = 0; k < ILP; ++k) add_squares<W>(acc[0][k], x + (i * ILP + k) * W);
+    }
+    for (int j = 1; j < LEVELS; ++j) {
+      for (int k = 0; k < ILP; ++k) {
+        for (int l = 0; l < W; ++l) {
+          acc[j][k][l] += acc[j - 1][k][l];
+          acc[j - 1][k][l] = 0.f;
+        }
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i) {
+    for (int k = 0; k < ILP; ++k) add_squares<W>(acc[0][k], x + (i * ILP + k) * W);
+  }
+  for (int j = 1; j < LEVELS; ++j) {
+    for (int k = 0; k < ILP; ++k) {
+      for (int l = 0; l < W; ++l) acc[0][k][l] += acc[j][k][l];
+    }
+  }
+  for (int64_t v = rows * ILP; v < vecs; ++v) add_squares<W>(acc[0][0], x + v * W);
+  for (int k = 1; k < ILP; ++k) {
+    for (int l = 0; l < W; ++l) acc[0][0][l] += acc[0][k][l];
+  }
+  float total = 0.f;
+  for (int64_t k = vecs * W; k < n; ++k) total += x[k] * x[k];
+  for (int l = 0; l < W; ++l) total += acc[0][0][l];
+  return total;
+}
+
+// rows of x (+ residual, written to sum; sum may be residual itself) normalised:
+// out = x * (1 / sqrt(mean(x^2) + eps)) * w, rounded as torch's rms_norm rounds it
+void add_rmsnorm_row(const float* x, const float* res, float* sum, float* out, const float* w,
+                     int64_t d, float eps) {
+  if (res != nullptr) {
+    #pragma omp simd
+    for (int64_t i = 0; i < d; ++i) sum[i] = x[i] + res[i];
+    x = sum;
+  }
+  const float inv = 1.f / std::sqrt(torch_sum_squares(x, d) / float(d) + eps);
+  #pragma omp simd
+  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void add_rmsnorm_rows(const float* x, const float* res, float* sum, float* out, const float* w,
+                      int64_t rows, int64_t d, float eps) {
+  #pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    add_rmsnorm_row(x + r * d, res == nullptr ? nullptr : res + r * d,
+                    sum == nullptr ? nullptr : sum + r * d, out + r * d, w, d, eps);
   }
 }
 
-// rows of x (+ residual, written to sum) normalised: out = x / rms(x) * w
 void add_rmsnorm(const float* x, const float* res, float* sum, float* out, const float* w,
                  int64_t rows, int64_t d, float eps, int threads) {
-  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * d >= 65536)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float* sr = sum == nullptr ? nullptr : sum + r * d;
-    if (res != nullptr) {
-      const float* rr = res + r * d;
-      #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) sr[i] = xr[i] + rr[i];
-      xr = sr;
-    }
-    float ss = 0.f;
-    #pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt(ss / float(d) + eps);
-    float* o = out + r * d;
-    #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+  #pragma omp parallel num_threads(threads) if (threads > 1 && rows * d >= 65536)
+  add_rmsnorm_rows(x, res, sum, out, w, rows, d, eps);
+}
+
+// exp(d) as SLEEF's expf_u10 computes it (torch's vectorised float32 exp): a rounded
+// multiple q of ln 2 split off in two fused steps, a degree-6 polynomial, times 2^q in two halves
+inline float pow2i(int32_t q) {
+  const uint32_t b = uint32_t(q + 0x7f) << 23;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline float sleef_expf(float d) {
+  const float r_ln2 = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+  const float l2u = 0.693145751953125f, l2l = 1.428606765330187045e-06f;
+  const int32_t q = int32_t(std::nearbyint(d * r_ln2));
+  float s = std::fma(float(q), -l2u, d);
+  s = std::fma(float(q), -l2l, s);
+  float u = 0.000198527617612853646278381f;
+  u = std::fma(u, s, 0.00139304355252534151077271f);
+  u = std::fma(u, s, 0.00833336077630519866943359f);
+  u = std::fma(u, s, 0.0416664853692054748535156f);
+  u = std::fma(u, s, 0.166666671633720397949219f);
+  u = std::fma(u, s, 0.5f);
+  u = 1.f + std::fma(s * s, u, s);
+  u = u * pow2i(q >> 1) * pow2i(q - (q >> 1));
+  if (d < -104.f) u = 0.f;
+  if (d > 100.f) u = INFINITY;
+  return u;
+}
+
+// out[r, i] = silu(x[r, i]) * x[r, n + i], silu rounded as torch's float32 kernel rounds it:
+// x / (1 + exp(-x)) with SLEEF's exp over whole steps of `vec` elements of a row and the C
+// library's expf for the row's last n % vec (vec 0: the C library's everywhere); in chunks of
+// 512 columns over the team
+void silu_mul_span(const float* g, float* o, int64_t n, int64_t lo, int64_t hi, int64_t tail) {
+  const float* u = g + n;
+  const int64_t mid = std::max(lo, std::min(hi, tail));
+  #pragma omp simd
+  for (int64_t i = lo; i < mid; ++i) o[i] = g[i] / (1.f + sleef_expf(-g[i])) * u[i];
+  for (int64_t i = mid; i < hi; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+void silu_mul_rows(const float* x, float* out, int64_t rows, int64_t n, int64_t vec) {
+  const int64_t chunks = (n + 511) / 512;
+  const int64_t tail = vec > 0 ? n - n % vec : 0;
+  #pragma omp for schedule(static)
+  for (int64_t it = 0; it < rows * chunks; ++it) {
+    const int64_t r = it / chunks, lo = it % chunks * 512;
+    silu_mul_span(x + r * 2 * n, out + r * n, n, lo, std::min(n, lo + 512), tail);
   }
 }
 
-// out[r, i] = silu(x[r, i]) * x[r, n + i]
-void silu_mul(const float* x, float* out, int64_t rows, int64_t n, int threads) {
-  #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * n >= 65536)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = x + r * 2 * n;
-    const float* u = g + n;
-    float* o = out + r * n;
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-  }
+void silu_mul(const float* x, float* out, int64_t rows, int64_t n, int64_t vec, int threads) {
+  #pragma omp parallel num_threads(threads) if (threads > 1 && rows * n >= 65536)
+  silu_mul_rows(x, out, rows, n, vec);
 }
 
 }  // namespace
@@ -215,8 +397,9 @@ extern "C" {
 
 int radixlm_abi_version() { return 1; }
 
-void silu_mul_f32(const float* x, float* out, int64_t rows, int64_t n, int threads) {
-  silu_mul(x, out, rows, n, threads);
+void silu_mul_f32(const float* x, float* out, int64_t rows, int64_t n, int64_t vec,
+                  int threads) {
+  silu_mul(x, out, rows, n, vec, threads);
 }
 
 void rmsnorm_f32(const float* x, const float* res, float* sum, float* out, const float* w,
@@ -250,6 +433,22 @@ void decode_bf16(const int64_t* table, int64_t table_stride, const int64_t* req_
                  int64_t window, int threads) {
   decode(table, table_stride, req_slots, seq_lens, out_slots, batch, q, q_stride, k_new, v_new,
          k_stride, v_stride, k_buf, v_buf, out, heads, kv_heads, d, scale, window, threads);
+}
+
+// float32 pieces of cpu_step.py's whole-model step (it takes their addresses), each run by
+// the calling thread alone: one item of the fused rope + K/V write + attention, a norm row, a
+// silu row
+void rope_decode_item_f32(const DecodeArgs* a, int64_t item, float* qkv, const float* cos,
+                          const float* sin, int64_t cs_stride, float* k_buf, float* v_buf,
+                          float* out) {
+  rope_decode_item(*a, item, qkv, cos, sin, cs_stride, k_buf, v_buf, out);
+}
+void rmsnorm_row_f32(const float* x, const float* res, float* sum, float* out, const float* w,
+                     int64_t d, float eps) {
+  add_rmsnorm_row(x, res, sum, out, w, d, eps);
+}
+void silu_mul_row_f32(const float* x, float* out, int64_t n, int64_t vec) {
+  silu_mul_span(x, out, n, 0, n, vec > 0 ? n - n % vec : 0);
 }
 
 }  // extern "C"
@@ -322,7 +521,7 @@ def _build() -> ctypes.CDLL | None:
     lib.rope_f32.restype = lib.rope_bf16.restype = None
     lib.rmsnorm_f32.argtypes = [_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, ctypes.c_int]
     lib.rmsnorm_f32.restype = None
-    lib.silu_mul_f32.argtypes = [_P, _P, _I, _I, ctypes.c_int]
+    lib.silu_mul_f32.argtypes = [_P, _P, _I, _I, _I, ctypes.c_int]
     lib.silu_mul_f32.restype = None
     lib.decode_f32.restype = lib.decode_bf16.restype = None
     return lib
@@ -433,8 +632,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     assert lib is not None and x.dim() == 2 and x.is_contiguous()
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype)
-    lib.silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
+    lib.silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, n, silu_vec(), torch.get_num_threads())
     return out
+
+
+def silu_vec() -> int:
+    """The elements per step of torch's vectorised float32 silu on this CPU (two vectors: 32
+    floats with AVX-512, 16 with AVX2; 0 where it has no SLEEF exp): the silu kernel rounds as
+    torch does by taking SLEEF's exp over those steps and the C library's on each row's rest."""
+    return {"AVX512": 32, "AVX2": 16}.get(torch.backends.cpu.get_cpu_capability(), 0)
 
 
 class DecodeBatch:

@@ -371,22 +371,24 @@ Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
 
 // out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation
 template <typename A, typename RowFn>
-void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
-  const int64_t nb = a.k / QK;
-  const bool par = threads > 1 && n * a.k * m >= (int64_t(1) << 16);
-  #pragma omp parallel for num_threads(threads) schedule(static) if (par)
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t r0 = 0; r0 < m; r0 += 4) {
-      const A t = a.rows_from(r0);
-      float* o = out + r0 * n + j;
-      switch (std::min<int64_t>(4, m - r0)) {
-        case 4: row.template operator()<4>(j, t, o, n); break;
-        case 3: row.template operator()<3>(j, t, o, n); break;
-        case 2: row.template operator()<2>(j, t, o, n); break;
-        default: row.template operator()<1>(j, t, o, n); break;
-      }
+void gemm_row(const A& a, int64_t m, int64_t n, float* out, const RowFn& row, int64_t j) {
+  for (int64_t r0 = 0; r0 < m; r0 += 4) {
+    const A t = a.rows_from(r0);
+    float* o = out + r0 * n + j;
+    switch (std::min<int64_t>(4, m - r0)) {
+      case 4: row.template operator()<4>(j, t, o, n); break;
+      case 3: row.template operator()<3>(j, t, o, n); break;
+      case 2: row.template operator()<2>(j, t, o, n); break;
+      default: row.template operator()<1>(j, t, o, n); break;
     }
   }
+}
+
+template <typename A, typename RowFn>
+void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
+  const bool par = threads > 1 && n * a.k * m >= (int64_t(1) << 16);
+  #pragma omp parallel for num_threads(threads) schedule(static) if (par)
+  for (int64_t j = 0; j < n; ++j) gemm_row(a, m, n, out, row, j);
 }
 
 struct Q41 {
@@ -442,6 +444,27 @@ void q8_0_16(const T* x, int64_t m, int64_t x_stride, int64_t k, const int8_t* c
 }  // namespace
 
 extern "C" {
+
+// output rows [j0, j1) of q4_1_f32, on the calling thread (cpu_step.py takes its address):
+// `fresh` quantises x into the thread's buffers, else the thread's last quantised x is reused
+void q4_1_span_f32(const float* x, int64_t m, int64_t x_stride, int64_t k, const uint8_t* codes,
+                   const float* d, const float* mins, int64_t n, int64_t j0, int64_t j1,
+                   float* out, int fresh) {
+  static thread_local Acts a;
+  if (fresh) a = quantize(x, m, x_stride, k);
+  const Q41 row{codes, d, mins, k};
+  for (int64_t j = j0; j < j1; ++j) gemm_row(a, m, n, out, row, j);
+}
+
+// output rows [j0, j1) of q8_0_x16_f32 (the LM head), on the calling thread; `fresh` as above
+void q8_0_x16_span_f32(const float* x, int64_t m, int64_t x_stride, int64_t k,
+                       const int8_t* codes, const float* d, int64_t n, int64_t j0, int64_t j1,
+                       float* out, int fresh) {
+  static thread_local Acts16 a;
+  if (fresh) a = quantize16(x, m, x_stride, k);
+  const Q80x16 row{codes, d, k};
+  for (int64_t j = j0; j < j1; ++j) gemm_row(a, m, n, out, row, j);
+}
 
 // 0 scalar, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI: the dot product this build runs
 int radixlm_gguf_isa() {

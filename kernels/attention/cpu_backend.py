@@ -39,6 +39,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().plan(fb)
         self._torch_planned = True
 
+    def decode_batch(self, fb, dtype) -> cpu_decode.DecodeBatch | None:
+        """The planned decode batch's indices when the kernel reads this pool for queries of
+        ``dtype`` (for callers that run the kernel themselves: ``kernels/cpu_step.py``)."""
+        pool = fb.kv_pool
+        if self._batch is None or pool.is_quantized or pool.dtype != dtype:
+            return None
+        return self._batch
+
     def serves(self, q, layer: AttentionLayer, fb) -> bool:
         """Whether the kernel takes this decode layer (else the torch path runs)."""
         pool = fb.kv_pool

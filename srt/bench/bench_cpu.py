@@ -3,10 +3,12 @@
     python -m radixlm.srt.bench.bench_cpu                    # the default model's Q4_1 GGUF
     python -m radixlm.srt.bench.bench_cpu --threads 1 --rounds 5
     python -m radixlm.srt.bench.bench_cpu --kernels both     # radixlm's CPU kernels on and off
+    python -m radixlm.srt.bench.bench_cpu --step both        # int4 decode in one call or by layer
 
 Contenders: radixlm for each ``--quantization`` mode (int4: the GGUF's own Q4_1 codes), with
 its C++ CPU kernels (``kernels/cpu_decode.py``, ``kernels/gguf_cpu.py``) on, off (the torch
-paths) or both, and
+paths) or both, int4 decode steps in one C++ call (``kernels/cpu_step.py``) or layer by
+layer (``--step``), and
 llama.cpp through llama-cpp-python (``pip install llama-cpp-python``; an optional benchmark
 dependency: without it, or with a model that is not a GGUF file, radixlm runs alone and the
 ratios are against the first contender). Every contender gets the same token ids, the same
@@ -68,15 +70,18 @@ class Contender:
     times: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
-def radixlm_contender(engine, name: str, kernels: bool) -> Contender:
-    from radixlm.kernels import cpu_decode, gguf_cpu
+def radixlm_contender(engine, name: str, kernels: bool, step: bool = True) -> Contender:
+    """``kernels`` False: every C++ CPU kernel off (the torch paths); ``step`` False: int4
+    decode layer by layer instead of the one-call step."""
+    from radixlm.kernels import cpu_decode, cpu_step, gguf_cpu
 
     def scope():
-        if kernels:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()  # every C++ CPU kernel off: the torch paths
-        stack.enter_context(cpu_decode.disabled())
-        stack.enter_context(gguf_cpu.disabled())
+        stack = contextlib.ExitStack()
+        if not kernels:
+            stack.enter_context(cpu_decode.disabled())
+            stack.enter_context(gguf_cpu.disabled())
+        if not step:
+            stack.enter_context(cpu_step.disabled())
         return stack
 
     def generate(prompts: list[list[int]], n: int) -> list[dict]:
@@ -136,6 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="default: torch's (all cores)")
     ap.add_argument("--quantization", default="int4,none", help="radixlm modes, comma list")
     ap.add_argument("--kernels", choices=["on", "off", "both"], default="on")
+    ap.add_argument(
+        "--step", choices=["on", "off", "both"], default="on", help="int4 decode in one call"
+    )
     ap.add_argument("--workloads", default="1,batch,prefill")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=64)
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model {gguf}, {args.output_len} output tokens/request, {args.rounds} rounds")
     contenders: list[Contender] = []
     engines = []
-    modes = {"on": [True], "off": [False], "both": [True, False]}[args.kernels]
+    modes = {"on": [True], "off": [False], "both": [True, False]}
     for q in args.quantization.split(","):
         engine = Engine(
             model_path=str(gguf),
@@ -183,10 +191,13 @@ def main(argv: list[str] | None = None) -> None:
             num_threads=threads,
         )
         engines.append(engine)
-        for on in modes:
-            label = f"radixlm {'int4' if q == 'int4' else 'fp32'}"
-            label += "" if args.kernels == "on" else (" kernels" if on else " torch ops")
-            contenders.append(radixlm_contender(engine, label, on))
+        for on in modes[args.kernels]:
+            steps = modes[args.step] if q == "int4" and on else [True]
+            for step in steps:
+                label = f"radixlm {'int4' if q == 'int4' else 'fp32'}"
+                label += "" if args.kernels == "on" else (" kernels" if on else " torch ops")
+                label += "" if len(steps) == 1 else (" step" if step else " layers")
+                contenders.append(radixlm_contender(engine, label, on, step))
     tok = engines[0].tokenizer
     loads = workloads(tok, args)
     n_ctx = 512 + args.output_len + 16

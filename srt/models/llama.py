@@ -11,6 +11,7 @@ from torch import nn
 
 from radixlm.kernels import cpu_decode, fused, gemv
 from radixlm.srt.distributed import TPGroup
+from radixlm.srt.models.int4_step import Int4StepRunner
 from radixlm.srt.models.layers import (
     RMSNorm,
     RotaryEmbedding,
@@ -290,6 +291,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
+        self._int4_step: Int4StepRunner | None | bool = False  # False: not looked at yet
+        # (hidden, logits) of the last forward when the int4 step computed its logits
+        self._step_logits: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
@@ -317,10 +321,29 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         """``input_ids``, ``positions``: ``[T]`` int64 -> hidden states ``[T, hidden]`` after the final norm."""
+        self._step_logits = None
+        if input_ids.device.type == "cpu" and fb.mode.is_decode:
+            step = self.int4_step()
+            batch = step.serves(input_ids, fb) if step is not None else None
+            if batch is not None:  # every layer (and the LM head) in one C++ call
+                hidden, logits = step.forward(input_ids, positions, fb, batch)
+                self._step_logits = None if logits is None else (hidden, logits)
+                return hidden
         return self.model(input_ids, positions, fb)
 
+    def int4_step(self) -> Int4StepRunner | None:
+        """The CPU decode step of an int4 model (``srt/models/int4_step.py``), None where its
+        layers do not qualify; looked at on first use (int4 layers are set after loading)."""
+        if self._int4_step is False:
+            self._int4_step = Int4StepRunner.for_model(self.model, self.lm_head)
+        return self._int4_step
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, hidden]`` -> ``[N, vocab]`` float32."""
+        """``[N, hidden]`` -> ``[N, vocab]`` float32 (those the int4 step computed with
+        ``hidden``, when it is that step's output)."""
+        stashed, self._step_logits = self._step_logits, None
+        if stashed is not None and stashed[0] is hidden:
+            return stashed[1]
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -66,13 +66,18 @@ class SamplingStep:
         allows; their EOS is never suppressed (the grammar decides where output may end)."""
         if not reqs:
             return []
-        logits = logits[torch.tensor(rows, dtype=torch.int64, device=logits.device)]
         lp_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+        suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
+        argmax_only = masks is None and not lp_rows and not any(suppress)
+        argmax_only = argmax_only and all(_is_plain_greedy(r.params) for r in reqs)
+        # the gather copies (the other paths update their rows in place); a greedy decode batch
+        # reads its rows where they are: on a busy CPU the copy's thread pool wake-up cost ms
+        if not argmax_only or rows != list(range(logits.shape[0])):
+            logits = logits[torch.tensor(rows, dtype=torch.int64, device=logits.device)]
         raw_lp = logits[lp_rows].clone() if lp_rows else None
         if masks is not None:
             every_row = len(masks.rows) == len(reqs)  # skips gathering rows
             apply_token_bitmask_inplace(logits, masks.bitmask, None if every_row else masks.rows)
-        suppress = [[] if r.grammar is not None else stop.suppressed_ids(r) for r in reqs]
         try:
             next_ids = self._sample(logits, reqs, suppress if any(suppress) else None)
         except Exception:

@@ -43,3 +43,24 @@ def test_llama_cpp_is_optional(monkeypatch, tmp_path):
 
 def test_cpu_model_names_the_threads():
     assert "threads of" in bench_cpu.cpu_model()
+
+
+def test_step_contenders_switch_the_one_call_step(monkeypatch):
+    from radixlm.kernels import cpu_step
+
+    if not cpu_step.available():
+        pytest.skip("the CPU kernels could not be built (no C++ compiler)")
+    seen = []
+
+    class FakeEngine:
+        def flush_cache(self):
+            pass
+
+        def generate(self, input_ids, sampling_params):
+            seen.append(cpu_step.available())
+            n = sampling_params["max_new_tokens"]
+            return [{"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}]
+
+    for step in (True, False):
+        bench_cpu.radixlm_contender(FakeEngine(), "radixlm int4", True, step).run([[1]], 2)
+    assert seen == [True, False] and cpu_step.available()
