@@ -82,7 +82,7 @@ def get_weights_by_name(s: Scheduler, msg: GetWeightsByNameReq) -> Answer:
 
 # ---------------------------------------------------------------- cache
 def flush_cache(s: Scheduler, msg: FlushCacheReq) -> Answer:
-    if s.has_work():
+    if s.holds_requests():
         return False, {"message": "requests are running"}
     s.retention.release_all()  # held session prefixes go with the rest of the cache
     s.cache.reset()
@@ -152,7 +152,7 @@ def _update_weights(
     """Runs ``load`` (ValueError: refused, the previous weights stay) when no running request
     forbids it, then empties the prefix cache (unless ``flush_cache`` is false) and relabels."""
     disk_tier = _has_disk_tier(s)
-    if s.paused == "in_place" and s.has_work():
+    if s.paused == "in_place" and s.holds_requests():
         if flush_cache or disk_tier:
             return False, {
                 "message": "requests are paused in place and hold KV of the current "
@@ -161,7 +161,7 @@ def _update_weights(
                 "with mode retract"
                 + (" (a disk KV tier always needs retract)" if disk_tier else "")
             }
-    elif s.has_work() and s.paused is None:
+    elif s.holds_requests() and s.paused is None:
         return False, {"message": "requests are running", "busy": True}
     try:
         message = load()

@@ -296,11 +296,18 @@ class Scheduler:
         return self.has_work()
 
     def has_work(self) -> bool:
+        return bool(self.finished_outside_step) or self.holds_requests()
+
+    def holds_requests(self) -> bool:
+        """Whether a request is queued, running, compiling its grammar or in the step in flight:
+        ``has_work`` less the finished requests that only wait to be reported (they hold no KV).
+        What flushing the cache or loading weights must wait for; a control message settles
+        the step in flight first, which leaves the requests it finished in that report list."""
         return bool(
             self.waiting
             or self.running
             or self.chunked
-            or self.finished_outside_step
+            or any(not r.is_finished for r in self.finished_outside_step)
             or self.grammars.queue.has_pending()
             or self.inflight is not None
             or self.disagg.has_work()

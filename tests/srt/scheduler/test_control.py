@@ -113,6 +113,21 @@ def test_flush_cache_empties_the_cache_only_when_idle(sched) -> None:
     assert reply.ok and reply.data["evictable"] == 0 and sched.kv.usage()["evictable"] == 0
 
 
+def test_finished_requests_waiting_for_their_report_do_not_block_a_flush(sched) -> None:
+    """A control message settles the step in flight first: the requests it finished (or an
+    abort between steps) wait for the next step's report but hold nothing, so a flush then is
+    not refused (it was: a client that saw the pool idle got "requests are running")."""
+    generate(sched)
+    queue_one(sched)
+    sched.abort("w")  # finished, not yet reported
+    assert sched.finished_outside_step and sched.has_work() and not sched.holds_requests()
+    reply = ask(sched, FlushCacheReq(req_id="f"))
+    assert reply.ok and sched.kv.usage()["evictable"] == 0
+    out = run_step(sched)  # the abort is still reported
+    assert out is not None and out.rids == ["w"]
+    assert not sched.has_work()
+
+
 def test_set_weight_version(sched) -> None:
     reply = ask(sched, SetWeightVersionReq("v7", req_id="v"))
     assert reply.ok and reply.data == {"weight_version": "v7"}
