@@ -49,7 +49,25 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = r"""
+# the decode attention call's arguments, one layout for every library that passes them
+# (``cpu_step.py`` calls this library's entry points with a pointer to one)
+DECODE_ARGS = r"""
+struct DecodeArgs {  // one decode attention call (decode() below says what each field is)
+  const int64_t* table;
+  int64_t table_stride;
+  const int64_t* req_slots;
+  const int64_t* seq_lens;
+  const int64_t* out_slots;
+  int64_t batch;
+  int64_t q_stride, k_stride, v_stride;
+  int64_t heads, kv_heads, d;
+  float scale;
+  int64_t window;
+};
+"""
+
+SOURCE = (
+    r"""
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -117,19 +135,9 @@ void rope(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t d, cons
   rope_rows(x, rows, row_stride, heads, d, cos, sin, cs_stride);
 }
 
-struct DecodeArgs {  // one decode attention call (decode() below says what each field is)
-  const int64_t* table;
-  int64_t table_stride;
-  const int64_t* req_slots;
-  const int64_t* seq_lens;
-  const int64_t* out_slots;
-  int64_t batch;
-  int64_t q_stride, k_stride, v_stride;
-  int64_t heads, kv_heads, d;
-  float scale;
-  int64_t window;
-};
-
+"""
+    + DECODE_ARGS
+    + r"""
 // request b's attention for KV head kh: all of the GQA group's query heads per key row, an
 // exact two-pass softmax, float32 sums; qf, acc, scores: the calling thread's scratch
 template <typename T>
@@ -453,6 +461,7 @@ void silu_mul_row_f32(const float* x, float* out, int64_t n, int64_t vec) {
 
 }  // extern "C"
 """
+)
 
 # -ffp-contract=off: fused multiply-adds only where written (std::fma), so that rope rounds as
 # torch's ops do

@@ -43,7 +43,8 @@ import torch
 
 from radixlm.kernels import cpu_decode, gguf_cpu
 
-SOURCE = r"""
+SOURCE = (
+    r"""
 #include <omp.h>
 #include <sched.h>
 
@@ -99,19 +100,9 @@ struct Layer {  // one row of the layer table (int64 fields, filled by cpu_step.
   int64_t window;
 };
 
-struct DecodeArgs {  // cpu_decode.py's, field for field
-  const int64_t* table;
-  int64_t table_stride;
-  const int64_t* req_slots;
-  const int64_t* seq_lens;
-  const int64_t* out_slots;
-  int64_t batch;
-  int64_t q_stride, k_stride, v_stride;
-  int64_t heads, kv_heads, d;
-  float scale;
-  int64_t window;
-};
-
+"""
+    + cpu_decode.DECODE_ARGS
+    + r"""
 struct Dims {
   int64_t hidden, heads, kv_heads, head_dim, inter;
   int64_t silu_vec;  // cpu_decode.silu_vec()
@@ -318,6 +309,7 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
 
 }  // extern "C"
 """
+)
 
 FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
