@@ -42,10 +42,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from radixlm.kernels.switch import KernelSwitch
 
 logger = logging.getLogger(__name__)
 
@@ -477,7 +478,7 @@ _DECODE_ARGS += [ctypes.c_float, _I, ctypes.c_int]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
-_enabled = True  # switched off by `disabled()` (benchmarks and tests comparing the torch paths)
+_switch = KernelSwitch()  # off inside `disabled()` (benchmarks and tests comparing the torch paths)
 
 
 def _cpu_flags() -> str:
@@ -554,19 +555,13 @@ def library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     """Whether the kernels are built, loaded and on (the first call builds them)."""
-    return _enabled and library() is not None
+    return _switch.is_on and library() is not None
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Inside the block :func:`available` is False: callers take their torch paths (the same
     process can time or check both; the cpu attention backend then decodes as torch does)."""
-    global _enabled
-    previous, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return _switch.disabled()
 
 
 def serves(x: torch.Tensor) -> bool:

@@ -36,12 +36,13 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from radixlm.kernels import cpu_decode, gguf_cpu
+from radixlm.kernels.switch import KernelSwitch
 
 SOURCE = (
     r"""
@@ -325,7 +326,7 @@ _ENTRY_POINTS = (  # the Kernels struct's fields, in order
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib", "kernels" once built (None where not)
-_enabled = True
+_switch = KernelSwitch()  # off inside `disabled()` (benchmarks and tests comparing the torch paths)
 
 
 def _build() -> tuple[ctypes.CDLL, torch.Tensor] | None:
@@ -357,18 +358,14 @@ def _library() -> tuple[ctypes.CDLL, torch.Tensor] | None:
 
 def available() -> bool:
     """Whether the step is built, loaded and on, with both kernel libraries it calls."""
-    return _enabled and cpu_decode.available() and gguf_cpu.available() and _library() is not None
+    return (
+        _switch.is_on and cpu_decode.available() and gguf_cpu.available() and _library() is not None
+    )
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Inside the block :func:`available` is False: models run layer by layer."""
-    global _enabled
-    previous, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return _switch.disabled()
 
 
 class LayerWeights(NamedTuple):

@@ -36,12 +36,12 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 
 from radixlm.kernels.cpu_decode import compile_library
+from radixlm.kernels.switch import KernelSwitch
 
 BLOCK = 32
 MAX_ROWS = 16  # activation rows the kernels are used for (decode batches); more: dense paths
@@ -519,7 +519,7 @@ _Q8_ARGS = [_P, _I, _I, _I, _P, _P, _I, _P, ctypes.c_int]
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL | None] = {}
-_enabled = True
+_switch = KernelSwitch()  # off inside `disabled()` (benchmarks and tests comparing the torch paths)
 
 
 def _switched_off() -> bool:
@@ -559,19 +559,13 @@ def isa(variant: str = "native") -> str:
 
 def available() -> bool:
     """Whether the kernels are built, loaded and on (the first call builds them)."""
-    return _enabled and library() is not None
+    return _switch.is_on and library() is not None
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Inside the block :func:`available` is False: the int4 layers and the LM head take their
     torch paths (benchmarks and tests compare both in one process)."""
-    global _enabled
-    previous, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return _switch.disabled()
 
 
 def serves(x: torch.Tensor, rows: int) -> bool:
