@@ -47,14 +47,13 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from radixlm.radix.base import FreeSlotsFn, InsertResult, MatchResult
 from radixlm.radix.hicache_stats import TierStats
-from radixlm.radix.hiradix_disk import PREFETCH_HOST_SHARE, DiskPages, Read, last_key
+from radixlm.radix.hiradix_disk import DiskPages, HostPageLender, Read, StagedWrite, last_key
 from radixlm.radix.radix_cache import RadixCache
 from radixlm.radix.tree_node import TreeNode, child_key
 
@@ -99,7 +98,7 @@ class HiRadixCache(RadixCache):
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
         self._pending_writes: list[TreeNode] = []
-        self._staged: list[_Staged] = []  # pages on their way to disk through the host pool
+        self._staged: list[StagedWrite] = []  # pages on their way to disk through the host pool
         # (host slots of one page, its disk read): reads still running when their admission
         # stopped waiting; the page is freed once the read is done
         self._busy_host_pages: list[tuple[torch.Tensor, Any]] = []
@@ -111,7 +110,7 @@ class HiRadixCache(RadixCache):
     def _disk_pages(self, storage: Any) -> DiskPages | None:
         if storage is None:
             return None
-        return DiskPages(storage, self.page_size, self.stats, _HostPageLender(self))
+        return DiskPages(storage, self.page_size, self.stats, HostPageLender(self))
 
     # ----------------------------------------------------------------------------- matching
 
@@ -444,7 +443,7 @@ class HiRadixCache(RadixCache):
             self.stats.write_back_tokens += len(node.key)
             node.write_op = op
             self._pending_writes.append(node)  # clears write_op once done (no host copy kept)
-            self._staged.append(_Staged(node.key, list(keys), host, op))
+            self._staged.append(StagedWrite(node.key, list(keys), host, op))
 
     def _progress_staged(self) -> None:
         """Staged pages whose copy is done go to the disk writer; their host pages are freed
@@ -781,31 +780,3 @@ class HiRadixCache(RadixCache):
 
     def snapshot(self):  # the plain tree's snapshot reads device slots of every node
         raise NotImplementedError("HiRadixCache has no snapshot; use format_tree")
-
-
-@dataclass
-class _Staged:
-    """A leaf's pages copied into host pages it does not keep, on their way to the disk."""
-
-    key: tuple[int, ...]
-    keys: list[bytes]
-    host: torch.Tensor
-    op: Any
-    queued: bool = False
-
-
-class _HostPageLender:
-    """Lends the tree's free host pages to disk reads started ahead of admission (no eviction
-    for them: at most ``PREFETCH_HOST_SHARE`` of the pool)."""
-
-    def __init__(self, cache: HiRadixCache) -> None:
-        self.cache = cache
-        self.pool = cache.host_pool
-        self.max_reserved = int(self.pool.num_pages * PREFETCH_HOST_SHARE)
-
-    def reserve(self) -> int | None:
-        slots = self.pool.alloc(self.pool.page_size)
-        return None if slots is None else int(slots[0]) // self.pool.page_size
-
-    def give_back(self, page_id: int, future: Any) -> None:
-        self.cache._give_back_page(page_id, future)

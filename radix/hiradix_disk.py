@@ -9,11 +9,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.hicache.page_hash import page_key
 from radixlm.radix.hicache_stats import TierStats
 from radixlm.radix.tree_node import TreeNode
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
 PREFETCH_HOST_SHARE = 0.25  # at most this share of the host pool's pages reserved by prefetch
@@ -213,3 +216,31 @@ class DiskPages:
 def last_key(node: TreeNode) -> bytes | None:
     """The key of the node's last page (None for a root: the chain starts there)."""
     return node.page_keys[-1] if node.page_keys else None
+
+
+@dataclass
+class StagedWrite:
+    """A leaf's pages copied into host pages it does not keep, on their way to the disk."""
+
+    key: tuple[int, ...]
+    keys: list[bytes]
+    host: torch.Tensor
+    op: Any
+    queued: bool = False
+
+
+class HostPageLender:
+    """Lends the tree's free host pages to disk reads started ahead of admission (no eviction
+    for them: at most ``PREFETCH_HOST_SHARE`` of the pool)."""
+
+    def __init__(self, cache: Any) -> None:  # a HiRadixCache
+        self.cache = cache
+        self.pool = cache.host_pool
+        self.max_reserved = int(self.pool.num_pages * PREFETCH_HOST_SHARE)
+
+    def reserve(self) -> int | None:
+        slots = self.pool.alloc(self.pool.page_size)
+        return None if slots is None else int(slots[0]) // self.pool.page_size
+
+    def give_back(self, page_id: int, future: Any) -> None:
+        self.cache._give_back_page(page_id, future)
