@@ -348,7 +348,7 @@ class Scheduler:
                 self._preempt_for_priority()
                 batch, is_prefill = self._schedule_prefill()
             batch = batch or self._schedule_decode()
-        if batch is not None:
+        if batch is not None and self.pacer.is_on:
             self.pacer.on_step(not is_prefill or self._mixes_decode(batch), is_prefill)
         self.timeline.batch(self, batch)
         if batch is not None and not is_prefill and self._overlappable(batch):
@@ -546,7 +546,10 @@ class Scheduler:
         if self.chunked is not None or not self.running:
             return False
         if self.waiting and not self.admission.blocked(self.waiting, self.running):
-            if self.pacer.budget(self.admission.budget(), len(self.running)) > 0:
+            paced_out = self.pacer.is_on and not self.pacer.budget(
+                self.admission.budget(), len(self.running)
+            )
+            if not paced_out:
                 return False  # resolve first: the next step may admit some
         if self.rule.may_preempt(self.waiting, self.running):
             return False  # resolve first: the next step may retract some for a waiting one
