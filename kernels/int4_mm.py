@@ -29,6 +29,7 @@ them (``srt/bench/tune_quant.py`` sweeps them).
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -198,24 +199,32 @@ def _sm_count(device: str) -> int:
 
 
 def int4_mm_config(m: int, n: int, k: int, group: int, sms: int = 132) -> dict:
-    """Launch parameters (deterministic for a device with ``sms`` SMs). ``BLOCK_M`` the rows
-    rounded up to a power of two from 16 (at most 128, 8 warps there); ``BLOCK_N`` 128 (Hopper
-    wgmma tiles of 64 x rows, two a program); ``BLOCK_K`` the first of 128, 64, 32, 16 that
-    :func:`tile_fits`; ``K`` split until there are about two programs per SM, at least two
-    tiles a split, at most 16 splits."""
+    """Launch parameters (deterministic for a device with ``sms`` SMs), from the H100 sweep of
+    ``srt/bench/tune_quant.py`` (docs/results/quant.md). ``BLOCK_M`` the rows rounded up to a
+    power of two from 16 (at most 128); ``BLOCK_K`` the first of 128, 64, 32, 16 that
+    :func:`tile_fits`. Up to 16 rows (decode, bound by the weight bytes): ``BLOCK_N`` 64, four
+    warps, ``K`` split to the power of two nearest 2.5 programs an SM; above: ``BLOCK_N`` 128,
+    eight warps, nearest one program an SM. Splits keep at least two tiles each, at most 16."""
     bm = min(128, max(16, 1 << max(m - 1, 0).bit_length()))
-    bn = 128 if n >= 128 else 64
     bk = next(b for b in (128, 64, 32, 16) if tile_fits(b, k, group))
+    if bm == 16:
+        bn, warps, stages, per_sm = 64, 4, 4, 2.5
+    else:
+        bn, warps, stages, per_sm = 128, 8, 3, 1.0
+    if n < bn:
+        bn = 64
     tiles, ktiles = -(-n // bn) * -(-m // bm), k // bk
-    split = max(1, min(16, ktiles // 2, -(-2 * sms // tiles)))
+    want = per_sm * sms / tiles
+    split = 1 << max(0, round(math.log2(want))) if want > 1 else 1
+    split = max(1, min(16, ktiles // 2, split))
     split = -(-ktiles // -(-ktiles // split))  # no split left without a tile
     return {
         "BLOCK_M": bm,
         "BLOCK_N": bn,
         "BLOCK_K": bk,
         "SPLIT_K": split,
-        "num_warps": 8 if bm > 64 else 4,
-        "num_stages": 4 if bm <= 64 else 3,
+        "num_warps": warps,
+        "num_stages": stages,
     }
 
 

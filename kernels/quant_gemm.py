@@ -18,7 +18,7 @@ Paths:
 * CUDA, up to ``MM_ROWS`` rows (int4): ``int4_mm.int4_mm`` (Triton): nibbles turned into
   bf16/fp16 operands by packed bit operations (inline assembly, two weights an instruction),
   multiplied on tensor cores for all the rows of a tile, zero and scale applied per tile in
-  fp32 (see its docstring; ``MM_ROWS`` is 0 until its GPU run, below);
+  fp32 (see its docstring), where a tile fits ``K`` and the group (``int4_mm.tile_fits``);
 * CUDA, up to ``GEMV_ROWS`` rows (decode): ``quant_gemv.fp8_gemv`` / ``int4_gemv`` (Triton): the
   weight dequantised in registers times the activations as they are (for FP8 no activation
   quantisation: the exact weight's product, and no quantisation kernels in the step), one
@@ -58,7 +58,7 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
     triton = None
     tl = None
 
-from radixlm.kernels.int4_mm import int4_mm
+from radixlm.kernels.int4_mm import int4_mm, tile_fits
 from radixlm.kernels.quant_gemv import MAGIC, MAGIC_F, fp8_gemv, int4_gemv, int4_sub
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -66,11 +66,12 @@ FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
-DEQUANT_ROWS = 128
-# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel.
-# 0 until its GPU tests and timings have run (`bash srt/bench/gpu_runs.sh int4test int4tune`):
-# its inline-assembly conversion has been compiled for sm_90 but not yet run on a device.
-MM_ROWS = 0
+DEQUANT_ROWS = 256
+# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel
+# (H100, `bash srt/bench/gpu_runs.sh int4test int4tune`: 0.5-0.8x the GEMV's time at 1 row,
+# 0.4-0.5x the tiled kernel's at 4-64 rows and 0.4-0.8x at 256, 0.3-0.5x dequantise + cuBLAS
+# at 256; docs/results/quant.md). The older kernels stay for shapes its tiles do not fit.
+MM_ROWS = DEQUANT_ROWS
 SEQUENTIAL = tuple(range(8))
 
 
@@ -468,13 +469,17 @@ def _gemv_fits(block_k: int | None, w_scale: torch.Tensor) -> bool:
     return block_k >= 16 and not block_k & (block_k - 1)
 
 
+def _mm_fits(k: int, groups: int) -> bool:
+    return any(tile_fits(b, k, k // groups) for b in (128, 64, 32, 16))
+
+
 def int4_gemm(x2, qweight, scales, zeros, cfg=None) -> torch.Tensor:
     """``x2`` ``[M, K]`` bf16/fp16 times the int4 weight transposed -> ``[M, N]`` ``x2.dtype``:
     up to ``MM_ROWS`` rows :func:`int4_mm.int4_mm`, then up to ``GEMV_ROWS`` :func:`int4_gemv`,
     up to ``DEQUANT_ROWS`` the tiled kernel, above dequantise + cuBLAS; ``cfg`` runs the tiled
     kernel with those launch parameters."""
     x2 = x2.contiguous()
-    if x2.shape[0] <= MM_ROWS and cfg is None:
+    if x2.shape[0] <= MM_ROWS and cfg is None and _mm_fits(x2.shape[1], scales.shape[1]):
         return int4_mm(x2, qweight, scales, zeros)
     if x2.shape[0] <= GEMV_ROWS and cfg is None:
         return int4_gemv(x2, qweight, scales, zeros)

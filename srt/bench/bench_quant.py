@@ -1,11 +1,12 @@
 """Quantised linear layers on a GPU: the Llama-3-8B shape's projections in bf16, FP8 (per-channel
 weights, per-token activations: ``torch._scaled_mm``) and int4 AWQ-style (group 128 with
-zeros: the dispatch of ``kernels/quant_gemm.py``; variant ``int4_mm``: ``kernels/int4_mm.py`` up to
-``DEQUANT_ROWS`` rows), random weights, no download.
+zeros: the dispatch of ``kernels/quant_gemm.py``; variant ``int4_older``: the kernels before
+``kernels/int4_mm.py``: the GEMV up to ``GEMV_ROWS`` rows, the tiled kernel up to 128,
+dequantise + cuBLAS above), random weights, no download.
 
     python -m radixlm.srt.bench.bench_quant                      # everything, one run
     python -m radixlm.srt.bench.bench_quant --layers 8 --json quant.json
-    python -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_mm
+    python -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_older
 
 One decode step's weights are the 32 layers' q/k/v, o, gate/up and down projections plus the
 bf16 LM head (the same in every variant). Measured in the same run:
@@ -122,17 +123,25 @@ def make_layers(variant: str, layers: int, gen: torch.Generator) -> tuple[list, 
 
 
 def int4_fn(variant: str, q, s, z):
-    """``int4``: the dispatch (``quant_gemm.int4_linear``); ``int4_mm``: ``kernels/int4_mm.py``
-    up to ``DEQUANT_ROWS`` rows whatever ``MM_ROWS`` says (then the dispatch): both in one run."""
-    from radixlm.kernels import int4_mm, quant_gemm
+    """``int4``: the dispatch (``quant_gemm.int4_linear``); ``int4_older``: the older kernels
+    (GEMV, tiled, dequantise + cuBLAS above 128 rows), both in one run."""
+    from radixlm.kernels import quant_gemm
 
     if variant == "int4":
         return lambda x: quant_gemm.int4_linear(x, q, s, z)
-    return lambda x: (
-        int4_mm.int4_mm(x, q, s, z)
-        if x.shape[0] <= quant_gemm.DEQUANT_ROWS
-        else quant_gemm.int4_linear(x, q, s, z)
-    )
+    n, k = q.shape[0], q.shape[1] * 8
+    group = k // s.shape[1]
+
+    def older(x):
+        m = x.shape[0]
+        if m <= quant_gemm.GEMV_ROWS:
+            return quant_gemm.int4_gemv(x, q, s, z)
+        if m <= 128:
+            cfg = quant_gemm.int4_config(m, n, k, group)
+            return quant_gemm.int4_gemm(x, q, s, z, cfg=cfg)
+        return F.linear(x, quant_gemm.int4_dequant(q, s, z, x.dtype))
+
+    return older
 
 
 def step_fn(fns: list, rows: int):

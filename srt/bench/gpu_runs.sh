@@ -82,10 +82,10 @@ for s in "$@"; do
     # the int4 kernels' GPU tests, then int4_mm's sweep against the older int4 kernels and bf16
     # (rows 1-256; candidates until TUNE_DEADLINE s, then heuristics only)
     int4test) section int4test 170 $PYTEST -m gpu tests/kernels/test_int4_mm.py tests/kernels/test_quant_gemm.py ;;
-    int4tune) section int4tune 400 python3 -m radixlm.srt.bench.tune_quant --kernels bf16,int4_mm,int4_gemv,int4_tiled,int4_dequant \
-      --rows "${TUNE_ROWS:-1,4,16,64,256}" --sweep int4_mm --deadline-s "${TUNE_DEADLINE:-200}" --json "$RESULTS/int4_tune.json" ;;
-    # the 8B step with int4 weights: the dispatch against int4_mm, bf16 alongside
-    int4quant) section int4quant 300 python3 -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_mm --json "$RESULTS/int4_quant.json" ;;
+    int4tune) section int4tune 400 python3 -m radixlm.srt.bench.tune_quant --kernels "${TUNE_KERNELS:-bf16,int4_mm,int4_gemv,int4_tiled,int4_dequant}" \
+      --rows "${TUNE_ROWS:-1,4,16,64,256}" --sweep "${TUNE_SWEEP:-int4_mm}" --deadline-s "${TUNE_DEADLINE:-200}" --json "$RESULTS/int4_tune.json" ;;
+    # the 8B step with int4 weights: the dispatch (int4_mm) against the older kernels, bf16 alongside
+    int4quant) section int4quant 300 python3 -m radixlm.srt.bench.bench_quant --variants bf16,int4,int4_older --json "$RESULTS/int4_quant.json" ;;
     # launch-parameter sweep of the FP8/int4 kernels (bench/tune_quant.py)
     tunequant) section tunequant 560 python3 -m radixlm.srt.bench.tune_quant --json "$RESULTS/tune_quant.json" ;;
     quant) section quant 300 python3 -m radixlm.srt.bench.bench_quant --json "$RESULTS/quant.json"
