@@ -12,8 +12,13 @@ blocks of 32 along the input dim and multiply in integers, as llama.cpp does:
   rounded to float16 as llama.cpp stores them;
 * the integer dot products: AVX-512 VNNI (``vpdpbusd``) or AVX-VNNI where the compiler targets
   them, AVX2 (``vpmaddubsw`` + ``vpmaddwd``) else, a plain scalar loop without AVX2; float32
-  sums per block; OpenMP threads over output rows, the activation rows (1..``MAX_ROWS``) handled
-  four at a time against each weight block read.
+  sums per block; OpenMP threads over spans of output rows. Q4_1 multiplies in tiles of up to
+  eight (weight row, activation row) accumulators: 8 activation rows against each weight block
+  pair unpacked, or, for 1-4 rows, 2-4 weight rows against each activation pair loaded (so at
+  least four independent accumulation chains); the min terms eight blocks a step, and one
+  horizontal reduction for the tile's eight sums. A row's result does not depend on the rows
+  beside it or the span it is computed in (same additions, same order). Q8_0 takes the
+  activation rows four at a time against each weight block read.
 
 The LM head takes int16 activations instead (``q8_0_matmul(..., int16=True)``: steps of
 ``max|a_block| / 32767``, ``vpmaddwd`` on sign-extended weights): its argmax often sits on near
@@ -163,93 +168,167 @@ inline float hsum(__m256 v) {
 
 struct Acts {  // quantised activation rows
   const int8_t* q;
-  const float* d;
-  const float* s;
+  const float* d;  // [rows, nb] the blocks' scales
+  const float* s;  // [rows, sp] the blocks' scaled sums, zero past nb (sp: nb rounded up to 8)
   int64_t k;
   const int8_t* qp;  // q with each pair of blocks as [lo halves | hi halves] (Q4_1's AVX2 path)
+  // [rows, (nb + 1) / 2, 8] each block pair's scales as the pair's int32 dot lanes hold the
+  // blocks (d[b] x 4, d[b + 1] x 4; an odd last block's d x 8)
+  const float* dx;
+  static int64_t s_stride(int64_t k) { return (k / QK + 7) / 8 * 8; }
+  static int64_t dx_stride(int64_t k) { return (k / QK + 1) / 2 * 8; }
   Acts rows_from(int64_t r0) const {
     const int64_t nb = k / QK;
-    return Acts{q + r0 * k, d + r0 * nb, s + r0 * nb, k, qp + r0 * k};
+    return Acts{q + r0 * k, d + r0 * nb, s + r0 * s_stride(k), k, qp + r0 * k,
+                dx + r0 * dx_stride(k)};
   }
 };
 
-// Q4_1 row n against MT activation rows starting at a's row 0: out[r * out_stride]
-template <int MT>
-void q4_1_rows(const uint8_t* codes, const float* wd, const float* wm, int64_t k, Acts a,
-               float* out, int64_t out_stride) {
-  const int64_t nb = k / QK;
-  float mins[MT];
-  for (int r = 0; r < MT; ++r) mins[r] = 0.f;
+struct Q41 {  // a Q4_1 weight [n, k]
+  const uint8_t* codes;
+  const float* d;
+  const float* m;
+  int64_t k;
+};
+
 #ifdef RADIXLM_AVX2
-  // the blocks' scale products and min terms a chunk at a time in plain vectorised loops;
-  // acc[r][0] sums block pairs, acc[r][1] an odd last block
-  constexpr int64_t CH = 64;
-  __m256 acc[MT][2];
-  for (int r = 0; r < MT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+// lane i of the result is the sum of v[i]'s 8 lanes, added in the same order for every i
+// whatever the other vectors hold (so a row's result does not depend on the tile around it)
+inline __m256 hsum8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// weight rows j..j+NT-1 against activation rows 0..MT-1 (NT * MT <= 8): out[r * out_stride +
+// n]. Each weight block pair is unpacked once for the MT rows and each activation pair loaded
+// once for the NT weight rows. Every (weight row, activation row) pair has one accumulator
+// whose additions come in the same order whatever NT and MT are: a row's result is the same
+// alone or in any batch.
+template <int NT, int MT>
+void q4_1_tile(const Q41& w, int64_t j, const Acts& a, float* out, int64_t out_stride) {
+  static_assert(NT * MT <= 8, "eight accumulators");
+  const int64_t k = a.k, nb = k / QK, sp = Acts::s_stride(k), xp = Acts::dx_stride(k);
+  const uint8_t* codes = w.codes + j * (k / 2);
+  const float* wd = w.d + j * nb;
+  const float* wm = w.m + j * nb;
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  // the min terms m * s, 8 blocks a step (the activations' sums are zero past nb)
+  for (int64_t b = 0; b < nb; b += 8) {
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(nb - b)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int n = 0; n < NT; ++n) {
+      const __m256 m = _mm256_maskload_ps(wm + n * nb + b, live);
+      for (int r = 0; r < MT; ++r) {
+        acc[n * MT + r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(a.s + r * sp + b), acc[n * MT + r]);
+      }
+    }
+  }
   const __m256i low = _mm256_set1_epi8(0x0f);
-  float sc[MT][CH];
-  for (int64_t b0 = 0; b0 < nb; b0 += CH) {
-    const int64_t len = std::min(CH, nb - b0);
+  const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  // two blocks per step: their 32 code bytes' low nibbles are both blocks' first halves, the
+  // high nibbles their second halves, against the pair-arranged activations; the int32 lanes
+  // 0-3 sum block b, 4-7 block b + 1
+  int64_t p = 0;
+  for (; 2 * p + 1 < nb; ++p) {
+    __m256i lo[NT], hi[NT];
+    __m256 wdv[NT];
+    for (int n = 0; n < NT; ++n) {
+      const __m256i raw = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(codes + n * (k / 2) + p * QK));
+      lo[n] = _mm256_and_si256(raw, low);
+      hi[n] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      wdv[n] = _mm256_permutevar8x32_ps(
+          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(wd + n * nb + 2 * p))),
+          pick);
+    }
     for (int r = 0; r < MT; ++r) {
-      const float* ad = a.d + r * nb + b0;
-      const float* as = a.s + r * nb + b0;
-      float mn = 0.f;
-      #pragma omp simd reduction(+ : mn)
-      for (int64_t i = 0; i < len; ++i) {
-        sc[r][i] = wd[b0 + i] * ad[i];
-        mn += wm[b0 + i] * as[i];
-      }
-      mins[r] += mn;
-    }
-    // two blocks per step: their 32 code bytes' low nibbles are both blocks' first halves,
-    // the high nibbles their second halves, against the pair-arranged activations; the int32
-    // lanes 0-3 sum block b, 4-7 block b + 1
-    const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    int64_t i = 0;
-    for (; i + 1 < len; i += 2) {
-      const int64_t b = b0 + i;
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 16));
-      const __m256i lo = _mm256_and_si256(raw, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-      for (int r = 0; r < MT; ++r) {
-        const __m256i* q = reinterpret_cast<const __m256i*>(a.qp + r * a.k + b * QK);
-        const __m256i dot = dot2_u8s8(lo, _mm256_loadu_si256(q), hi, _mm256_loadu_si256(q + 1));
-        const __m256 sc2 = _mm256_permutevar8x32_ps(
-            _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(&sc[r][i]))),
-            pick);
-        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc2, acc[r][0]);
-      }
-    }
-    for (; i < len; ++i) {  // an odd block (nb - 1 when nb is odd): one at a time
-      const int64_t b = b0 + i;
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b * 16));
-      const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-      for (int r = 0; r < MT; ++r) {
-        const __m256i q = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(a.qp + r * a.k + b * QK));
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(w, q));
-        acc[r][1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sc[r][i]), acc[r][1]);
+      const __m256i* q = reinterpret_cast<const __m256i*>(a.qp + r * k + p * 2 * QK);
+      const __m256i q0 = _mm256_loadu_si256(q), q1 = _mm256_loadu_si256(q + 1);
+      const __m256 ad = _mm256_loadu_ps(a.dx + r * xp + p * 8);
+      for (int n = 0; n < NT; ++n) {
+        const __m256i dot = dot2_u8s8(lo[n], q0, hi[n], q1);
+        acc[n * MT + r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(wdv[n], ad),
+                                          acc[n * MT + r]);
       }
     }
   }
-  for (int r = 0; r < MT; ++r) {
-    out[r * out_stride] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + mins[r];
+  if (2 * p < nb) {  // an odd last block: its low nibbles then its high ones
+    const int64_t b = 2 * p;
+    __m256i wq[NT];
+    __m256 wdv[NT];
+    for (int n = 0; n < NT; ++n) {
+      const __m128i raw = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(codes + n * (k / 2) + b * 16));
+      wq[n] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+      wdv[n] = _mm256_broadcast_ss(wd + n * nb + b);
+    }
+    for (int r = 0; r < MT; ++r) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qp + r * k + b * QK));
+      const __m256 ad = _mm256_loadu_ps(a.dx + r * xp + p * 8);
+      for (int n = 0; n < NT; ++n) {
+        acc[n * MT + r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wq[n], q)),
+                                          _mm256_mul_ps(wdv[n], ad), acc[n * MT + r]);
+      }
+    }
   }
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, hsum8(acc));
+  for (int n = 0; n < NT; ++n) {
+    for (int r = 0; r < MT; ++r) out[r * out_stride + n] = sums[n * MT + r];
+  }
+}
 #else
-  float acc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* c = codes + b * 16;
+template <int NT, int MT>
+void q4_1_tile(const Q41& w, int64_t j, const Acts& a, float* out, int64_t out_stride) {
+  const int64_t k = a.k, nb = k / QK, sp = Acts::s_stride(k);
+  for (int n = 0; n < NT; ++n) {
+    const uint8_t* codes = w.codes + (j + n) * (k / 2);
+    const float* wd = w.d + (j + n) * nb;
+    const float* wm = w.m + (j + n) * nb;
     for (int r = 0; r < MT; ++r) {
-      const int8_t* q = a.q + r * a.k + b * QK;
-      int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += (c[i] & 15) * q[i] + (c[i] >> 4) * q[i + 16];
-      acc[r] += float(sum) * (wd[b] * a.d[r * nb + b]);
-      mins[r] += wm[b] * a.s[r * nb + b];
+      float acc = 0.f, mins = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* c = codes + b * 16;
+        const int8_t* q = a.q + r * k + b * QK;
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += (c[i] & 15) * q[i] + (c[i] >> 4) * q[i + 16];
+        acc += float(sum) * (wd[b] * a.d[r * nb + b]);
+        mins += wm[b] * a.s[r * sp + b];
+      }
+      out[r * out_stride + n] = acc + mins;
     }
   }
-  for (int r = 0; r < MT; ++r) out[r * out_stride] = acc[r] + mins[r];
+}
 #endif
+
+// activation rows [0, MT) against weight rows [j0, j1), NT rows a tile, single rows at the end
+template <int NT, int MT>
+void q4_1_rows(const Q41& w, int64_t j0, int64_t j1, const Acts& a, float* out, int64_t n) {
+  int64_t j = j0;
+  for (; j + NT <= j1; j += NT) q4_1_tile<NT, MT>(w, j, a, out + j, n);
+  for (; j < j1; ++j) q4_1_tile<1, MT>(w, j, a, out + j, n);
+}
+
+// out[r, j] for every activation row r < m and weight row j in [j0, j1): groups of up to 8
+// rows; fewer rows take several weight rows a tile (four accumulation chains at least)
+void q4_1_span(const Q41& w, const Acts& a, int64_t m, int64_t n, int64_t j0, int64_t j1,
+               float* out) {
+  for (int64_t r0 = 0; r0 < m; r0 += 8) {
+    const Acts t = a.rows_from(r0);
+    float* o = out + r0 * n;
+    switch (std::min<int64_t>(8, m - r0)) {
+      case 8: q4_1_rows<1, 8>(w, j0, j1, t, o, n); break;
+      case 7: q4_1_rows<1, 7>(w, j0, j1, t, o, n); break;
+      case 6: q4_1_rows<1, 6>(w, j0, j1, t, o, n); break;
+      case 5: q4_1_rows<1, 5>(w, j0, j1, t, o, n); break;
+      case 4: q4_1_rows<2, 4>(w, j0, j1, t, o, n); break;
+      case 3: q4_1_rows<2, 3>(w, j0, j1, t, o, n); break;
+      case 2: q4_1_rows<4, 2>(w, j0, j1, t, o, n); break;
+      default: q4_1_rows<4, 1>(w, j0, j1, t, o, n); break;
+    }
+  }
 }
 
 // Q8_0 row n against MT activation rows
@@ -348,25 +427,36 @@ Acts16 quantize16(const T* x, int64_t m, int64_t x_stride, int64_t k) {
 template <typename T>
 Acts quantize(const T* x, int64_t m, int64_t x_stride, int64_t k) {
   static thread_local std::vector<int8_t> q, qp;
-  static thread_local std::vector<float> d, s;
+  static thread_local std::vector<float> d, s, dx;
+  const int64_t nb = k / QK, sp = Acts::s_stride(k), xp = Acts::dx_stride(k);
   q.resize(m * k);
   qp.resize(m * k);
-  d.resize(m * (k / QK));
-  s.resize(m * (k / QK));
+  d.resize(m * nb);
+  s.assign(m * sp, 0.f);
+  dx.resize(m * xp);
   for (int64_t r = 0; r < m; ++r) {
     int8_t* qr = q.data() + r * k;
-    quantize_row(x + r * x_stride, k, qr, d.data() + r * (k / QK), s.data() + r * (k / QK));
+    const float* dr = d.data() + r * nb;
+    quantize_row(x + r * x_stride, k, qr, d.data() + r * nb, s.data() + r * sp);
     int8_t* pr = qp.data() + r * k;
     std::memcpy(pr, qr, k);  // an odd last block keeps its layout
-    for (int64_t b = 0; b + 1 < k / QK; b += 2) {  // [b lo, b+1 lo, b hi, b+1 hi], 16 each
+    for (int64_t b = 0; b + 1 < nb; b += 2) {  // [b lo, b+1 lo, b hi, b+1 hi], 16 each
       const int8_t* src = qr + b * QK;
       std::memcpy(pr + b * QK, src, 16);
       std::memcpy(pr + b * QK + 16, src + 32, 16);
       std::memcpy(pr + b * QK + 32, src + 16, 16);
       std::memcpy(pr + b * QK + 48, src + 48, 16);
     }
+    float* xr = dx.data() + r * xp;
+    for (int64_t b = 0; b < nb; ++b) {  // d[b] x 4 in its half of the pair's 8 lanes
+      float* lanes = xr + (b / 2) * 8 + (b % 2) * 4;
+      for (int i = 0; i < 4; ++i) lanes[i] = dr[b];
+      if (b % 2 == 0 && b + 1 == nb) {  // an odd last block: all 8 lanes
+        for (int i = 4; i < 8; ++i) lanes[i] = dr[b];
+      }
+    }
   }
-  return Acts{q.data(), d.data(), s.data(), k, qp.data()};
+  return Acts{q.data(), d.data(), s.data(), k, qp.data(), dx.data()};
 }
 
 // out[m, n] = x[m, k] . W[n, k]; Row(n, acts, out, stride) handles MT rows per instantiation
@@ -391,18 +481,6 @@ void gemm(A a, int64_t m, int64_t n, float* out, int threads, RowFn row) {
   for (int64_t j = 0; j < n; ++j) gemm_row(a, m, n, out, row, j);
 }
 
-struct Q41 {
-  const uint8_t* codes;
-  const float* d;
-  const float* m;
-  int64_t k;
-  template <int MT>
-  void operator()(int64_t j, Acts a, float* o, int64_t stride) const {
-    const int64_t nb = k / QK;
-    q4_1_rows<MT>(codes + j * (k / 2), d + j * nb, m + j * nb, k, a, o, stride);
-  }
-};
-
 struct Q80 {
   const int8_t* codes;
   const float* d;
@@ -423,10 +501,16 @@ struct Q80x16 {
   }
 };
 
+constexpr int64_t SPAN = 16;  // weight rows per parallel work item of q4_1
+
 template <typename T>
 void q4_1(const T* x, int64_t m, int64_t x_stride, int64_t k, const uint8_t* codes,
           const float* d, const float* mins, int64_t n, float* out, int threads) {
-  gemm(quantize(x, m, x_stride, k), m, n, out, threads, Q41{codes, d, mins, k});
+  const Acts a = quantize(x, m, x_stride, k);
+  const Q41 w{codes, d, mins, k};
+  const bool par = threads > 1 && n * k * m >= (int64_t(1) << 16);
+  #pragma omp parallel for num_threads(threads) schedule(static) if (par)
+  for (int64_t j0 = 0; j0 < n; j0 += SPAN) q4_1_span(w, a, m, n, j0, std::min(n, j0 + SPAN), out);
 }
 
 template <typename T>
@@ -452,8 +536,7 @@ void q4_1_span_f32(const float* x, int64_t m, int64_t x_stride, int64_t k, const
                    float* out, int fresh) {
   static thread_local Acts a;
   if (fresh) a = quantize(x, m, x_stride, k);
-  const Q41 row{codes, d, mins, k};
-  for (int64_t j = j0; j < j1; ++j) gemm_row(a, m, n, out, row, j);
+  q4_1_span(Q41{codes, d, mins, k}, a, m, n, j0, j1, out);
 }
 
 // output rows [j0, j1) of q8_0_x16_f32 (the LM head), on the calling thread; `fresh` as above
@@ -516,6 +599,7 @@ ISA_NAMES = ("scalar", "AVX2", "AVX-VNNI", "AVX-512 VNNI")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _Q4_ARGS = [_P, _I, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int]
 _Q8_ARGS = [_P, _I, _I, _I, _P, _P, _I, _P, ctypes.c_int]
+_Q4_SPAN_ARGS = [_P, _I, _I, _I, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int]
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL | None] = {}
@@ -547,6 +631,8 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
                 lib.q8_0_f32.restype = lib.q8_0_bf16.restype = None
                 lib.q8_0_x16_f32.argtypes = lib.q8_0_x16_bf16.argtypes = _Q8_ARGS
                 lib.q8_0_x16_f32.restype = lib.q8_0_x16_bf16.restype = None
+                lib.q4_1_span_f32.argtypes = _Q4_SPAN_ARGS
+                lib.q4_1_span_f32.restype = None
             _libs[variant] = lib
     return _libs[variant]
 

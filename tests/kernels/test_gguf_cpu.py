@@ -20,6 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 VARIANTS = ("native", "avx2", "scalar")
 SHAPES = [(1, 1, 32), (2, 7, 96), (3, 17, 64), (5, 100, 576), (16, 33, 160), (11, 64, 1536)]
+# the Q4_1 tiles' edges: 8-row groups and their remainders, weight rows not a multiple of the
+# tiles' 2 or 4, odd block counts (7, 9) and a block count past a multiple of 8 (the min terms)
+SHAPES += [(8, 9, 224), (9, 6, 288), (4, 7, 32), (13, 45, 1056), (16, 31, 576)]
 
 
 def gen(seed: int) -> torch.Generator:
@@ -123,6 +126,25 @@ def test_rows_1_to_16_bf16_strided_and_zero_blocks(variant):
         for int16 in (False, True):
             bf16 = gguf_cpu.q8_0_matmul(xb, q8, variant, int16)
             assert torch.equal(bf16, gguf_cpu.q8_0_matmul(xb.float(), q8, variant, int16))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_q4_1_rows_do_not_depend_on_batch_or_span(variant):
+    """A row's result is the same alone, in any batch of 1-16 rows and in any span of output
+    rows (the one-call step's chunks), bit for bit: the step equals the layer path."""
+    n, k = 43, 160  # 5 blocks: one pair-less last block; 43 rows: tiles' tails
+    q4 = gguf_cpu.pack_q4_1(*quantize_int4(weights(n, k, 7)))
+    lib = gguf_cpu.library(variant)
+    x = activations(16, k, 8)
+    for m in (1, 2, 3, 4, 5, 8, 9, 12, 16):
+        full = gguf_cpu.q4_1_matmul(x[:m], q4, variant)
+        for r in range(m):
+            assert torch.equal(gguf_cpu.q4_1_matmul(x[r : r + 1], q4, variant)[0], full[r])
+        spans = torch.full((m, n), float("nan"))
+        for i, (j0, j1) in enumerate([(0, 1), (1, 6), (6, 7), (7, 30), (30, 43)]):
+            ptrs = (t.data_ptr() for t in (q4.codes, q4.d, q4.m))
+            lib.q4_1_span_f32(x.data_ptr(), m, k, k, *ptrs, n, j0, j1, spans.data_ptr(), i == 0)
+        assert torch.equal(spans, full)
 
 
 def test_paths_agree_and_native_names_its_isa():
