@@ -128,22 +128,32 @@ def test_rows_1_to_16_bf16_strided_and_zero_blocks(variant):
             assert torch.equal(bf16, gguf_cpu.q8_0_matmul(xb.float(), q8, variant, int16))
 
 
+SPANS = [(0, 1), (1, 6), (6, 7), (7, 30), (30, 43)]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_q4_1_rows_do_not_depend_on_batch_or_span(variant):
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0 int16"])
+def test_rows_do_not_depend_on_batch_or_span(variant, fmt):
     """A row's result is the same alone, in any batch of 1-16 rows and in any span of output
     rows (the one-call step's chunks), bit for bit: the step equals the layer path."""
     n, k = 43, 160  # 5 blocks: one pair-less last block; 43 rows: tiles' tails
-    q4 = gguf_cpu.pack_q4_1(*quantize_int4(weights(n, k, 7)))
     lib = gguf_cpu.library(variant)
+    if fmt == "q4_1":
+        w = gguf_cpu.pack_q4_1(*quantize_int4(weights(n, k, 7)))
+        matmul, span = (lambda x: gguf_cpu.q4_1_matmul(x, w, variant)), lib.q4_1_span_f32
+    else:
+        w = gguf_cpu.quantize_q8_0(weights(n, k, 7))
+        matmul = lambda x: gguf_cpu.q8_0_matmul(x, w, variant, int16=True)  # noqa: E731
+        span = lib.q8_0_x16_span_f32
+    ptrs = [t.data_ptr() for t in w]
     x = activations(16, k, 8)
     for m in (1, 2, 3, 4, 5, 8, 9, 12, 16):
-        full = gguf_cpu.q4_1_matmul(x[:m], q4, variant)
+        full = matmul(x[:m])
         for r in range(m):
-            assert torch.equal(gguf_cpu.q4_1_matmul(x[r : r + 1], q4, variant)[0], full[r])
+            assert torch.equal(matmul(x[r : r + 1])[0], full[r])
         spans = torch.full((m, n), float("nan"))
-        for i, (j0, j1) in enumerate([(0, 1), (1, 6), (6, 7), (7, 30), (30, 43)]):
-            ptrs = (t.data_ptr() for t in (q4.codes, q4.d, q4.m))
-            lib.q4_1_span_f32(x.data_ptr(), m, k, k, *ptrs, n, j0, j1, spans.data_ptr(), i == 0)
+        for i, (j0, j1) in enumerate(SPANS):
+            span(x.data_ptr(), m, k, k, *ptrs, n, j0, j1, spans.data_ptr(), i == 0)
         assert torch.equal(spans, full)
 
 
