@@ -15,7 +15,8 @@ ratios are against the first contender). Every contender gets the same token ids
 thread count, and decodes ``--output-len`` tokens greedily per request, EOS ignored.
 
 Workloads: ``1`` (one 128-token prompt), ``batch`` (``--batch-size`` prompts of 32-512 tokens;
-llama.cpp runs them one after another through its high-level API), ``prefill`` (one 512-token
+llama.cpp runs them one after another through its high-level API and, as "llama.cpp batched",
+all together through its batch API: ``llama_cpp_batched.py``), ``prefill`` (one 512-token
 prompt, one token out). Rounds alternate the contenders' order (the machine may be shared: each
 round sees the same background load on every side); the table gives medians over the rounds:
 output tok/s (prefill included), decode ms per step (the full run less a one-token run, per
@@ -133,6 +134,23 @@ def llama_cpp_contender(gguf: Path, threads: int, n_ctx: int, flash_attn: bool) 
     return Contender(name, run, one)
 
 
+def llama_cpp_batched_contender(
+    gguf: Path, threads: int, ctx_per_seq: int, max_seqs: int, flash_attn: bool
+) -> Contender:
+    """llama.cpp decoding a workload's prompts together (its low-level batch API, one sequence
+    per request); ImportError without llama-cpp-python."""
+    from radixlm.srt.bench.llama_cpp_batched import open_batched
+
+    llm = open_batched(gguf, max_seqs, ctx_per_seq, threads, flash_attn)
+
+    def run(prompts: list[list[int]], n: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompts, n)
+        return time.perf_counter() - start
+
+    return Contender("llama.cpp batched", run, lambda prompt, n: llm.generate([prompt], n)[0])
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -151,6 +169,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-llama-cpp", action="store_true", help="radixlm alone")
     ap.add_argument(
         "--llama-flash-attn", choices=["on", "off"], default="on", help="llama.cpp's attention"
+    )
+    ap.add_argument(
+        "--llama-batched",
+        choices=["on", "off"],
+        default="on",
+        help="also llama.cpp with a workload's prompts decoded together (its batch API)",
     )
     return ap.parse_args(argv)
 
@@ -205,6 +229,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             flash = args.llama_flash_attn == "on"
             contenders.insert(0, llama_cpp_contender(gguf, threads, n_ctx, flash))
+            if args.llama_batched == "on":
+                max_seqs = max(len(prompts) for prompts, _ in loads.values())
+                batched = llama_cpp_batched_contender(gguf, threads, n_ctx, max_seqs, flash)
+                contenders.insert(1, batched)
         except ImportError:
             print("llama-cpp-python is not installed (pip install llama-cpp-python): radixlm only")
     same_ids_check(contenders, loads, args.output_len)

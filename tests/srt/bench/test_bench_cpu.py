@@ -64,3 +64,21 @@ def test_step_contenders_switch_the_one_call_step(monkeypatch):
     for step in (True, False):
         bench_cpu.radixlm_contender(FakeEngine(), "radixlm int4", True, step).run([[1]], 2)
     assert seen == [True, False] and cpu_step.available()
+
+
+@pytest.mark.slow
+def test_llama_cpp_batched_equals_one_by_one():
+    """Where llama-cpp-python is installed: its batch API decoding three prompts together gives
+    the tokens its high-level API gives each prompt alone (the default model's GGUF)."""
+    pytest.importorskip("llama_cpp")
+    from radixlm.srt.models.default_model import default_gguf_path
+
+    gguf = default_gguf_path()
+    prompts = [[1, 504, 3458, 282, 4649, 314], list(range(100, 140)), [2, 9, 77]]
+    single = bench_cpu.llama_cpp_contender(gguf, 1, 128, True)
+    expect = [single.ids(p, 8) for p in prompts]
+    batched = bench_cpu.llama_cpp_batched_contender(gguf, 1, 128, len(prompts), True)
+    assert batched.ids(prompts[1], 8) == expect[1]
+    from radixlm.srt.bench.llama_cpp_batched import open_batched
+
+    assert open_batched(gguf, len(prompts), 128, 1, True).generate(prompts, 8) == expect
