@@ -325,7 +325,7 @@ _ENTRY_POINTS = (  # the Kernels struct's fields, in order
 )
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib", "kernels" once built (None where not)
+_state: dict[int, object] = {}  # id(GEMV library) -> (lib, kernel table) once built, or None
 _switch = KernelSwitch()  # off inside `disabled()` (benchmarks and tests comparing the torch paths)
 
 
@@ -343,17 +343,20 @@ def _build() -> tuple[ctypes.CDLL, torch.Tensor] | None:
 
 
 def _library() -> tuple[ctypes.CDLL, torch.Tensor] | None:
-    if "built" not in _state:
+    """The step's library with the kernel table of the GEMV library in use (one per GEMV
+    build: ``gguf_cpu.library_override`` swaps it in benchmarks)."""
+    key = id(gguf_cpu.library())
+    if key not in _state:
         with _lock:
-            if "built" not in _state:
+            if key not in _state:
                 built = None
                 if os.environ.get("RADIXLM_CPU_STEP", "1") != "0":
                     try:
                         built = _build()
                     except OSError:
                         built = None
-                _state["built"] = built
-    return _state["built"]  # type: ignore[return-value]
+                _state[key] = built
+    return _state[key]  # type: ignore[return-value]
 
 
 def available() -> bool:

@@ -41,6 +41,7 @@ import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -626,6 +627,35 @@ def _switched_off() -> bool:
     return any(os.environ.get(v, "1") == "0" for v in ("RADIXLM_CPU_KERNELS", "RADIXLM_CPU_GEMV"))
 
 
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Sets the entry points' argument and result types on a loaded build of ``SOURCE``."""
+    lib.radixlm_gguf_isa.restype = ctypes.c_int
+    lib.q4_1_f32.argtypes = lib.q4_1_bf16.argtypes = _Q4_ARGS
+    lib.q8_0_f32.argtypes = lib.q8_0_bf16.argtypes = _Q8_ARGS
+    lib.q8_0_x16_f32.argtypes = lib.q8_0_x16_bf16.argtypes = _Q8_ARGS
+    for fn in ("q4_1_f32", "q4_1_bf16", "q8_0_f32", "q8_0_bf16", "q8_0_x16_f32", "q8_0_x16_bf16"):
+        getattr(lib, fn).restype = None
+    if hasattr(lib, "q4_1_span_f32"):  # older builds may lack the one-call step's spans
+        lib.q4_1_span_f32.argtypes = _Q4_SPAN_ARGS
+        lib.q8_0_x16_span_f32.argtypes = _Q8_SPAN_ARGS
+        lib.q4_1_span_f32.restype = lib.q8_0_x16_span_f32.restype = None
+    return lib
+
+
+@contextlib.contextmanager
+def library_override(lib: ctypes.CDLL) -> Iterator[None]:
+    """Inside the block the native kernels are ``lib``, another build of this module's entry
+    points (an older revision's, bound with :func:`bind`: benchmarks compare the two in one
+    engine). Not thread-safe against other callers of :func:`library`."""
+    library()  # the native build exists before it is set aside
+    saved = _libs["native"]
+    _libs["native"] = lib
+    try:
+        yield
+    finally:
+        _libs["native"] = saved
+
+
 def library(variant: str = "native") -> ctypes.CDLL | None:
     """The kernels built for ``variant`` (see ``VARIANTS``), on first use; None where they
     cannot be built or are switched off by the environment."""
@@ -639,18 +669,7 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
                     lib = compile_library("radixlm_gguf", SOURCE, FLAGS + VARIANTS[variant])
                 except OSError:
                     lib = None
-            if lib is not None:
-                lib.radixlm_gguf_isa.restype = ctypes.c_int
-                lib.q4_1_f32.argtypes = lib.q4_1_bf16.argtypes = _Q4_ARGS
-                lib.q8_0_f32.argtypes = lib.q8_0_bf16.argtypes = _Q8_ARGS
-                lib.q4_1_f32.restype = lib.q4_1_bf16.restype = None
-                lib.q8_0_f32.restype = lib.q8_0_bf16.restype = None
-                lib.q8_0_x16_f32.argtypes = lib.q8_0_x16_bf16.argtypes = _Q8_ARGS
-                lib.q8_0_x16_f32.restype = lib.q8_0_x16_bf16.restype = None
-                lib.q4_1_span_f32.argtypes = _Q4_SPAN_ARGS
-                lib.q8_0_x16_span_f32.argtypes = _Q8_SPAN_ARGS
-                lib.q4_1_span_f32.restype = lib.q8_0_x16_span_f32.restype = None
-            _libs[variant] = lib
+            _libs[variant] = None if lib is None else bind(lib)
     return _libs[variant]
 
 

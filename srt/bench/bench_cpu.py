@@ -4,6 +4,7 @@
     python -m radixlm.srt.bench.bench_cpu --threads 1 --rounds 5
     python -m radixlm.srt.bench.bench_cpu --kernels both     # radixlm's CPU kernels on and off
     python -m radixlm.srt.bench.bench_cpu --step both        # int4 decode in one call or by layer
+    python -m radixlm.srt.bench.bench_cpu --against REV      # int4 also with REV's GEMV kernels
 
 Contenders: radixlm for each ``--quantization`` mode (int4: the GGUF's own Q4_1 codes), with
 its C++ CPU kernels (``kernels/cpu_decode.py``, ``kernels/gguf_cpu.py``) on, off (the torch
@@ -71,13 +72,18 @@ class Contender:
     times: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
-def radixlm_contender(engine, name: str, kernels: bool, step: bool = True) -> Contender:
+def radixlm_contender(
+    engine, name: str, kernels: bool, step: bool = True, gemv_lib=None
+) -> Contender:
     """``kernels`` False: every C++ CPU kernel off (the torch paths); ``step`` False: int4
-    decode layer by layer instead of the one-call step."""
+    decode layer by layer instead of the one-call step; ``gemv_lib``: another build of the
+    GGUF GEMVs (``bench_gguf_cpu.library_at``) in place of this tree's."""
     from radixlm.kernels import cpu_decode, cpu_step, gguf_cpu
 
     def scope():
         stack = contextlib.ExitStack()
+        if gemv_lib is not None:
+            stack.enter_context(gguf_cpu.library_override(gemv_lib))
         if not kernels:
             stack.enter_context(cpu_decode.disabled())
             stack.enter_context(gguf_cpu.disabled())
@@ -168,6 +174,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="radixlm alone")
     ap.add_argument(
+        "--against", default=None, help="int4 also with the GGUF GEMVs of this git revision"
+    )
+    ap.add_argument(
         "--llama-flash-attn", choices=["on", "off"], default="on", help="llama.cpp's attention"
     )
     ap.add_argument(
@@ -195,6 +204,7 @@ def workloads(tok, args: argparse.Namespace) -> dict[str, tuple[list[list[int]],
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from radixlm.srt import Engine
+    from radixlm.srt.bench.bench_gguf_cpu import library_at
     from radixlm.srt.models.default_model import default_gguf_path
 
     if args.threads:
@@ -222,6 +232,10 @@ def main(argv: list[str] | None = None) -> None:
                 label += "" if args.kernels == "on" else (" kernels" if on else " torch ops")
                 label += "" if len(steps) == 1 else (" step" if step else " layers")
                 contenders.append(radixlm_contender(engine, label, on, step))
+                if args.against and q == "int4" and on:
+                    lib = library_at(args.against)
+                    label += f" @{args.against}"
+                    contenders.append(radixlm_contender(engine, label, on, step, lib))
     tok = engines[0].tokenizer
     loads = workloads(tok, args)
     n_ctx = 512 + args.output_len + 16

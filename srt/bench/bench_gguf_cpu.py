@@ -27,8 +27,6 @@ from radixlm.kernels.cpu_decode import compile_library
 from radixlm.kernels.int4_cpu import quantize_int4
 from radixlm.srt.bench.bench_cpu import cpu_model
 
-_P, _I = ctypes.c_void_p, ctypes.c_int64
-
 
 def library_at(rev: str) -> ctypes.CDLL:
     """``kernels/gguf_cpu.py``'s kernels as they were at git revision ``rev``."""
@@ -44,13 +42,7 @@ def library_at(rev: str) -> ctypes.CDLL:
     lib = compile_library("radixlm_gguf", namespace["SOURCE"], gguf_cpu.FLAGS)
     if lib is None:
         raise RuntimeError(f"the kernels at {rev} did not build")
-    return lib
-
-
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.q4_1_f32.argtypes = [_P, _I, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int]
-    lib.q8_0_x16_f32.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, ctypes.c_int]
-    return lib
+    return gguf_cpu.bind(lib)
 
 
 class Step:
@@ -95,9 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--against", default=None, help="a git revision's kernels beside these")
     ap.add_argument("--layers", type=int, default=30)
     args = ap.parse_args(argv)
-    libs = {"now": _bind(gguf_cpu.library())}
+    libs = {"now": gguf_cpu.library()}
     if args.against:
-        libs = {args.against: _bind(library_at(args.against)), **libs}
+        libs = {args.against: library_at(args.against), **libs}
     print(f"CPU: {cpu_model()}")
     step = Step(hidden=576, inter=1536, qkv=960, layers=args.layers, vocab=49152)
     names = list(libs)

@@ -206,3 +206,20 @@ def test_switches_turn_the_kernels_off(monkeypatch):
     monkeypatch.setenv("RADIXLM_CPU_GEMV", "0")
     monkeypatch.setattr(gguf_cpu, "_libs", {})
     assert gguf_cpu.library() is None and not gguf_cpu.available()
+
+
+def test_library_override_swaps_the_kernels_for_a_block():
+    """Benchmarks run another build of the kernels in place of the native one, the one-call
+    step included (it keeps a kernel table per GEMV build)."""
+    from radixlm.kernels import cpu_step
+
+    native, scalar = gguf_cpu.library(), gguf_cpu.library("scalar")
+    q4 = gguf_cpu.pack_q4_1(*quantize_int4(weights(8, 64, 9)))
+    x = activations(3, 64, 10)
+    step_native = cpu_step._library()
+    with gguf_cpu.library_override(scalar):
+        assert gguf_cpu.library() is scalar
+        assert torch.equal(gguf_cpu.q4_1_matmul(x, q4), gguf_cpu.q4_1_matmul(x, q4, "scalar"))
+        if step_native is not None:
+            assert cpu_step._library()[1].tolist() != step_native[1].tolist()
+    assert gguf_cpu.library() is native and cpu_step._library() is step_native
