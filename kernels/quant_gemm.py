@@ -66,11 +66,12 @@ FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
-DEQUANT_ROWS = 256
-# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel
-# (H100, `bash srt/bench/gpu_runs.sh int4test int4tune`: 0.5-0.8x the GEMV's time at 1 row,
-# 0.4-0.5x the tiled kernel's at 4-64 rows and 0.4-0.8x at 256, 0.3-0.5x dequantise + cuBLAS
-# at 256; docs/results/quant.md). The older kernels stay for shapes its tiles do not fit.
+DEQUANT_ROWS = 512
+# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel.
+# H100, 8B projections (`bash srt/bench/gpu_runs.sh int4test int4tune`, docs/results/quant.md):
+# 0.76-0.94x the GEMV's time at 1 row, 0.3-0.4x at 4; 0.4-0.8x the tiled kernel's at 16-256
+# rows; 0.4-0.6x dequantise + cuBLAS at 256, 0.7-0.95x at 512, 1.05-1.25x at 1,024 (hence
+# DEQUANT_ROWS). The older kernels stay for shapes its tiles do not fit.
 MM_ROWS = DEQUANT_ROWS
 SEQUENTIAL = tuple(range(8))
 

@@ -77,6 +77,8 @@ for s in "$@"; do
     # the Triton window/soft-cap cases of the attention tests only (FlashInfer's JIT builds: ktest)
     moetest) section moetest 300 $PYTEST --durations=12 -m gpu -k "not attention_backends or (window_and_softcap and triton)" tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ${MOE_PHASES:+--phases $MOE_PHASES} ;;
+    # the same with the weight-streaming kernels (attention half and router of each MoE layer)
+    moeon) RADIXLM_GEMV=1 section moeon 300 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe_gemv.json" --phases ${MOE_PHASES:-calib,engine} ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
     # the int4 kernels' GPU tests, then int4_mm's sweep against the older int4 kernels and bf16
