@@ -111,6 +111,10 @@ for s in "$@"; do
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
+    # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
+    # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
+    mixprof) section mixprof 240 python3 -m radixlm.srt.bench.bench_chunked_prefill --dummy-8b --prompt-len 8000 \
+      --num-decodes 32 --decode-prompt-len 2048 --chunk-sizes=8192,8192u --profile --json "$RESULTS/mixprof.json" ;;
     servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT,
       # then paced with shortest prompt first (bounded)
       rm -f "$RESULTS/servepace.jsonl"
