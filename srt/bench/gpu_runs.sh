@@ -133,11 +133,11 @@ for s in "$@"; do
     # the disk tier's read path against a raw read of its folder and the copy into host pages
     # (pool), quiet, then beside a thread of pure Python (as the scheduler thread is in a server);
     # each read as the server does (one preadv a page) and in 256 KiB chunks hashed in the cache
-    diskpath)
-      for chunk in 0 256; do
-        section "diskpath-c$chunk" 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --read-chunk-kib $chunk
-        section "diskpath-c$chunk-busy" 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --read-chunk-kib $chunk --busy-thread
-      done ;;
+    diskpath) # the path against the bare copy into the pool, quiet and beside a busy thread, with
+      # the path's time split on its reader threads (--phases: reads, preadv, checksum, waits)
+      section diskpath 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases
+      section diskpath-busy 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --busy-thread
+      section diskpath-t8 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --threads 8 ;;
     kvcheck) # staged writes and a restart against no cache: float32 (differences are then real)
       section kvcheck-test 150 $PYTEST tests/srt/scheduler/test_hicache_staged_restart.py
       section kvcheck 450 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --dtype float32 --num-conversations 20 --modes off,disk,restart ;;
