@@ -29,7 +29,8 @@ Paths:
   the activations quantised per token by one Triton kernel (:func:`quantize_per_token`);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
-* CUDA, int4, up to ``DEQUANT_ROWS`` rows: :func:`_int4_kernel` (Triton): loads each output's
+* CUDA, int4, up to ``DEQUANT_ROWS`` rows where ``int4_mm``'s tiles do not fit (and up to
+  ``GEMV_ROWS`` rows :func:`int4_gemv`): :func:`_int4_kernel` (Triton): loads each output's
   ``BLOCK_K / 8`` words of a tile once (contiguous), unpacks the nibbles by a broadcast shift
   into the ``[BLOCK_K, BLOCK_N]`` operand, turns them into floats with the 2^23 bit trick (no
   int -> float conversions) and dequantises them in registers (one scale and zero per output
