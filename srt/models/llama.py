@@ -184,12 +184,7 @@ class LlamaDecoderLayer(nn.Module):
         or what the streaming path returns)."""
         if self._streams(hidden):
             return self._forward_streaming(rope, hidden, residual, fb), None
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, fb)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        hidden, residual = attention_half(self, rope, hidden, residual, fb)
         return self.mlp(hidden), residual
 
     def _streams(self, hidden: torch.Tensor) -> bool:
@@ -238,6 +233,31 @@ def streamable(cache: dict, hidden: torch.Tensor, linears: tuple) -> bool:
             for m in linears
         )
     return known
+
+
+def attention_half(
+    layer: nn.Module,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    fb: ForwardBatch,
+    stream: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's input norm, attention and post-attention norm (``layer``'s
+    ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``): returns the MLP's input
+    and the residual stream. ``stream``: the norm and residual add folded into the projections
+    (:func:`stream_attention`)."""
+    if stream:
+        residual = stream_attention(
+            layer.self_attn, layer.input_layernorm, rope, hidden, residual, fb
+        )
+        return layer.post_attention_layernorm(residual), residual
+    if residual is None:
+        residual, hidden = hidden, layer.input_layernorm(hidden)
+    else:
+        hidden, residual = layer.input_layernorm.add_and_norm(hidden, residual)
+    hidden = layer.self_attn(rope, hidden, fb)
+    return layer.post_attention_layernorm.add_and_norm(hidden, residual)
 
 
 def stream_attention(

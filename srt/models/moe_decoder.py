@@ -22,7 +22,7 @@ from radixlm.srt.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
     LlamaModel,
-    stream_attention,
+    attention_half,
     streamable,
 )
 from radixlm.srt.models.model_config import ModelConfig
@@ -78,17 +78,7 @@ class MoEDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``LlamaDecoderLayer.forward``; ``counted``: the rows the expert-load table counts."""
         stream = self._streams(hidden)
-        if stream:
-            attn, norm = self.self_attn, self.input_layernorm
-            residual = stream_attention(attn, norm, rope, hidden, residual, fb)
-            hidden = self.post_attention_layernorm(residual)
-        else:
-            if residual is None:
-                residual, hidden = hidden, self.input_layernorm(hidden)
-            else:
-                hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-            hidden = self.self_attn(rope, hidden, fb)
-            hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        hidden, residual = attention_half(self, rope, hidden, residual, fb, stream)
         if self.is_sparse:
             return self.mlp(hidden, counted, stream), residual
         return self.mlp(hidden), residual

@@ -33,7 +33,7 @@ TINY_MOE = dict(
 
 def _run(folder, streaming: bool, graphs: bool, monkeypatch) -> list[tuple]:
     from radixlm.srt import Engine
-    from radixlm.srt.models import llama, moe_decoder
+    from radixlm.srt.models import llama
 
     monkeypatch.setattr(gemv, "ENABLED", streaming)
     calls = []
@@ -44,7 +44,6 @@ def _run(folder, streaming: bool, graphs: bool, monkeypatch) -> list[tuple]:
         return original(*args)
 
     monkeypatch.setattr(llama, "stream_attention", counted)
-    monkeypatch.setattr(moe_decoder, "stream_attention", counted)
     engine = Engine(
         model_path=str(folder),
         load_format="dummy",
