@@ -7,7 +7,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "spf")
+# SGLang's --schedule-policy values ("priority" is refused as SGLang's scheduler refuses it:
+# --enable-priority-scheduling ranks the queue on top of any of these); "spf" is radixlm's
+# earlier name of shortest-prefill-first
+SCHEDULE_POLICIES = (
+    "fcfs",
+    "lpm",
+    "dfs-weight",
+    "lof",
+    "random",
+    "hrrn",
+    "shortest-prefill-first",
+    "spf",
+    "routing-key",
+)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -153,8 +153,8 @@ class RankedPolicy:
         self.rule = rule
         self.name = policy.name
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
-        return self.rule.order(self.policy.order(waiting, cache))
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        return self.rule.order(self.policy.order(waiting, cache, running))
 
 
 def queue_victim(rule: PriorityRule, incoming: Req, waiting: Sequence[Req]) -> Req | None:

@@ -92,7 +92,7 @@ class Scheduler:
             eos.add(r.tokenizer.eos_token_id)
         self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
         self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
-        self.policy = make_policy(cfg.schedule_policy)
+        self.policy = make_policy(cfg.schedule_policy, cfg.random_seed)
         self.rule = PriorityRule.from_config(cfg)  # priority, fairness, preemption
         if self.rule.reorders:
             self.policy = RankedPolicy(self.policy, self.rule)
@@ -176,6 +176,7 @@ class Scheduler:
             arrival=self.num_arrivals,
             arrival_time=time.monotonic(),
             cache_salt=msg.cache_salt,
+            routing_key=msg.routing_key,
             retain_key=msg.retain_key,
             bootstrap_host=msg.bootstrap_host,
             bootstrap_port=msg.bootstrap_port,
