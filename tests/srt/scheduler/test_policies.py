@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from quick import examples
 
 from radixlm.srt.config import config_from_kwargs
-from radixlm.srt.messages import TokenizedGenerateReq
+from radixlm.srt.messages import AbortReq, TokenizedGenerateReq
 from radixlm.srt.sampling.params import SamplingParams
 from radixlm.srt.scheduler import Scheduler
 from radixlm.srt.scheduler import policy as policy_module
@@ -127,7 +127,7 @@ def test_routing_key_admits_the_key_the_running_requests_share(tiny_llama_dir, t
     send("a3", "a")  # shares the running requests' key
     s.step()
     assert {r.rid for r in s.running} == {"a1", "a2", "a3"}  # the one free seat
-    s.handle(__import__("radixlm.srt.messages", fromlist=["AbortReq"]).AbortReq(abort_all=True))
+    s.handle(AbortReq(abort_all=True))
     while s.has_work():
         s.step()
     assert s.check_idle()
