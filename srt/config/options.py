@@ -270,6 +270,11 @@ class ServerConfig:
     speculative_disable_adaptive: bool = _opt(
         False, "keep the draft length fixed even when few drafts are accepted"
     )
+    watchdog_timeout: float = _opt(
+        300.0,
+        "seconds one scheduler step may run (SGLang's flag): past it the server fails its "
+        "requests with 503 and exits non-zero, for its supervisor to restart it; 0: off",
+    )
     # parallelism
     tp_size: int = _opt(
         1, "tensor-parallel ranks (one process per rank; alias --tensor-parallel-size)"
