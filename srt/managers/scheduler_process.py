@@ -50,29 +50,39 @@ class StepWatchdog:
     """SGLang's ``--watchdog-timeout``: a daemon thread that ends the process when one step runs
     longer than ``timeout_s`` (a hung kernel, a deadlocked collective), after writing every
     thread's stack to stderr. The server then fails what is in flight with 503 and exits
-    non-zero, for its supervisor to restart it, instead of holding every request forever.
-    ``on_timeout`` (tests) replaces the exit. ``timeout_s`` <= 0: off."""
+    non-zero, for its supervisor to restart it, instead of holding every request forever. The
+    first ``FIRST_STEPS`` steps get ``FIRST_STEPS_FACTOR`` times as long: they compile kernels
+    (Triton, FlashInfer's JIT) the later ones reuse. ``on_timeout`` (tests) replaces the exit.
+    ``timeout_s`` <= 0: off."""
+
+    FIRST_STEPS = 8
+    FIRST_STEPS_FACTOR = 10.0
 
     def __init__(self, timeout_s: float, on_timeout: Any = None) -> None:
         self.timeout_s = timeout_s
         self.on_timeout = on_timeout or self._exit
         self.started: float | None = None  # when the step in progress began
+        self.limit_s = timeout_s  # the step in progress's
+        self.num_steps = 0
         self.fired = False
         if timeout_s > 0:
             threading.Thread(target=self._watch, name="step-watchdog", daemon=True).start()
 
     def begin(self) -> None:
+        early = self.num_steps < self.FIRST_STEPS
+        self.limit_s = self.timeout_s * (self.FIRST_STEPS_FACTOR if early else 1.0)
         self.started = time.monotonic()
 
     def end(self) -> None:
         self.started = None
+        self.num_steps += 1
 
     def _watch(self) -> None:
         poll = min(1.0, self.timeout_s / 4)
         while not self.fired:
             time.sleep(poll)
             started = self.started
-            if started is not None and time.monotonic() - started > self.timeout_s:
+            if started is not None and time.monotonic() - started > self.limit_s:
                 self.fired = True
                 self.on_timeout()
 
@@ -80,8 +90,9 @@ class StepWatchdog:
         import faulthandler
 
         logger.error(
-            "a scheduler step has run for more than --watchdog-timeout %g s; exiting "
+            "a scheduler step has run for more than %g s (--watchdog-timeout %g s); exiting "
             "(every thread's stack follows on stderr)",
+            self.limit_s,
             self.timeout_s,
         )
         faulthandler.dump_traceback(all_threads=True)
