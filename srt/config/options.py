@@ -169,6 +169,12 @@ class ServerConfig:
     # scheduling
     max_running_requests: int = _opt(256, "most requests decoding at once")
     max_prefill_tokens: int = _opt(8192, "token budget of one prefill step")
+    num_continuous_decode_steps: int = _opt(
+        1,
+        "decode steps the running requests get in a row before waiting prompts may be "
+        "prefilled again (SGLang's flag; more: fewer prefill stalls in their output, later "
+        "first tokens)",
+    )
     chunked_prefill_size: int | None = _opt(
         None,
         "split prompts longer than this into chunks (-1: off; default: on, sized per device)",

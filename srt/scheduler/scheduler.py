@@ -111,6 +111,7 @@ class Scheduler:
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
+        self.decode_streak = 0  # decode-only steps since the last prefill
         self.num_retractions = 0
         self.weight_version = "default"  # SGLang's label of the loaded weights
         self.paused: str | None = None  # "in_place" | "retract" while paused (see above)
@@ -351,6 +352,8 @@ class Scheduler:
             batch = batch or self._schedule_decode()
         if batch is not None and self.pacer.is_on:
             self.pacer.on_step(not is_prefill or self._mixes_decode(batch), is_prefill)
+        if batch is not None:
+            self.decode_streak = 0 if is_prefill else self.decode_streak + 1
         self.timeline.batch(self, batch)
         if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
@@ -409,6 +412,8 @@ class Scheduler:
         can be admitted, that decode batch alone is returned, with False."""
         if self.chunked is None and not self.waiting:
             return None, False
+        if self.running and self.decode_streak < self.cfg.num_continuous_decode_steps - 1:
+            return None, False  # --num-continuous-decode-steps: the running requests' turn
         decode = None
         if self.admission.mixes and self.running:
             retractions = self.num_retractions

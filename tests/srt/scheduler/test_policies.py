@@ -131,3 +131,36 @@ def test_routing_key_admits_the_key_the_running_requests_share(tiny_llama_dir, t
     while s.has_work():
         s.step()
     assert s.check_idle()
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_num_continuous_decode_steps_holds_prompts_back(tiny_llama_dir, tmp_path, n) -> None:
+    """SGLang's ``--num-continuous-decode-steps``: the running requests get ``n`` decode steps
+    in a row before a waiting prompt is prefilled."""
+    s = Scheduler(
+        config_from_kwargs(
+            model_path=str(tiny_llama_dir),
+            log_level="warning",
+            grammar_cache_dir=str(tmp_path),
+            num_continuous_decode_steps=n,
+            disable_overlap_schedule=True,
+        )
+    )
+    greedy = {"temperature": 0, "ignore_eos": True}
+    s.handle(TokenizedGenerateReq("first", list(range(3, 13)), {**greedy, "max_new_tokens": 30}))
+    s.step()  # its prefill
+    assert [r.rid for r in s.running] == ["first"]
+    s.handle(TokenizedGenerateReq("next", list(range(20, 30)), {**greedy, "max_new_tokens": 2}))
+    decodes = 0
+    while "next" not in {r.rid for r in s.running} and not any(
+        r.rid == "next" and r.is_finished for r in s.live
+    ):
+        s.step()
+        decodes += 1
+    assert decodes - 1 == n - 1  # n - 1 decode steps, then the step that prefills it
+    with pytest.raises(ValueError, match="num_continuous_decode_steps"):
+        config_from_kwargs(num_continuous_decode_steps=0)
+    s.handle(AbortReq(abort_all=True))
+    while s.has_work():
+        s.step()
+    assert s.check_idle()
