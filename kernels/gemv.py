@@ -52,9 +52,10 @@ except ImportError:  # pragma: no cover - triton is optional on CPU machines
 MAX_ROWS = 4
 """The most rows of ``x`` one launch serves (one fp32 accumulator tile per row)."""
 
-ENABLED = os.environ.get("RADIXLM_GEMV", "0") == "1"
-"""Whether the models take the weight-streaming decoder layer for small GPU batches:
-``RADIXLM_GEMV=1`` turns it on (off by default until its GPU speed has been measured)."""
+ENABLED = os.environ.get("RADIXLM_GEMV", "1") != "0"
+"""Whether the models take the weight-streaming decoder layer for small GPU batches (on by
+default: the 8B shape's batch-1 step on an H100 6.20 -> 5.76 ms, docs/results/gpu-decode.md);
+``RADIXLM_GEMV=0`` turns it off."""
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _PLAIN, _SILU_MUL, _RMSNORM = 0, 1, 2

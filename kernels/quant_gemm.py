@@ -29,7 +29,8 @@ Paths:
   the activations quantised per token by one Triton kernel (:func:`quantize_per_token`);
   FP8 blocks: :func:`_fp8_block_kernel` (Triton; ``tl.dot`` of e4m3 tiles, each ``block_k`` step
   scaled by its activation and weight scales in fp32);
-* CUDA, int4, up to ``DEQUANT_ROWS`` rows: :func:`_int4_kernel` (Triton): loads each output's
+* CUDA, int4, up to ``DEQUANT_ROWS`` rows where ``int4_mm``'s tiles do not fit (and up to
+  ``GEMV_ROWS`` rows :func:`int4_gemv`): :func:`_int4_kernel` (Triton): loads each output's
   ``BLOCK_K / 8`` words of a tile once (contiguous), unpacks the nibbles by a broadcast shift
   into the ``[BLOCK_K, BLOCK_N]`` operand, turns them into floats with the 2^23 bit trick (no
   int -> float conversions) and dequantises them in registers (one scale and zero per output
@@ -66,11 +67,12 @@ FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 SPLIT_K_ROWS = 16
 GEMV_ROWS = 4
-DEQUANT_ROWS = 256
-# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel
-# (H100, `bash srt/bench/gpu_runs.sh int4test int4tune`: 0.5-0.8x the GEMV's time at 1 row,
-# 0.4-0.5x the tiled kernel's at 4-64 rows and 0.4-0.8x at 256, 0.3-0.5x dequantise + cuBLAS
-# at 256; docs/results/quant.md). The older kernels stay for shapes its tiles do not fit.
+DEQUANT_ROWS = 512
+# int4_mm (kernels/int4_mm.py) serves up to MM_ROWS rows, ahead of the GEMV and the tiled kernel.
+# H100, 8B projections (`bash srt/bench/gpu_runs.sh int4test int4tune`, docs/results/quant.md):
+# 0.76-0.94x the GEMV's time at 1 row, 0.3-0.4x at 4; 0.4-0.8x the tiled kernel's at 16-256
+# rows; 0.4-0.6x dequantise + cuBLAS at 256, 0.7-0.95x at 512, 1.05-1.25x at 1,024 (hence
+# DEQUANT_ROWS). The older kernels stay for shapes its tiles do not fit.
 MM_ROWS = DEQUANT_ROWS
 SEQUENTIAL = tuple(range(8))
 

@@ -55,6 +55,7 @@ class TokenizedGenerateReq:
     # the prefix-cache partition (the radix tree's namespace, the disk pages' chained keys):
     # prefixes are shared only between requests with the same salt; None: the shared one
     cache_salt: str | None = None
+    routing_key: str | None = None  # SGLang's: --schedule-policy routing-key groups by it
     # a session turn: the caller-scoped session key its finished prefix is held under
     # between turns (scheduler/retention.py); None: not a session turn
     retain_key: str | None = None

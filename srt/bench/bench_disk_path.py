@@ -21,7 +21,12 @@ then, with the files in the page cache:
   copied into a host pool page (``HostKVPool.write_page_bytes``) and the buffer given back (run
   1 allocates the read buffers, later runs reuse them).
 
-Prints bytes/s of each and the path's ratio to the raw read and to ``pool``. ``--busy-thread``
+Prints bytes/s of each and the path's ratio to the raw read and to ``pool``. ``--phases``
+also splits the path's time on its reader threads (one more path run per repeat): each page's
+wall time in the store's read, the thread's CPU time in it (user and kernel: a read from the
+page cache is CPU work), and of that wall time the ``preadv`` calls and the checksum updates;
+wall time a thread spends off the CPU inside a read is waiting (for the GIL, on a page cache
+that has no free core), not reading. ``--busy-thread``
 runs a thread of pure Python beside every measurement, as the scheduler thread is beside the
 storage threads in a server: a storage thread that gives the GIL up for a system call may then
 wait up to the interpreter's switch interval to get it back. ``raw_read_rate`` is also used by
@@ -195,6 +200,88 @@ def path_rate(store, pool, pages, threads: int, buffered: bool = False) -> tuple
         io.close()
 
 
+class _TimedHash:
+    """An ``xxh3_64`` whose ``update`` calls are timed into ``phases["hash_s"]``."""
+
+    def __init__(self, inner, phases: dict) -> None:
+        self.inner, self.phases = inner, phases
+
+    def update(self, data) -> None:
+        t = time.perf_counter()
+        self.inner.update(data)
+        _add(self.phases, "hash_s", time.perf_counter() - t)
+
+    def intdigest(self) -> int:
+        return self.inner.intdigest()
+
+
+_PHASE_LOCK = threading.Lock()
+
+
+def _add(phases: dict, key: str, value: float) -> None:
+    with _PHASE_LOCK:
+        phases[key] = phases.get(key, 0.0) + value
+
+
+@contextlib.contextmanager
+def timed_phases(phases: dict) -> Iterator[None]:
+    """Times the disk path's parts into ``phases`` while inside: the store's read per page
+    (``read_wall_s``, ``read_cpu_s``: this thread's CPU time), its ``preadv`` calls
+    (``preadv_s``) and checksum updates (``hash_s``); ``pages``."""
+    from types import SimpleNamespace
+
+    from radixlm.hicache import disk_store, page_file
+
+    real_get_into, real_preadv, real_xxhash = (
+        disk_store.DiskPageStore.get_into,
+        page_file.preadv_into,
+        page_file.xxhash,
+    )
+
+    def get_into(self, *args, **kwargs):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return real_get_into(self, *args, **kwargs)
+        finally:
+            _add(phases, "read_wall_s", time.perf_counter() - wall)
+            _add(phases, "read_cpu_s", time.thread_time() - cpu)
+            _add(phases, "pages", 1)
+
+    def preadv_into(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return real_preadv(*args, **kwargs)
+        finally:
+            _add(phases, "preadv_s", time.perf_counter() - t)
+
+    page_file.xxhash = SimpleNamespace(
+        xxh3_64=lambda data=b"": _TimedHash(real_xxhash.xxh3_64(data), phases)
+    )
+    disk_store.DiskPageStore.get_into = get_into
+    page_file.preadv_into = preadv_into
+    try:
+        yield
+    finally:
+        disk_store.DiskPageStore.get_into = real_get_into
+        page_file.preadv_into = real_preadv
+        page_file.xxhash = real_xxhash
+
+
+def print_phases(phases: dict, wall_s: float, threads: int) -> None:
+    n = max(int(phases.get("pages", 0)), 1)
+    us = {
+        k: phases.get(k, 0.0) / n * 1e6 for k in ("read_wall_s", "read_cpu_s", "preadv_s", "hash_s")
+    }
+    rest = us["read_wall_s"] - us["preadv_s"] - us["hash_s"]
+    print(
+        f"     path phases, us a page ({n} pages, {threads} threads, {wall_s:.3f} s): read "
+        f"{us['read_wall_s']:.0f} wall / {us['read_cpu_s']:.0f} CPU; preadv {us['preadv_s']:.0f}, "
+        f"checksum {us['hash_s']:.0f}, the rest {rest:.0f}; off the CPU inside reads "
+        f"{max(us['read_wall_s'] - us['read_cpu_s'], 0.0):.0f}; reader threads busy "
+        f"{phases.get('read_wall_s', 0.0) / (wall_s * threads):.0%} of the run"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         help="a thread of pure Python runs beside every read, as a server's scheduler thread",
     )
     ap.add_argument("--dir", default=None, help="folder (default: a temp dir, removed after)")
+    ap.add_argument("--phases", action="store_true", help="split the path's time (one more run)")
     ap.add_argument(
         "--switch-interval-ms",
         type=float,
@@ -254,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{i + 1:>4}{raw / 1e9:>10.2f}{floor / 1e9:>11.2f}{path / 1e9:>11.2f}"
                 f"{buf / 1e9:>15.2f}{path / raw:>10.2f}{path / floor:>11.2f}"
             )
+            if args.phases:
+                phases: dict = {}
+                with busy_python(args.busy_thread), timed_phases(phases):
+                    _, phase_s = path_rate(store, pool, pages, args.threads)
+                print_phases(phases, phase_s, args.threads)
         store.close()
 
 

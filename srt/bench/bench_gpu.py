@@ -114,6 +114,20 @@ def cuda_ms(fn, reps: int, warmup: int = 1) -> float:
     return start.elapsed_time(end) / reps
 
 
+def graphed(step):
+    """``step`` captured in a CUDA graph: its replay (no launch gaps between kernels, no host
+    time in the figure)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up: Triton compiles, cuBLAS picks its kernels
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def calibrate(weight_bytes: int) -> dict:
     n = 2 * 1024**3  # 4 GiB of bf16 read + 4 GiB written per copy
     a = torch.empty(n, dtype=torch.bfloat16, device="cuda")

@@ -34,6 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from radixlm.srt.bench.bench_gpu import graphed
+
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, LAYERS = 4096, 14336, 32, 8, 128, 128256, 32
 GROUP = 128
 
@@ -157,19 +159,6 @@ def step_fn(fns: list, rows: int):
             fn(inputs[k])
 
     return step
-
-
-def graphed(step):
-    """``step`` captured in a CUDA graph (batch 1: no launch gaps between kernels)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up: Triton compiles, cuBLAS picks its kernels
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
 
 
 def kernel_breakdown(step, top: int = 8) -> list[dict]:

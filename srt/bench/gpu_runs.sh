@@ -77,6 +77,8 @@ for s in "$@"; do
     # the Triton window/soft-cap cases of the attention tests only (FlashInfer's JIT builds: ktest)
     moetest) section moetest 300 $PYTEST --durations=12 -m gpu -k "not attention_backends or (window_and_softcap and triton)" tests/kernels/test_fused_moe.py tests/srt/executor/test_moe_runner.py tests/kernels/test_attention_backends.py tests/srt/models/test_models_greedy_families.py ;;
     moe) section moe 540 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe.json" ${MOE_PHASES:+--phases $MOE_PHASES} ;;
+    # the same with the weight-streaming kernels (attention half and router of each MoE layer)
+    moeon) RADIXLM_GEMV=1 section moeon 300 python3 -m radixlm.srt.bench.bench_moe --json "$RESULTS/moe_gemv.json" --phases ${MOE_PHASES:-calib,engine} ;;
     moetune) section moetune 400 python3 -m radixlm.srt.bench.tune_moe --json "$RESULTS/moe_tiles.json" ;;
     quanttest) section quanttest 300 $PYTEST -m gpu tests/kernels/test_quant_gemm.py tests/srt/models/test_quant_checkpoints.py ;;
     # the int4 kernels' GPU tests, then int4_mm's sweep against the older int4 kernels and bf16
@@ -109,6 +111,10 @@ for s in "$@"; do
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
+    # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
+    # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
+    mixprof) section mixprof 240 python3 -m radixlm.srt.bench.bench_chunked_prefill --dummy-8b --prompt-len 8000 \
+      --num-decodes 32 --decode-prompt-len 2048 --chunk-sizes=8192,8192u --profile --json "$RESULTS/mixprof.json" ;;
     servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT,
       # then paced with shortest prompt first (bounded)
       rm -f "$RESULTS/servepace.jsonl"
@@ -127,11 +133,11 @@ for s in "$@"; do
     # the disk tier's read path against a raw read of its folder and the copy into host pages
     # (pool), quiet, then beside a thread of pure Python (as the scheduler thread is in a server);
     # each read as the server does (one preadv a page) and in 256 KiB chunks hashed in the cache
-    diskpath)
-      for chunk in 0 256; do
-        section "diskpath-c$chunk" 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --read-chunk-kib $chunk
-        section "diskpath-c$chunk-busy" 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --read-chunk-kib $chunk --busy-thread
-      done ;;
+    diskpath) # the path against the bare copy into the pool, quiet and beside a busy thread, with
+      # the path's time split on its reader threads (--phases: reads, preadv, checksum, waits)
+      section diskpath 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases
+      section diskpath-busy 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --busy-thread
+      section diskpath-t8 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --threads 8 ;;
     kvcheck) # staged writes and a restart against no cache: float32 (differences are then real)
       section kvcheck-test 150 $PYTEST tests/srt/scheduler/test_hicache_staged_restart.py
       section kvcheck 450 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --dtype float32 --num-conversations 20 --modes off,disk,restart ;;

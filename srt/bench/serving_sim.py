@@ -63,7 +63,9 @@ CONTEXT = 8192
 @dataclass(frozen=True)
 class CostModel:
     prefill_rate: float = 41900.0  # tokens/s at a full chunk
-    prefill_fixed: float = 0.003  # s per prefill step
+    prefill_fixed: float = (
+        0.012  # s per prefill step (H100 servepace timeline: 12.7 ms + 26 us a token)
+    )
     attn: float = 2e-10  # s per attended (query, key) pair of a prefill
     decode_base: float = 0.0059  # s: a decode-only step reads the weights
     decode_row: float = 1e-6  # s per decode row

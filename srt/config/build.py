@@ -4,11 +4,15 @@ here) or ``Engine(**options)`` keywords, with other projects' spellings of names
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from dataclasses import fields
 from typing import Any, get_args, get_origin, get_type_hints
 
 from radixlm.srt.config.options import ServerConfig
 from radixlm.srt.config.validation import validate
+
+logger = logging.getLogger(__package__)
 
 # SGLang's names of the speculative algorithms (any case) -> ours
 SPECULATIVE_ALIASES = {
@@ -22,7 +26,14 @@ OPTION_ALIASES = {
     "tensor_parallel_size": "tp_size",
     "oltp_traces_endpoint": "otlp_traces_endpoint",  # SGLang's spelling
     "dump_requests_folder": "dump_requests_dir",  # SGLang's /configure_logging field
+    "data_parallel_size": "dp_size",
 }
+# SGLang's grammar engines -> the one here that serves the same grammars (JSON schema, regex,
+# EBNF); a warning says so at start
+GRAMMAR_ALIASES = {"xgrammar": "llguidance"}
+# SGLang's file storage backend's folder when --hicache-storage-dir does not give one
+HICACHE_FILE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+HICACHE_FILE_DIR_DEFAULT = "/tmp/hicache"
 
 
 def config_from_kwargs(**options: Any) -> ServerConfig:
@@ -46,6 +57,18 @@ def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
             if name in out and out[name] != value:
                 raise ValueError(f"{alias} and {name} name the same option; give one")
             out[name] = value
+    grammar = out.get("grammar_backend")
+    if grammar in GRAMMAR_ALIASES:
+        out["grammar_backend"] = GRAMMAR_ALIASES[grammar]
+        logger.warning(
+            "grammar_backend %s is not included; %s serves the same grammars",
+            grammar,
+            out["grammar_backend"],
+        )
+    if out.get("hicache_storage_backend") == "file" and not out.get("hicache_storage_dir"):
+        out["hicache_storage_dir"] = (
+            os.environ.get(HICACHE_FILE_DIR_ENV) or HICACHE_FILE_DIR_DEFAULT
+        )
     algo = out.get("speculative_algorithm")
     if isinstance(algo, str):
         out["speculative_algorithm"] = SPECULATIVE_ALIASES.get(algo.lower(), algo.lower())
@@ -76,10 +99,19 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                 *flags,
                 type=tp,
                 default=f.default,
-                # speculative_algorithm also takes other spellings (NGRAM, STANDALONE)
-                choices=None if f.name == "speculative_algorithm" else f.metadata.get("choices"),
+                choices=_cli_choices(f.name, f.metadata.get("choices")),
                 help=f"{f.metadata['help']} (default: {f.default})",
             )
+
+
+def _cli_choices(name: str, choices: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A flag's choices with other projects' spellings: speculative_algorithm takes any case
+    (NGRAM, STANDALONE), grammar_backend SGLang's engine names."""
+    if name == "speculative_algorithm":
+        return None
+    if name == "grammar_backend" and choices:
+        return (*choices, *GRAMMAR_ALIASES)
+    return choices
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -7,7 +7,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "spf")
+# SGLang's --schedule-policy values ("priority" is refused as SGLang's scheduler refuses it:
+# --enable-priority-scheduling ranks the queue on top of any of these); "spf" is radixlm's
+# earlier name of shortest-prefill-first
+SCHEDULE_POLICIES = (
+    "fcfs",
+    "lpm",
+    "dfs-weight",
+    "lof",
+    "random",
+    "hrrn",
+    "shortest-prefill-first",
+    "spf",
+    "routing-key",
+)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -145,12 +158,23 @@ class ServerConfig:
     hicache_storage_dir: str | None = _opt(
         None, "folder of the disk KV tier (default: no disk tier); survives restarts"
     )
+    hicache_storage_backend: str | None = _opt(
+        None,
+        "SGLang's disk-tier flag: 'file' is the disk tier, in --hicache-storage-dir (else "
+        "$SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, else /tmp/hicache); other backends are refused",
+    )
     hicache_storage_max_bytes: int = _opt(
         16 * 2**30, "size cap of the disk KV tier in bytes (least recently used pages go first)"
     )
     # scheduling
     max_running_requests: int = _opt(256, "most requests decoding at once")
     max_prefill_tokens: int = _opt(8192, "token budget of one prefill step")
+    num_continuous_decode_steps: int = _opt(
+        1,
+        "decode steps the running requests get in a row before waiting prompts may be "
+        "prefilled again (SGLang's flag; more: fewer prefill stalls in their output, later "
+        "first tokens)",
+    )
     chunked_prefill_size: int | None = _opt(
         None,
         "split prompts longer than this into chunks (-1: off; default: on, sized per device)",
@@ -192,6 +216,11 @@ class ServerConfig:
     )
     priority_scheduling_preemption_threshold: int = _opt(
         10, "smallest priority difference for which a waiting request retracts running ones"
+    )
+    default_priority_value: int | None = _opt(
+        None,
+        "with --enable-priority-scheduling: the priority of requests that set none (default: "
+        "they rank below every given priority)",
     )
     abort_on_priority_when_disabled: bool = _opt(
         False, "without --enable-priority-scheduling: refuse (503) requests that set a priority"
@@ -247,6 +276,11 @@ class ServerConfig:
     speculative_disable_adaptive: bool = _opt(
         False, "keep the draft length fixed even when few drafts are accepted"
     )
+    watchdog_timeout: float = _opt(
+        300.0,
+        "seconds one scheduler step may run (SGLang's flag): past it the server fails its "
+        "requests with 503 and exits non-zero, for its supervisor to restart it; 0: off",
+    )
     # parallelism
     tp_size: int = _opt(
         1, "tensor-parallel ranks (one process per rank; alias --tensor-parallel-size)"
@@ -255,6 +289,11 @@ class ServerConfig:
         1,
         "MoE models: split the experts over this many groups of the tensor-parallel ranks "
         "(whole experts per group; must divide --tp-size); 1: every rank holds a slice of each",
+    )
+    dp_size: int = _opt(
+        1,
+        "data-parallel replicas (alias --data-parallel-size): 1 only; several servers behind "
+        "sglang-router serve data parallelism",
     )
     nnodes: int = _opt(1, "machines the tensor-parallel ranks span")
     node_rank: int = _opt(0, "this machine's index among --nnodes")
@@ -399,6 +438,23 @@ class ServerConfig:
     )
     # SGLang command lines and Engine(...) calls carry these; here they change nothing, truly:
     enable_metrics: bool = _opt(False, "accepted (SGLang's flag): /metrics is always served")
+    enable_cache_report: bool = _opt(
+        False,
+        "accepted (SGLang's flag): the OpenAI routes always report cached prompt tokens "
+        "(usage.prompt_tokens_details.cached_tokens)",
+    )
+    skip_server_warmup: bool = _opt(
+        False, "accepted (SGLang's flag): the server sends itself no warm-up request"
+    )
+    enable_p2p_check: bool = _opt(
+        False, "accepted (SGLang's flag): NCCL itself checks GPU peer access between ranks"
+    )
+    # accepted, with a warning at start: a speed setting that has no counterpart here
+    enable_torch_compile: bool = _opt(
+        False,
+        "accepted (SGLang's flag) with a warning: not used (the decode step is captured in CUDA "
+        "graphs over Triton/FlashInfer kernels)",
+    )
     trust_remote_code: bool = _opt(
         False,
         "accepted (SGLang's flag): no code is ever loaded from a checkpoint; the supported "

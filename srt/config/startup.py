@@ -75,6 +75,8 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
         chunked_prefill_size=chunk,
         disable_mixed_chunk=not mixed,  # the scheduler reads this one
     )
+    if cfg.enable_torch_compile:
+        logger.warning("enable_torch_compile: not used (CUDA graphs over the Triton kernels)")
     logger.info("config: %s", describe(resolved))
     return resolved
 

@@ -254,5 +254,19 @@ def _validate_hicache(cfg: ServerConfig) -> None:
         raise ValueError(
             "enable_hierarchical_cache needs the prefix cache: drop disable_radix_cache"
         )
+    if cfg.hicache_storage_backend not in (None, "file"):
+        raise ValueError(
+            f"hicache_storage_backend {cfg.hicache_storage_backend!r} is not available: 'file' "
+            "(the disk tier, or --hicache-storage-dir) is the one storage backend here"
+        )
+    if cfg.num_continuous_decode_steps < 1:
+        raise ValueError(
+            f"num_continuous_decode_steps must be >= 1, got {cfg.num_continuous_decode_steps}"
+        )
+    if cfg.dp_size != 1:
+        raise ValueError(
+            f"dp_size must be 1, got {cfg.dp_size}: run several servers behind sglang-router "
+            "for data parallelism"
+        )
     if cfg.hicache_storage_dir and not cfg.enable_hierarchical_cache:
         raise ValueError("hicache_storage_dir needs enable_hierarchical_cache")

@@ -25,6 +25,7 @@ from typing import Any
 from radixlm.srt.managers.request_checks import (
     check_bootstrap,
     check_cache_salt,
+    check_label,
     check_lengths,
     check_logprob_args,
     check_token_ids_logprob,
@@ -153,6 +154,7 @@ class FrontDoor:
         stream: bool = False,
         priority: int | None = None,
         cache_salt: str | None = None,
+        routing_key: str | None = None,
         bootstrap_host: str | None = None,
         bootstrap_port: int | None = None,
         bootstrap_room: int | None = None,
@@ -201,6 +203,7 @@ class FrontDoor:
             grammar_kind=grammar_kind(params),
             priority=priority,
             cache_salt=check_cache_salt(cache_salt),
+            routing_key=check_label(routing_key, "routing_key"),
             bootstrap_host=bootstrap_host,
             bootstrap_port=bootstrap_port,
             bootstrap_room=bootstrap_room,

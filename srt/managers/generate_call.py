@@ -65,6 +65,7 @@ class GenerateCall:
     return_prompt_token_ids: bool = False
     priority: int | None = None
     cache_salt: str | list[str] | None = None  # one for every prompt, or one per prompt
+    routing_key: str | None = None  # SGLang's: orders the queue under --schedule-policy routing-key
     external_trace_header: dict[str, Any] | None = None  # W3C carrier: the trace's parent
     # prefill-decode disaggregation: one value, or one per sequence (prompts x n, in order)
     bootstrap_host: str | list[str] | None = None

@@ -39,6 +39,9 @@ class GenerateInput:
     return_prompt_token_ids: bool = False  # the response gets the ids the request ran on
     priority: int | None = None  # SGLang's priority (with --enable-priority-scheduling)
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
+    # SGLang's: requests whose key running requests share go first (--schedule-policy
+    # routing-key); checked by the front door
+    routing_key: str | None = None
     # SGLang's field: a W3C carrier (traceparent) parenting the request's trace when traced
     external_trace_header: dict[str, Any] | None = None
     # prefill-decode disaggregation (SGLang's fields; a prefill or decode worker only): the

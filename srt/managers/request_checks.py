@@ -19,19 +19,21 @@ MAX_CACHE_SALT_CHARS = 256
 def check_cache_salt(salt: Any) -> str | None:
     """A request's ``cache_salt`` (vLLM's and SGLang's): a string of at most
     MAX_CACHE_SALT_CHARS characters; "" and None mean no salt (the shared cache)."""
-    if salt is None or salt == "":
+    return check_label(salt, "cache_salt")
+
+
+def check_label(value: Any, field: str) -> str | None:
+    """A request's string label ``field`` (``cache_salt``, ``routing_key``): at most
+    MAX_CACHE_SALT_CHARS characters; "" and None mean none."""
+    if value is None or value == "":
         return None
-    if not isinstance(salt, str):
+    if not isinstance(value, str):
+        raise GenerateError(f"{field} must be a string, got {type(value).__name__}", 400, field)
+    if len(value) > MAX_CACHE_SALT_CHARS:
         raise GenerateError(
-            f"cache_salt must be a string, got {type(salt).__name__}", 400, "cache_salt"
+            f"{field} has {len(value)} characters; at most {MAX_CACHE_SALT_CHARS}", 400, field
         )
-    if len(salt) > MAX_CACHE_SALT_CHARS:
-        raise GenerateError(
-            f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS}",
-            400,
-            "cache_salt",
-        )
-    return salt
+    return value
 
 
 def check_lengths(

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,6 +43,61 @@ POLL_INTERVAL_MS = 500
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 EXIT_TP_GROUP_FAILED = 3  # a rank's collective failed: the whole group must go down
+EXIT_WATCHDOG = 4  # one step ran past --watchdog-timeout: a hung device or a deadlock
+
+
+class StepWatchdog:
+    """SGLang's ``--watchdog-timeout``: a daemon thread that ends the process when one step runs
+    longer than ``timeout_s`` (a hung kernel, a deadlocked collective), after writing every
+    thread's stack to stderr. The server then fails what is in flight with 503 and exits
+    non-zero, for its supervisor to restart it, instead of holding every request forever. The
+    first ``FIRST_STEPS`` steps get ``FIRST_STEPS_FACTOR`` times as long: they compile kernels
+    (Triton, FlashInfer's JIT) the later ones reuse. ``on_timeout`` (tests) replaces the exit.
+    ``timeout_s`` <= 0: off."""
+
+    FIRST_STEPS = 8
+    FIRST_STEPS_FACTOR = 10.0
+
+    def __init__(self, timeout_s: float, on_timeout: Any = None) -> None:
+        self.timeout_s = timeout_s
+        self.on_timeout = on_timeout or self._exit
+        self.started: float | None = None  # when the step in progress began
+        self.limit_s = timeout_s  # the step in progress's
+        self.num_steps = 0
+        self.fired = False
+        if timeout_s > 0:
+            threading.Thread(target=self._watch, name="step-watchdog", daemon=True).start()
+
+    def begin(self) -> None:
+        early = self.num_steps < self.FIRST_STEPS
+        self.limit_s = self.timeout_s * (self.FIRST_STEPS_FACTOR if early else 1.0)
+        self.started = time.monotonic()
+
+    def end(self) -> None:
+        self.started = None
+        self.num_steps += 1
+
+    def _watch(self) -> None:
+        poll = min(1.0, self.timeout_s / 4)
+        while not self.fired:
+            time.sleep(poll)
+            started = self.started
+            if started is not None and time.monotonic() - started > self.limit_s:
+                self.fired = True
+                self.on_timeout()
+
+    def _exit(self) -> None:
+        import faulthandler
+
+        logger.error(
+            "a scheduler step has run for more than %g s (--watchdog-timeout %g s); exiting "
+            "(every thread's stack follows on stderr)",
+            self.limit_s,
+            self.timeout_s,
+        )
+        faulthandler.dump_traceback(all_threads=True)
+        logging.shutdown()
+        os._exit(EXIT_WATCHDOG)  # no atexit: a hung step may hold what teardown needs
 
 
 @dataclass(frozen=True)
@@ -131,6 +187,8 @@ class SchedulerLoop:
         self._run_step, self._handle_message = run_step, handle_message
         self.scheduler = scheduler
         self.life = life
+        cfg = getattr(getattr(scheduler, "runner", None), "cfg", None)
+        self.watchdog = StepWatchdog(getattr(cfg, "watchdog_timeout", 0.0))
         self.tp_guard = TPGuard(getattr(scheduler, "runner", None))
         self.ctx = zmq.Context()
         self.recv_sock = self.ctx.socket(zmq.PULL)
@@ -155,7 +213,9 @@ class SchedulerLoop:
         self.ctx.destroy(linger=1000)
 
     def run_step(self) -> None:
+        self.watchdog.begin()
         out = self._run_step(self.scheduler)  # never raises; a failed step reports what it held
+        self.watchdog.end()
         if self.tp_guard.failure is not None:  # the server fails what is in flight with 503
             logger.error(
                 "a tensor-parallel forward failed (%r); the ranks are out of step, exiting",

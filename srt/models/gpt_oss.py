@@ -164,8 +164,10 @@ class GptOssMoeBlock(nn.Module):
             "expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64), persistent=False
         )
 
-    def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
-        weights, ids = self.router.route_and_count(x, self.expert_tokens, counted)
+    def forward(
+        self, x: torch.Tensor, counted: torch.Tensor | None = None, stream: bool = False
+    ) -> torch.Tensor:
+        weights, ids = self.router.route_and_count(x, self.expert_tokens, counted, stream)
         return self.tp.all_reduce(self.experts(x, weights, ids))
 
 
@@ -191,6 +193,9 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         self.mlp = GptOssMoeBlock(config.hidden_size, moe, tp, alpha, limit)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def _streams(self, hidden: torch.Tensor) -> bool:
+        return False  # QKV biases and attention sinks: always the layer-by-layer path
 
 
 class GptOssModel(MoEModel):

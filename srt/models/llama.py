@@ -184,12 +184,7 @@ class LlamaDecoderLayer(nn.Module):
         or what the streaming path returns)."""
         if self._streams(hidden):
             return self._forward_streaming(rope, hidden, residual, fb), None
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, fb)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        hidden, residual = attention_half(self, rope, hidden, residual, fb)
         return self.mlp(hidden), residual
 
     def _streams(self, hidden: torch.Tensor) -> bool:
@@ -200,18 +195,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def can_stream(self, hidden: torch.Tensor) -> bool:
         """``_streams`` on any device the kernels run on (the Triton interpreter's included)."""
-        if hidden.shape[0] > gemv.MAX_ROWS or not gemv.ENABLED:
-            return False
-        key = (hidden.dtype, hidden.device)  # the rest is fixed once the weights are loaded
-        known = self._stream_ok.get(key)
-        if known is None:
-            attn, mlp = self.self_attn, self.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            known = self._stream_ok[key] = mlp.down_proj.tp.size == 1 and all(
-                m.bias is None and "forward" not in m.__dict__ and gemv.supported(hidden, m.weight)
-                for m in linears
-            )
-        return known
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return streamable(self._stream_ok, hidden, linears)
 
     def _forward_streaming(
         self,
@@ -223,14 +209,73 @@ class LlamaDecoderLayer(nn.Module):
         """The layer in four weight-streaming kernels plus attention: each norm is folded into
         the projection after it, silu*mul into the down projection, each residual add into the
         projection before it. Returns the layer's output (the residual stream)."""
-        attn, mlp = self.self_attn, self.mlp
-        stream = hidden if residual is None else hidden + residual
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv = gemv.gemv_rmsnorm(stream, norm1.weight, norm1.eps, attn.qkv_proj.weight)
-        out = attn.attend(rope, qkv, fb)
-        stream = gemv.gemv(out, attn.o_proj.weight, residual=stream)
+        stream = stream_attention(self.self_attn, self.input_layernorm, rope, hidden, residual, fb)
+        norm2, mlp = self.post_attention_layernorm, self.mlp
         gate_up = gemv.gemv_rmsnorm(stream, norm2.weight, norm2.eps, mlp.gate_up_proj.weight)
         return gemv.gemv_silu_mul(gate_up, mlp.down_proj.weight, residual=stream)
+
+
+def streamable(cache: dict, hidden: torch.Tensor, linears: tuple) -> bool:
+    """Whether ``hidden`` (a few rows) may take the weight-streaming kernels of
+    ``kernels/gemv.py`` through ``linears``: few enough rows, the kernels on, one rank, dense
+    weights of the activations' dtype, no biases. The weight checks are kept in ``cache`` per
+    dtype and device (fixed once the weights are loaded)."""
+    if hidden.shape[0] > gemv.MAX_ROWS or not gemv.ENABLED:
+        return False
+    key = (hidden.dtype, hidden.device)
+    known = cache.get(key)
+    if known is None:
+        known = cache[key] = all(
+            getattr(m, "tp", None) is None or m.tp.size == 1  # no collective after it
+            for m in linears
+        ) and all(
+            m.bias is None and "forward" not in m.__dict__ and gemv.supported(hidden, m.weight)
+            for m in linears
+        )
+    return known
+
+
+def attention_half(
+    layer: nn.Module,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    fb: ForwardBatch,
+    stream: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's input norm, attention and post-attention norm (``layer``'s
+    ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``): returns the MLP's input
+    and the residual stream. ``stream``: the norm and residual add folded into the projections
+    (:func:`stream_attention`)."""
+    if stream:
+        residual = stream_attention(
+            layer.self_attn, layer.input_layernorm, rope, hidden, residual, fb
+        )
+        return layer.post_attention_layernorm(residual), residual
+    if residual is None:
+        residual, hidden = hidden, layer.input_layernorm(hidden)
+    else:
+        hidden, residual = layer.input_layernorm.add_and_norm(hidden, residual)
+    hidden = layer.self_attn(rope, hidden, fb)
+    return layer.post_attention_layernorm.add_and_norm(hidden, residual)
+
+
+def stream_attention(
+    attn: LlamaAttention,
+    norm: RMSNorm,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    fb: ForwardBatch,
+) -> torch.Tensor:
+    """A decoder layer's attention half in two weight-streaming kernels plus attention: ``norm``
+    folded into the QKV projection, the residual add into the O projection (q/k norms and rope
+    run in ``attend``). ``hidden + residual`` is the layer's input (``residual`` None: ``hidden``
+    alone); returns the residual stream after attention."""
+    stream = hidden if residual is None else hidden + residual
+    qkv = gemv.gemv_rmsnorm(stream, norm.weight, norm.eps, attn.qkv_proj.weight)
+    out = attn.attend(rope, qkv, fb)
+    return gemv.gemv(out, attn.o_proj.weight, residual=stream)
 
 
 class LlamaModel(nn.Module):

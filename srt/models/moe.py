@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import fused_moe
+from radixlm.kernels import fused_moe, gemv
 from radixlm.kernels.moe import grouped_experts
 from radixlm.srt.distributed import TPGroup
 from radixlm.srt.models.layers import copy_checked, silu_and_mul
@@ -196,18 +196,30 @@ class TopKRouter(nn.Module):
             scaling_factor=moe.routed_scaling_factor,
         )
 
+    def logits(self, x: torch.Tensor, stream: bool = False) -> torch.Tensor:
+        """The router matmul; ``stream`` (a decoder layer on the weight-streaming path): the
+        GEMV of ``kernels/gemv.py`` where it serves ``x`` (one pass over the weight, no cuBLAS
+        split-K and its reduction)."""
+        if stream and gemv.supported(x, self.weight):
+            return gemv.gemv(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.route_logits(F.linear(x, self.weight, self.bias))
+        return self.route_logits(self.logits(x))
 
     def route_and_count(
-        self, x: torch.Tensor, counts: torch.Tensor, counted: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        counts: torch.Tensor,
+        counted: torch.Tensor | None,
+        stream: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward`, and each token's choices added to ``counts`` ``[experts]``
         (weighted by ``counted`` ``[T]``, None: every row). On CUDA one fused kernel after the
         router matmul (``kernels/fused_moe.route_topk``) unless the routing is grouped, biased
-        or scaled (torch ops then; no host sync either way)."""
+        or scaled (torch ops then; no host sync either way). ``stream``: see :meth:`logits`."""
         moe = self.moe
-        logits = F.linear(x, self.weight, self.bias)
+        logits = self.logits(x, stream)
         if moe.plain_topk and fused_moe.available(x):
             return fused_moe.route_topk(
                 logits, moe.top_k, moe.scoring, moe.renormalize, counts, counted
@@ -377,10 +389,13 @@ class SparseMoeBlock(nn.Module):
             "expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64), persistent=False
         )
 
-    def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, counted: torch.Tensor | None = None, stream: bool = False
+    ) -> torch.Tensor:
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``. ``counted`` ``[T]`` int64: 1 for the rows
-        the load table counts (0: padding), None to count every row."""
-        weights, ids = self.gate.route_and_count(x, self.expert_tokens, counted)
+        the load table counts (0: padding), None to count every row; ``stream``: the router
+        matmul as a weight-streaming GEMV (:meth:`TopKRouter.logits`)."""
+        weights, ids = self.gate.route_and_count(x, self.expert_tokens, counted, stream)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)

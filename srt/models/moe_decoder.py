@@ -22,6 +22,8 @@ from radixlm.srt.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
     LlamaModel,
+    attention_half,
+    streamable,
 )
 from radixlm.srt.models.model_config import ModelConfig
 from radixlm.srt.models.moe import MoEConfig, SparseMoeBlock
@@ -54,6 +56,17 @@ class MoEDecoderLayer(nn.Module):
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._stream_ok: dict[tuple, bool] = {}  # can_stream's weight checks per dtype/device
+
+    def _streams(self, hidden: torch.Tensor) -> bool:
+        return hidden.is_cuda and self.can_stream(hidden)
+
+    def can_stream(self, hidden: torch.Tensor) -> bool:
+        """Whether the attention half takes the weight-streaming kernels (a few rows, one rank,
+        plain weights: ``llama.streamable``), and the router's matmul with it; the experts run as
+        on the layer path."""
+        attn = self.self_attn
+        return streamable(self._stream_ok, hidden, (attn.qkv_proj, attn.o_proj))
 
     def forward(
         self,
@@ -64,14 +77,10 @@ class MoEDecoderLayer(nn.Module):
         counted: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``LlamaDecoderLayer.forward``; ``counted``: the rows the expert-load table counts."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, fb)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        stream = self._streams(hidden)
+        hidden, residual = attention_half(self, rope, hidden, residual, fb, stream)
         if self.is_sparse:
-            return self.mlp(hidden, counted), residual
+            return self.mlp(hidden, counted, stream), residual
         return self.mlp(hidden), residual
 
 

@@ -1,4 +1,6 @@
-"""Orders the waiting queue before admission.
+"""Orders the waiting queue before admission. The names are SGLang's ``--schedule-policy``
+values; every one of them is served except ``priority`` (SGLang refuses it at start too: priority
+is ``--enable-priority-scheduling``, which ranks the queue on top of any of these).
 
 - ``fcfs``: arrival order.
 - ``lpm``: longest cached prefix first, so requests that reuse the cache run while it holds
@@ -6,16 +8,27 @@
   than it saves).
 - ``dfs-weight``: walk the radix tree depth first, heaviest subtree (most waiting requests)
   first, so requests sharing a prefix are admitted together.
-- ``spf``: shortest prompt first, so short requests are not queued behind long prefills
-  (radixlm's own; SGLang has ``lof``, longest output first). Bounded: a request that has waited
-  more than ``SPF_MAX_WAIT_S`` goes before every younger one (the oldest first), so a long
-  prompt is overtaken for that long at most.
+- ``lof``: longest output first (``max_new_tokens``, largest first; arrival order among equals).
+- ``random``: a shuffle from a generator seeded with ``--random-seed``.
+- ``hrrn``: highest response ratio next: the largest ``waited / work`` first, ``work`` the
+  prompt tokens not in the cache, ``waited`` the time since arrival (SGLang ages a request by the
+  prefill tokens processed since it arrived; at a steady prefill rate the two orders agree).
+  Like ``lpm``, arrival order for very long queues.
+- ``shortest-prefill-first`` (``spf``, radixlm's earlier name, still accepted): the fewest
+  prompt tokens not in the cache first (the prompt length for very long queues), so short
+  requests are not queued behind long prefills. Bounded, unlike SGLang's: a request that has
+  waited more than ``SPF_MAX_WAIT_S`` goes before every younger one (the oldest first), so a
+  long prompt is overtaken for that long at most.
+- ``routing-key``: requests whose ``routing_key`` the most running requests share first (a
+  router sends a conversation's turns with one key: they then run together), then the rest in
+  arrival order.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from radixlm.srt.scheduler.batch import ScheduledBatch
@@ -43,7 +56,7 @@ def shares_uncached_prefix(req: Req, batch: ScheduledBatch) -> bool:
 class FCFSPolicy:
     name = "fcfs"
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
         return list(waiting)
 
 
@@ -54,7 +67,7 @@ def _match(req: Req, cache):
 class LPMPolicy:
     name = "lpm"
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
         if len(waiting) > LPM_MAX_QUEUE:
             return list(waiting)
         matched = {id(r): _match(r, cache).matched_len for r in waiting}
@@ -64,7 +77,7 @@ class LPMPolicy:
 class DFSWeightPolicy:
     name = "dfs-weight"
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
         if len(waiting) > LPM_MAX_QUEUE:
             return list(waiting)
         at_node: dict[object, list[Req]] = defaultdict(list)
@@ -92,22 +105,97 @@ class DFSWeightPolicy:
         return out
 
 
-class ShortestPromptFirstPolicy:
-    name = "spf"
+def _uncached(waiting: Sequence[Req], cache) -> dict[int, int]:
+    """Each request's prompt tokens not in the cache (its prompt length, for very long queues
+    or without a cache)."""
+    if cache is None or len(waiting) > LPM_MAX_QUEUE:
+        return {id(r): len(r.prompt_ids) for r in waiting}
+    return {id(r): max(len(r.prompt_ids) - _match(r, cache).matched_len, 0) for r in waiting}
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
+
+class ShortestPrefillFirstPolicy:
+    name = "shortest-prefill-first"
+
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
         now = time.monotonic()
         overdue = [r for r in waiting if now - r.arrival_time > SPF_MAX_WAIT_S]
         young = [r for r in waiting if now - r.arrival_time <= SPF_MAX_WAIT_S]
-        return overdue + sorted(young, key=lambda r: len(r.prompt_ids))  # stable: fcfs ties
+        work = _uncached(young, cache)
+        return overdue + sorted(young, key=lambda r: work[id(r)])  # stable: fcfs ties
 
 
-POLICIES = {p.name: p for p in (FCFSPolicy, LPMPolicy, DFSWeightPolicy, ShortestPromptFirstPolicy)}
+class LongestOutputFirstPolicy:
+    name = "lof"
+
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        return sorted(waiting, key=lambda r: -r.params.max_new_tokens)  # stable: fcfs ties
 
 
-def make_policy(name: str):
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.rng = random.Random(seed)
+
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        out = list(waiting)
+        self.rng.shuffle(out)
+        return out
+
+
+class HighestResponseRatioPolicy:
+    name = "hrrn"
+
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        if len(waiting) > LPM_MAX_QUEUE:
+            return list(waiting)
+        now = time.monotonic()
+        work = _uncached(waiting, cache)
+
+        def ratio(r: Req) -> float:
+            if work[id(r)] == 0:
+                return float("inf")  # nothing to prefill: first
+            return (now - r.arrival_time) / work[id(r)]
+
+        return sorted(waiting, key=lambda r: -ratio(r))  # stable: fcfs ties
+
+
+class RoutingKeyPolicy:
+    name = "routing-key"
+
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        counts = Counter(r.routing_key for r in running if r.routing_key)
+        if not counts:
+            return list(waiting)
+        return sorted(waiting, key=lambda r: -counts.get(r.routing_key, 0) if r.routing_key else 0)
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        FCFSPolicy,
+        LPMPolicy,
+        DFSWeightPolicy,
+        LongestOutputFirstPolicy,
+        RandomPolicy,
+        HighestResponseRatioPolicy,
+        ShortestPrefillFirstPolicy,
+        RoutingKeyPolicy,
+    )
+}
+ALIASES = {"spf": "shortest-prefill-first"}
+
+
+def make_policy(name: str, seed: int | None = None):
+    name = ALIASES.get(name, name)
+    if name == "priority":
+        raise ValueError(
+            "schedule policy 'priority' is not a queue order; use --enable-priority-scheduling "
+            "(with any --schedule-policy)"
+        )
     if name not in POLICIES:
         raise ValueError(
-            f"schedule policy {name!r} is not available; choose one of {sorted(POLICIES)}"
+            f"schedule policy {name!r} is not available; choose one of "
+            f"{sorted([*POLICIES, *ALIASES])}"
         )
-    return POLICIES[name]()
+    return POLICIES[name](seed) if name == "random" else POLICIES[name]()

@@ -208,7 +208,7 @@ class PrefillAdmission:
                 return None
             budget -= used
             promised += self.need(chunked)
-        for req in policy.order(waiting, self.kv.cache):
+        for req in policy.order(waiting, self.kv.cache, running):
             if budget <= 0 or not batch.all_complete():
                 break
             if len(running) + len(batch.reqs) >= self.max_running_requests:

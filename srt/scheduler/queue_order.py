@@ -41,8 +41,10 @@ class PriorityRule:
         low_values_first: bool = False,
         preemption_threshold: int = 10,
         fair: bool = False,
+        default_priority: int | None = None,
     ) -> None:
         self.enabled = enabled
+        self.default_priority = default_priority
         self.low_values_first = low_values_first
         self.preemption_threshold = preemption_threshold
         self.fair = fair
@@ -56,6 +58,7 @@ class PriorityRule:
             cfg.schedule_low_priority_values_first,
             cfg.priority_scheduling_preemption_threshold,
             cfg.enable_fair_scheduling,
+            cfg.default_priority_value,
         )
 
     @property
@@ -66,9 +69,10 @@ class PriorityRule:
         """Smaller runs first; 0 for every request without priority scheduling."""
         if not self.enabled:
             return 0
-        if req.priority is None:
+        priority = self.default_priority if req.priority is None else req.priority
+        if priority is None:
             return LOWEST_RANK
-        return req.priority if self.low_values_first else -req.priority
+        return priority if self.low_values_first else -priority
 
     def order(self, ordered: Sequence[Req]) -> list[Req]:
         """``ordered`` (the admission policy's order) by rank, then by caller round and the
@@ -153,8 +157,8 @@ class RankedPolicy:
         self.rule = rule
         self.name = policy.name
 
-    def order(self, waiting: Sequence[Req], cache) -> list[Req]:
-        return self.rule.order(self.policy.order(waiting, cache))
+    def order(self, waiting: Sequence[Req], cache, running: Sequence[Req] = ()) -> list[Req]:
+        return self.rule.order(self.policy.order(waiting, cache, running))
 
 
 def queue_victim(rule: PriorityRule, incoming: Req, waiting: Sequence[Req]) -> Req | None:

@@ -50,6 +50,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted: bool = False  # admitted once (a retracted request coming back keeps its figures)
     prefetch: Any = None  # the prefix cache's prefetch handle while the request waits
+    routing_key: str | None = None  # --schedule-policy routing-key: admitted beside its key
     cache_salt: str | None = None  # the prefix cache's namespace: shares only with the same
     retain_key: str | None = None  # a session turn: its prefix is held under this key after
 

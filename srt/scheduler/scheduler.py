@@ -92,7 +92,7 @@ class Scheduler:
             eos.add(r.tokenizer.eos_token_id)
         self.stop_checker = StopChecker(r.tokenizer, eos, r.context_length)
         self.sampling = SamplingStep(r.vocab_size, r.device, cfg.random_seed)
-        self.policy = make_policy(cfg.schedule_policy)
+        self.policy = make_policy(cfg.schedule_policy, cfg.random_seed)
         self.rule = PriorityRule.from_config(cfg)  # priority, fairness, preemption
         if self.rule.reorders:
             self.policy = RankedPolicy(self.policy, self.rule)
@@ -111,6 +111,7 @@ class Scheduler:
         self.finished_outside_step: list[Req] = []  # aborted or rejected between steps
         self.live: set[Req] = set()  # every request admitted and not yet reported finished
         self.num_forward_steps = 0
+        self.decode_streak = 0  # decode-only steps since the last prefill
         self.num_retractions = 0
         self.weight_version = "default"  # SGLang's label of the loaded weights
         self.paused: str | None = None  # "in_place" | "retract" while paused (see above)
@@ -176,6 +177,7 @@ class Scheduler:
             arrival=self.num_arrivals,
             arrival_time=time.monotonic(),
             cache_salt=msg.cache_salt,
+            routing_key=msg.routing_key,
             retain_key=msg.retain_key,
             bootstrap_host=msg.bootstrap_host,
             bootstrap_port=msg.bootstrap_port,
@@ -350,6 +352,8 @@ class Scheduler:
             batch = batch or self._schedule_decode()
         if batch is not None and self.pacer.is_on:
             self.pacer.on_step(not is_prefill or self._mixes_decode(batch), is_prefill)
+        if batch is not None:
+            self.decode_streak = 0 if is_prefill else self.decode_streak + 1
         self.timeline.batch(self, batch)
         if batch is not None and not is_prefill and self._overlappable(batch):
             launched = launch_decode(self.runner, self.sampling, batch, self.inflight)
@@ -408,6 +412,8 @@ class Scheduler:
         can be admitted, that decode batch alone is returned, with False."""
         if self.chunked is None and not self.waiting:
             return None, False
+        if self.running and self.decode_streak < self.cfg.num_continuous_decode_steps - 1:
+            return None, False  # --num-continuous-decode-steps: the running requests' turn
         decode = None
         if self.admission.mixes and self.running:
             retractions = self.num_retractions

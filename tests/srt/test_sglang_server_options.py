@@ -70,3 +70,47 @@ def test_cuda_graph_max_bs_caps_the_captured_batches() -> None:
     assert graph_max_batch(config_from_kwargs(cuda_graph_max_bs=64, max_running_requests=8)) == 8
     with pytest.raises(ValueError, match="cuda_graph_max_bs"):
         config_from_kwargs(cuda_graph_max_bs=0)
+
+
+def test_more_sglang_launch_flags_are_served_or_refused_naming_them(monkeypatch, caplog) -> None:
+    """Flags common in SGLang launch scripts: accepted where they describe this server anyway,
+    mapped where a counterpart exists, refused naming the option where none does."""
+    from radixlm.srt.cli import build_parser
+
+    flags = ["--enable-cache-report", "--skip-server-warmup", "--enable-p2p-check"]
+    args = build_parser().parse_args(["serve", *flags, "--dp-size", "1", "--enable-torch-compile"])
+    assert args.enable_cache_report and args.skip_server_warmup and args.dp_size == 1
+    assert config_from_kwargs(data_parallel_size=1).dp_size == 1
+    with pytest.raises(ValueError, match="dp_size must be 1.*sglang-router"):
+        config_from_kwargs(dp_size=2)
+    # SGLang's grammar engine: the one here that serves the same grammars, said at start
+    args = build_parser().parse_args(["serve", "--grammar-backend", "xgrammar"])
+    with caplog.at_level("WARNING"):
+        assert config_from_kwargs(grammar_backend=args.grammar_backend).grammar_backend == (
+            "llguidance"
+        )
+    assert "xgrammar is not included" in caplog.text
+    # SGLang's file storage backend is the disk tier, in its folder
+    on = {"enable_hierarchical_cache": True, "hicache_storage_backend": "file"}
+    monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", raising=False)
+    assert config_from_kwargs(**on).hicache_storage_dir == "/tmp/hicache"
+    monkeypatch.setenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "/data/kv")
+    assert config_from_kwargs(**on).hicache_storage_dir == "/data/kv"
+    assert config_from_kwargs(**on, hicache_storage_dir="/x").hicache_storage_dir == "/x"
+    with pytest.raises(ValueError, match="hicache_storage_backend 'mooncake' is not available"):
+        config_from_kwargs(enable_hierarchical_cache=True, hicache_storage_backend="mooncake")
+
+
+def test_default_priority_value_ranks_requests_that_set_none() -> None:
+    from radixlm.srt.sampling.params import SamplingParams
+    from radixlm.srt.scheduler.queue_order import LOWEST_RANK, PriorityRule
+    from radixlm.srt.scheduler.req import Req
+
+    cfg = config_from_kwargs(enable_priority_scheduling=True, default_priority_value=5)
+    rule = PriorityRule.from_config(cfg)
+    plain = Req(rid="a", prompt_ids=[1], params=SamplingParams())
+    urgent = Req(rid="b", prompt_ids=[1], params=SamplingParams(), priority=9)
+    assert rule.rank(plain) == -5 and rule.rank(urgent) == -9  # higher values first
+    assert [r.rid for r in rule.order([plain, urgent])] == ["b", "a"]
+    low = PriorityRule.from_config(config_from_kwargs(enable_priority_scheduling=True))
+    assert low.rank(plain) == LOWEST_RANK

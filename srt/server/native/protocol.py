@@ -22,12 +22,17 @@ three ways, and refuses any other field with a 400 naming it (a typo never passe
   naming the field on a whole server; one value, or a list of one per sequence);
 - accepted, with no effect on what is generated: ``session_id`` (a label; not together with
   ``session_params``), ``no_logs`` (request contents are never logged here), ``custom_labels``,
-  ``routing_key``, ``conversation_id``, ``kv_router_hint``, ``kv_hints``,
+  ``conversation_id``, ``kv_router_hint``, ``kv_hints``,
   ``received_time`` (routing and metric labels this server has no use for);
 - not implemented (``UNSUPPORTED_NATIVE``): multimodal inputs, embeddings, LoRA, custom logit
   processors, hidden states, routed experts, disaggregation pair keys and other PD topologies, extra keys,
   sampling masks, flat top logprobs, entropy, reasoning controls and the other fields below. Ignoring one would change what the request means, so a value other than
   its "off" value (listed; null, and per-prompt lists of off values, too) is a 400 naming it.
+
+``routing_key`` (a string of at most 256 characters, one for every prompt of a batch) orders
+the queue under ``--schedule-policy routing-key`` (requests whose key the most running requests
+share first); any other policy ignores it. The OpenAI routes take it from the
+``x-smg-routing-key`` header, as SGLang's.
 
 ``priority`` (an integer, one for every prompt of a batch) orders the queue with
 ``--enable-priority-scheduling`` (scheduler/queue_order.py); without it the value is ignored,
@@ -147,12 +152,12 @@ class GenerateReqInput(StrictBody):
     bootstrap_room: int | list[int] | None = None
     routed_dp_rank: int | None = None
     priority: int | None = None
+    routing_key: str | None = None  # --schedule-policy routing-key; checked by the front door
     model: str | None = None
     # accepted, no effect here (see the module docstring)
     session_id: str | None = None
     no_logs: bool = False
     custom_labels: dict[str, str] | None = None
-    routing_key: str | None = None
     conversation_id: str | None = None
     kv_router_hint: dict[str, Any] | None = None
     kv_hints: dict[str, Any] | list[dict[str, Any] | None] | None = None

@@ -81,9 +81,19 @@ def stream_options(body: Any) -> dict[str, bool]:
     }
 
 
-async def prepared_inputs(tm: TokenizerManager, plan: Any, limit: str, prompt: str) -> list[Any]:
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's OpenAI routes read the routing key here
+
+
+async def prepared_inputs(
+    tm: TokenizerManager, plan: Any, limit: str, prompt: str, request: Request | None = None
+) -> list[Any]:
     """``tm.prepare_all`` whose errors name the OpenAI fields: ``limit`` for the native
-    ``max_new_tokens``, ``prompt`` for a prompt that is empty or too long."""
+    ``max_new_tokens``, ``prompt`` for a prompt that is empty or too long. ``request``: its
+    ``x-smg-routing-key`` header becomes every sequence's ``routing_key``."""
+    key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
+    if key is not None:
+        for inp in plan.inputs:
+            inp.routing_key = key
     try:
         return await tm.prepare_all(plan.inputs)
     except GenerateError as e:

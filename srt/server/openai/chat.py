@@ -134,7 +134,7 @@ async def chat_completions(request: Request) -> Response:
     tm, model = open_call(request, body.model)
     plan = await chat_plan(body, tm)
     limit = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    prepared = await prepared_inputs(tm, plan, limit, "messages")
+    prepared = await prepared_inputs(tm, plan, limit, "messages", request)
     call = Call(
         tm,
         plan,

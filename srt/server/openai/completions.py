@@ -194,7 +194,7 @@ async def completions(request: Request) -> Response:
     )
     tm, model = open_call(request, body.model)
     plan = await completion_plan(body, tm)
-    prepared = await prepared_inputs(tm, plan, "max_tokens", "prompt")
+    prepared = await prepared_inputs(tm, plan, "max_tokens", "prompt", request)
     call = Call(
         tm,
         plan,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import uvicorn
 
+from radixlm.srt.managers.scheduler_process import EXIT_WATCHDOG
 from radixlm.srt.managers.tokenizer_manager import TokenizerManager
 from radixlm.srt.server.http.errors import error_body
 
@@ -58,6 +59,11 @@ def describe_exit(name: str, exitcode: int | None) -> str:
             else ""
         )
         return f"the {name} process was killed by {sig_name} (exit code {exitcode}{hint})"
+    if exitcode == EXIT_WATCHDOG:
+        return (
+            f"the {name} process exited (exit code {exitcode}): a step ran past "
+            "--watchdog-timeout (its stacks are in the log)"
+        )
     return f"the {name} process exited (exit code {exitcode})"
 
 

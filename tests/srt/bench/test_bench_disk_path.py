@@ -42,3 +42,22 @@ def test_main_prints_one_row_per_repeat(capsys):
     main([*args, "--repeats", "2", "--threads", "2", "--busy-thread"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 3  # the header line starts with the page count, then two runs
+
+
+def test_phases_time_every_page_and_put_the_store_back(tmp_path):
+    from radixlm.hicache import disk_store, page_file
+    from radixlm.srt.bench.bench_disk_path import timed_phases
+
+    args = argparse.Namespace(**TINY)
+    store, pool, pages = fill_store(tmp_path, args)
+    expected = [pool.page_bytes(i) for i in range(len(pages))]
+    real = (disk_store.DiskPageStore.get_into, page_file.preadv_into, page_file.xxhash)
+    phases: dict = {}
+    pool.data.zero_()
+    with timed_phases(phases):
+        path_rate(store, pool, pages, threads=2)
+    assert [pool.page_bytes(i) for i in range(len(pages))] == expected  # still verified reads
+    assert phases["pages"] == len(pages)
+    assert phases["read_wall_s"] >= phases["preadv_s"] > 0 and phases["hash_s"] > 0
+    assert (disk_store.DiskPageStore.get_into, page_file.preadv_into, page_file.xxhash) == real
+    store.close()

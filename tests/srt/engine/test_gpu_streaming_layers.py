@@ -19,19 +19,31 @@ pytestmark = [
 ]
 
 
+# a tiny Qwen3-MoE: q/k norms, 8 experts of which 2 a token, layer 1 dense
+TINY_MOE = dict(
+    TINY_LLAMA,
+    head_dim=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    norm_topk_prob=True,
+    mlp_only_layers=[1],
+)
+
+
 def _run(folder, streaming: bool, graphs: bool, monkeypatch) -> list[tuple]:
     from radixlm.srt import Engine
     from radixlm.srt.models import llama
 
     monkeypatch.setattr(gemv, "ENABLED", streaming)
     calls = []
-    original = llama.LlamaDecoderLayer._forward_streaming
+    original = llama.stream_attention
 
-    def counted(self, *args):
+    def counted(*args):
         calls.append(1)
-        return original(self, *args)
+        return original(*args)
 
-    monkeypatch.setattr(llama.LlamaDecoderLayer, "_forward_streaming", counted)
+    monkeypatch.setattr(llama, "stream_attention", counted)
     engine = Engine(
         model_path=str(folder),
         load_format="dummy",
@@ -62,8 +74,12 @@ def _run(folder, streaming: bool, graphs: bool, monkeypatch) -> list[tuple]:
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_streaming_layers_match_layer_by_layer(tmp_path, monkeypatch, graphs):
-    folder = make_model_folder(tmp_path, TINY_LLAMA)
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_streaming_layers_match_layer_by_layer(tmp_path, monkeypatch, graphs, family):
+    if family == "llama":
+        folder = make_model_folder(tmp_path, TINY_LLAMA)
+    else:
+        folder = make_model_folder(tmp_path, TINY_MOE, config_class="Qwen3MoeConfig")
     ref = _run(folder, False, graphs, monkeypatch)
     got = _run(folder, True, graphs, monkeypatch)
     for (ids_a, lps_a), (ids_b, lps_b) in zip(got, ref, strict=True):

@@ -12,7 +12,6 @@ from tiny_checkpoints import VOCAB, write_checkpoint
 
 from radixlm.kernels import gemv
 from radixlm.srt.executor.forward_batch import ForwardMode
-from radixlm.srt.models import llama
 from radixlm.srt.models.loader import load_model
 
 # the Triton interpreter makes these minutes of CPU: part of the full suite, not the inner loop
@@ -21,7 +20,7 @@ pytestmark = [pytest.mark.skipif(gemv.triton is None, reason="needs triton"), py
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 
 
-@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm"])
+@pytest.fixture(scope="module", params=["llama3_rope_sharded", "qwen3_qk_norm", "qwen3_moe_mixed"])
 def model(request, tmp_path_factory):
     folder = write_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     return load_model(folder, torch.float32, "cpu")
@@ -34,8 +33,9 @@ def _decode(model, prompts: list[list[int]], steps: int, streaming: bool) -> lis
     run_logits(model, session, EXTEND, [(r, p[:-1]) for r, p in zip(reqs, prompts, strict=True)])
     nxt = [p[-1] for p in prompts]
     out, calls = [], []
-    original = llama.LlamaDecoderLayer._streams
-    llama.LlamaDecoderLayer._streams = (
+    cls = type(model.model.layers[0])  # LlamaDecoderLayer, MoEDecoderLayer
+    original = cls._streams
+    cls._streams = (
         (lambda self, h: calls.append(1) or self.can_stream(h)) if streaming else original
     )
     try:
@@ -46,7 +46,7 @@ def _decode(model, prompts: list[list[int]], steps: int, streaming: bool) -> lis
             out.append(logits)
             nxt = logits.argmax(-1).tolist()
     finally:
-        llama.LlamaDecoderLayer._streams = original
+        cls._streams = original
     assert not streaming or calls, "the streaming path was not asked"
     return out
 
@@ -57,7 +57,12 @@ def enabled(monkeypatch):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_streaming_decode_matches_layer_by_layer(model, rows):
+def test_streaming_decode_matches_layer_by_layer(model, rows, monkeypatch):
+    widths = []  # the output widths of the streaming GEMVs (a MoE router's: its experts)
+    plain = gemv.gemv
+    monkeypatch.setattr(
+        gemv, "gemv", lambda x, w, *a, **k: widths.append(w.shape[0]) or plain(x, w, *a, **k)
+    )
     g = torch.Generator().manual_seed(rows)
     prompts = [torch.randint(3, VOCAB, (9 + 4 * i,), generator=g).tolist() for i in range(rows)]
     layer = model.model.layers[0]
@@ -66,6 +71,9 @@ def test_streaming_decode_matches_layer_by_layer(model, rows):
     got = _decode(model, prompts, 2, streaming=True)
     for step, (a, b) in enumerate(zip(got, ref, strict=True)):
         assert max_rel_err(a, b) < 1e-5, f"decode step {step}"
+    experts = getattr(getattr(layer.mlp, "gate", None), "weight", None)
+    if experts is not None:  # the MoE layers route through the GEMV too
+        assert experts.shape[0] in widths
 
 
 def test_streaming_refuses_what_it_cannot_fold(model):

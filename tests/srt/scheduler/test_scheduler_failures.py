@@ -205,7 +205,7 @@ def test_a_sampling_row_that_raises_ends_only_its_request(sched):
 class _BrokenPolicy:
     """A policy with a bug: the step fails in admission, for no request in particular."""
 
-    def order(self, waiting, cache):
+    def order(self, waiting, cache, running=()):
         raise RuntimeError("policy bug")
 
 

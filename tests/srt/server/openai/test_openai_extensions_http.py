@@ -273,3 +273,28 @@ def test_a_cache_salt_too_long_is_a_400_naming_it(idle_stack: FakeStack) -> None
     for route, body in [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)]:
         err = error_of(post(idle_stack.url, route, {**body, "cache_salt": "s" * 257}))
         assert err["param"] == "cache_salt", err
+
+
+def test_the_routing_key_reaches_the_scheduler_from_the_header_and_the_body(
+    idle_stack: FakeStack,
+) -> None:
+    """SGLang's ``x-smg-routing-key`` header on the OpenAI routes, its ``routing_key`` field on
+    ``/generate``: the scheduler's message carries it (``--schedule-policy routing-key``)."""
+    received = idle_stack.worker.received
+    for path, body, headers in [
+        ("/v1/chat/completions", CHAT, {"x-smg-routing-key": "conv-1"}),
+        ("/v1/completions", COMPLETION, {"x-smg-routing-key": "conv-1"}),
+        ("/generate", {"text": "hi", "routing_key": "conv-1"}, {}),
+    ]:
+        received.clear()
+        r = httpx.post(idle_stack.url + path, json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        assert [m.routing_key for m in received.values()] == ["conv-1"], path
+    received.clear()
+    assert post(idle_stack.url, "/v1/chat/completions", CHAT).status_code == 200
+    assert [m.routing_key for m in received.values()] == [None]
+    long_key = {"x-smg-routing-key": "k" * 257}
+    r = httpx.post(idle_stack.url + "/v1/chat/completions", json=CHAT, headers=long_key, timeout=60)
+    assert error_of(r)["param"] == "routing_key"
+    r = httpx.post(idle_stack.url + "/generate", json={"text": "hi", "routing_key": 5}, timeout=60)
+    assert r.status_code == 400 and "routing_key" in r.text
