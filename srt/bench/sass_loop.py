@@ -88,7 +88,13 @@ def profile(fn, pointers, constexprs, warps, stages, weights_per_iter) -> dict:
     )
     ops = loop_opcodes(_sass(kernel))
     per_weight = sum(ops.values()) * 32 * warps / weights_per_iter
-    return {"per_weight": per_weight, "loop": sum(ops.values()), "top": ops.most_common(8)}
+    mma = sum(n for op, n in ops.items() if op in ("HGMMA", "HMMA"))  # tensor cores
+    return {
+        "per_weight": per_weight,
+        "loop": sum(ops.values()),
+        "mma": mma,
+        "top": ops.most_common(8),
+    }
 
 
 def cases() -> list[tuple[str, object, dict, dict, int, int, int]]:

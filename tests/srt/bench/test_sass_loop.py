@@ -54,6 +54,6 @@ def test_int4_mm_costs_fewer_instructions_a_weight_than_the_fp32_gemv(tmp_path):
     cmd = [sys.executable, "-m", "radixlm.srt.bench.sass_loop", "--json", str(out)]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
     rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
-    mm = rows["int4_mm rows 1 (16x128x128)"]
+    (mm,) = [r for k, r in rows.items() if k.startswith("int4_mm rows 1 (") and "group" not in k]
     assert mm["per_weight"] < 0.5 * rows["int4 GEMV rows 1 (fp32 path)"]["per_weight"]
-    assert dict(mm["top"]).get("HGMMA", 0) > 0  # tensor cores, Hopper's wgmma
+    assert mm["mma"] > 0  # tensor cores (wgmma or mma.sync, as Triton picks for the tile)
