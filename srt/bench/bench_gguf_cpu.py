@@ -29,14 +29,19 @@ from radixlm.srt.bench.bench_cpu import cpu_model
 
 
 def library_at(rev: str) -> ctypes.CDLL:
-    """``kernels/gguf_cpu.py``'s kernels as they were at git revision ``rev``."""
+    """``kernels/gguf_cpu.py``'s kernels as they were at git revision ``rev`` (their C++ source
+    in ``kernels/gguf_cpu_kernels.py``, or in ``gguf_cpu.py`` itself before the split)."""
     root = Path(__file__).resolve().parents[2]
-    text = subprocess.run(
-        ["git", "-C", str(root), "show", f"{rev}:kernels/gguf_cpu.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    text = None
+    for path in ("kernels/gguf_cpu_kernels.py", "kernels/gguf_cpu.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            text = shown.stdout
+            break
+    if text is None:
+        raise RuntimeError(f"no gguf_cpu kernels at {rev}")
     namespace: dict = {}
     exec(compile(text, f"gguf_cpu@{rev}", "exec"), namespace)  # the module defines SOURCE
     lib = compile_library("radixlm_gguf", namespace["SOURCE"], gguf_cpu.FLAGS)
