@@ -343,6 +343,7 @@ def _time(text: str, reasoning: bool) -> float:
     return best_cpu_seconds(stream)
 
 
+@pytest.mark.slow  # timing checks (tests/growth.py): the full suite runs them
 @pytest.mark.parametrize("reasoning", [False, True])
 def test_long_outputs_take_linear_time(reasoning: bool) -> None:
     def output(n: int) -> str:

@@ -314,6 +314,7 @@ def _time(name: str, text: str) -> float:
     return best_cpu_seconds(stream)
 
 
+@pytest.mark.slow  # timing checks (tests/growth.py): the full suite runs them
 @pytest.mark.parametrize("name", FORMATS)
 def test_long_outputs_take_linear_time(name: str) -> None:
     def output(n: int) -> str:

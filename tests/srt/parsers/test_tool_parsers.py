@@ -457,6 +457,7 @@ def _stream_time(name: str, text: str) -> float:
     return best_cpu_seconds(stream)
 
 
+@pytest.mark.slow  # timing checks (tests/growth.py): the full suite runs them
 @pytest.mark.parametrize("name", PARSERS)
 def test_long_outputs_take_linear_time(name: str) -> None:
     def output(n: int) -> str:
@@ -473,6 +474,7 @@ def test_long_outputs_take_linear_time(name: str) -> None:
     assert json.loads(result.calls[0].arguments)["items"][-1] == 11_999
 
 
+@pytest.mark.slow  # timing checks (tests/growth.py): the full suite runs them
 def test_many_markers_in_one_text_take_linear_time() -> None:
     """Every marker used to copy the rest of the text (8x the markers took ~64x the time)."""
 
