@@ -17,7 +17,13 @@ request's cached K/V. Two small kernels replace those paths:
 * :func:`decode_attention` writes the new tokens' K/V into the layer's pool buffers and computes
   every request's attention in one call per layer: OpenMP threads over (request, KV head), each
   reading its request's keys in place through the ``req_to_token`` row (no gather copy), all the
-  GQA group's query heads per key row, float32 sums, an exact two-pass softmax.
+  GQA group's query heads per key row, float32 sums, an exact two-pass softmax. On CPUs with
+  AVX2 and FMA, float32 pools with a head dim that is a multiple of 8 take a vector version
+  (``attend_item_avx2``: fused multiply-adds, a polynomial exp within about 2e-7 relative, the
+  next key rows prefetched through the page table, V summed in registers 64 dims at a time): at
+  batch 1, 160 cached tokens, 9 query and 3 KV heads of 64 dims it takes 15 us a layer against
+  35 us (2-core AMD EPYC, one thread), and the one-call int4 step's share in attention went from
+  13.5% to 5.1% of its samples (``perf``, 2 threads).
 
 The source is compiled once per machine with the system's C++ compiler (``c++ -O3
 -march=native -fopenmp``, about a second) into ``$RADIXLM_CACHE_DIR`` (default
@@ -71,6 +77,9 @@ SOURCE = (
     r"""
 #include <algorithm>
 #include <cmath>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -193,6 +202,135 @@ void attend_item(const DecodeArgs& a, int64_t b, int64_t kh, const T* q, const T
   }
 }
 
+// the item through the plain loops (bf16 pools, or no AVX2 + FMA)
+template <typename T>
+inline void attend(const DecodeArgs& a, int64_t b, int64_t kh, const T* q, const T* k_buf,
+                   const T* v_buf, T* out, std::vector<float>& qf, std::vector<float>& acc,
+                   std::vector<float>& scores) {
+  attend_item(a, b, kh, q, k_buf, v_buf, out, qf, acc, scores);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for x <= 0 (8 lanes): 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 in two parts, p a
+// degree-6 polynomial (relative error about 2e-7); 0 below -87
+inline __m256 exp_neg8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// acc[0..NV) += p * v[0..8 NV) over the keys, then out = acc / sum
+template <int NV>
+void weighted_sum(const float* v_buf, const int64_t* slots, int64_t row, int64_t off,
+                  const float* p, int64_t n, float inv, float* out) {
+  __m256 acc[NV];
+  for (int t = 0; t < NV; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = v_buf + slots[j] * row + off;
+    const __m256 pj = _mm256_broadcast_ss(p + j);
+    for (int t = 0; t < NV; ++t) acc[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * t), acc[t]);
+  }
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int t = 0; t < NV; ++t) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(acc[t], iv));
+}
+// attend_item for float32 pools with d a multiple of 8 (AVX2 + FMA): the same exact two-pass
+// softmax, each key row loaded once for the group's query heads, vector exp, V summed in
+// registers 64 dims at a time
+inline void attend_item_avx2(const DecodeArgs& a, int64_t b, int64_t kh, const float* q,
+                             const float* k_buf, const float* v_buf, float* out,
+                             std::vector<float>& scores) {
+  const int64_t d = a.d, row = a.kv_heads * d, group = a.heads / a.kv_heads;
+  const int64_t len = a.seq_lens[b];
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+  const int64_t n = len - lo, np = (n + 7) / 8 * 8;
+  const int64_t* slots = a.table + a.req_slots[b] * a.table_stride + lo;
+  const float* qb = q + b * a.q_stride + kh * group * d;
+  scores.resize(group * np);
+  float mx[64];
+  for (int64_t g = 0; g < group; ++g) mx[g] = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kr = k_buf + slots[j] * row + kh * d;
+    if (j + 4 < n) {
+      const char* nk = reinterpret_cast<const char*>(k_buf + slots[j + 4] * row + kh * d);
+      for (int64_t o = 0; o < d * 4; o += 64) __builtin_prefetch(nk + o);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qb + g * d;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= d; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kr + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), _mm256_loadu_ps(kr + i + 8), s1);
+      }
+      if (i < d) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kr + i), s0);
+      const float s = hsum_ps(_mm256_add_ps(s0, s1)) * a.scale;
+      scores[g * np + j] = s;
+      mx[g] = std::max(mx[g], s);
+    }
+  }
+  float inv[64];
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * np;
+    for (int64_t j = n; j < np; ++j) sg[j] = -INFINITY;
+    const __m256 m = _mm256_set1_ps(mx[g]);
+    __m256 tot = _mm256_setzero_ps();
+    for (int64_t j = 0; j < np; j += 8) {
+      const __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), m));
+      _mm256_storeu_ps(sg + j, e);
+      tot = _mm256_add_ps(tot, e);
+    }
+    inv[g] = 1.f / hsum_ps(tot);
+  }
+  float* ob = out + (b * a.heads + kh * group) * d;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* p = scores.data() + g * np;
+    for (int64_t i0 = 0; i0 < d; i0 += 64) {
+      const int64_t off = kh * d + i0;
+      float* o = ob + g * d + i0;
+      switch (std::min<int64_t>(64, d - i0) / 8) {
+        case 8: weighted_sum<8>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 7: weighted_sum<7>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 6: weighted_sum<6>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 5: weighted_sum<5>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 4: weighted_sum<4>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 3: weighted_sum<3>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        case 2: weighted_sum<2>(v_buf, slots, row, off, p, n, inv[g], o); break;
+        default: weighted_sum<1>(v_buf, slots, row, off, p, n, inv[g], o); break;
+      }
+    }
+  }
+}
+
+// float32 items with d a multiple of 8 take attend_item_avx2 (the same sums in another order)
+inline void attend(const DecodeArgs& a, int64_t b, int64_t kh, const float* q, const float* k_buf,
+                   const float* v_buf, float* out, std::vector<float>& qf,
+                   std::vector<float>& acc, std::vector<float>& scores) {
+  if (a.d % 8 == 0 && a.heads / a.kv_heads <= 64) {
+    attend_item_avx2(a, b, kh, q, k_buf, v_buf, out, scores);
+  } else {
+    attend_item(a, b, kh, q, k_buf, v_buf, out, qf, acc, scores);
+  }
+}
+#endif
+
 // writes the new K/V rows (one thread), then every (request, KV head) item over the team
 template <typename T>
 void decode_rows(const DecodeArgs& a, const T* q, const T* k_new, const T* v_new, T* k_buf,
@@ -208,7 +346,7 @@ void decode_rows(const DecodeArgs& a, const T* q, const T* k_new, const T* v_new
   std::vector<float> qf, acc, scores;
   #pragma omp for schedule(dynamic, 1)
   for (int64_t it = 0; it < a.batch * a.kv_heads; ++it) {
-    attend_item(a, it / a.kv_heads, it % a.kv_heads, q, k_buf, v_buf, out, qf, acc, scores);
+    attend(a, it / a.kv_heads, it % a.kv_heads, q, k_buf, v_buf, out, qf, acc, scores);
   }
 }
 
@@ -230,7 +368,7 @@ void rope_decode_item(const DecodeArgs& a, int64_t it, T* qkv, const T* cos, con
   rope_head(k, c, s, d);
   std::memcpy(k_buf + a.out_slots[b] * row + kh * d, k, d * sizeof(T));
   std::memcpy(v_buf + a.out_slots[b] * row + kh * d, v, d * sizeof(T));
-  attend_item(a, b, kh, qkv, k_buf, v_buf, out, qf, acc, scores);
+  attend(a, b, kh, qkv, k_buf, v_buf, out, qf, acc, scores);
 }
 
 template <typename T>

@@ -477,6 +477,13 @@ class Scheduler:
                 victim, self.chunked = self.chunked, None
             elif len(self.running) == 1:
                 victim = self.running[0]
+                logger.warning(
+                    "KV pool full: request %s (%d tokens) ends with no slot for its next token "
+                    "(pool %s)",
+                    victim.rid,
+                    victim.seq_len,
+                    self.kv.usage(),
+                )
                 self._finish_between_steps(
                     victim, {"type": "length", "length": len(victim.output_ids)}
                 )

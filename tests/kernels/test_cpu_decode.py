@@ -112,6 +112,20 @@ def test_decode_bfloat16_and_head_dim_128():
     compare(fb, layer, q, k, v, tol=2e-2)  # bf16 outputs: one rounding apart at most
 
 
+@pytest.mark.parametrize("head_dim", [8, 72, 96, 128, 256, 60])
+def test_decode_float32_head_dims(head_dim):
+    """float32 items take the vector path where head_dim is a multiple of 8 (V summed 64 dims
+    at a time: 1-8 vectors a piece), the plain loops otherwise (60)."""
+    fb, layer, q, k, v = decode_case([1, 9, 130, 33], 8, 2, head_dim, 4, seed=head_dim)
+    compare(fb, layer, q, k, v, tol=2e-6)
+
+
+def test_decode_float32_peaked_scores():
+    """Scores far apart (most weights underflow to 0): the same outputs to rounding."""
+    fb, layer, q, k, v = decode_case([3, 77, 200], 4, 1, seed=11)
+    compare(fb, layer, q * 40.0, k, v, tol=1e-5)  # a few ulps of outputs up to about 4
+
+
 @pytest.mark.parametrize("window", [1, 8, 100])
 def test_decode_sliding_window(window):
     fb, layer, q, k, v = decode_case([5, 50, 300], 6, 2, page_size=4, seed=window)

@@ -43,6 +43,8 @@ def _run_workload(engine: Engine, turns: list[list[str]]) -> list[list[int]]:
         for c, conv in enumerate(turns):
             histories[c] += tok.encode(f"\nUser: {conv[r]}\nAssistant:")
             out = engine.generate(input_ids=histories[c], sampling_params=GREEDY)
+            reason = out["meta_info"]["finish_reason"]
+            assert len(out["output_ids"]) == GREEDY["max_new_tokens"], (r, c, reason)
             outputs.append(out["output_ids"])
             histories[c] += out["output_ids"]
     return outputs
