@@ -35,7 +35,13 @@ from radixlm.srt.server.anthropic.messages_input import (
 )
 from radixlm.srt.server.chat.plan import chat_plan, finish_reason, name_grammar_error
 from radixlm.srt.server.chat.tool_stream import ChoiceStream, chat_message
-from radixlm.srt.server.http.deps import caller_namespace, check_model, get_tm, json_response
+from radixlm.srt.server.http.deps import (
+    caller_namespace,
+    check_model,
+    get_tm,
+    json_response,
+    take_routing_key,
+)
 from radixlm.srt.server.http.errors import parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse, started_updates
@@ -132,6 +138,7 @@ def _message_body(
 async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest, None, _precheck(request))
     tm, chat, plan = await _plan(request, req)
+    take_routing_key(plan.inputs, request)
     try:
         prepared = await tm.prepare_all(plan.inputs)
     except GenerateError as e:

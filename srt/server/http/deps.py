@@ -56,3 +56,17 @@ def check_model(requested: str | None, accepted: set[str], served: str) -> None:
             "model",
             "model_not_found",
         )
+
+
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's OpenAI and Anthropic routes read it
+
+
+def take_routing_key(inputs: list[Any], request: Request | None) -> list[Any]:
+    """The request's ``x-smg-routing-key`` header (SGLang's, on its OpenAI and Anthropic routes;
+    ``/generate`` takes a ``routing_key`` field instead) as every sequence's ``routing_key``
+    (checked by the front door); ``inputs``."""
+    key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
+    if key is not None:
+        for inp in inputs:
+            inp.routing_key = key
+    return inputs

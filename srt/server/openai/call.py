@@ -17,7 +17,7 @@ from radixlm.srt.managers.tokenizer_manager import (
 )
 from radixlm.srt.server.chat.plan import OpenAIPlan, name_grammar_error, usage
 from radixlm.srt.server.chat.tool_stream import ChoiceStream
-from radixlm.srt.server.http.deps import check_model, get_tm
+from radixlm.srt.server.http.deps import check_model, get_tm, take_routing_key
 from radixlm.srt.server.http.errors import sse_error
 from radixlm.srt.server.http.streaming import SSE_DONE, Updates, sse, started_updates
 
@@ -81,19 +81,13 @@ def stream_options(body: Any) -> dict[str, bool]:
     }
 
 
-ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's OpenAI routes read the routing key here
-
-
 async def prepared_inputs(
     tm: TokenizerManager, plan: Any, limit: str, prompt: str, request: Request | None = None
 ) -> list[Any]:
     """``tm.prepare_all`` whose errors name the OpenAI fields: ``limit`` for the native
-    ``max_new_tokens``, ``prompt`` for a prompt that is empty or too long. ``request``: its
-    ``x-smg-routing-key`` header becomes every sequence's ``routing_key``."""
-    key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
-    if key is not None:
-        for inp in plan.inputs:
-            inp.routing_key = key
+    ``max_new_tokens``, ``prompt`` for a prompt that is empty or too long; ``request``'s
+    routing key header read (:func:`take_routing_key`)."""
+    take_routing_key(plan.inputs, request)
     try:
         return await tm.prepare_all(plan.inputs)
     except GenerateError as e:

@@ -29,7 +29,13 @@ from fastapi.responses import Response
 
 from radixlm.srt.managers.tokenizer_manager import ClientDisconnected, GenerateError, RequestGroup
 from radixlm.srt.server.chat.plan import chat_plan, name_grammar_error
-from radixlm.srt.server.http.deps import caller_namespace, check_model, get_tm, json_response
+from radixlm.srt.server.http.deps import (
+    caller_namespace,
+    check_model,
+    get_tm,
+    json_response,
+    take_routing_key,
+)
 from radixlm.srt.server.http.errors import error_body, parse_body
 from radixlm.srt.server.http.openapi import ERROR_RESPONSES, STREAM_RESPONSE, json_body
 from radixlm.srt.server.http.streaming import ClosingStreamingResponse
@@ -146,7 +152,7 @@ async def create_response(request: Request) -> Response:
         if param != e.param:
             raise GenerateError(e.message, e.status_code, param, e.code) from None
         raise
-    prepared = await tm.prepare_all(plan.inputs)
+    prepared = await tm.prepare_all(take_routing_key(plan.inputs, request))
     call = ResponseCall(req, model, plan, chat)
     group = tm.open(prepared, request, caller_namespace(request, req.user))
     conversation = history + messages

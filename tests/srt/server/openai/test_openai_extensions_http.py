@@ -278,12 +278,18 @@ def test_a_cache_salt_too_long_is_a_400_naming_it(idle_stack: FakeStack) -> None
 def test_the_routing_key_reaches_the_scheduler_from_the_header_and_the_body(
     idle_stack: FakeStack,
 ) -> None:
-    """SGLang's ``x-smg-routing-key`` header on the OpenAI routes, its ``routing_key`` field on
-    ``/generate``: the scheduler's message carries it (``--schedule-policy routing-key``)."""
+    """SGLang's ``x-smg-routing-key`` header on the OpenAI and Anthropic routes, its
+    ``routing_key`` field on ``/generate``: the scheduler's message carries it
+    (``--schedule-policy routing-key``)."""
     received = idle_stack.worker.received
+    key = {"x-smg-routing-key": "conv-1"}
+    responses = {"model": "fake-model", "input": "hi", "max_output_tokens": 3}
+    messages = {**CHAT, "max_tokens": 3}
     for path, body, headers in [
-        ("/v1/chat/completions", CHAT, {"x-smg-routing-key": "conv-1"}),
-        ("/v1/completions", COMPLETION, {"x-smg-routing-key": "conv-1"}),
+        ("/v1/chat/completions", CHAT, key),
+        ("/v1/completions", COMPLETION, key),
+        ("/v1/responses", responses, key),
+        ("/v1/messages", messages, key),
         ("/generate", {"text": "hi", "routing_key": "conv-1"}, {}),
     ]:
         received.clear()
