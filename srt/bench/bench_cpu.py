@@ -22,6 +22,11 @@ prompt, one token out). Rounds alternate the contenders' order (the machine may 
 round sees the same background load on every side); the table gives medians over the rounds:
 output tok/s (prefill included), decode ms per step (the full run less a one-token run, per
 later token) and the ratio of tok/s to llama.cpp's. The CPU model is printed first.
+
+``--server`` adds, for each radixlm mode, the same engine options served by ``radixlm serve``
+(a real ZMQ trio on 127.0.0.1) and driven over HTTP: each run is one native ``/generate`` with
+the workload's token ids (a batch for several prompts). A last table gives what the server adds
+to the in-process engine: per request (its one-token runs, prefill included) and per decode step.
 """
 
 from __future__ import annotations
@@ -111,6 +116,34 @@ def radixlm_contender(
     return Contender(name, run, ids)
 
 
+def server_contender(url: str, name: str) -> Contender:
+    """A ``radixlm serve`` at ``url`` through native ``/generate`` (the workload's prompts as
+    one batch), its prefix cache flushed before every run as the engine's is."""
+    import httpx
+
+    client = httpx.Client(timeout=600)
+
+    def generate(prompts: list[list[int]], n: int) -> list[dict]:
+        client.post(url + "/flush_cache").raise_for_status()
+        params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+        r = client.post(url + "/generate", json={"input_ids": prompts, "sampling_params": params})
+        r.raise_for_status()
+        outs = r.json()
+        return outs if isinstance(outs, list) else [outs]
+
+    def run(prompts: list[list[int]], n: int) -> float:
+        start = time.perf_counter()
+        outs = generate(prompts, n)
+        elapsed = time.perf_counter() - start
+        assert all(o["meta_info"]["completion_tokens"] == n for o in outs)
+        return elapsed
+
+    def ids(prompt: list[int], n: int) -> list[int]:
+        return list(generate([prompt], n)[0]["output_ids"])
+
+    return Contender(name, run, ids)
+
+
 def llama_cpp_contender(gguf: Path, threads: int, n_ctx: int, flash_attn: bool) -> Contender:
     """llama.cpp on the GGUF; ImportError without llama-cpp-python."""
     import llama_cpp
@@ -173,6 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="radixlm alone")
+    ap.add_argument("--server", action="store_true", help="also each radixlm mode served over HTTP")
     ap.add_argument(
         "--against", default=None, help="int4 also with the GGUF GEMVs of this git revision"
     )
@@ -216,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     contenders: list[Contender] = []
     engines = []
     modes = {"on": [True], "off": [False], "both": [True, False]}
+    servers = contextlib.ExitStack()
     for q in args.quantization.split(","):
         engine = Engine(
             model_path=str(gguf),
@@ -225,6 +260,14 @@ def main(argv: list[str] | None = None) -> None:
             num_threads=threads,
         )
         engines.append(engine)
+        if args.server:
+            from radixlm.srt.server.process.server_process import ServerProcess
+
+            flags = ["--model-path", str(gguf), "--max-total-tokens", "32768"]
+            flags += ["--quantization", q, "--num-threads", str(threads), "--log-level", "warning"]
+            server = servers.enter_context(ServerProcess(flags))
+            name = f"radixlm {'int4' if q == 'int4' else 'fp32'} server"
+            contenders.append(server_contender(server.url, name))
         for on in modes[args.kernels]:
             steps = modes[args.step] if q == "int4" and on else [True]
             for step in steps:
@@ -260,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
                 first = c.run(prompts, 1) if n > 1 else full
                 c.times.setdefault(name, []).append((full, first))
     report(contenders, loads)
+    if args.server:
+        server_overhead(contenders, loads)
+    servers.close()
     for engine in engines:
         engine.shutdown()
 
@@ -286,6 +332,28 @@ def report(contenders: list[Contender], loads) -> None:
             ratio = rate[c.name] / rate[base.name]
             print(f"{name:<20}{c.name:<26}{rate[c.name]:>8.1f}{step}{ratio:>8.2f}x")
     print("(prefill rows: prompt tokens/s; medians over the rounds; a shared machine is noisy)")
+
+
+def server_overhead(contenders: list[Contender], loads) -> None:
+    """What each server adds to its engine (the contender named as it, less " server"): per
+    request (the one-token runs: a batch's requests together) and per decode step."""
+    by_name = {c.name: c for c in contenders}
+    print(f"{'workload':<20}{'server':<26}{'+ms/request':>12}{'+ms/step':>10}")
+    for c in contenders:
+        engine = by_name.get(c.name.removesuffix(" server"))
+        if engine is None or engine is c:
+            continue
+        for name, (_, n) in loads.items():
+            first = statistics.median(s for _, s in c.times[name]) * 1e3
+            first -= statistics.median(s for _, s in engine.times[name]) * 1e3
+            step = "-"
+            if n > 1:
+                per = [
+                    statistics.median((f - s) / (n - 1) for f, s in x.times[name])
+                    for x in (c, engine)
+                ]
+                step = f"{(per[0] - per[1]) * 1e3:.2f}"
+            print(f"{name:<20}{c.name:<26}{first:>12.2f}{step:>10}")
 
 
 if __name__ == "__main__":

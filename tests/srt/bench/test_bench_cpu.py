@@ -82,3 +82,22 @@ def test_llama_cpp_batched_equals_one_by_one():
     from radixlm.srt.bench.llama_cpp_batched import open_batched
 
     assert open_batched(gguf, len(prompts), 128, 1, True).generate(prompts, 8) == expect
+
+
+def test_server_overhead_is_the_servers_time_less_its_engines(capsys):
+    engine, server = fake("radixlm int4", []), fake("radixlm int4 server", [])
+    loads = {"batch 1": ([[1] * 128], 5)}
+    engine.times = {"batch 1": [(0.5, 0.1)] * 3}  # 100 ms a step, 100 ms the one-token run
+    server.times = {"batch 1": [(0.62, 0.11)] * 3}  # 10 ms more a request, 27.5 ms a step
+    bench_cpu.server_overhead([engine, server], loads)
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[-2:] == ["10.00", "27.50"]
+
+
+@pytest.mark.slow
+def test_the_server_contender_runs_a_batch_over_http(default_server):
+    """A real server: one /generate for the workload's prompts, greedy ids as the run's."""
+    c = bench_cpu.server_contender(default_server.url, "radixlm fp32 server")
+    assert c.run([[1, 2, 3], [4, 5, 6, 7]], 3) > 0
+    ids = c.ids([1, 2, 3], 4)
+    assert len(ids) == 4 and ids[:3] == c.ids([1, 2, 3], 3)
