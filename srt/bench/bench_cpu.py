@@ -77,6 +77,24 @@ class Contender:
     times: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
+def generate_contender(
+    name: str, generate: Callable[[list[list[int]], int], list[dict]]
+) -> Contender:
+    """A contender over ``generate(prompts, n)``, which returns radixlm's output dicts."""
+
+    def run(prompts: list[list[int]], n: int) -> float:
+        start = time.perf_counter()
+        outs = generate(prompts, n)
+        elapsed = time.perf_counter() - start
+        assert all(o["meta_info"]["completion_tokens"] == n for o in outs)
+        return elapsed
+
+    def ids(prompt: list[int], n: int) -> list[int]:
+        return list(generate([prompt], n)[0]["output_ids"])
+
+    return Contender(name, run, ids)
+
+
 def radixlm_contender(
     engine, name: str, kernels: bool, step: bool = True, gemv_lib=None
 ) -> Contender:
@@ -103,17 +121,7 @@ def radixlm_contender(
             outs = engine.generate(input_ids=prompts, sampling_params=params)
         return outs if isinstance(outs, list) else [outs]
 
-    def run(prompts: list[list[int]], n: int) -> float:
-        start = time.perf_counter()
-        outs = generate(prompts, n)
-        elapsed = time.perf_counter() - start
-        assert all(o["meta_info"]["completion_tokens"] == n for o in outs)
-        return elapsed
-
-    def ids(prompt: list[int], n: int) -> list[int]:
-        return list(generate([prompt], n)[0]["output_ids"])
-
-    return Contender(name, run, ids)
+    return generate_contender(name, generate)
 
 
 def server_contender(url: str, name: str) -> Contender:
@@ -131,17 +139,7 @@ def server_contender(url: str, name: str) -> Contender:
         outs = r.json()
         return outs if isinstance(outs, list) else [outs]
 
-    def run(prompts: list[list[int]], n: int) -> float:
-        start = time.perf_counter()
-        outs = generate(prompts, n)
-        elapsed = time.perf_counter() - start
-        assert all(o["meta_info"]["completion_tokens"] == n for o in outs)
-        return elapsed
-
-    def ids(prompt: list[int], n: int) -> list[int]:
-        return list(generate([prompt], n)[0]["output_ids"])
-
-    return Contender(name, run, ids)
+    return generate_contender(name, generate)
 
 
 def llama_cpp_contender(gguf: Path, threads: int, n_ctx: int, flash_attn: bool) -> Contender:
