@@ -20,10 +20,8 @@ request's cached K/V. Two small kernels replace those paths:
   GQA group's query heads per key row, float32 sums, an exact two-pass softmax. On CPUs with
   AVX2 and FMA, float32 pools with a head dim that is a multiple of 8 take a vector version
   (``attend_item_avx2``: fused multiply-adds, a polynomial exp within about 2e-7 relative, the
-  next key rows prefetched through the page table, V summed in registers 64 dims at a time): at
-  batch 1, 160 cached tokens, 9 query and 3 KV heads of 64 dims it takes 15 us a layer against
-  23-36 us (2-core AMD EPYC, one thread), and the one-call int4 step's share in attention went from
-  13.5% to 5.1% of its samples (``perf``, 2 threads).
+  next key rows prefetched through the page table, V summed in registers 64 dims at a time),
+  about twice as fast (``srt/bench/bench_cpu_attention.py``; docs/results/cpu.md).
 
 The source is compiled once per machine with the system's C++ compiler (``c++ -O3
 -march=native -fopenmp``, about a second) into ``$RADIXLM_CACHE_DIR`` (default
