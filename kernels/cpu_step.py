@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.kernels import cpu_decode, gguf_cpu
+from radixlm.kernels import cpu_decode, cpu_decode_kernels, gguf_cpu
 from radixlm.kernels.switch import KernelSwitch
 
 SOURCE = (
@@ -102,7 +102,7 @@ struct Layer {  // one row of the layer table (int64 fields, filled by cpu_step.
 };
 
 """
-    + cpu_decode.DECODE_ARGS
+    + cpu_decode_kernels.DECODE_ARGS
     + r"""
 struct Dims {
   int64_t hidden, heads, kv_heads, head_dim, inter;
