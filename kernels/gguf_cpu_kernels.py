@@ -43,17 +43,24 @@ inline float round_f16(float x) {
   return r;
 }
 
+// block `x` (QK values, float32 or bf16) into `buf` as float32; its largest magnitude
+template <typename T>
+float load_block(const T* x, float* buf) {
+  float amax = 0.f;
+  for (int i = 0; i < QK; ++i) {
+    if constexpr (sizeof(T) == 2) buf[i] = bf16_to_f32(x[i]);
+    else buf[i] = x[i];
+    amax = std::max(amax, std::fabs(buf[i]));
+  }
+  return amax;
+}
+
 // one row of K activations -> int8 codes, per-block scales and scaled sums (q8_1)
 template <typename T>
 void quantize_row(const T* x, int64_t k, int8_t* q, float* d, float* s) {
   float buf[QK];
   for (int64_t b = 0; b < k / QK; ++b) {
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) {
-      if constexpr (sizeof(T) == 2) buf[i] = bf16_to_f32(x[b * QK + i]);
-      else buf[i] = x[b * QK + i];
-      amax = std::max(amax, std::fabs(buf[i]));
-    }
+    const float amax = load_block(x + b * QK, buf);
     const float db = amax / 127.f;
     const float id = db > 0.f ? 1.f / db : 0.f;
     int sum = 0;
@@ -73,12 +80,7 @@ template <typename T>
 void quantize_row16(const T* x, int64_t k, int16_t* q, float* d) {
   float buf[QK];
   for (int64_t b = 0; b < k / QK; ++b) {
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) {
-      if constexpr (sizeof(T) == 2) buf[i] = bf16_to_f32(x[b * QK + i]);
-      else buf[i] = x[b * QK + i];
-      amax = std::max(amax, std::fabs(buf[i]));
-    }
+    const float amax = load_block(x + b * QK, buf);
     const float db = amax / 32767.f;
     const float id = db > 0.f ? 1.f / db : 0.f;
     for (int i = 0; i < QK; ++i) q[b * QK + i] = int16_t(std::nearbyint(buf[i] * id));
