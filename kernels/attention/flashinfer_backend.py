@@ -32,6 +32,15 @@ wrappers share the workspace; they run one after another on the stream.
 CUDA graphs: call ``init_cuda_graph_state`` once, then ``plan_for_capture(fb)`` on the static
 batch before capture and ``plan_for_replay(fb)`` before every replay; each batch size gets its
 own decode wrapper over slices of fixed index buffers.
+
+Planning ahead of the device: a wrapper's ``plan`` writes its work split into a page-locked
+host buffer that belongs to the wrapper and queues an asynchronous copy of it to the device.
+The scheduler plans the next batch while the device still runs earlier ones (overlapped decode
+steps, a long prompt's chunks queued one after another), so a second plan of the same wrapper
+could overwrite that host buffer before the first copy has run: the earlier batch then reads
+the later batch's split (kernels indexing past their page tables). Each plan therefore records
+an event after its copy, and the next plan of that wrapper waits for it (the device has by then
+at most started the batch planned before: the CPU stays up to one batch ahead).
 """
 
 from __future__ import annotations
@@ -139,6 +148,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._graph: _GraphBuffers | None = None
         self._graph_wrappers: dict[tuple[int, AttentionVariant], object] = {}
         self._active: dict[AttentionVariant, object] = {}  # planned for the current batch
+        # per wrapper: an event after its last plan's host-to-device copy (see the module doc)
+        self._planned: dict[int, torch.cuda.Event] = {}
         self._is_decode = False
 
     def init_cuda_graph_state(self, max_batch_size: int, max_num_tokens: int) -> None:
@@ -186,11 +197,13 @@ class FlashInferAttentionBackend(AttentionBackend):
                     if for_cuda_graph
                     else self._decode_wrappers[variant]
                 )
+                self._wait_for_last_plan(wrapper)
                 wrapper.plan(
                     table.kv_indptr, table.kv_indices, table.last_page_len, *dims, **common
                 )
             else:
                 wrapper = self._prefill_wrappers[variant]
+                self._wait_for_last_plan(wrapper)
                 wrapper.plan(
                     qo_indptr,
                     table.kv_indptr,
@@ -200,7 +213,23 @@ class FlashInferAttentionBackend(AttentionBackend):
                     causal=True,
                     **common,
                 )
+            self._record_plan(wrapper)
             self._active[variant] = wrapper
+
+    def _wait_for_last_plan(self, wrapper) -> None:
+        """Blocks until the device has copied ``wrapper``'s previous plan out of its host
+        buffer, which the next ``plan`` overwrites."""
+        event = self._planned.get(id(wrapper))
+        if event is not None:
+            event.synchronize()
+
+    def _record_plan(self, wrapper) -> None:
+        if torch.cuda.is_current_stream_capturing():
+            return  # planned outside any graph; nothing to order inside one
+        event = self._planned.get(id(wrapper))
+        if event is None:
+            event = self._planned[id(wrapper)] = torch.cuda.Event()
+        event.record()
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
         self._check_layer(layer)

@@ -151,16 +151,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--chunk-sizes", default="-1,256,512,1024,2048")
     ap.add_argument("--max-total-tokens", type=int, default=None, help="default: prompt + 4096")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attention-backend", default=None, help="default: the server's default")
     args = ap.parse_args(argv)
     chunks = [parse_chunk(c) for c in args.chunk_sizes.split(",")]
     options = {}
+    if args.attention_backend:
+        options["attention_backend"] = args.attention_backend
     if args.dummy_8b:
         from radixlm.srt.bench.bench_gpu import LLAMA3_8B, make_model_folder
 
         folder = make_model_folder(Path("/tmp/radixlm-llama3-8b-shape"), dict(LLAMA3_8B))
-        options = {"model_path": str(folder), "load_format": "dummy"}
+        options.update(model_path=str(folder), load_format="dummy")
     elif args.model_path:
-        options = {"model_path": args.model_path}
+        options["model_path"] = args.model_path
     s = Scheduler(
         config_from_kwargs(
             log_level="warning",

@@ -113,8 +113,11 @@ for s in "$@"; do
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
+    # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;
+    # MIXPROF_BACKEND: the attention backend, triton by default as in the serving sections)
     mixprof) section mixprof 240 python3 -m radixlm.srt.bench.bench_chunked_prefill --dummy-8b --prompt-len 8000 \
-      --num-decodes 32 --decode-prompt-len 2048 --chunk-sizes=8192,8192u --profile --json "$RESULTS/mixprof.json" ;;
+      --num-decodes 32 --decode-prompt-len 2048 --chunk-sizes=${MIXPROF_CHUNKS:-8192,8192u} --profile \
+      --attention-backend "${MIXPROF_BACKEND:-triton}" --json "$RESULTS/mixprof.json" ;;
     servepace) # prefill first (the default) vs prefill paced for the running requests' TPOT,
       # then paced with shortest prompt first (bounded)
       rm -f "$RESULTS/servepace.jsonl"

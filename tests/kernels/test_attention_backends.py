@@ -467,6 +467,43 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_flashinfer_batches_planned_while_the_device_is_busy(decode):
+    """The scheduler plans a batch while the device still runs earlier ones (a long prompt's
+    chunks queued one after another, overlapped decode steps). FlashInfer's plan copies its work
+    split to the device from a host buffer of the wrapper, asynchronously: three batches planned
+    and run behind a second of device sleep must each still get their own output (without the
+    backend waiting for the previous plan's copy, the first two ran with the third's split)."""
+    if not _has_flashinfer():
+        pytest.skip("flashinfer is not installed")
+    from radixlm.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    if decode:
+        batches = [decode_lens(n) for n in ([40], [5, 900, 64], [1, 33, 517, 1200, 64, 250])]
+    else:
+        batches = [
+            ([0], [300]),
+            ([0, 300], [300, 300]),
+            ([0, 100, 37, 0, 600], [300, 1, 77, 5, 129]),
+        ]
+    cases = [
+        make_case(*lens, **LLAMA_8B_HEADS, dtype=torch.bfloat16, decode=decode, seed=20 + i)
+        for i, lens in enumerate(batches)
+    ]
+    refs = [reference(c) for c in cases]
+    backend = FlashInferAttentionBackend(
+        DEVICE, num_heads=32, num_kv_heads=8, head_dim=128, page_size=1
+    )
+    for case in cases:  # compiled and warm before the timed part
+        run_backend(backend, case)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of device clock cycles ahead of the plans
+    outs = [run_backend(backend, case) for case in cases]
+    for out, ref in zip(outs, refs, strict=True):
+        assert_close(out, ref, 2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("window,cap", WINDOW_CASES)
 @pytest.mark.parametrize("decode", [False, True])
