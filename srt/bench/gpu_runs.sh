@@ -10,6 +10,7 @@
 #   bash srt/bench/gpu_runs.sh int4test int4tune int4quant  # int4 kernel tests, int4_mm vs the
 #                                              # older kernels (projections, then the 8B step)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
+#   DEADLINE=420 bash srt/bench/gpu_runs.sh serveattn  # the serving run on triton vs flashinfer attention
 #   DEADLINE=570 bash srt/bench/gpu_runs.sh servepace  # prefill first vs --tpot-target-ms 50
 #                                              # vs that and --schedule-policy spf
 #                                              # (SERVEPACE_VARIANTS picks: default paced spf spfpaced)
@@ -111,6 +112,16 @@ for s in "$@"; do
           --label "$v" --output-file "$RESULTS/servemix.jsonl" --step-timeline "$RESULTS/steps-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
+    # the same serving run on the triton and the flashinfer attention backends (SERVEATTN_RATES,
+    # default 12,32), each with the step timeline; one comparison table. ~150 s a backend.
+    serveattn)
+      rm -f "$RESULTS/serveattn.jsonl"
+      for b in triton flashinfer; do
+        section "serveattn-$b" 200 $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
+          --attention-backend $b --label "$b" --output-file "$RESULTS/serveattn.jsonl" \
+          --step-timeline "$RESULTS/steps-attn-$b.jsonl"
+      done
+      python3 -m radixlm.srt.bench.serving_compare "$RESULTS/serveattn.jsonl" | tee "$RESULTS/serveattn.txt" ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
     # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;

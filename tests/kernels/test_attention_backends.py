@@ -467,6 +467,22 @@ def test_gpu_decode_replays_in_cuda_graph(page_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_gpu_flashinfer_mixed_step_decode_tail(page_size):
+    """An extend batch's trailing one-token rows run on FlashInfer's decode wrapper, the rows
+    before them on its prefill wrapper; a batch of only one-token rows too."""
+    if not _has_flashinfer():
+        pytest.skip("flashinfer is not installed")
+    for i, lens in enumerate((([0, 300, 40, 999], [200, 1, 1, 1]), ([5, 40, 300], [1, 1, 1]))):
+        case = make_case(
+            *lens, **LLAMA_8B_HEADS, page_size=page_size, dtype=torch.bfloat16, seed=30 + i
+        )
+        backend = _gpu_backends(case, page_size)["flashinfer"]
+        assert_close(run_backend(backend, case), reference(case), 2e-2)
+        assert len(backend._active[attention_variant(case.layer)]) == (2 if i == 0 else 1)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("decode", [False, True])
 def test_gpu_flashinfer_batches_planned_while_the_device_is_busy(decode):
     """The scheduler plans a batch while the device still runs earlier ones (a long prompt's
