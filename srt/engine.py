@@ -50,6 +50,7 @@ from radixlm.srt.managers.generate_input import PreparedReq
 from radixlm.srt.managers.model_info import model_info_of, served_model_name
 from radixlm.srt.managers.request_front import ReqState, RequestFront, texts_to_tokenize
 from radixlm.srt.managers.request_group import GenerateError
+from radixlm.srt.managers.request_log import RequestLog
 from radixlm.srt.managers.scoring import ScoreJob, ScoreResult
 from radixlm.srt.managers.sessions import SessionParams
 from radixlm.srt.managers.step_driver import StepDriver
@@ -85,7 +86,9 @@ class Engine:
         inbox: queue.Queue = queue.Queue()  # messages for the scheduler
         # the request lifecycle shared with the server (managers/request_front.py), and the
         # in-process inbox and step driving (managers/step_driver.py)
-        self.front = RequestFront(lambda: self.door, inbox.put)
+        self.front = RequestFront(
+            lambda: self.door, inbox.put, request_log=RequestLog.from_config(self.config)
+        )
         self.driver = StepDriver(self.scheduler, self._ranks, self.front, inbox)
         self.sessions = self.front.sessions  # managers/sessions.py
 
@@ -341,6 +344,8 @@ class Engine:
         self._ranks.shutdown()
         with self.front.lock:
             self.sessions.clear()
+        if self.front.request_log is not None:
+            self.front.request_log.close()
 
     def __enter__(self) -> Engine:
         return self

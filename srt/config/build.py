@@ -69,6 +69,11 @@ def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
         out["hicache_storage_dir"] = (
             os.environ.get(HICACHE_FILE_DIR_ENV) or HICACHE_FILE_DIR_DEFAULT
         )
+    target = out.get("log_requests_target")
+    if isinstance(target, str):
+        out["log_requests_target"] = (target,)
+    elif target is not None:
+        out["log_requests_target"] = tuple(target)
     algo = out.get("speculative_algorithm")
     if isinstance(algo, str):
         out["speculative_algorithm"] = SPECULATIVE_ALIASES.get(algo.lower(), algo.lower())
@@ -94,6 +99,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         tp = _base_type(hints[f.name])
         if tp is bool:
             parser.add_argument(*flags, action="store_true", help=f.metadata["help"])
+        elif get_origin(tp) is tuple:  # one or more values after the flag
+            parser.add_argument(
+                *flags, nargs="+", type=get_args(tp)[0], default=f.default, help=f.metadata["help"]
+            )
         else:
             parser.add_argument(
                 *flags,

@@ -80,7 +80,7 @@ DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake",)  # NIXL would be a second entry
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -410,8 +410,23 @@ class ServerConfig:
     log_level: str = _opt("info", "logging level")
     log_requests: bool = _opt(
         False,
-        "log one line per finished request: rid, finish reason, token counts, latency "
-        "(no prompt or output text)",
+        "log one record per finished request: rid, finish reason, token counts, latency, and "
+        "what --log-requests-level adds",
+    )
+    log_requests_level: int = _opt(
+        0,
+        "what --log-requests records (SGLang's levels): 0 metadata; 1 also the sampling "
+        "parameters that differ from their defaults; 2 also the prompt and output, cut to 2,048 "
+        "characters each; 3 them whole (SGLang's default is 2: here no text unless asked)",
+        (0, 1, 2, 3),
+    )
+    log_requests_format: str = _opt(
+        "text", "--log-requests records as text lines or one JSON object a line", ("text", "json")
+    )
+    log_requests_target: tuple[str, ...] | None = _opt(
+        None,
+        "where --log-requests writes: stdout and/or folders (each gets requests.log appended "
+        "to); default: the server's log",
     )
     # observability (docs/operations/observability.md)
     enable_trace: bool = _opt(

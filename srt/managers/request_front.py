@@ -31,6 +31,7 @@ from radixlm.srt.managers.caller_scope import client_name, scoped
 from radixlm.srt.managers.front_door import FrontDoor
 from radixlm.srt.managers.generate_input import GenerateInput, PreparedReq
 from radixlm.srt.managers.request_group import GenerateError
+from radixlm.srt.managers.request_log import RequestLog
 from radixlm.srt.managers.results import RequestResult
 from radixlm.srt.managers.sessions import SessionManager
 from radixlm.srt.messages import (
@@ -101,8 +102,10 @@ class RequestFront:
         send: Callable[[Any], None],
         send_abort: Callable[[str], None] | None = None,
         max_sessions_per_caller: int | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.door = door
+        self.request_log = request_log  # --log-requests: a record per finished request
         self.send = send
         self.send_abort = send_abort or (lambda rid: send(AbortReq(rid=rid)))
         self.states: dict[str, ReqState] = {}  # internal rid -> state
@@ -269,8 +272,27 @@ class RequestFront:
                 state.result.update(out, i)
                 if state.finish_reason is not None:
                     self._end_turn(state)
+                    if self.request_log is not None:
+                        self._log_finished(state)
                 updated.append((state, len(t.new_token_ids[i])))
         return updated
+
+    def _log_finished(self, state: ReqState) -> None:
+        req, r = state.req, state.result
+        log = self.request_log
+        log.write(
+            log.record(
+                req.client_rid,
+                r.finish_reason,
+                r.prompt_tokens or len(req.msg.input_ids),
+                r.cached_tokens,
+                r.completion_tokens,
+                time.perf_counter() - state.created_s,
+                params=req.params,
+                prompt=req.inp.text if req.inp.text is not None else list(req.msg.input_ids),
+                output=r.text,
+            )
+        )
 
     # ------------------------------------------------------------------ control calls
     def send_control(self, msg: ControlMessage, waiter: Any, timeout_s: float | None = None) -> str:

@@ -42,6 +42,7 @@ from radixlm.srt.managers.request_group import (
     GenerateError,
     RequestGroup,
 )
+from radixlm.srt.managers.request_log import RequestLog
 from radixlm.srt.managers.scheduler_process import IpcEndpoints
 from radixlm.srt.messages import (
     READ_ONLY_QUERIES,
@@ -97,6 +98,7 @@ class TokenizerManager:
             self._send,
             self._send_abort,
             max_sessions_per_caller=cfg.max_sessions_per_caller,
+            request_log=RequestLog.from_config(cfg),
         )
         self.sessions = self.front.sessions
         self.control_timeout_s = CONTROL_TIMEOUT_S
@@ -150,6 +152,8 @@ class TokenizerManager:
         self._ctx.destroy(linger=0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.sessions.clear()
+        if self.front.request_log is not None:
+            self.front.request_log.close()
 
     @property
     def is_alive(self) -> bool:
@@ -494,17 +498,6 @@ class TokenizerManager:
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:
         if state.req.observer is not None:  # tracing or the request dump is on
             state.req.observer.on_update(state, num_new, now)
-        if state.finish_reason is not None and self.cfg.log_requests:
-            r = state.result
-            logger.info(
-                "request %r finished (%s): prompt %d tokens (%d cached), completion %d, %.3f s",
-                state.req.client_rid,
-                state.finish_reason.get("type"),
-                r.prompt_tokens or len(state.req.msg.input_ids),
-                r.cached_tokens,
-                r.completion_tokens,
-                now - state.created_s,
-            )
         if self.observer is None or not state.req.inp.log_metrics:
             return
         if num_new and state.req.inp.stream:

@@ -99,6 +99,13 @@ def test_more_sglang_launch_flags_are_served_or_refused_naming_them(monkeypatch,
     assert config_from_kwargs(**on, hicache_storage_dir="/x").hicache_storage_dir == "/x"
     with pytest.raises(ValueError, match="hicache_storage_backend 'mooncake' is not available"):
         config_from_kwargs(enable_hierarchical_cache=True, hicache_storage_backend="mooncake")
+    # request logs at SGLang's levels, formats and targets
+    args = build_parser().parse_args(
+        ["serve", "--log-requests", "--log-requests-level", "1", "--log-requests-format", "json"]
+        + ["--log-requests-target", "stdout", "/var/log/x"]
+    )
+    assert (args.log_requests_level, args.log_requests_format) == (1, "json")
+    assert args.log_requests_target == ["stdout", "/var/log/x"]
 
 
 def test_default_priority_value_ranks_requests_that_set_none() -> None:

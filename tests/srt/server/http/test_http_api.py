@@ -522,7 +522,7 @@ def test_dead_worker_fails_fast(tmp_path) -> None:
 def test_log_requests_writes_one_line_per_finished_request(tmp_path_factory, caplog) -> None:
     s = FakeStack(tmp_path_factory.mktemp("logreq"), log_requests=True)
     try:
-        with caplog.at_level("INFO", logger="radixlm.srt.managers.tokenizer_manager"):
+        with caplog.at_level("INFO", logger="radixlm.srt.managers.request_log"):
             body = {
                 "text": "secret words",
                 "rid": "job-1",
@@ -534,3 +534,33 @@ def test_log_requests_writes_one_line_per_finished_request(tmp_path_factory, cap
         assert "secret" not in caplog.text  # no prompt or output text
     finally:
         s.close()
+
+
+def test_log_requests_level_2_as_json_lines_in_a_folder(tmp_path_factory) -> None:
+    """SGLang's --log-requests-level 2 with --log-requests-format json and a folder target: one
+    JSON object a line with the sampling parameters, the prompt and the output."""
+    folder = tmp_path_factory.mktemp("logreq2") / "logs"
+    s = FakeStack(
+        tmp_path_factory.mktemp("logreq2s"),
+        log_requests=True,
+        log_requests_level=2,
+        log_requests_format="json",
+        log_requests_target=(str(folder),),
+    )
+    try:
+        body = {
+            "text": "secret words",
+            "rid": "job-2",
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0.5},
+        }
+        r = httpx.post(s.url + "/generate", json=body, timeout=30)
+        assert r.status_code == 200
+    finally:
+        s.close()
+    lines = (folder / "requests.log").read_text().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    assert rec["rid"] == "job-2" and rec["finish_reason"]["type"] == "length"
+    assert rec["completion_tokens"] == 3 and rec["prompt"] == "secret words"
+    assert rec["output"] == r.json()["text"]
+    assert rec["sampling_params"] == {"max_new_tokens": 3, "temperature": 0.5}
