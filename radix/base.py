@@ -105,6 +105,12 @@ class PrefixCache(ABC):
         admitted or gone, so reads nobody will use are not kept."""
         return None
 
+    def prefetch_ready(self, handle: Any, waited_s: float) -> bool:
+        """Whether the request whose :meth:`prefetch` returned ``handle``, queued for
+        ``waited_s`` seconds, may be admitted now (a disk tier's ``wait_complete`` policy holds
+        it back while its reads run)."""
+        return True
+
     def release_prefetch(self, handle: Any) -> None:
         """The request whose :meth:`prefetch` returned ``handle`` no longer waits."""
         return None

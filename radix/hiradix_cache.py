@@ -86,6 +86,7 @@ class HiRadixCache(RadixCache):
         storage: Any = None,
         write_policy: str = "write_through_selective",
         device: torch.device | str = "cpu",
+        prefetch_policy: str = "timeout",
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache write policy must be one of {WRITE_POLICIES}")
@@ -95,6 +96,7 @@ class HiRadixCache(RadixCache):
             raise ValueError("the host pool's page size must be the cache's page size")
         self.storage = storage
         self.write_policy = write_policy
+        self.prefetch_policy = prefetch_policy  # DiskPages: how admission waits for disk reads
         self._alloc_slots = alloc_slots
         self.stats = TierStats()
         self._pending_writes: list[TreeNode] = []
@@ -110,7 +112,9 @@ class HiRadixCache(RadixCache):
     def _disk_pages(self, storage: Any) -> DiskPages | None:
         if storage is None:
             return None
-        return DiskPages(storage, self.page_size, self.stats, HostPageLender(self))
+        return DiskPages(
+            storage, self.page_size, self.stats, HostPageLender(self), self.prefetch_policy
+        )
 
     # ----------------------------------------------------------------------------- matching
 
@@ -486,6 +490,11 @@ class HiRadixCache(RadixCache):
         tokens = tuple(token_ids[: self.cacheable_len(len(token_ids))])
         node, pos = self._peek(tokens, namespace)
         return self.disk.prefetch(last_key(node), namespace, tokens, pos) or None
+
+    def prefetch_ready(self, handle: Any, waited_s: float) -> bool:
+        if self.disk is None or handle is None:
+            return True
+        return self.disk.ready(handle, waited_s)
 
     def release_prefetch(self, handle: Any) -> None:
         if self.disk is not None and handle:

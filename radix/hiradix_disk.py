@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 MAX_PREFETCH_PAGES = 4096  # disk reads started ahead of admission, oldest dropped first
 PREFETCH_HOST_SHARE = 0.25  # at most this share of the host pool's pages reserved by prefetch
 DISK_WAIT_MIN_S = 0.05  # shortest wait for a disk read at admission
+# how admission waits for a prompt's disk reads (SGLang's --hicache-storage-prefetch-policy):
+# timeout: DISK_WAIT_MIN_S or a share of the recompute time; best_effort: no wait;
+# wait_complete: the request stays queued until its reads ahead are done, at most this long
+PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
+WAIT_COMPLETE_MAX_S = 10.0
 DISK_WAIT_SHARE = 0.5  # longest wait for disk reads, as a share of recomputing the tokens
 
 Page = tuple[int, ...]
@@ -43,8 +48,16 @@ class DiskPages:
     or cancelled); without it, reads ahead go into read buffers."""
 
     def __init__(
-        self, storage: Any, page_size: int, stats: TierStats, host_pages: Any = None
+        self,
+        storage: Any,
+        page_size: int,
+        stats: TierStats,
+        host_pages: Any = None,
+        policy: str = "timeout",
     ) -> None:
+        if policy not in PREFETCH_POLICIES:
+            raise ValueError(f"prefetch policy must be one of {PREFETCH_POLICIES}, got {policy!r}")
+        self.policy = policy
         self.storage = storage
         self.page_size = page_size
         self.stats = stats
@@ -85,6 +98,18 @@ class DiskPages:
         while len(self._prefetched) > MAX_PREFETCH_PAGES:
             self._drop(self._prefetched.popitem(last=False)[1])
         return keys
+
+    def ready(self, keys: list[bytes], waited_s: float) -> bool:
+        """Whether a request whose reads ahead are ``keys``, queued for ``waited_s`` s, may be
+        admitted: always, except under ``wait_complete`` while one of them still runs (for at
+        most ``WAIT_COMPLETE_MAX_S``)."""
+        if self.policy != "wait_complete" or waited_s >= WAIT_COMPLETE_MAX_S:
+            return True
+        for key in keys:
+            read = self._prefetched.get(key)
+            if read is not None and not read.future.done():
+                return False
+        return True
 
     def _start_read(self, key: bytes, page: Page) -> Read:
         """A read ahead, straight into a reserved host page when one can be lent."""
@@ -161,6 +186,8 @@ class DiskPages:
                 read.future = self.storage.submit_read_into(keys[i], pages[i], blocks)
         num_tokens = len(keys) * self.page_size
         wait_s = max(DISK_WAIT_MIN_S, DISK_WAIT_SHARE * self.stats.recompute_s(num_tokens))
+        if self.policy == "best_effort":
+            wait_s = 0.0  # the pages read by now
         start = time.perf_counter()
         deadline = start + wait_s
         num_read = 0

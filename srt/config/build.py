@@ -69,6 +69,15 @@ def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
         out["hicache_storage_dir"] = (
             os.environ.get(HICACHE_FILE_DIR_ENV) or HICACHE_FILE_DIR_DEFAULT
         )
+    for name, ours in (("hicache_io_backend", "direct"), ("hicache_mem_layout", "layer_first")):
+        if out.get(name) not in (None, ours):
+            logger.warning(
+                "%s %s is taken as %s, the one this server has (docs/operations/production.md)",
+                name,
+                out[name],
+                ours,
+            )
+            out[name] = ours
     target = out.get("log_requests_target")
     if isinstance(target, str):
         out["log_requests_target"] = (target,)

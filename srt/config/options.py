@@ -26,6 +26,7 @@ GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4", "fp8")
 HICACHE_WRITE_POLICIES = ("write_through_selective", "write_through", "write_back")
+HICACHE_PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_SCALE_MODES = ("calibrate", "unit")  # else kv_cache_scales is a JSON file's path
 # speculative decoding; SGLang's NGRAM and STANDALONE are accepted as ngram and draft
@@ -165,6 +166,26 @@ class ServerConfig:
     )
     hicache_storage_max_bytes: int = _opt(
         16 * 2**30, "size cap of the disk KV tier in bytes (least recently used pages go first)"
+    )
+    hicache_storage_prefetch_policy: str = _opt(
+        "timeout",
+        "how long admission waits for a prompt's pages read from the disk tier (SGLang's names): "
+        "timeout: up to a share of what recomputing them would take (at least 50 ms); "
+        "best_effort: no wait, the pages read by then; wait_complete: the request stays queued "
+        "(later ones go ahead) until all are read, at most 10 s after it arrived",
+        HICACHE_PREFETCH_POLICIES,
+    )
+    hicache_io_backend: str = _opt(
+        "direct",
+        "host-device KV copies (SGLang's flag): direct, one DMA a layer per run of host pages "
+        "plus an on-device gather/scatter; SGLang's kernel is taken as direct, with a warning",
+        ("direct", "kernel"),
+    )
+    hicache_mem_layout: str = _opt(
+        "layer_first",
+        "host KV pool layout (SGLang's flag): layer_first; SGLang's page_first layouts are "
+        "taken as layer_first, with a warning",
+        ("layer_first", "page_first", "page_first_direct", "page_first_kv_split"),
     )
     # scheduling
     max_running_requests: int = _opt(256, "most requests decoding at once")

@@ -78,6 +78,7 @@ def _make_hicache(cfg: ServerConfig, runner: Any, alloc_slots: Any) -> PrefixCac
         storage=storage,
         write_policy=cfg.hicache_write_policy,
         device=runner.device,
+        prefetch_policy=cfg.hicache_storage_prefetch_policy,
     )
 
 

@@ -8,6 +8,7 @@ uncached tail. So when nothing runs, ``available + evictable + protected == max_
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -74,6 +75,12 @@ class KVManager:
         req.num_cached_prefix = num
         req.num_kv_tokens = num
         return match.kv_slots
+
+    def prefetch_ready(self, req: Req) -> bool:
+        """Whether the request's disk reads let it be admitted now (``wait_complete``)."""
+        if req.prefetch is None:
+            return True
+        return self.cache.prefetch_ready(req.prefetch, time.monotonic() - req.arrival_time)
 
     def drop_prefetch(self, req: Req) -> None:
         """The request's disk reads are not waited for any more: it was admitted (the match

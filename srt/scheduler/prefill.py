@@ -229,6 +229,8 @@ class PrefillAdmission:
         """Matches and locks the request's cached prefix and adds its first piece: the piece's
         token count, 0 to skip the request this step, -1 to stop admitting. Unless ``alone``
         (nothing else would run), the request must fit beside the ``promised`` slots."""
+        if not self.kv.prefetch_ready(req):
+            return 0  # its disk reads still run (wait_complete): later requests go first
         self.kv.bind_req_slot(req, self.kv.match_and_lock(req))
         if req.req_slot < 0:
             self.kv.release(req)

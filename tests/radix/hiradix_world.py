@@ -215,8 +215,10 @@ class TieredKV:
         disk_max_bytes: int = 1 << 24,
         lazy_copies: bool = False,
         max_pending_write_bytes: int = 1 << 20,
+        prefetch_policy: str = "timeout",
     ) -> None:
         self.page_size = page_size
+        self.prefetch_policy = prefetch_policy
         self.num_slots = num_slots
         self.host_tokens = host_tokens
         self.policy = policy
@@ -255,6 +257,7 @@ class TieredKV:
             controller=self.controller,
             storage=storage,
             write_policy=self.policy,
+            prefetch_policy=self.prefetch_policy,
         )
 
     def alloc_for_cache(self, num_tokens: int) -> torch.Tensor | None:

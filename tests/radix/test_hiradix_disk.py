@@ -22,6 +22,7 @@ from hiradix_world import (
 from radixlm.hicache.disk_store import DiskPageStore
 from radixlm.hicache.page_hash import page_keys
 from radixlm.radix.hiradix_cache import WRITE_POLICIES, HiRadixCache
+from radixlm.radix.hiradix_disk import WAIT_COMPLETE_MAX_S
 
 # ------------------------------------------------------------------------------ disk tier
 
@@ -182,6 +183,50 @@ def test_a_faulty_disk_read_is_a_miss_and_leaks_nothing(make_world, tmp_path, mo
     assert match.num_disk_hit == (0 if is_damaged else 3 * ps)
     world.run(tokens)
     world.check_all()
+
+
+@pytest.mark.parametrize("policy", ["best_effort", "wait_complete"])
+def test_prefetch_policies_with_a_stalled_disk(make_world, tmp_path, policy):
+    """SGLang's --hicache-storage-prefetch-policy, the disk stalled while a request waits:
+    best_effort admits it at once with the pages read by then (none here); wait_complete holds
+    it back (``prefetch_ready`` false, for at most WAIT_COMPLETE_MAX_S) until its reads are done,
+    then hits the whole prompt. (timeout, the default: test_a_faulty_disk_read_is_a_miss...)"""
+    ps = 4
+    world = make_world(
+        ps, num_slots=16 * ps, disk_dir=tmp_path, fault_mode="ok", prefetch_policy=policy
+    )
+    tokens = seq(3 * ps)
+    world.run(tokens)
+    world.flush()
+    world.restart(fault_mode="stall", stall_s=30.0)
+    world.cache.observe_prefill(len(tokens), 0.6)  # the timeout policy would wait ~0.3 s
+    handle = world.cache.prefetch(tokens)
+    if policy == "best_effort":
+        assert world.cache.prefetch_ready(handle, 0.0)
+        started = time.perf_counter()
+        match = world.match_and_load(tokens)
+        assert time.perf_counter() - started < 0.2 and match.num_disk_hit == 0
+        world.faulty.release()
+    else:
+        assert not world.cache.prefetch_ready(handle, 0.0)
+        assert world.cache.prefetch_ready(handle, WAIT_COMPLETE_MAX_S)  # bounded
+        world.faulty.release()
+        deadline = time.monotonic() + 10.0
+        while not world.cache.prefetch_ready(handle, 0.0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert world.cache.prefetch_ready(handle, 0.0)
+        match = world.match_and_load(tokens)
+        assert (match.matched_len, match.num_disk_hit) == (3 * ps, 3 * ps)
+    world.cache.release_prefetch(handle)
+    settle(world)
+    world.check_all()
+    world.run(tokens)
+    world.check_all()
+
+
+def test_prefetch_policy_names_are_checked(make_world, tmp_path):
+    with pytest.raises(ValueError, match="prefetch policy"):
+        make_world(4, num_slots=16, disk_dir=tmp_path, prefetch_policy="eager")
 
 
 def test_a_full_disk_stores_nothing_and_breaks_nothing(make_world, tmp_path):

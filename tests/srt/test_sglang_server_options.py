@@ -99,6 +99,25 @@ def test_more_sglang_launch_flags_are_served_or_refused_naming_them(monkeypatch,
     assert config_from_kwargs(**on, hicache_storage_dir="/x").hicache_storage_dir == "/x"
     with pytest.raises(ValueError, match="hicache_storage_backend 'mooncake' is not available"):
         config_from_kwargs(enable_hierarchical_cache=True, hicache_storage_backend="mooncake")
+    # SGLang's HiCache I/O flags: its prefetch policies are served; its kernel I/O backend and
+    # page-first layouts are taken as the direct, layer-first ones this server has, said at start
+    args = build_parser().parse_args(
+        ["serve", "--hicache-storage-prefetch-policy", "wait_complete"]
+        + ["--hicache-io-backend", "kernel", "--hicache-mem-layout", "page_first"]
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        cfg = config_from_kwargs(
+            hicache_storage_prefetch_policy=args.hicache_storage_prefetch_policy,
+            hicache_io_backend=args.hicache_io_backend,
+            hicache_mem_layout=args.hicache_mem_layout,
+        )
+    assert cfg.hicache_storage_prefetch_policy == "wait_complete"
+    assert (cfg.hicache_io_backend, cfg.hicache_mem_layout) == ("direct", "layer_first")
+    assert "hicache_io_backend kernel is taken as direct" in caplog.text
+    assert "hicache_mem_layout page_first is taken as layer_first" in caplog.text
+    with pytest.raises(ValueError, match="hicache_storage_prefetch_policy must be one of"):
+        config_from_kwargs(hicache_storage_prefetch_policy="eager")
     # request logs at SGLang's levels, formats and targets
     args = build_parser().parse_args(
         ["serve", "--log-requests", "--log-requests-level", "1", "--log-requests-format", "json"]
