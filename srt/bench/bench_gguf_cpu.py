@@ -63,12 +63,25 @@ class Step:
             for n, k in shapes
         ]
         self.head = gguf_cpu.quantize_q8_0(torch.randn(vocab, hidden, generator=gen) * 0.05)
+        self._f32: list[tuple[gguf_cpu.Q4_1, int, int]] = []
+
+    def linears_for(self, lib: ctypes.CDLL) -> list[tuple[gguf_cpu.Q4_1, int, int]]:
+        """The Q4_1 weights in the layout ``lib`` takes: float16 scales and mins, or float32
+        ones for builds older than that layout (the same values)."""
+        if getattr(lib, "q4_1_layout", 0) == gguf_cpu.Q4_1_LAYOUT:
+            return self.linears
+        if not self._f32:
+            self._f32 = [
+                (gguf_cpu.Q4_1(w.codes, w.d.float(), w.m.float()), n, k) for w, n, k in self.linears
+            ]
+        return self._f32
 
     def linears_s(self, lib: ctypes.CDLL, rows: int, threads: int) -> float:
         xs = {k: torch.randn(rows, k) for _, _, k in self.linears}
         out = torch.empty(rows, max(n for _, n, _ in self.linears))
+        linears = self.linears_for(lib)
         start = time.perf_counter()
-        for w, n, k in self.linears:
+        for w, n, k in linears:
             ptrs = (w.codes.data_ptr(), w.d.data_ptr(), w.m.data_ptr())
             lib.q4_1_f32(xs[k].data_ptr(), rows, k, k, *ptrs, n, out.data_ptr(), threads)
         return time.perf_counter() - start
