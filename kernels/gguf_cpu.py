@@ -22,7 +22,9 @@ blocks of 32 along the input dim and multiply in integers, as llama.cpp does:
   least four independent accumulation chains); the min terms eight blocks a step, and one
   horizontal reduction for the tile's eight sums. A row's result does not depend on the rows
   beside it or the span it is computed in (same additions, same order). Q8_0 takes the
-  activation rows four at a time against each weight block read.
+  activation rows four at a time against each weight block read. The Q4_1 and LM head tiles
+  of 1-4 activation rows prefetch the weight rows 8 rows ahead (the hardware's prefetchers
+  fall behind on a tile's several short rows).
 
 The LM head takes int16 activations instead (``q8_0_matmul(..., int16=True)``: steps of
 ``max|a_block| / 32767``, ``vpmaddwd`` on sign-extended weights): its argmax often sits on near

@@ -8,7 +8,8 @@ Times, per row count and thread count, what one decode step of the default model
 weights) spends in its 120 Q4_1 GEMVs and in the Q8_0 LM head (int16 activations, vocabulary
 49,152), best of ``--rounds``. ``--against REV`` builds the same kernels from
 ``kernels/gguf_cpu.py`` at a git revision and alternates the two in every round (the machine
-may be shared), printing the ratio. The step's weights fit in this machine's caches only in
+may be shared), printing the ratio; a revision from before the float16 Q4_1 scales and mins
+gets float32 copies of the same values. The step's weights fit in this machine's caches only in
 part (about 80 MB with the head), as in a real step, though each round repeats them.
 """
 

@@ -251,3 +251,16 @@ def test_library_override_swaps_the_kernels_for_a_block():
         if step_native is not None:
             assert cpu_step._library()[1].tolist() != step_native[1].tolist()
     assert gguf_cpu.library() is native and cpu_step._library() is step_native
+
+
+def test_library_override_refuses_another_q4_1_layout():
+    """A build from before the float16 scales and mins would misread the packed weights."""
+
+    class Older:
+        q4_1_layout = 0
+
+    native = gguf_cpu.library()
+    assert native.q4_1_layout == gguf_cpu.Q4_1_LAYOUT
+    with pytest.raises(ValueError, match="layout"), gguf_cpu.library_override(Older()):
+        pass
+    assert gguf_cpu.library() is native
