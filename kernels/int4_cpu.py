@@ -60,6 +60,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Cod
     mins, maxs = groups.amin(-1), groups.amax(-1)
     scales = ((maxs - mins) / (NUM_LEVELS - 1)).half().float()
     mins = mins.half().float()
+    if not (scales.isfinite().all() and mins.isfinite().all()):
+        raise ValueError("int4 weights must lie within float16's range (|w| < 65504)")
     inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))  # flat groups: code 0
     codes = ((groups - mins[..., None]) * inv[..., None]).round_().clamp_(0, NUM_LEVELS - 1)
     return Int4Codes(codes.to(torch.uint8).reshape(n, k), scales, mins)

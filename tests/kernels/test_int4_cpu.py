@@ -164,3 +164,5 @@ def test_unpackable_shapes_are_rejected():
         Int4Linear(torch.randn(300, 64))
     with pytest.raises(ValueError, match="group size"):
         quantize_int4(torch.randn(16, 48))
+    with pytest.raises(ValueError, match="float16's range"):  # scales and mins are float16
+        quantize_int4(torch.full((16, 32), 1e5))
