@@ -62,8 +62,8 @@ SOURCE = (
 
 namespace {
 
-using SpanFn = void (*)(const float*, int64_t, int64_t, int64_t, const uint8_t*, const float*,
-                        const float*, int64_t, int64_t, int64_t, float*, int);
+using SpanFn = void (*)(const float*, int64_t, int64_t, int64_t, const uint8_t*,
+                        const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, float*, int);
 using ItemFn = void (*)(const void*, int64_t, float*, const float*, const float*, int64_t,
                         float*, float*, float*);
 using NormFn = void (*)(const float*, const float*, float*, float*, const float*, int64_t, float);
@@ -85,10 +85,10 @@ struct Head {  // the LM head's Q8_0 weight [vocab, hidden]; codes null: no head
   int64_t vocab;
 };
 
-struct Q4 {  // a Q4_1 weight [n, k]
+struct Q4 {  // a Q4_1 weight [n, k]: codes, float16 scales and mins
   const uint8_t* codes;
-  const float* d;
-  const float* m;
+  const uint16_t* d;
+  const uint16_t* m;
   int64_t n;
 };
 

@@ -5,7 +5,11 @@ At batch 1 a CPU decode step reads every weight once per token, and torch's pack
 blocks of 32 along the input dim and multiply in integers, as llama.cpp does:
 
 * weights: Q4_1 (``w = code * d + m``, codes 0..15, one ``d`` and ``m`` per block; the int4
-  linear layers) or Q8_0 (``w = code * d``, codes -127..127; the LM head);
+  linear layers) or Q8_0 (``w = code * d``, codes -127..127; the LM head). A Q4_1 weight is
+  three tensors (:class:`Q4_1`): the codes, 16 bytes a block, and ``d`` and ``m`` in float16
+  as GGUF stores them (0.625 bytes a weight; the kernels convert them with F16C), so a GGUF
+  file's values are kept exactly and weights quantised at load have float16 scales and mins
+  (``int4_cpu.quantize_int4`` rounds them before it picks the codes);
 * activations: each row quantised per block of 32 to int8 (``a = q * da``, ``da = max|a| / 127``;
   llama.cpp's q8_1, with the block's ``sa = da * sum(q)`` kept so that a Q4_1 block's min term
   is one multiply): ``dot = sum_blocks d * da * sum(code * q) + m * sa``. ``da`` and ``sa`` are
@@ -18,7 +22,9 @@ blocks of 32 along the input dim and multiply in integers, as llama.cpp does:
   least four independent accumulation chains); the min terms eight blocks a step, and one
   horizontal reduction for the tile's eight sums. A row's result does not depend on the rows
   beside it or the span it is computed in (same additions, same order). Q8_0 takes the
-  activation rows four at a time against each weight block read.
+  activation rows four at a time against each weight block read. The Q4_1 and LM head tiles
+  of 1-4 activation rows prefetch the weight rows 8 rows ahead (the hardware's prefetchers
+  fall behind on a tile's several short rows).
 
 The LM head takes int16 activations instead (``q8_0_matmul(..., int16=True)``: steps of
 ``max|a_block| / 32767``, ``vpmaddwd`` on sign-extended weights): its argmax often sits on near
@@ -58,6 +64,8 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 VARIANTS = {"native": (), "avx2": ("-DRADIXLM_NO_VNNI",), "scalar": ("-DRADIXLM_SCALAR",)}
 ISA_NAMES = ("scalar", "AVX2", "AVX-VNNI", "AVX-512 VNNI")
 
+Q4_1_LAYOUT = 1  # the kernels' ``radixlm_q4_1_layout()``: float16 d and m (0: float32, older)
+
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _Q4_ARGS = [_P, _I, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int]
 _Q8_ARGS = [_P, _I, _I, _I, _P, _P, _I, _P, ctypes.c_int]
@@ -76,6 +84,7 @@ def _switched_off() -> bool:
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Sets the entry points' argument and result types on a loaded build of ``SOURCE``."""
     lib.radixlm_gguf_isa.restype = ctypes.c_int
+    lib.q4_1_layout = lib.radixlm_q4_1_layout() if hasattr(lib, "radixlm_q4_1_layout") else 0
     lib.q4_1_f32.argtypes = lib.q4_1_bf16.argtypes = _Q4_ARGS
     lib.q8_0_f32.argtypes = lib.q8_0_bf16.argtypes = _Q8_ARGS
     lib.q8_0_x16_f32.argtypes = lib.q8_0_x16_bf16.argtypes = _Q8_ARGS
@@ -92,7 +101,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library_override(lib: ctypes.CDLL) -> Iterator[None]:
     """Inside the block the native kernels are ``lib``, another build of this module's entry
     points (an older revision's, bound with :func:`bind`: benchmarks compare the two in one
-    engine). Not thread-safe against other callers of :func:`library`."""
+    engine). Its Q4_1 weights must be laid out as this module packs them (``Q4_1_LAYOUT``).
+    Not thread-safe against other callers of :func:`library`."""
+    if getattr(lib, "q4_1_layout", 0) != Q4_1_LAYOUT:
+        raise ValueError("that build takes another Q4_1 layout than pack_q4_1 gives")
     library()  # the native build exists before it is set aside
     saved = _libs["native"]
     _libs["native"] = lib
@@ -149,8 +161,8 @@ def serves(x: torch.Tensor, rows: int) -> bool:
 
 class Q4_1(NamedTuple):
     codes: torch.Tensor  # [N, K / 2] uint8: per block of 32, byte i = code i | code (i + 16) << 4
-    d: torch.Tensor  # [N, K / 32] float32
-    m: torch.Tensor  # [N, K / 32] float32
+    d: torch.Tensor  # [N, K / 32] float16
+    m: torch.Tensor  # [N, K / 32] float16
 
 
 class Q8_0(NamedTuple):
@@ -159,7 +171,8 @@ class Q8_0(NamedTuple):
 
 
 def pack_q4_1(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> Q4_1:
-    """GGUF's Q4_1 block layout from codes ``[N, K]`` (0..15) and per-32 scales and mins."""
+    """GGUF's Q4_1 block layout from codes ``[N, K]`` (0..15) and per-32 scales and mins
+    (rounded to float16: exact for float16 values, as ``int4_cpu.quantize_int4`` gives)."""
     n, k = codes.shape
     if k % BLOCK or scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
         raise ValueError(f"Q4_1 needs K divisible by {BLOCK} and one scale and min per block")
@@ -167,8 +180,8 @@ def pack_q4_1(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> 
     packed = blocks[..., :16] | (blocks[..., 16:] << 4)
     return Q4_1(
         packed.reshape(n, k // 2).contiguous(),
-        scales.float().contiguous(),
-        mins.float().contiguous(),
+        scales.half().contiguous(),
+        mins.half().contiguous(),
     )
 
 

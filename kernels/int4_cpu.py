@@ -6,9 +6,14 @@ dim, asymmetric, 16 levels per group::
 
     scale = (max - min) / 15,   code = round((w - min) / scale) in 0..15,   w ~ code * scale + min
 
+with ``scale`` and ``min`` rounded to float16 (as GGUF stores them; the C++ kernels read them
+so) before the codes are picked, so that the codes fit the values they are multiplied with.
+
 This is GGUF's Q4_1 block format (its ``d`` and ``m`` are our ``scale`` and ``min``): Q4_1 maps
 each block's minimum to code 0 and its maximum to code 15, so quantizing dequantized Q4_1
-weights recovers the file's own codes. For weights that were not Q4_1 it is lossy.
+weights recovers the file's own codes, scales and mins. For weights that were not Q4_1 it is
+lossy (the float16 rounding adds at most ``2**-11`` of ``|min| + 15 * scale`` to an element's
+error, against half a step from the codes).
 
 Up to ``gguf_cpu.MAX_ROWS`` rows the matmul is ``gguf_cpu.py``'s C++ Q4_1 GEMV (int8
 activations, integer dot products, as llama.cpp multiplies Q4_1); where that library is off or
@@ -41,18 +46,22 @@ _PACK_N_MULTIPLE = 16  # the packing op wants the output dim divisible by 16
 
 class Int4Codes(NamedTuple):
     codes: torch.Tensor  # [N, K] uint8, 0..15
-    scales: torch.Tensor  # [N, K / group] float32
-    mins: torch.Tensor  # [N, K / group] float32
+    scales: torch.Tensor  # [N, K / group] float32, float16 values
+    mins: torch.Tensor  # [N, K / group] float32, float16 values
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Codes:
-    """Asymmetric min/max quantization of ``weight`` ``[N, K]`` in groups along K."""
+    """Asymmetric min/max quantization of ``weight`` ``[N, K]`` in groups along K, the scales
+    and mins rounded to float16 before the codes are picked."""
     n, k = weight.shape
     if k % group_size:
         raise ValueError(f"in_features {k} is not a multiple of the group size {group_size}")
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     mins, maxs = groups.amin(-1), groups.amax(-1)
-    scales = (maxs - mins) / (NUM_LEVELS - 1)
+    scales = ((maxs - mins) / (NUM_LEVELS - 1)).half().float()
+    mins = mins.half().float()
+    if not (scales.isfinite().all() and mins.isfinite().all()):
+        raise ValueError("int4 weights must lie within float16's range (|w| < 65504)")
     inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))  # flat groups: code 0
     codes = ((groups - mins[..., None]) * inv[..., None]).round_().clamp_(0, NUM_LEVELS - 1)
     return Int4Codes(codes.to(torch.uint8).reshape(n, k), scales, mins)

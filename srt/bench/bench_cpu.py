@@ -206,7 +206,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-llama-cpp", action="store_true", help="radixlm alone")
     ap.add_argument("--server", action="store_true", help="also each radixlm mode served over HTTP")
     ap.add_argument(
-        "--against", default=None, help="int4 also with the GGUF GEMVs of this git revision"
+        "--against",
+        default=None,
+        help="int4 also with the GGUF GEMVs of this git revision (float16 Q4_1 scales: b881c75 on)",
     )
     ap.add_argument(
         "--llama-flash-attn", choices=["on", "off"], default="on", help="llama.cpp's attention"
@@ -235,6 +237,7 @@ def workloads(tok, args: argparse.Namespace) -> dict[str, tuple[list[list[int]],
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    from radixlm.kernels import gguf_cpu
     from radixlm.srt import Engine
     from radixlm.srt.bench.bench_gguf_cpu import library_at
     from radixlm.srt.models.default_model import default_gguf_path
@@ -275,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
                 contenders.append(radixlm_contender(engine, label, on, step))
                 if args.against and q == "int4" and on:
                     lib = library_at(args.against)
+                    if lib.q4_1_layout != gguf_cpu.Q4_1_LAYOUT:  # the engine's packed weights
+                        raise SystemExit(f"{args.against}'s GEMVs take another Q4_1 layout")
                     label += f" @{args.against}"
                     contenders.append(radixlm_contender(engine, label, on, step, lib))
     tok = engines[0].tokenizer

@@ -8,7 +8,8 @@ Times, per row count and thread count, what one decode step of the default model
 weights) spends in its 120 Q4_1 GEMVs and in the Q8_0 LM head (int16 activations, vocabulary
 49,152), best of ``--rounds``. ``--against REV`` builds the same kernels from
 ``kernels/gguf_cpu.py`` at a git revision and alternates the two in every round (the machine
-may be shared), printing the ratio. The step's weights fit in this machine's caches only in
+may be shared), printing the ratio; a revision from before the float16 Q4_1 scales and mins
+gets float32 copies of the same values. The step's weights fit in this machine's caches only in
 part (about 80 MB with the head), as in a real step, though each round repeats them.
 """
 
@@ -63,12 +64,25 @@ class Step:
             for n, k in shapes
         ]
         self.head = gguf_cpu.quantize_q8_0(torch.randn(vocab, hidden, generator=gen) * 0.05)
+        self._f32: list[tuple[gguf_cpu.Q4_1, int, int]] = []
+
+    def linears_for(self, lib: ctypes.CDLL) -> list[tuple[gguf_cpu.Q4_1, int, int]]:
+        """The Q4_1 weights in the layout ``lib`` takes: float16 scales and mins, or float32
+        ones for builds older than that layout (the same values)."""
+        if getattr(lib, "q4_1_layout", 0) == gguf_cpu.Q4_1_LAYOUT:
+            return self.linears
+        if not self._f32:
+            self._f32 = [
+                (gguf_cpu.Q4_1(w.codes, w.d.float(), w.m.float()), n, k) for w, n, k in self.linears
+            ]
+        return self._f32
 
     def linears_s(self, lib: ctypes.CDLL, rows: int, threads: int) -> float:
         xs = {k: torch.randn(rows, k) for _, _, k in self.linears}
         out = torch.empty(rows, max(n for _, n, _ in self.linears))
+        linears = self.linears_for(lib)
         start = time.perf_counter()
-        for w, n, k in self.linears:
+        for w, n, k in linears:
             ptrs = (w.codes.data_ptr(), w.d.data_ptr(), w.m.data_ptr())
             lib.q4_1_f32(xs[k].data_ptr(), rows, k, k, *ptrs, n, out.data_ptr(), threads)
         return time.perf_counter() - start

@@ -81,6 +81,32 @@ def test_q4_1_matches_the_dequantised_reference(variant, m, n, k):
     assert ((out.double() - ref).abs() <= bound + slack(terms)).all()
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_q4_1_float16_scales_and_mins(variant):
+    """The packed weight keeps ``d`` and ``m`` as float16 and the kernels read every float16
+    value as it is: subnormal, zero (of either sign), large; 9 blocks (a partial min step)."""
+    n, k = 13, 288
+    nb = k // 32
+    g = gen(11)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    special = torch.tensor([6e-8, 3e-6, 6.1e-5, 0.0, -0.0, 1e-3, 0.5, 60.0, -2e-7])
+    d = (torch.rand(n, nb, generator=g) * 0.02).half()
+    m = (torch.randn(n, nb, generator=g) * 0.1).half()
+    d[:, : len(special)] = special.abs().half()
+    m[:, : len(special)] = special.flip(0).half()
+    w = gguf_cpu.pack_q4_1(codes, d, m)
+    assert w.d.dtype == w.m.dtype == torch.float16
+    assert torch.equal(w.d.view(torch.int16), d.view(torch.int16))  # bit for bit, -0 included
+    assert torch.equal(w.m.view(torch.int16), m.view(torch.int16))
+    x = activations(3, k, 12)
+    out = gguf_cpu.q4_1_matmul(x, w, variant)
+    q, da, sa = q8_1(x)
+    wc = codes.double().reshape(n, nb, 32)
+    terms = torch.einsum("rbi,nbi->rnb", q, wc) * d.double()[None] * da[:, None]
+    terms = terms + m.double()[None] * sa[:, None]
+    assert ((out.double() - terms.sum(-1)).abs() <= slack(terms)).all()
+
+
 def q16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int16 codes ``[M, K/32, 32]`` and scales ``[M, K/32]`` (the LM head's activations)."""
     m, k = x.shape
@@ -171,8 +197,8 @@ def test_paths_agree_and_native_names_its_isa():
 @pytest.mark.parametrize(
     "flags",
     [
-        ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-        ("-mavx2", "-mfma", "-mavxvnni"),
+        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+        ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
     ],
     ids=["avx512-vnni", "avx-vnni"],
 )
@@ -181,7 +207,9 @@ def test_vnni_paths_compile(flags, tmp_path):
     if compiler is None:
         pytest.skip("no C++ compiler")
     src = tmp_path / "gguf.cpp"
-    src.write_text(gguf_cpu.SOURCE)
+    # and the VNNI dot products are the ones compiled (not the scalar fallback)
+    check = "\n#if !defined(RADIXLM_VNNI) && !defined(RADIXLM_AVXVNNI)\n#error no VNNI\n#endif\n"
+    src.write_text(gguf_cpu.SOURCE + check)
     cmd = [compiler, "-O1", "-fopenmp", "-std=c++17", "-fPIC", *flags, "-c", str(src), "-o"]
     proc = subprocess.run([*cmd, str(tmp_path / "gguf.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -223,3 +251,16 @@ def test_library_override_swaps_the_kernels_for_a_block():
         if step_native is not None:
             assert cpu_step._library()[1].tolist() != step_native[1].tolist()
     assert gguf_cpu.library() is native and cpu_step._library() is step_native
+
+
+def test_library_override_refuses_another_q4_1_layout():
+    """A build from before the float16 scales and mins would misread the packed weights."""
+
+    class Older:
+        q4_1_layout = 0
+
+    native = gguf_cpu.library()
+    assert native.q4_1_layout == gguf_cpu.Q4_1_LAYOUT
+    with pytest.raises(ValueError, match="layout"), gguf_cpu.library_override(Older()):
+        pass
+    assert gguf_cpu.library() is native

@@ -31,12 +31,19 @@ def test_quantize_follows_min_max_definition():
     groups = w.view(48, 4, GROUP_SIZE)
     assert q.codes.dtype == torch.uint8 and q.codes.shape == (48, 128)
     assert int(q.codes.max()) == 15 and int(q.codes.min()) == 0
-    torch.testing.assert_close(q.mins, groups.amin(-1), rtol=0, atol=0)
-    torch.testing.assert_close(q.scales, (groups.amax(-1) - groups.amin(-1)) / 15)
+    # scale and min are the float16 values nearest to the definition's
+    mins, scales = groups.amin(-1), (groups.amax(-1) - groups.amin(-1)) / 15
+    assert torch.equal(q.mins, mins.half().float()) and torch.equal(q.scales, scales.half().float())
+    assert not torch.equal(q.mins, mins)  # rounded indeed
     codes = q.codes.view(48, 4, GROUP_SIZE)
     assert (codes.amin(-1) == 0).all() and (codes.amax(-1) == 15).all()  # min -> 0, max -> 15
+    # the codes are picked for the rounded scale and min: half a step of error, and at the ends
+    # of the range what the rounding moved them (at most 2**-11 relative each)
     err = (dequantize_int4(q) - w).view(48, 4, GROUP_SIZE).abs()
-    assert (err <= q.scales[..., None] / 2 * (1 + 1e-5)).all()  # round to nearest level
+    rounding = (mins.abs() + 15 * scales) * 2**-11
+    assert (err <= (q.scales / 2 * (1 + 1e-5) + rounding)[..., None]).all()
+    inner = (codes > 0) & (codes < 15)  # away from the ends: half a step
+    assert (err <= q.scales[..., None] / 2 * (1 + 1e-5) + 1e-7)[inner].all()
 
 
 def test_flat_group_is_exact():
@@ -81,10 +88,14 @@ def test_requantizing_dequantized_q4_1_recovers_its_codes():
 
     q = quantize_int4(w)
     assert torch.equal(q.codes, torch.from_numpy(codes).reshape(n, k))
+    # the file's float16 scales and mins exactly, and so the C++ kernels' packed weight
     assert torch.equal(q.mins.reshape(-1), torch.from_numpy(m.astype(np.float32)))
-    torch.testing.assert_close(
-        q.scales.reshape(-1), torch.from_numpy(d.astype(np.float32)), rtol=1e-6, atol=0
-    )
+    assert torch.equal(q.scales.reshape(-1), torch.from_numpy(d.astype(np.float32)))
+    packed = gguf_cpu.pack_q4_1(*q)
+    assert packed.d.dtype == packed.m.dtype == torch.float16
+    assert torch.equal(packed.d.reshape(-1), torch.from_numpy(d))
+    assert torch.equal(packed.m.reshape(-1), torch.from_numpy(m))
+    assert torch.equal(packed.codes.reshape(-1, 16), torch.from_numpy(raw[:, 4:]))  # GGUF's qs
     torch.testing.assert_close(dequantize_int4(q), w, rtol=0, atol=1e-6)
 
 
@@ -153,3 +164,5 @@ def test_unpackable_shapes_are_rejected():
         Int4Linear(torch.randn(300, 64))
     with pytest.raises(ValueError, match="group size"):
         quantize_int4(torch.randn(16, 48))
+    with pytest.raises(ValueError, match="float16's range"):  # scales and mins are float16
+        quantize_int4(torch.full((16, 32), 1e5))

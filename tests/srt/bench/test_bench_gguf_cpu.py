@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from radixlm.kernels import gguf_cpu
 from radixlm.srt.bench import bench_gguf_cpu
@@ -25,3 +26,17 @@ def test_prints_both_parts_against_a_revision(capsys):
 def test_a_revision_without_the_file_is_an_error():
     with pytest.raises(Exception):  # noqa: B017 (git's error surfaces as CalledProcessError)
         bench_gguf_cpu.library_at("0000000000000000000000000000000000000000")
+
+
+def test_builds_of_the_older_layout_get_float32_scales_and_mins():
+    step = bench_gguf_cpu.Step(hidden=64, inter=96, qkv=96, layers=1, vocab=64)
+
+    class Older:
+        q4_1_layout = 0
+
+    assert step.linears_for(gguf_cpu.library()) is step.linears
+    older = step.linears_for(Older())
+    for (w, n, k), (w32, n32, k32) in zip(step.linears, older, strict=True):
+        assert (n, k) == (n32, k32) and w32.codes is w.codes
+        assert w32.d.dtype == w32.m.dtype == torch.float32
+        assert torch.equal(w32.d, w.d.float()) and torch.equal(w32.m, w.m.float())
