@@ -66,8 +66,8 @@ def wait_for(url: str, running: int, waiting: int) -> None:
 LONG_TOKENS = 100
 
 
-def test_full_queue_503s_and_a_high_priority_request_overtakes(shared_server) -> None:
-    url = shared_server(*ARGS).url
+def test_full_queue_503s_and_a_high_priority_request_overtakes(start_server) -> None:
+    url = start_server(*ARGS).url  # its own: no other module serves this configuration
     long = Call(url, "/generate", gen(LONG_TOKENS, priority=0))
     wait_for(url, running=1, waiting=0)
     queued = []
