@@ -67,12 +67,13 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def traced(shared_server, receiver, tmp_path_factory):
+def traced(start_server, receiver, tmp_path_factory):
+    """The module's own server (its trace endpoint and dump folder are the module's)."""
     dump_dir = tmp_path_factory.mktemp("dump")
     old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # the children export within 0.1 s
     try:
-        server = shared_server(
+        server = start_server(
             "--max-total-tokens", 8192, "--enable-trace", "--dump-requests-dir", dump_dir,
             "--otlp-traces-endpoint", f"127.0.0.1:{receiver.server_address[1]}",
         )  # fmt: skip

@@ -210,6 +210,9 @@ def test_abort_while_speculating(tiny_llama_dir):
     assert s.server_info()["speculative"]["num_accepted_tokens"] > 0
 
 
+QUALIFYING_SEED = {"one-hot": 50, "prob": 32}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["one-hot", "prob"])
 def test_seeded_sampled_requests_are_reproducible(varied_llama_dir, tokenizer, drafter_kind):
@@ -235,8 +238,10 @@ def test_seeded_sampled_requests_are_reproducible(varied_llama_dir, tokenizer, d
 
     # a seed under which request q0 (T = 0.03) follows its greedy path for a while: whether
     # it does depends on its first draws (this model has near-ties); the search is the same
-    # every run, and about one seed in five qualifies for either drafter
-    for seed in range(5, 65, 3):
+    # every run, and about one seed in five qualifies for either drafter. It starts at the
+    # seed it found on the 2-core machine (each try is a scheduler run: the whole search took
+    # 16 and 10 of them), then tries the rest in order
+    for seed in [QUALIFYING_SEED[drafter_kind], *range(5, 65, 3)]:
         first, info = run(seed)
         if info["num_accepted_tokens"] > 5:
             break

@@ -49,11 +49,12 @@ def write_tiny_gpt_oss(path, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def server(shared_server, tmp_path_factory, default_model_dir):
+def server(start_server, tmp_path_factory, default_model_dir):
+    """The module's own server: no other module serves its model."""
     path = write_tiny_gpt_oss(
         tmp_path_factory.mktemp("tiny-gpt-oss"), format_tokenizer(default_model_dir, "gpt-oss")
     )
-    return shared_server(
+    return start_server(
         "--model-path", path, "--max-total-tokens", 4096, "--reasoning-parser", "gpt-oss"
     )
 

@@ -15,6 +15,8 @@ import pytest
 from format_templates import format_tokenizer
 from tool_util import ASK, SCHEMAS, TOOLS, WEATHER, assert_healthy, strict_client
 
+from radixlm.srt.server.process.server_process import ServerProcess
+
 pytestmark = pytest.mark.slow
 
 MARKERS = {"qwen3_coder": "<function=get_", "mistral": "[TOOL_CALLS]", "pythonic": "[get_"}
@@ -26,14 +28,19 @@ def fmt(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(fmt, shared_server, tmp_path_factory, default_model_dir, tiny_model_writer):
+def server(fmt, tmp_path_factory, default_model_dir, tiny_model_writer):
+    """The format's own server (no other module serves its model), stopped when the format's
+    tests are done: the session's shared servers stay as they are."""
     path = tiny_model_writer(
         tmp_path_factory.mktemp(f"tiny-{fmt}"),
         format_tokenizer(default_model_dir, fmt),
         architecture="qwen2",
         max_position_embeddings=4096,
     )
-    return shared_server("--model-path", path, "--max-total-tokens", 4096)
+    log = tmp_path_factory.mktemp(f"server-{fmt}") / "server.log"
+    args = ["--model-path", str(path), "--max-total-tokens", "4096"]
+    with ServerProcess(args, log_path=log) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

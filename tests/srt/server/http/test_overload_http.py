@@ -60,9 +60,15 @@ def wait_for(url: str, running: int, waiting: int) -> None:
         time.sleep(0.05)
 
 
-def test_full_queue_503s_and_a_high_priority_request_overtakes(shared_server) -> None:
-    url = shared_server(*ARGS).url
-    long = Call(url, "/generate", gen(200, priority=0))
+# the running request's length: it must still be decoding when the high-priority request comes
+# (about 1.5 s after it started, some 20 tokens on the 2-core machine) and its whole decode is
+# most of the test's time (200 tokens: 16 s of the 30)
+LONG_TOKENS = 100
+
+
+def test_full_queue_503s_and_a_high_priority_request_overtakes(start_server) -> None:
+    url = start_server(*ARGS).url  # its own: no other module serves this configuration
+    long = Call(url, "/generate", gen(LONG_TOKENS, priority=0))
     wait_for(url, running=1, waiting=0)
     queued = []
     for n in (1, 2):  # one after the other: the second is the newest
@@ -93,7 +99,7 @@ def test_full_queue_503s_and_a_high_priority_request_overtakes(shared_server) ->
     assert queued[1].response.json()["error"]["message"] == PUSHED_OUT
     assert queued[0].response.status_code == 200
     assert long.response.status_code == 200
-    assert long.response.json()["meta_info"]["completion_tokens"] == 200
+    assert long.response.json()["meta_info"]["completion_tokens"] == LONG_TOKENS
     assert high.done_at < queued[0].done_at and high.done_at < long.done_at
 
     deadline = time.monotonic() + 30

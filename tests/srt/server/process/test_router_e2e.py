@@ -39,12 +39,16 @@ ROUTING_KEY = {"x-smg-routing-key": "user-42"}
 
 @pytest.fixture(scope="module")
 def workers(tiny_llama_dir, tmp_path_factory) -> Iterator[list[ServerProcess]]:
+    """Both workers, started at once (each start waits mostly on its own children)."""
     args = ["--model-path", str(tiny_llama_dir), "--device", "cpu", "--max-total-tokens", "4096"]
-    started: list[ServerProcess] = []
+    logs = [tmp_path_factory.mktemp(f"worker{i}") / "server.log" for i in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(ServerProcess, args, log_path=log) for log in logs]
+    started = [s.result() for s in starts if s.exception() is None]
     try:
-        for i in range(2):
-            log = tmp_path_factory.mktemp(f"worker{i}") / "server.log"
-            started.append(ServerProcess(args, log_path=log))
+        for s in starts:
+            if s.exception() is not None:
+                raise s.exception()
         yield started
     finally:
         for w in started:
