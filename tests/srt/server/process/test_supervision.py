@@ -30,39 +30,17 @@ LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 HEALTH_GENERATE_TIMEOUT_S = 6.0  # the servers' RADIXLM_HEALTH_CHECK_TIMEOUT (20 s by default)
 
 
-# a server a test left serving and healthy (the stopped-and-resumed scheduler's), which the next
-# test that asks for one takes instead of starting another; stopped at the module's end if none
-# did
-_HANDED_OVER: list[ServerProcess] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_handed_over() -> Iterator[None]:
-    yield
-    while _HANDED_OVER:
-        stop_server(_HANDED_OVER.pop())
-
-
 @pytest.fixture
 def server(
     tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[ServerProcess]:
-    if _HANDED_OVER:
-        s = _HANDED_OVER.pop()
-    else:
-        monkeypatch.setenv("RADIXLM_HEALTH_CHECK_TIMEOUT", str(HEALTH_GENERATE_TIMEOUT_S))
-        log = tmp_path / "server.log"
-        s = ServerProcess(
-            ["--model-path", str(tiny_llama_dir), "--max-total-tokens", "4096"], log_path=log
-        )
-        s.log_path = log  # type: ignore[attr-defined]
-        s.children = psutil.Process(s.pid).children(recursive=True)  # type: ignore[attr-defined]
+    monkeypatch.setenv("RADIXLM_HEALTH_CHECK_TIMEOUT", str(HEALTH_GENERATE_TIMEOUT_S))
+    s = ServerProcess(
+        ["--model-path", str(tiny_llama_dir), "--max-total-tokens", "4096"],
+        log_path=tmp_path / "server.log",
+    )
+    s.children = psutil.Process(s.pid).children(recursive=True)  # type: ignore[attr-defined]
     yield s
-    if s not in _HANDED_OVER:
-        stop_server(s)
-
-
-def stop_server(s: ServerProcess) -> None:
     s.stop(signal.SIGKILL)
     for child in s.children:  # type: ignore[attr-defined]
         if child.is_running():
@@ -87,8 +65,8 @@ def assert_no_child_left(server: ServerProcess) -> None:
     raise AssertionError(f"children left running: {alive}")
 
 
-def log_text(server: ServerProcess) -> str:
-    return server.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+def log_text(tmp_path: Path) -> str:
+    return (tmp_path / "server.log").read_text(errors="replace")
 
 
 class Stream(threading.Thread):
@@ -151,7 +129,9 @@ def exit_code_within(server: ServerProcess, timeout_s: float) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["radixlm-sched", "radixlm-detok"])
-def test_killed_child_fails_requests_and_exits(server: ServerProcess, victim: str) -> None:
+def test_killed_child_fails_requests_and_exits(
+    server: ServerProcess, tmp_path: Path, victim: str
+) -> None:
     stream, call = Stream(server, LONG), Call(server, LONG)
     assert stream.started.wait(60), stream.error
     wait_running(server, 2)
@@ -170,7 +150,7 @@ def test_killed_child_fails_requests_and_exits(server: ServerProcess, victim: st
     assert exit_code_within(server, 15) == EXIT_WORKER_DIED
     assert time.monotonic() - t0 < 15
     assert_no_child_left(server)
-    assert "exit code -9" in log_text(server)
+    assert "exit code -9" in log_text(tmp_path)
 
 
 @pytest.mark.slow
@@ -195,12 +175,14 @@ def test_stopped_scheduler_turns_health_503_then_recovers(server: ServerProcess)
     assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200
     info = httpx.get(server.url + "/server_info", timeout=10).json()
     assert info.get("num_inflight_requests", 0) == 0  # the timed-out probe left no state
-    _HANDED_OVER.append(server)  # recovered: the next test's server (its SIGTERM exits 0)
+    assert server.stop(signal.SIGTERM) == 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("to_children", [False, True], ids=["server", "whole-group"])
-def test_sigterm_drains_in_flight_then_exits_zero(server: ServerProcess, to_children: bool) -> None:
+def test_sigterm_drains_in_flight_then_exits_zero(
+    server: ServerProcess, tmp_path: Path, to_children: bool
+) -> None:
     """SIGTERM to the server alone (Kubernetes, docker) or to every process of the server, as
     systemd's default KillMode=control-group does (the children then exit 0 while draining)."""
     # long enough that the drain is still running when /health is asked (40 tokens of the tiny
@@ -225,11 +207,11 @@ def test_sigterm_drains_in_flight_then_exits_zero(server: ServerProcess, to_chil
     assert stream.events[-1] == "[DONE]"
     assert json.loads(stream.events[-2])["meta_info"]["finish_reason"]["type"] == "length"
     assert_no_child_left(server)
-    assert "draining 2 request(s)" in log_text(server)
+    assert "draining 2 request(s)" in log_text(tmp_path)
 
 
 @pytest.mark.slow
-def test_second_sigterm_ends_the_drain_with_503(server: ServerProcess) -> None:
+def test_second_sigterm_ends_the_drain_with_503(server: ServerProcess, tmp_path: Path) -> None:
     call = Call(server, LONG)
     wait_running(server, 1)
     server.proc.send_signal(signal.SIGTERM)
@@ -244,7 +226,7 @@ def test_second_sigterm_ends_the_drain_with_503(server: ServerProcess) -> None:
     assert_no_child_left(server)
     # the scheduler was told to drop the request, so it exits on SIGTERM instead of generating
     # on until CHILD_STOP_TIMEOUT_S and being killed
-    assert "did not stop in time" not in log_text(server)
+    assert "did not stop in time" not in log_text(tmp_path)
 
 
 def _beat_then_sleep(path: str) -> None:
