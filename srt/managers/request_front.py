@@ -280,6 +280,9 @@ class RequestFront:
     def _log_finished(self, state: ReqState) -> None:
         req, r = state.req, state.result
         log = self.request_log
+        prompt = None
+        if log.level >= 2:  # the text, or the ids a request sent instead
+            prompt = req.inp.text if req.inp.text is not None else list(req.msg.input_ids)
         log.write(
             log.record(
                 req.client_rid,
@@ -289,7 +292,7 @@ class RequestFront:
                 r.completion_tokens,
                 time.perf_counter() - state.created_s,
                 params=req.params,
-                prompt=req.inp.text if req.inp.text is not None else list(req.msg.input_ids),
+                prompt=prompt,
                 output=r.text,
             )
         )

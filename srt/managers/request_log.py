@@ -45,8 +45,14 @@ class RequestLog:
                 self._streams.append(sys.stdout)
             else:
                 folder = Path(target)
-                folder.mkdir(parents=True, exist_ok=True)
-                f = open(folder / FILE_NAME, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    f = open(folder / FILE_NAME, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+                except OSError as e:
+                    self.close()
+                    raise ValueError(
+                        f"log_requests_target {target!r}: cannot append to {FILE_NAME} there ({e})"
+                    ) from e
                 self._files.append(f)
                 self._streams.append(f)
 

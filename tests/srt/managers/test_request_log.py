@@ -53,7 +53,7 @@ def test_text_and_json_lines_to_stdout_and_folders(tmp_path, capsys):
     assert text.record("r", None, 1, 0, 0, 0.0)["finish_reason"] is None
 
 
-def test_options_and_bad_values():
+def test_options_and_bad_values(tmp_path):
     cfg = config_from_kwargs(log_requests=True, log_requests_target="stdout")
     assert cfg.log_requests_target == ("stdout",) and cfg.log_requests_level == 0
     assert RequestLog.from_config(config_from_kwargs()) is None
@@ -61,3 +61,7 @@ def test_options_and_bad_values():
         config_from_kwargs(log_requests_level=4)
     with pytest.raises(ValueError, match="log_requests_format"):
         config_from_kwargs(log_requests_format="xml")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="log_requests_target .*cannot append"):
+        RequestLog(0, "text", ("stdout", str(blocker / "logs")))
