@@ -210,53 +210,38 @@ class FlashInferAttentionBackend(AttentionBackend):
             if cap:
                 common["logits_soft_cap"] = cap
             parts = []
-            if n:
-                if fb.mode.is_decode:
-                    wrapper = (
-                        self._graph_wrapper(fb.batch_size, variant)
-                        if for_cuda_graph
-                        else self._decode_wrappers[variant]
-                    )
-                    self._wait_for_last_plan(wrapper)
-                    wrapper.plan(
-                        head.kv_indptr, head.kv_indices, head.last_page_len, *dims, **common
-                    )
-                else:
-                    wrapper = self._prefill_wrappers[variant]
-                    self._wait_for_last_plan(wrapper)
-                    wrapper.plan(
-                        _indptr(fb.extend_lens_cpu[:n]),
-                        head.kv_indptr,
-                        head.kv_indices,
-                        head.last_page_len,
-                        *dims,
-                        causal=True,
-                        **common,
-                    )
-                self._record_plan(wrapper)
-                parts.append(wrapper)
+            if n and fb.mode.is_decode:
+                wrapper = (
+                    self._graph_wrapper(fb.batch_size, variant)
+                    if for_cuda_graph
+                    else self._decode_wrappers[variant]
+                )
+                parts.append(self._plan_on(wrapper, head, *dims, **common))
+            elif n:
+                qo_indptr = _indptr(fb.extend_lens_cpu[:n])
+                wrapper = self._prefill_wrappers[variant]
+                parts.append(self._plan_on(wrapper, head, *dims, qo=qo_indptr, **common))
             if tail is not None:
-                wrapper = self._decode_wrappers[variant]
-                self._wait_for_last_plan(wrapper)
-                wrapper.plan(tail.kv_indptr, tail.kv_indices, tail.last_page_len, *dims, **common)
-                self._record_plan(wrapper)
-                parts.append(wrapper)
+                parts.append(self._plan_on(self._decode_wrappers[variant], tail, *dims, **common))
             self._active[variant] = parts
 
-    def _wait_for_last_plan(self, wrapper) -> None:
-        """Blocks until the device has copied ``wrapper``'s previous plan out of its host
-        buffer, which the next ``plan`` overwrites."""
+    def _plan_on(self, wrapper, table: _PageTable, *dims, qo: torch.Tensor | None = None, **kw):
+        """Plans ``wrapper`` (prefill when ``qo`` gives the query rows' indptr, else decode)
+        over ``table``, once the device has copied its previous plan out of the host buffer
+        this one overwrites; records the event the next plan of it waits for."""
         event = self._planned.get(id(wrapper))
         if event is not None:
             event.synchronize()
-
-    def _record_plan(self, wrapper) -> None:
-        if torch.cuda.is_current_stream_capturing():
-            return  # planned outside any graph; nothing to order inside one
-        event = self._planned.get(id(wrapper))
-        if event is None:
-            event = self._planned[id(wrapper)] = torch.cuda.Event()
-        event.record()
+        pages = (table.kv_indptr, table.kv_indices, table.last_page_len)
+        if qo is None:
+            wrapper.plan(*pages, *dims, **kw)
+        else:
+            wrapper.plan(qo, *pages, *dims, causal=True, **kw)
+        if not torch.cuda.is_current_stream_capturing():  # plans run outside graphs anyway
+            if event is None:
+                event = self._planned[id(wrapper)] = torch.cuda.Event()
+            event.record()
+        return wrapper
 
     def forward(self, q, k, v, layer: AttentionLayer, fb) -> torch.Tensor:
         self._check_layer(layer)

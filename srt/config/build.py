@@ -72,7 +72,7 @@ def _apply_aliases(options: dict[str, Any]) -> dict[str, Any]:
     for name, ours in (("hicache_io_backend", "direct"), ("hicache_mem_layout", "layer_first")):
         if out.get(name) not in (None, ours):
             logger.warning(
-                "%s %s is taken as %s, the one this server has (docs/operations/production.md)",
+                "%s %s is taken as %s, the one this server has (docs/operations/hicache.md)",
                 name,
                 out[name],
                 ours,
