@@ -69,6 +69,7 @@ for s in "$@"; do
     gemvt) section gemvt 200 $PYTEST tests/kernels/test_gemv.py tests/srt/engine/test_gpu_streaming_layers.py ;;
     wu) section wu 150 $PYTEST tests/srt/engine/test_gpu_weight_update.py ;;
     ktest) section ktest 300 $PYTEST -m gpu tests/kernels ;;
+    attntest) section attntest 400 $PYTEST -m gpu ${ATTNTEST_K:+-k "$ATTNTEST_K"} tests/kernels/test_attention_backends.py ;;
     etest) section etest 300 $PYTEST -m gpu tests/srt ;;
     gemm) section gemm 150 python3 -m radixlm.srt.bench.gemm_blas --batch-sizes 1,2,4 --json "$RESULTS/gemm.json" ;;
     sweep) section sweep 200 python3 -m radixlm.srt.bench.gemm_blas --batch-sizes 1 --sweep --json "$RESULTS/sweep.json" ;;
@@ -113,15 +114,32 @@ for s in "$@"; do
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     # the same serving run on the triton and the flashinfer attention backends (SERVEATTN_RATES,
-    # default 12,32), each with the step timeline; one comparison table. ~150 s a backend.
+    # default 12,32), each with the step timeline; one comparison table. ~150 s a variant.
+    # SERVEATTN_VARIANTS picks among triton, flashinfer (its defaults: mixed steps), fialone
+    # (flashinfer, chunks alone), fimixed (flashinfer, mixed steps asked for) and fispf
+    # (flashinfer, shortest prompt first).
     serveattn)
       rm -f "$RESULTS/serveattn.jsonl"
-      for b in triton flashinfer; do
-        section "serveattn-$b" 200 $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
-          --attention-backend $b --label "$b" --output-file "$RESULTS/serveattn.jsonl" \
-          --step-timeline "$RESULTS/steps-attn-$b.jsonl"
+      for v in ${SERVEATTN_VARIANTS:-triton flashinfer}; do
+        case $v in
+          triton) flags="--attention-backend triton" ;;
+          flashinfer) flags="--attention-backend flashinfer" ;;
+          fialone) flags="--attention-backend flashinfer --disable-mixed-chunk" ;;
+          fimixed) flags="--attention-backend flashinfer --enable-mixed-chunk" ;;
+          fispf) flags="--attention-backend flashinfer --schedule-policy spf" ;;
+          *) echo "unknown serveattn variant $v"; continue ;;
+        esac
+        section "serveattn-$v" 200 $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
+          $flags --label "$v" --output-file "$RESULTS/serveattn.jsonl" \
+          --step-timeline "$RESULTS/steps-attn-$v.jsonl"
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/serveattn.jsonl" | tee "$RESULTS/serveattn.txt" ;;
+    # the parts a serving run is priced at (step_timeline.py --prefill-tok-s --decode-ms): the
+    # full-chunk prefill rate and decode steps at the batch sizes serving runs use, with prompts
+    # of PARTS_INPUT_LEN (default 2048) tokens, on PARTS_BACKEND (default flashinfer)
+    parts) section parts 300 python3 -m radixlm.srt.bench.bench_gpu --sections calib,decode,prefill \
+      --backends "${PARTS_BACKEND:-flashinfer}" --graphs on --overlap on --batch-sizes "${PARTS_BATCHES:-16,48,128,200}" \
+      --input-len "${PARTS_INPUT_LEN:-2048}" --output-len 64 --json "$RESULTS/parts.json" ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
     # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;

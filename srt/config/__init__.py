@@ -52,8 +52,10 @@ from radixlm.srt.config.options import (
 from radixlm.srt.config.startup import (
     CPU_DEFAULT_CHUNK,
     GPU_DEFAULT_CHUNK,
+    MIXED_CHUNK_BY_BACKEND,
     MIXED_CHUNK_BY_DEVICE,
     describe,
+    mixed_by_default,
     resolve,
 )
 from radixlm.srt.config.validation import read_chat_template, read_kv_scales_file, validate
@@ -73,6 +75,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "KV_CACHE_SCALE_MODES",
     "LOOPBACK_HOSTS",
+    "MIXED_CHUNK_BY_BACKEND",
     "MIXED_CHUNK_BY_DEVICE",
     "OPEN_PATHS",
     "OPTION_ALIASES",
@@ -97,4 +100,5 @@ __all__ = [
     "split_list",
     "torch_profiler_dir",
     "validate",
+    "mixed_by_default",
 ]

@@ -201,10 +201,14 @@ class ServerConfig:
         "split prompts longer than this into chunks (-1: off; default: on, sized per device)",
     )
     enable_mixed_chunk: bool = _opt(
-        False, "run prefill chunks together with the running decodes (default on a CPU only)"
+        False,
+        "run prefill chunks together with the running decodes (default on a CPU, and on a GPU "
+        "with the flashinfer attention backend)",
     )
     disable_mixed_chunk: bool = _opt(
-        False, "run prefill chunks alone, without the running decodes (default on a GPU)"
+        False,
+        "run prefill chunks alone, without the running decodes (default on a GPU with the "
+        "triton attention backend)",
     )
     mixed_chunk_size: int | None = _opt(
         None,

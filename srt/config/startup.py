@@ -18,20 +18,27 @@ from radixlm.srt.config.options import HICACHE_PAGE_SIZE, SECRET_FIELDS, ServerC
 # (15 s unchunked), prefilling within 7% of 1,024 or 2,048 (docs/results/serving.md).
 GPU_DEFAULT_CHUNK = 8192
 CPU_DEFAULT_CHUNK = 512
-# Mixed steps (a chunk together with the running requests' decode tokens) by device, unless
-# --enable-mixed-chunk / --disable-mixed-chunk says. CPU: on (the decode gap behind an 8K prompt
-# is 1.8 s mixed, 17.6 s with 2,048-token chunks alone). GPU: off, as SGLang's default: on an
-# H100 serving the 8B shape (docs/results/serving.md) mixed 8,192-token chunks gave 2.37 req/s of
-# goodput at 16 req/s against 6.45 with the chunks alone and 6.42 unchunked (TTFT p50 1,150 vs
-# 119 ms), and no better TPOT or ITL p99. The scheduler admits as much per mixed step
-# (srt/bench/serving_sim.py), so that is a device cost of mixed steps: at 8 req/s on an H100
-# (2026-12-07, gpu_runs.sh servemix) mixed steps prefilled at 25.8k tok/s against 38.1k alone,
-# goodput level with chunks alone (5.90 vs 5.65 req/s) and 50 ms bounded steps worse (4.61);
+# Mixed steps (a chunk together with the running requests' decode tokens) by device and attention
+# backend, unless --enable-mixed-chunk / --disable-mixed-chunk says. CPU: on (the decode gap
+# behind an 8K prompt is 1.8 s mixed, 17.6 s with 2,048-token chunks alone). GPU with FlashInfer
+# (the GPU default): on, since its mixed steps send their one-token rows to the decode kernel
+# (attention 1.05x a prefill-only step's at 8,192 tokens): on an H100 serving the 8B shape
+# (2026-12-07, gpu_runs.sh serveattn, docs/results/serving.md) mixed steps met the SLO for 90% of
+# requests at 12 req/s against 85% with chunks alone, TPOT p99 108 ms against 211. GPU with
+# Triton: off, as SGLang's default: its mixed steps prefilled at 25.8k tok/s against 38.1k alone
+# and at 12 req/s met the SLO for 56% against 76% (gpu_runs.sh servemix).
 # --mixed-chunk-size / --mixed-step-target-ms turn bounded mixed steps on.
 MIXED_CHUNK_BY_DEVICE = {"cpu": True, "cuda": False}
+MIXED_CHUNK_BY_BACKEND = {("cuda", "flashinfer"): True}
 
 # under the package's name (radixlm.srt.config), the one logger of the config
 logger = logging.getLogger(__package__)
+
+
+def mixed_by_default(device_type: str, backend: str) -> bool:
+    """Whether prefill chunks share steps with the running decodes when no flag says."""
+    default = MIXED_CHUNK_BY_DEVICE.get(device_type, True)
+    return MIXED_CHUNK_BY_BACKEND.get((device_type, backend), default)
 
 
 def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
@@ -64,8 +71,7 @@ def resolve(cfg: ServerConfig, *, head_dim: int | None = None) -> ServerConfig:
         chunk = GPU_DEFAULT_CHUNK if torch_device.type == "cuda" else CPU_DEFAULT_CHUNK
     capped = cfg.mixed_chunk_size is not None or cfg.mixed_step_target_ms is not None
     mixed = cfg.enable_mixed_chunk or (
-        not cfg.disable_mixed_chunk
-        and (capped or MIXED_CHUNK_BY_DEVICE.get(torch_device.type, True))
+        not cfg.disable_mixed_chunk and (capped or mixed_by_default(torch_device.type, backend))
     )
     resolved = cfg.replace(
         device=device,

@@ -10,6 +10,8 @@ appends one JSON line:
 - ``idle_s``: host time since the previous step returned (the loop read messages, or had
   nothing to do: a device without a batch queued);
 - ``decode_rows``: running requests that computed their next token in this step;
+- ``decode_context``: the tokens those rows attend to (their KV in the cache plus the new ones),
+  what a decode step reads besides the weights;
 - ``prefill_tokens`` / ``prefill_reqs``: new prompt tokens computed and the requests they
   belong to (a chunk counts its tokens);
 - ``waiting`` / ``running``: queue lengths after the step was scheduled;
@@ -74,15 +76,17 @@ class FileTimeline(StepTimeline):
             self.record = None  # a step without a batch (reports only) is not recorded
             return
         running = {id(r) for r in sched.running}
-        decode_rows = prefill_tokens = prefill_reqs = 0
-        for req, ext in zip(batch.reqs, batch.extend_lens, strict=True):
+        decode_rows = decode_context = prefill_tokens = prefill_reqs = 0
+        for req, start, ext in zip(batch.reqs, batch.starts, batch.extend_lens, strict=True):
             if id(req) in running:  # a running request's next token (and any forced ones)
                 decode_rows += 1
+                decode_context += start + ext
             else:
                 prefill_tokens += ext
                 prefill_reqs += 1
         self.record.update(
             decode_rows=decode_rows,
+            decode_context=decode_context,
             prefill_tokens=prefill_tokens,
             prefill_reqs=prefill_reqs,
             waiting=len(sched.waiting),

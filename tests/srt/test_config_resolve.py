@@ -52,11 +52,15 @@ def test_resolve_on_cpu_picks_the_cpu_backend_float32_and_keeps_explicit_values(
 
 
 def test_mixed_chunks_follow_the_device_unless_told(monkeypatch):
-    """Mixed prefill+decode steps: on by default on a CPU, off on a GPU (measured:
-    docs/results/serving.md); --enable-mixed-chunk / --disable-mixed-chunk override either way."""
+    """Mixed prefill+decode steps: on by default on a CPU and on a GPU with FlashInfer, off on a
+    GPU with Triton (measured: docs/results/serving.md); --enable-mixed-chunk /
+    --disable-mixed-chunk override either way."""
     from radixlm.srt import config
 
     assert config.MIXED_CHUNK_BY_DEVICE == {"cpu": True, "cuda": False}
+    assert config.mixed_by_default("cuda", "flashinfer") is True
+    assert config.mixed_by_default("cuda", "triton") is False
+    assert config.mixed_by_default("cpu", "cpu") is config.mixed_by_default("cpu", "torch") is True
     assert resolve(ServerConfig(device="cpu")).disable_mixed_chunk is False
     assert resolve(ServerConfig(device="cpu", disable_mixed_chunk=True)).disable_mixed_chunk
     monkeypatch.setitem(config.MIXED_CHUNK_BY_DEVICE, "cpu", False)  # as on a GPU
@@ -66,6 +70,17 @@ def test_mixed_chunks_follow_the_device_unless_told(monkeypatch):
     assert on.disable_mixed_chunk is False and resolve(on) == on
     with pytest.raises(ValueError, match="at most one of enable_mixed_chunk"):
         config_from_kwargs(enable_mixed_chunk=True, disable_mixed_chunk=True)
+    # a backend's own default wins over its device's, and the flags over both
+    monkeypatch.setitem(config.MIXED_CHUNK_BY_DEVICE, "cpu", True)
+    monkeypatch.setitem(config.MIXED_CHUNK_BY_BACKEND, ("cpu", "torch"), False)
+    alone = resolve(ServerConfig(device="cpu", attention_backend="torch"))
+    assert alone.disable_mixed_chunk is True
+    assert (
+        resolve(
+            ServerConfig(device="cpu", attention_backend="torch", enable_mixed_chunk=True)
+        ).disable_mixed_chunk
+        is False
+    )
 
 
 def test_resolve_rejects_a_bad_device():

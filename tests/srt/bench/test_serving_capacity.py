@@ -21,7 +21,12 @@ from radixlm.srt.bench.serving_capacity import (
     ttft_by_priority,
 )
 from radixlm.srt.bench.serving_report import RequestOutput
-from radixlm.srt.bench.step_timeline import read_records, summarize_steps
+from radixlm.srt.bench.step_timeline import (
+    decode_part_ms,
+    read_records,
+    sum_of_parts,
+    summarize_steps,
+)
 from radixlm.srt.scheduler.timeline import FileTimeline, StepTimeline
 
 
@@ -101,8 +106,9 @@ class _Req:
 
 
 class _Batch:
-    def __init__(self, reqs, lens) -> None:
+    def __init__(self, reqs, lens, starts=None) -> None:
         self.reqs, self.extend_lens = reqs, lens
+        self.starts = starts or [0] * len(reqs)
 
 
 def test_timeline_records_each_step_and_the_summary_shares(tmp_path) -> None:
@@ -111,17 +117,23 @@ def test_timeline_records_each_step_and_the_summary_shares(tmp_path) -> None:
     s = _Sched()
     a, b, c = _Req(1), _Req(2), _Req(3)
     s.waiting = [c]
-    steps = [([a], [40], []), ([a, b], [1, 30], [a]), ([a, b], [1, 1], [a, b]), (None, None, [])]
-    for reqs, lens, running in steps:
+    steps = [
+        ([a], [40], [0], []),
+        ([a, b], [1, 30], [40, 0], [a]),
+        ([a, b], [1, 1], [41, 30], [a, b]),
+        (None, None, None, []),
+    ]
+    for reqs, lens, starts, running in steps:
         tl.begin(s)
         s.running = running
-        tl.batch(s, None if reqs is None else _Batch(reqs, lens))
+        tl.batch(s, None if reqs is None else _Batch(reqs, lens, starts))
         if reqs is not None and len(reqs) == 2 and lens == [1, 1]:
             s.num_retractions += 1
         tl.end(s)
     records, offset = read_records(path)
     assert offset == path.stat().st_size and len(records) == 3  # a step without a batch: none
     assert [(r["decode_rows"], r["prefill_tokens"]) for r in records] == [(0, 40), (1, 30), (2, 0)]
+    assert [r["decode_context"] for r in records] == [0, 41, 42 + 31]
     assert records[2]["retractions"] == 1 and records[0]["waiting"] == 1
     summ = summarize_steps(records)
     assert summ["steps"] == 3
@@ -130,12 +142,48 @@ def test_timeline_records_each_step_and_the_summary_shares(tmp_path) -> None:
     assert summ["mean_prefill_tokens"] == 35 and summ["retractions"] == 1
     assert 0 <= summ["idle_share"] < 1
     assert summ["mean_mixed_prefill_tokens"] == summ["max_mixed_prefill_tokens"] == 30
+    assert summ["mean_decode_context"] == (41 + 73) / 3
     times = [dict(r, step_s=t) for r, t in zip(records, (0.5, 1.0, 0.1), strict=True)]
     rates = summarize_steps(times)
     assert (rates["prefill_rate_alone"], rates["prefill_rate_mixed"]) == (80, 30)
     assert rates["mean_mixed_step_ms"] == 1000
     assert read_records(path, offset) == ([], offset)
     assert summarize_steps([]) == {"steps": 0}
+
+
+def test_sum_of_parts_prices_each_step_at_the_measured_speeds() -> None:
+    """A step's part: its prefill tokens at the full-chunk rate plus its decode rows at the time
+    measured for that batch size (linear between sizes, along the end segment beyond them), the
+    context correction in bytes at the bandwidth; the ratio is parts over the span."""
+    measured = {1: 6.0, 64: 12.0, 128: 20.0}
+    assert decode_part_ms(1, measured) == 6.0 and decode_part_ms(96, measured) == 16.0
+    assert decode_part_ms(192, measured) == 28.0  # beyond: the 64-128 slope
+    assert decode_part_ms(0, {8: 5.0}) == 5.0
+    steps = [
+        {"t": 0.0, "step_s": 0.2, "prefill_tokens": 8000, "decode_rows": 0, "decode_context": 0},
+        {
+            "t": 0.2,
+            "step_s": 0.1,
+            "prefill_tokens": 4000,
+            "decode_rows": 64,
+            "decode_context": 64000,
+        },
+        {
+            "t": 0.4,
+            "step_s": 0.1,
+            "prefill_tokens": 0,
+            "decode_rows": 128,
+            "decode_context": 128000,
+        },
+    ]
+    parts = sum_of_parts(steps, 40000.0, measured)
+    assert parts["span_s"] == 0.5
+    assert abs(parts["prefill_part_s"] - 0.3) < 1e-12 and abs(parts["decode_part_s"] - 0.032) < 1e-12
+    assert abs(parts["ratio"] - 0.332 / 0.5) < 1e-12
+    # rows that read 1,000 tokens each where the measurement read 500: 500 more a row at
+    # 1e6 bytes a token over 1,000 GB/s is 0.5 ms more a row
+    more = sum_of_parts(steps, 40000.0, measured, 500, 1e6, 1000.0)
+    assert abs(more["decode_part_s"] - (0.032 + 192 * 0.0005)) < 1e-12
     assert type(StepTimeline()).__name__ == "StepTimeline"  # off: records nothing
 
 
