@@ -11,8 +11,10 @@ thread holds up on a busy machine). This kernel runs every layer of a decode bat
     add + final RMSNorm, the Q8_0 LM head (int4 mode's, where given)
 
 Stages: the GEMVs (in chunks of 32 output rows), the attention's (request, KV head) items, the
-final norm's rows and the head's rows (chunks of 512) are taken chunk by chunk from a counter
-by whichever thread is running, once the stage before is complete; the norms (and silu * mul
+final norm's rows and the head's rows (chunks of 512) are taken chunk by chunk by whichever
+thread is running, once the stage before is complete: each thread first the chunks of its own
+region of the stage (its share, in order: one stream of weight rows), then any left in the
+others' regions; the norms (and silu * mul
 of 1-2 rows) that feed a GEMV run in each thread that takes a chunk of it, on its own copy (as
 does the activations' int8 quantisation); silu * mul of more rows is a stage of its own. So
 there are no barriers: a thread the OS has descheduled holds the others up only while it holds
@@ -110,12 +112,17 @@ struct Dims {
 };
 
 // The step is a sequence of stages (5 or 6 per layer, then the final norm), each cut into chunks
-// (GEMV output rows, attention items, rows) that any thread takes from a counter once the
-// stage before is complete. A thread the OS has descheduled holds the others up only while it
-// holds a chunk (an OpenMP barrier per stage would wait for it at every stage).
+// (GEMV output rows, attention items, rows) that any thread takes once the stage before is
+// complete. A thread the OS has descheduled holds the others up only while it holds a chunk (an
+// OpenMP barrier per stage would wait for it at every stage). The chunks of a stage are split
+// into one region per thread, each with its own counter: a thread takes the chunks of its own
+// region first, in order, so its weight rows are one stream the prefetchers follow, then those
+// left in the others' regions.
 struct alignas(64) Stage {
-  std::atomic<int64_t> taken{0};
   std::atomic<int64_t> done{0};
+};
+struct alignas(64) Region {
+  std::atomic<int64_t> taken{0};  // chunks of the region handed out
 };
 
 constexpr int64_t GEMV_CHUNK = 32;  // output rows per chunk
@@ -146,12 +153,15 @@ struct Shared {
   Head head;
   float* logits;  // [B, vocab]
   Stage* stages;
+  Region* regions;  // [stages, threads]
+  int threads;  // regions a stage has (the threads asked for; the team may be smaller)
 };
 
 // one thread's walk through the stages; `own_sum` and `own` are its private rows
 class Walker {
  public:
-  Walker(const Shared& sh, float* own_sum, float* own) : sh_(sh), own_sum_(own_sum), own_(own) {}
+  Walker(const Shared& sh, float* own_sum, float* own, int me)
+      : sh_(sh), own_sum_(own_sum), own_(own), me_(me % sh.threads) {}
 
   void run() {
     const Dims& dm = *sh_.dims;
@@ -194,11 +204,17 @@ class Walker {
     if (next_ > 0) wait(sh_.stages[next_ - 1], last_chunks_);
     Stage& st = sh_.stages[next_];
     bool ready = false;
-    for (int64_t c; (c = st.taken.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      if (!ready) prepare();
-      work(c, !ready);
-      ready = true;
-      st.done.fetch_add(1, std::memory_order_release);
+    const int T = sh_.threads;
+    for (int k = 0; k < T; ++k) {  // the own region first, then the others'
+      const int r = (me_ + k) % T;
+      const int64_t first = chunks * r / T, end = chunks * (r + 1) / T;
+      Region& region = sh_.regions[next_ * T + r];
+      for (int64_t c; (c = first + region.taken.fetch_add(1, std::memory_order_relaxed)) < end;) {
+        if (!ready) prepare();
+        work(c, !ready);
+        ready = true;
+        st.done.fetch_add(1, std::memory_order_release);
+      }
     }
     ++next_;
     last_chunks_ = chunks;
@@ -249,6 +265,7 @@ class Walker {
   const Shared& sh_;
   float* own_sum_;
   float* own_;
+  int me_;
   int cur_ = 0;
   int64_t next_ = 0;
   int64_t last_chunks_ = 0;
@@ -273,6 +290,7 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
   const int64_t q_size = dims->heads * hd, qkv_size = q_size + 2 * dims->kv_heads * hd;
   const int64_t wide = D > dims->inter ? D : dims->inter;
   std::vector<Stage> stages(6 * num_layers + 2);
+  std::vector<Region> regions(stages.size() * threads);
   Shared sh{};
   sh.f = f;
   sh.layers = layers;
@@ -299,12 +317,15 @@ void decode_step_f32(const Kernels* f, const Layer* layers, int64_t num_layers,
   sh.head = *head;
   sh.logits = logits;
   sh.stages = stages.data();
+  sh.regions = regions.data();
+  sh.threads = threads;
   sh.act = sh.gate_up + B * 2 * dims->inter;
   float* own_base = sh.act + B * dims->inter;
   #pragma omp parallel num_threads(threads)
   {
-    float* own_sum = own_base + omp_get_thread_num() * B * (D + wide);
-    Walker(sh, own_sum, own_sum + B * D).run();
+    const int me = omp_get_thread_num();
+    float* own_sum = own_base + me * B * (D + wide);
+    Walker(sh, own_sum, own_sum + B * D, me).run();
   }
 }
 
