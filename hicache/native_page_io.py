@@ -13,17 +13,18 @@ so files and checksums are the same), and closes it; a write hashes, then ``open
 
 The helper is built by ``kernels.cpu_decode.compile_library`` (cached per source) on first use;
 where it cannot be (no compiler, no XXH3 symbols, ``RADIXLM_NATIVE_PAGE_IO=0``) :func:`get`
-says None, logged once, and ``page_file`` keeps its Python path.
+says None, logged once, and ``page_file`` keeps its Python path (as inside :func:`python_only`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ _P = ctypes.c_void_p
 _lock = threading.Lock()
 _io: NativePageIO | None = None
 _tried = False
+_python_only = 0  # inside python_only() blocks
 
 
 class NativePageIO:
@@ -324,11 +326,24 @@ def _iovecs(blocks: Sequence[memoryview], writable: bool) -> tuple[array, list]:
     return array("Q", flat), keep
 
 
+@contextlib.contextmanager
+def python_only() -> Iterator[None]:
+    """Inside the block :func:`get` says None: page files are read and written in Python (a
+    benchmark comparing the paths)."""
+    global _python_only
+    _python_only += 1
+    try:
+        yield
+    finally:
+        _python_only -= 1
+
+
 def get() -> NativePageIO | None:
-    """The helper, built and loaded on first use; None where it cannot be (logged once)."""
+    """The helper, built and loaded on first use; None where it cannot be (logged once) or
+    inside :func:`python_only`."""
     global _io, _tried
     if _tried:
-        return _io
+        return None if _python_only else _io
     with _lock:
         if not _tried:
             try:
@@ -336,7 +351,7 @@ def get() -> NativePageIO | None:
             except Exception as error:  # a missing symbol, a failed load: keep the Python path
                 logger.warning("hicache: page files are read in Python (%s)", error)
             _tried = True
-    return _io
+    return None if _python_only else _io
 
 
 def _load() -> NativePageIO | None:

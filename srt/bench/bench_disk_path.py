@@ -326,8 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--python-path",
         action="store_true",
-        help="read (and write) page files in Python, not with the native helper "
-        "(RADIXLM_NATIVE_PAGE_IO=0)",
+        help="read (and write) page files in Python, not with the native helper",
     )
     ap.add_argument(
         "--switch-interval-ms",
@@ -337,10 +336,11 @@ def main(argv: list[str] | None = None) -> None:
         "Python's own is 5)",
     )
     args = ap.parse_args(argv)
-    if args.python_path:
-        os.environ["RADIXLM_NATIVE_PAGE_IO"] = "0"  # before the first page file is written
+    from radixlm.hicache import native_page_io
+
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    python_only = native_page_io.python_only() if args.python_path else contextlib.nullcontext()
+    with python_only, tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         store, pool, pages = fill_store(Path(tmp), args)
         raw_read_rate(tmp, args.threads)  # into the page cache
         print(
