@@ -123,12 +123,13 @@ def read_page_into(
     where the native helper is built (``native_page_io``), else in Python; the same results."""
     views = [b if b.format == "B" else b.cast("B") for b in blocks]
     native = native_page_io.get()
-    if native is not None and all(v.c_contiguous and not v.readonly for v in views):
+    if native is not None:
         head = bytearray(HEADER_SIZE + len(token_bytes))
-        expected = len(head) + sum(v.nbytes for v in views)
         tokens = token_bytes if type(token_bytes) is bytes else bytes(token_bytes)
-        got, checksum = native.read(path, head, views, chunk_bytes, tokens)
-        return _is_page(memoryview(head), got, expected, key, tokens, checksum)
+        read = native.read(path, head, views, chunk_bytes, tokens)
+        if read is not None:  # else a read-only block, say: Python's path tells why
+            got, expected, checksum = read
+            return _is_page(memoryview(head), got, expected, key, tokens, checksum)
     return _read_page_python(path, key, token_bytes, views, chunk_bytes)
 
 

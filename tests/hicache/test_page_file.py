@@ -344,3 +344,15 @@ def test_many_threads_read_pages_at_once(tmp_path: Path, chunk_bytes: int) -> No
             results = list(workers.map(read, range(16)))
         assert results == [p != 3 for p in range(16)]
         assert all(into.page_bytes(p) == pool.page_bytes(p) for p in range(16) if p != 3)
+
+
+def test_empty_blocks_are_skipped_and_read_only_ones_refused(tmp_path: Path, io_path: str) -> None:
+    pool, into = make_pool(), make_pool()
+    tokens = encode_token_ids(range(pool.page_size))
+    empty = memoryview(bytearray(0))
+    write_page(tmp_path / "page", KEY, tokens, [empty, *pool.page_blocks(1), empty])
+    assert read_page_into(tmp_path / "page", KEY, tokens, [*into.page_blocks(2), empty])
+    assert into.page_bytes(2) == pool.page_bytes(1)
+    read_only = [memoryview(pool.page_bytes(1))]
+    with pytest.raises(BufferError):  # as os.preadv says, on either path
+        read_page_into(tmp_path / "page", KEY, tokens, read_only)
