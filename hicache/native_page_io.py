@@ -301,7 +301,8 @@ class _State:
             raise MemoryError("XXH3_createState failed")
 
     def __del__(self) -> None:
-        self._free(self.ptr)
+        with contextlib.suppress(Exception):  # at interpreter exit ctypes may be gone
+            self._free(self.ptr)
 
 
 def _iovecs(blocks: Sequence[memoryview], writable: bool) -> tuple[array, list]:
