@@ -42,7 +42,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from radixlm.hicache import page_file
+from radixlm.hicache import native_page_io, page_file
 from radixlm.hicache.page_file import HEADER_SIZE, parse_header
 from radixlm.hicache.page_hash import encode_token_ids, model_fingerprint
 from radixlm.hicache.storage_base import PageStore, PageView, Payload, check_key
@@ -147,6 +147,7 @@ class DiskPageStore(PageStore):
         self._buffers = PageBuffers()
         self._warned: set[str] = set()
         self._is_closed = False
+        native_page_io.get()  # the page file helper built now, not by the first read or write
         self.folder.mkdir(parents=True, exist_ok=True)
         self._write_fingerprint(fields)
         self._rebuild()

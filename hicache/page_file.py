@@ -26,7 +26,10 @@ too long without an ``fstat``), then ``close``; each block is hashed after the r
 blocks, then ``close``. One long system call per page because each gives the GIL up, and a
 reader that gives it up while the scheduler thread runs Python may wait up to the interpreter's
 switch interval (5 ms) to get it back; a checksum update of 64 KiB (one layer of an 8B model's
-page) does not give it up, larger ones do.
+page) does not give it up, larger ones do. So where it can be built, ``native_page_io`` does a
+page's open, reads (or writes), checksum and close in one C call that runs without the GIL (the
+same xxh3_64, the same files); the header's checks stay here. The Python path below is the
+fallback (no compiler, ``RADIXLM_NATIVE_PAGE_IO=0``) and gives the same results.
 
 ``chunk_bytes`` > 0 reads the payload in chunks of that size instead, one ``preadv`` each, each
 hashed right after it is read while it is still in the core's cache (hashing a 2 MiB page after
@@ -44,12 +47,14 @@ from dataclasses import dataclass
 
 import xxhash
 
+from radixlm.hicache import native_page_io
 from radixlm.hicache.storage_base import Payload
 
 MAGIC = b"RLKV"
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<4sHHIQQ16s")
 HEADER_SIZE = HEADER.size  # 44
+CHECKSUM_OFFSET = 20  # of the checksum in the header
 TOKEN_BYTES = 8  # one token id, int64
 IOV_MAX = 1024  # buffers one readv/writev takes at most (POSIX: at least 16; Linux: 1024)
 
@@ -82,13 +87,19 @@ def write_page(
     """Writes a new page file (``O_EXCL``) at ``path`` straight from the payload ``blocks``: the
     checksum first, then the header, the token ids and the blocks with one ``writev`` (unlike
     reads, writing in cache-sized chunks, each hashed just before, measured no faster, and each
-    call is one more GIL hand-off with the scheduler thread)."""
+    call is one more GIL hand-off with the scheduler thread). All in one call without the GIL
+    where the native helper is built (``native_page_io``), else in Python."""
     views = [memoryview(b).cast("B") for b in blocks]
+    payload_len = sum(v.nbytes for v in views)
+    num_tokens = len(token_bytes) // TOKEN_BYTES
+    native = native_page_io.get()
+    if native is not None:
+        head = bytearray(HEADER.pack(MAGIC, FORMAT_VERSION, 0, num_tokens, payload_len, 0, key))
+        native.write(path, head, CHECKSUM_OFFSET, bytes(token_bytes), views)
+        return
     checksum = xxhash.xxh3_64(token_bytes)
     for view in views:
         checksum.update(view)
-    payload_len = sum(v.nbytes for v in views)
-    num_tokens = len(token_bytes) // TOKEN_BYTES
     head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, num_tokens, payload_len, checksum.intdigest(), key)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -108,10 +119,31 @@ def read_page_into(
     order), in one ``preadv`` or (``chunk_bytes`` > 0) in chunks of about that size; True only if
     the file is exactly a page of ``key`` for ``token_bytes`` whose payload fills ``blocks`` and
     whose checksum holds (on False the blocks' contents are undefined). Raises OSError when the
-    file cannot be opened or read."""
+    file cannot be opened or read. The reads and the checksum run in one call without the GIL
+    where the native helper is built (``native_page_io``), else in Python; the same results."""
+    views = [b if b.format == "B" else b.cast("B") for b in blocks]
+    native = native_page_io.get()
+    if native is not None:
+        head = bytearray(HEADER_SIZE + len(token_bytes))
+        tokens = token_bytes if type(token_bytes) is bytes else bytes(token_bytes)
+        read = native.read(path, head, views, chunk_bytes, tokens)
+        if read is not None:  # else a read-only block, say: Python's path tells why
+            got, expected, checksum = read
+            return _is_page(memoryview(head), got, expected, key, tokens, checksum)
+    return _read_page_python(path, key, token_bytes, views, chunk_bytes)
+
+
+def _read_page_python(
+    path: str | os.PathLike,
+    key: bytes,
+    token_bytes: bytes,
+    views: Sequence[memoryview],
+    chunk_bytes: int,
+) -> bool:
+    """``read_page_into`` in Python: a ``preadv`` (or one a chunk), a checksum update a block."""
     head = memoryview(bytearray(HEADER_SIZE + len(token_bytes)))
     past_end = memoryview(bytearray(1))  # filled only if the file is longer than expected
-    parts = chunk_groups([b if b.format == "B" else b.cast("B") for b in blocks], chunk_bytes)
+    parts = chunk_groups(views, chunk_bytes)
     expected = head.nbytes + sum(size for _, size in parts)
     # the file's token ids must equal the caller's (checked below), so the caller's are hashed
     checksum = xxhash.xxh3_64(token_bytes)
@@ -120,9 +152,9 @@ def read_page_into(
     try:
         for i, (part, part_bytes) in enumerate(parts):
             first, last = i == 0, i == len(parts) - 1
-            views = [head, *part] if first else part
+            part_views = [head, *part] if first else part
             want = part_bytes + (head.nbytes if first else 0)
-            n = preadv_into(fd, [*views, past_end] if last else views, got, want)
+            n = preadv_into(fd, [*part_views, past_end] if last else part_views, got, want)
             got += n
             if n < want:
                 return False  # the file ended early
@@ -130,12 +162,20 @@ def read_page_into(
                 checksum.update(view)
     finally:
         os.close(fd)
+    return _is_page(head, got, expected, key, token_bytes, checksum.intdigest())
+
+
+def _is_page(
+    head: memoryview, got: int, expected: int, key: bytes, token_bytes: bytes, checksum: int
+) -> bool:
+    """Whether a read of ``got`` bytes (``expected`` if the file had the page's size), whose
+    header and token ids are ``head`` and whose checksum came to ``checksum``, is the page."""
     header = parse_header(head)
     if got != expected or header is None or header.key != key:
-        return False  # longer than expected, or another key's page
+        return False  # shorter or longer than expected, or another key's page
     if header.file_bytes != got or head[HEADER_SIZE:] != token_bytes:
         return False
-    return checksum.intdigest() == header.checksum
+    return checksum == header.checksum
 
 
 def chunk_groups(

@@ -16,7 +16,8 @@ then, with the files in the page cache:
   ends in host pages;
 * ``path``: what a disk hit does at admission: reads submitted to the storage threads
   (``StorageIO.submit_read_into``, verified: header, token ids, checksum), each page's file read
-  by one ``preadv`` straight into the blocks of a reserved host KV pool page;
+  by one ``preadv`` straight into the blocks of a reserved host KV pool page (and hashed) in one
+  call without the GIL, or in Python with ``--python-path``;
 * ``buffered``: what a page read ahead (``prefetch``) costs: read into a recycled buffer, then
   copied into a host pool page (``HostKVPool.write_page_bytes``) and the buffer given back (run
   1 allocates the read buffers, later runs reuse them).
@@ -24,8 +25,9 @@ then, with the files in the page cache:
 Prints bytes/s of each and the path's ratio to the raw read and to ``pool``. ``--phases``
 also splits the path's time on its reader threads (one more path run per repeat): each page's
 wall time in the store's read, the thread's CPU time in it (user and kernel: a read from the
-page cache is CPU work), and of that wall time the ``preadv`` calls and the checksum updates;
-wall time a thread spends off the CPU inside a read is waiting (for the GIL, on a page cache
+page cache is CPU work), and of that wall time the native helper's one call a page (reads and
+checksum without the GIL, ``hicache/native_page_io.py``) or, on the Python path
+(``--python-path``), its ``preadv`` calls and checksum updates; wall time a thread spends off the CPU inside a read is waiting (for the GIL, on a page cache
 that has no free core), not reading. ``--busy-thread``
 runs a thread of pure Python beside every measurement, as the scheduler thread is beside the
 storage threads in a server: a storage thread that gives the GIL up for a system call may then
@@ -226,17 +228,19 @@ def _add(phases: dict, key: str, value: float) -> None:
 @contextlib.contextmanager
 def timed_phases(phases: dict) -> Iterator[None]:
     """Times the disk path's parts into ``phases`` while inside: the store's read per page
-    (``read_wall_s``, ``read_cpu_s``: this thread's CPU time), its ``preadv`` calls
-    (``preadv_s``) and checksum updates (``hash_s``); ``pages``."""
+    (``read_wall_s``, ``read_cpu_s``: this thread's CPU time), and either the native helper's
+    one call a page (``native_s``: open, reads, checksum and close without the GIL) or the
+    Python path's ``preadv`` calls (``preadv_s``) and checksum updates (``hash_s``); ``pages``."""
     from types import SimpleNamespace
 
-    from radixlm.hicache import disk_store, page_file
+    from radixlm.hicache import disk_store, native_page_io, page_file
 
     real_get_into, real_preadv, real_xxhash = (
         disk_store.DiskPageStore.get_into,
         page_file.preadv_into,
         page_file.xxhash,
     )
+    real_native_read = native_page_io.NativePageIO.read
 
     def get_into(self, *args, **kwargs):
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -254,29 +258,41 @@ def timed_phases(phases: dict) -> Iterator[None]:
         finally:
             _add(phases, "preadv_s", time.perf_counter() - t)
 
+    def native_read(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return real_native_read(*args, **kwargs)
+        finally:
+            _add(phases, "native_s", time.perf_counter() - t)
+
     page_file.xxhash = SimpleNamespace(
         xxh3_64=lambda data=b"": _TimedHash(real_xxhash.xxh3_64(data), phases)
     )
     disk_store.DiskPageStore.get_into = get_into
     page_file.preadv_into = preadv_into
+    native_page_io.NativePageIO.read = native_read
     try:
         yield
     finally:
         disk_store.DiskPageStore.get_into = real_get_into
         page_file.preadv_into = real_preadv
         page_file.xxhash = real_xxhash
+        native_page_io.NativePageIO.read = real_native_read
 
 
 def print_phases(phases: dict, wall_s: float, threads: int) -> None:
     n = max(int(phases.get("pages", 0)), 1)
-    us = {
-        k: phases.get(k, 0.0) / n * 1e6 for k in ("read_wall_s", "read_cpu_s", "preadv_s", "hash_s")
-    }
-    rest = us["read_wall_s"] - us["preadv_s"] - us["hash_s"]
+    keys = ("read_wall_s", "read_cpu_s", "preadv_s", "hash_s", "native_s")
+    us = {k: phases.get(k, 0.0) / n * 1e6 for k in keys}
+    rest = us["read_wall_s"] - us["preadv_s"] - us["hash_s"] - us["native_s"]
+    if us["native_s"]:
+        parts = f"native read + checksum (one call, no GIL) {us['native_s']:.0f}"
+    else:
+        parts = f"preadv {us['preadv_s']:.0f}, checksum {us['hash_s']:.0f}"
     print(
         f"     path phases, us a page ({n} pages, {threads} threads, {wall_s:.3f} s): read "
-        f"{us['read_wall_s']:.0f} wall / {us['read_cpu_s']:.0f} CPU; preadv {us['preadv_s']:.0f}, "
-        f"checksum {us['hash_s']:.0f}, the rest {rest:.0f}; off the CPU inside reads "
+        f"{us['read_wall_s']:.0f} wall / {us['read_cpu_s']:.0f} CPU; {parts}, the rest "
+        f"{rest:.0f}; off the CPU inside reads "
         f"{max(us['read_wall_s'] - us['read_cpu_s'], 0.0):.0f}; reader threads busy "
         f"{phases.get('read_wall_s', 0.0) / (wall_s * threads):.0%} of the run"
     )
@@ -308,6 +324,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dir", default=None, help="folder (default: a temp dir, removed after)")
     ap.add_argument("--phases", action="store_true", help="split the path's time (one more run)")
     ap.add_argument(
+        "--python-path",
+        action="store_true",
+        help="read (and write) page files in Python, not with the native helper",
+    )
+    ap.add_argument(
         "--switch-interval-ms",
         type=float,
         default=SWITCH_INTERVAL_S * 1e3,
@@ -315,8 +336,11 @@ def main(argv: list[str] | None = None) -> None:
         "Python's own is 5)",
     )
     args = ap.parse_args(argv)
+    from radixlm.hicache import native_page_io
+
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    python_only = native_page_io.python_only() if args.python_path else contextlib.nullcontext()
+    with python_only, tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         store, pool, pages = fill_store(Path(tmp), args)
         raw_read_rate(tmp, args.threads)  # into the page cache
         print(
@@ -324,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             + (", pinned host pool" if pool.is_pinned else "")
             + (f", read in {args.read_chunk_kib} KiB chunks" if args.read_chunk_kib else "")
             + (", a busy Python thread beside" if args.busy_thread else "")
+            + (", Python path" if args.python_path else "")
             + f", GIL switch interval {args.switch_interval_ms:g} ms"
         )
         print(

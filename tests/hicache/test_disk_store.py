@@ -23,7 +23,7 @@ from faulty_store import (
     truncate_file,
 )
 
-from radixlm.hicache import disk_store, page_file
+from radixlm.hicache import disk_store, native_page_io, page_file
 from radixlm.hicache.disk_store import DiskPageStore
 from radixlm.hicache.page_file import HEADER_SIZE, TOKEN_BYTES
 from radixlm.hicache.page_hash import page_keys
@@ -341,7 +341,8 @@ def test_a_vanished_or_unreadable_file_is_a_read_error(
     def failing_read(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(page_file, "preadv_into", failing_read)
+    monkeypatch.setattr(page_file, "preadv_into", failing_read)  # either path
+    monkeypatch.setattr(native_page_io.NativePageIO, "read", failing_read)
     assert store.get(key2, tokens2) is None
     monkeypatch.undo()
     assert not store.exists(key2) and not store.page_path(key2).exists()

@@ -1,21 +1,46 @@
 """Page files read straight into and written straight from host KV pool pages (hicache.page_file):
 byte-identical round trips in every chunking, every damaged or mis-sized file refused, short
-reads and writes completed."""
+reads and writes completed; each on both paths (the native helper's one GIL-free call, Python's
+preadv and checksum updates), which agree on every file and read each other's."""
 
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from radixlm.hicache import page_file
+from radixlm.hicache import native_page_io, page_file
 from radixlm.hicache.host_pool import HostKVPool
 from radixlm.hicache.page_file import HEADER_SIZE, chunk_groups, read_page_into, write_page
 from radixlm.hicache.page_hash import encode_token_ids
 
 KEY = bytes(range(16))
+
+
+def native_or_skip() -> native_page_io.NativePageIO:
+    native = native_page_io.get()
+    if native is None:
+        pytest.skip("the native page file helper cannot be built here")
+    return native
+
+
+def python_path(monkeypatch) -> None:
+    """``page_file`` takes its Python path from here on (as where the helper cannot be built)."""
+    monkeypatch.setattr(native_page_io, "get", lambda: None)
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def io_path(request, monkeypatch) -> str:
+    """Every test runs on both paths."""
+    if request.param == "native":
+        native_or_skip()
+    else:
+        python_path(monkeypatch)
+    return request.param
 
 
 def make_pool(num_pages: int = 3, page_size: int = 4, layers: int = 5, heads: int = 2):
@@ -163,3 +188,171 @@ def test_a_missing_file_raises_and_an_existing_one_is_not_overwritten(tmp_path: 
     write_page(tmp_path / "page", KEY, tokens, pool.page_blocks(0))
     with pytest.raises(FileExistsError):
         write_page(tmp_path / "page", KEY, tokens, pool.page_blocks(1))
+
+
+# --- the native helper against the Python path ------------------------------------------------
+
+
+def read_both(monkeypatch, path: Path, tokens: bytes, make_blocks, chunk_bytes: int = 0):
+    """(native result, its blocks' bytes), (Python's result, its blocks' bytes) of one read."""
+    native_or_skip()
+    results = []
+    for is_native in (True, False):
+        if not is_native:
+            python_path(monkeypatch)
+        blocks = make_blocks()
+        results.append((read_page_into(path, KEY, tokens, blocks, chunk_bytes), blocks))
+    monkeypatch.undo()
+    return results
+
+
+@pytest.mark.parametrize("io_path", ["native"], indirect=True)
+@pytest.mark.parametrize("damage", [None, *sorted(DAMAGES)])
+@pytest.mark.parametrize("chunk_bytes", [0, 256, 1000])
+def test_native_and_python_paths_agree_on_every_file(
+    tmp_path: Path, monkeypatch, damage: str | None, chunk_bytes: int
+) -> None:
+    pool = make_pool()
+    tokens = encode_token_ids(range(pool.page_size))
+    path = tmp_path / "page"
+    write_page(path, KEY, tokens, pool.page_blocks(1))
+    if damage is not None:
+        DAMAGES[damage](path, path.stat().st_size)
+    zeros = torch.zeros_like(pool.data)
+
+    def make_blocks():
+        into = make_pool()
+        into.data.copy_(zeros)
+        return into.page_blocks(2)
+
+    (native_ok, native_blocks), (python_ok, python_blocks) = read_both(
+        monkeypatch, path, tokens, make_blocks, chunk_bytes
+    )
+    assert native_ok == python_ok == (damage is None)
+    if damage is None:
+        assert b"".join(native_blocks) == b"".join(python_blocks) == pool.page_bytes(1)
+    elif path.stat().st_size == HEADER_SIZE + 8 * pool.page_size + pool.bytes_per_page:
+        # a file of the page's size is read whole by both: the same bytes, refused by the check
+        assert b"".join(native_blocks) == b"".join(python_blocks)
+
+
+@pytest.mark.parametrize("io_path", ["native"], indirect=True)
+def test_native_and_python_paths_agree_on_other_keys_tokens_and_shapes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    pool = make_pool()
+    tokens = encode_token_ids(range(pool.page_size))
+    path = tmp_path / "page"
+    write_page(path, KEY, tokens, pool.page_blocks(1))
+    cases = [
+        (KEY, tokens, lambda: make_pool().page_blocks(0), True),
+        (bytes(16), tokens, lambda: make_pool().page_blocks(0), False),
+        (
+            KEY,
+            encode_token_ids(range(1, pool.page_size + 1)),
+            lambda: make_pool().page_blocks(0),
+            False,
+        ),
+        (KEY, tokens[:-8], lambda: make_pool().page_blocks(0), False),
+        (KEY, tokens, lambda: make_pool(layers=4).page_blocks(0), False),
+        (KEY, tokens, lambda: make_pool(layers=6).page_blocks(0), False),
+        (KEY, tokens, lambda: [memoryview(bytearray(pool.bytes_per_page))], True),  # one buffer
+    ]
+    for key, ids, make_blocks, valid in cases:
+        got = []
+        for is_native in (True, False):
+            if not is_native:
+                python_path(monkeypatch)
+            got.append(read_page_into(path, key, ids, make_blocks()))
+        monkeypatch.undo()
+        assert got == [valid, valid]
+
+
+@pytest.mark.parametrize("io_path", ["native"], indirect=True)
+def test_either_path_reads_the_others_files_byte_identical(tmp_path: Path, monkeypatch) -> None:
+    pool = make_pool()
+    tokens = encode_token_ids(range(pool.page_size))
+    write_page(tmp_path / "native", KEY, tokens, pool.page_blocks(1))
+    write_page(tmp_path / "from_bytes", KEY, tokens, [pool.page_bytes(1)])  # read-only blocks
+    python_path(monkeypatch)
+    write_page(tmp_path / "python", KEY, tokens, pool.page_blocks(1))
+    data = (tmp_path / "python").read_bytes()
+    assert (tmp_path / "native").read_bytes() == data
+    assert (tmp_path / "from_bytes").read_bytes() == data
+    into = make_pool()
+    assert read_page_into(tmp_path / "native", KEY, tokens, into.page_blocks(0))  # Python
+    monkeypatch.undo()
+    assert read_page_into(tmp_path / "python", KEY, tokens, into.page_blocks(2))  # native
+    assert into.page_bytes(0) == into.page_bytes(2) == pool.page_bytes(1)
+
+
+@pytest.mark.parametrize("io_path", ["native"], indirect=True)
+def test_the_native_path_is_taken_where_it_is_built(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = page_file.preadv_into
+    monkeypatch.setattr(page_file, "preadv_into", lambda *a: calls.append(1) or real(*a))
+    assert write_and_read(tmp_path, make_pool(), make_pool())
+    assert calls == []
+    monkeypatch.setattr(native_page_io, "get", lambda: None)  # say it could not be built
+    (tmp_path / "page").unlink()
+    assert write_and_read(tmp_path, make_pool(), make_pool())
+    assert calls
+
+
+@pytest.mark.parametrize("io_path", ["python"], indirect=True)
+@pytest.mark.parametrize("why", ["no_compiler", "no_symbol", "switched_off"])
+def test_without_the_helper_page_files_are_read_in_python(
+    tmp_path: Path, monkeypatch, why: str
+) -> None:
+    from radixlm.kernels import cpu_decode
+
+    monkeypatch.undo()  # the real get(), its cache emptied
+    monkeypatch.setattr(native_page_io, "_io", None)
+    monkeypatch.setattr(native_page_io, "_tried", False)
+    if why == "no_compiler":
+        monkeypatch.setattr(cpu_decode, "compile_library", lambda *args: None)
+    elif why == "no_symbol":
+        names = (*native_page_io.XXH3_SYMBOLS, "XXH3_no_such_function")
+        monkeypatch.setattr(native_page_io, "XXH3_SYMBOLS", names)
+    else:
+        monkeypatch.setenv("RADIXLM_NATIVE_PAGE_IO", "0")
+    assert native_page_io.get() is None
+    pool, into = make_pool(), make_pool()
+    assert write_and_read(tmp_path, pool, into)
+    assert into.page_bytes(2) == pool.page_bytes(1)
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 300])
+def test_many_threads_read_pages_at_once(tmp_path: Path, chunk_bytes: int) -> None:
+    pool = make_pool(num_pages=16, layers=8)
+    into = make_pool(num_pages=16, layers=8)
+    ids = [encode_token_ids(range(p, p + pool.page_size)) for p in range(16)]
+    keys = [bytes([p]) * 16 for p in range(16)]
+    for p in range(16):
+        write_page(tmp_path / f"{p}", keys[p], ids[p], pool.page_blocks(p))
+    _flip(-1)(tmp_path / "3", (tmp_path / "3").stat().st_size)  # one bad page
+    start = threading.Barrier(4)
+
+    def read(p: int) -> bool:
+        if p < 4:
+            start.wait()
+        return read_page_into(tmp_path / f"{p}", keys[p], ids[p], into.page_blocks(p), chunk_bytes)
+
+    for _ in range(5):
+        into.data.zero_()
+        with ThreadPoolExecutor(4) as workers:
+            results = list(workers.map(read, range(16)))
+        assert results == [p != 3 for p in range(16)]
+        assert all(into.page_bytes(p) == pool.page_bytes(p) for p in range(16) if p != 3)
+
+
+def test_empty_blocks_are_skipped_and_read_only_ones_refused(tmp_path: Path, io_path: str) -> None:
+    pool, into = make_pool(), make_pool()
+    tokens = encode_token_ids(range(pool.page_size))
+    empty = memoryview(bytearray(0))
+    write_page(tmp_path / "page", KEY, tokens, [empty, *pool.page_blocks(1), empty])
+    assert read_page_into(tmp_path / "page", KEY, tokens, [*into.page_blocks(2), empty])
+    assert into.page_bytes(2) == pool.page_bytes(1)
+    read_only = [memoryview(pool.page_bytes(1))]
+    with pytest.raises(BufferError):  # as os.preadv says, on either path
+        read_page_into(tmp_path / "page", KEY, tokens, read_only)
