@@ -178,7 +178,9 @@ def test_sum_of_parts_prices_each_step_at_the_measured_speeds() -> None:
     ]
     parts = sum_of_parts(steps, 40000.0, measured)
     assert parts["span_s"] == 0.5
-    assert abs(parts["prefill_part_s"] - 0.3) < 1e-12 and abs(parts["decode_part_s"] - 0.032) < 1e-12
+    assert (
+        abs(parts["prefill_part_s"] - 0.3) < 1e-12 and abs(parts["decode_part_s"] - 0.032) < 1e-12
+    )
     assert abs(parts["ratio"] - 0.332 / 0.5) < 1e-12
     # rows that read 1,000 tokens each where the measurement read 500: 500 more a row at
     # 1e6 bytes a token over 1,000 GB/s is 0.5 ms more a row
