@@ -32,7 +32,10 @@ FILE`` has the server it starts write the scheduler's step timeline there
 (``RADIXLM_STEP_TIMELINE``; a running server must have been started with it) and prints, per
 rate, the share of mixed / prefill / decode steps, the idle share and the mean decode batch
 (``step_timeline.py``). ``--dummy-tiny`` is ``--dummy-8b`` on a tiny random Llama (4,096-token
-context): the same command runs on a CPU. ``--high-priority-share F`` sends priority
+context): the same command runs on a CPU. ``--parts`` (with ``--step-timeline``) then measures
+the parts on the same server (the full-chunk prefill rate, decode steps at
+``--parts-batch-sizes`` rows of the runs' mean context) and prices each rate's steps at them:
+the share of its parts' speed the server delivered (``serving_parts.py``). ``--high-priority-share F`` sends priority
 ``--high-priority`` (100) on a share F of the requests and 0 on the rest, and reports each
 class's TTFT (serve with ``--enable-priority-scheduling``).
 
@@ -59,6 +62,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from radixlm.srt.bench import serving_parts
 from radixlm.srt.bench.datasets import (
     BenchRequest,
     RandomTokens,
@@ -77,6 +81,7 @@ from radixlm.srt.bench.serving_capacity import (
     priority_classes,
     ttft_by_priority,
 )
+from radixlm.srt.bench.serving_parts import DEFAULT_BATCH_SIZES, mean_decode_context
 from radixlm.srt.bench.serving_report import (
     RequestOutput,
     Slo,
@@ -396,6 +401,26 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="scheduler step timeline file (the started server writes it); summarised per rate",
     )
     ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="after the rates, measure the full-chunk prefill rate and decode steps at "
+        "--parts-batch-sizes on the same server and price each rate's steps at them "
+        "(needs --step-timeline; serving_parts.py)",
+    )
+    ap.add_argument(
+        "--parts-batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        help="decode batch sizes --parts measures (comma list)",
+    )
+    ap.add_argument(
+        "--parts-prompt-len",
+        type=int,
+        default=0,
+        help="prompt tokens of --parts' decode requests (0: the mean context of the runs' decode "
+        "rows)",
+    )
+    ap.add_argument("--parts-decode-tokens", type=int, default=32, help="tokens each decodes")
+    ap.add_argument(
         "--high-priority-share",
         type=float,
         default=0.0,
@@ -427,6 +452,21 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         ap.error("--capacity-search must be >= 0")
     if args.dummy_8b and args.dummy_tiny:
         ap.error("give one of --dummy-8b and --dummy-tiny")
+    if args.parts:
+        if not args.step_timeline:
+            ap.error("--parts needs --step-timeline")
+        try:
+            args.parts_batch_sizes = sorted({int(b) for b in args.parts_batch_sizes.split(",")})
+        except ValueError:
+            ap.error(f"--parts-batch-sizes wants integers, got {args.parts_batch_sizes!r}")
+        if (
+            args.parts_batch_sizes[0] < 1
+            or args.parts_decode_tokens < 2
+            or args.parts_prompt_len < 0
+        ):
+            ap.error(
+                "--parts-batch-sizes >= 1, --parts-decode-tokens >= 2, --parts-prompt-len >= 0"
+            )
     args.worker_urls = [u for u in (args.worker_urls or "").split(",") if u]
     args.random_ids = args.random_ids or args.dummy_8b or args.dummy_tiny
     return args, server_args
@@ -460,9 +500,42 @@ def run_rate(
     print_report(summary, header, best)
     if args.step_timeline and Path(args.step_timeline).exists():
         records, args.timeline_offset = read_records(args.step_timeline, args.timeline_offset)
+        args.timeline_slices.append(records)
         summary["step_timeline"] = summarize_steps(records)
         print_summary(summary["step_timeline"], f" (rate {rate:g})")
     return summary
+
+
+def run_parts(
+    args: argparse.Namespace, info_url: str, url: str, rates: list[float], summaries: list[dict]
+) -> None:
+    """``--parts``: the parts measured on the server after the rates, each rate priced at them
+    (``summary["sum_of_parts"]``)."""
+    info = httpx.get(info_url + "/server_info", timeout=30).json()
+    prompt_len = args.parts_prompt_len or round(
+        mean_decode_context([s for sl in args.timeline_slices for s in sl]) or 1024
+    )
+    flush_caches(args.worker_urls or [url])
+    chunk = int(info.get("chunked_prefill_size") or 0)
+    parts = serving_parts.measure(
+        url,
+        args.step_timeline,
+        args.timeline_offset,
+        vocab=int(info["vocab_size"]),
+        chunk=chunk if chunk > 0 else 8192,  # -1: chunking off
+        max_prompt=int(info["max_req_input_len"]),
+        prompt_len=prompt_len,
+        batch_sizes=args.parts_batch_sizes,
+        decode_tokens=args.parts_decode_tokens,
+        seed=args.seed,
+    )
+    serving_parts.print_parts(parts)
+    for rate, records, summary in zip(rates, args.timeline_slices, summaries, strict=True):
+        priced = serving_parts.price(records, parts)
+        serving_parts.print_priced(rate, priced)
+        summary["sum_of_parts"] = priced
+    for summary in summaries:
+        summary["parts"] = parts
 
 
 def fit_context(url: str, reqs: list[BenchRequest]) -> list[BenchRequest]:
@@ -487,6 +560,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     summaries: list[dict] = []
     rates: list[float] = []
     args.timeline_offset = 0
+    args.timeline_slices = []  # each rate's steps (--parts prices them)
     with server_url(args, server_args) as url:
         info_url = args.worker_urls[0] if args.worker_urls else url
         reqs = fit_context(info_url, build_requests(args, load_tokenizer(args, info_url)))
@@ -514,6 +588,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if not queue and searches > 0 and (probe := next_probe(rates, summaries)):
                 searches -= 1
                 queue.append(probe)
+        if args.parts and summaries and len(args.timeline_slices) == len(summaries):
+            run_parts(args, info_url, url, rates, summaries)
     if len(summaries) > 1:
         order = sorted(range(len(rates)), key=lambda i: rates[i])
         print_rate_table([rates[i] for i in order], [summaries[i] for i in order])

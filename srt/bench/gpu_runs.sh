@@ -97,7 +97,7 @@ for s in "$@"; do
         --backends triton --graphs on --overlap on --quantization fp8 --json "$RESULTS/quantengine.json" ;;
     serve) section serve 560 $SERVING ;;
     # the serving issue's figures: goodput at 8 and 12 req/s, saturation at 32, the step timeline
-    servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" ;;
+    servecap) section servecap 560 $SERVING --request-rates 8,12,32 --step-timeline "$RESULTS/steps.jsonl" --plot "$RESULTS/serving.png" --output-file "$RESULTS/serving.jsonl" --parts ;;
     # chunks alone (the GPU default) vs mixed 8,192-token chunks vs mixed steps of about
     # MIX_TARGET_MS (default 50) ms sized from the measured prefill rate, at 8 and 12 req/s
     # (SERVEMIX_RATES), each with the step timeline; one comparison table. ~120 s a variant.
@@ -131,15 +131,9 @@ for s in "$@"; do
         esac
         section "serveattn-$v" 200 $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
           $flags --label "$v" --output-file "$RESULTS/serveattn.jsonl" \
-          --step-timeline "$RESULTS/steps-attn-$v.jsonl"
+          --step-timeline "$RESULTS/steps-attn-$v.jsonl" ${SERVEATTN_PARTS:+--parts}
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/serveattn.jsonl" | tee "$RESULTS/serveattn.txt" ;;
-    # the parts a serving run is priced at (step_timeline.py --prefill-tok-s --decode-ms): the
-    # full-chunk prefill rate and decode steps at the batch sizes serving runs use, with prompts
-    # of PARTS_INPUT_LEN (default 2048) tokens, on PARTS_BACKEND (default flashinfer)
-    parts) section parts 300 python3 -m radixlm.srt.bench.bench_gpu --sections calib,decode,prefill \
-      --backends "${PARTS_BACKEND:-flashinfer}" --graphs on --overlap on --batch-sizes "${PARTS_BATCHES:-16,48,128,200}" \
-      --input-len "${PARTS_INPUT_LEN:-2048}" --output-len 64 --json "$RESULTS/parts.json" ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
     # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;

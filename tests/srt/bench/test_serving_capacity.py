@@ -202,6 +202,8 @@ def test_the_issue_command_runs_on_the_cpu_with_a_tiny_random_model(tmp_path, ca
             *("--step-timeline", str(timeline), "--plot", str(tmp_path / "p.png")),
             *("--max-total-tokens", "512"),  # prompts over 512 tokens: clipped
             *("--high-priority-share", "0.5", "--enable-priority-scheduling"),
+            *("--parts", "--parts-batch-sizes", "1,4", "--parts-prompt-len", "24"),
+            *("--parts-decode-tokens", "8"),
         ]
     )
     out = capsys.readouterr().out
@@ -216,3 +218,15 @@ def test_the_issue_command_runs_on_the_cpu_with_a_tiny_random_model(tmp_path, ca
     )
     records = [orjson.loads(line) for line in timeline.read_bytes().splitlines()]
     assert sum(r["prefill_reqs"] for r in records) >= 12  # both rates (and the warm-up)
+    # --parts: the full-chunk prefill (510 tokens: the context) and 1 and 4 rows decoding
+    # together, measured after the rates on the same server; every rate priced at them
+    parts = summaries[0]["parts"]
+    assert parts["prefill_prompt_len"] == 510 and parts["prefill_tok_s"] > 0
+    assert sorted(parts["decode_ms"]) == [1, 4] and all(
+        ms > 0 for ms in parts["decode_ms"].values()
+    )
+    assert "parts (this server, alone): prefill" in out
+    for s in summaries:
+        priced = s["sum_of_parts"]
+        assert priced["span_s"] > 0 and priced["parts_s"] > 0 and 0 < priced["ratio"]
+    assert out.count("at the parts' speed") == 3
