@@ -185,6 +185,22 @@ inline float hsum_ps(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+// lane t of the result: the sum of v[t]'s 8 lanes
+inline __m256 sum8(const __m256* v) {
+  const __m256 s01 = _mm256_hadd_ps(v[0], v[1]), s23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 s45 = _mm256_hadd_ps(v[4], v[5]), s67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 lo4 = _mm256_hadd_ps(s01, s23), hi4 = _mm256_hadd_ps(s45, s67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(lo4, hi4, 0x20),
+                       _mm256_permute2f128_ps(lo4, hi4, 0x31));
+}
+
+inline float hmax_ps(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
 // acc[0..NV) += p * v[0..8 NV) over the keys, then out = acc / sum
 template <int NV>
 void weighted_sum(const float* v_buf, const int64_t* slots, int64_t row, int64_t off,
@@ -214,7 +230,29 @@ inline void attend_item_avx2(const DecodeArgs& a, int64_t b, int64_t kh, const f
   scores.resize(group * np);
   float mx[64];
   for (int64_t g = 0; g < group; ++g) mx[g] = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
+  const __m256 scale8 = _mm256_set1_ps(a.scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {  // 8 keys at a time: 8 dot products summed into one vector
+    const float* kr[8];
+    for (int t = 0; t < 8; ++t) kr[t] = k_buf + slots[j + t] * row + kh * d;
+    for (int64_t t = j + 8; t < j + 16 && t < n; ++t) {  // the next block's key rows
+      const char* nk = reinterpret_cast<const char*>(k_buf + slots[t] * row + kh * d);
+      for (int64_t o = 0; o < d * 4; o += 64) __builtin_prefetch(nk + o);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qb + g * d;
+      __m256 acc[8];
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + i);
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[t] + i), acc[t]);
+      }
+      const __m256 s8 = _mm256_mul_ps(sum8(acc), scale8);
+      _mm256_storeu_ps(scores.data() + g * np + j, s8);
+      mx[g] = std::max(mx[g], hmax_ps(s8));
+    }
+  }
+  for (; j < n; ++j) {  // the last keys one at a time
     const float* kr = k_buf + slots[j] * row + kh * d;
     if (j + 4 < n) {
       const char* nk = reinterpret_cast<const char*>(k_buf + slots[j + 4] * row + kh * d);
