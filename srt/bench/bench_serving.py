@@ -590,6 +590,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 queue.append(probe)
         if args.parts and summaries and len(args.timeline_slices) == len(summaries):
             run_parts(args, info_url, url, rates, summaries)
+        elif args.parts:
+            print(f"--parts: no step timeline at {args.step_timeline}; nothing measured")
     if len(summaries) > 1:
         order = sorted(range(len(rates)), key=lambda i: rates[i])
         print_rate_table([rates[i] for i in order], [summaries[i] for i in order])
