@@ -54,7 +54,7 @@ MAGIC = b"RLKV"
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<4sHHIQQ16s")
 HEADER_SIZE = HEADER.size  # 44
-CHECKSUM_OFFSET = 20  # of the checksum in the header
+CHECKSUM_OFFSET = struct.calcsize("<4sHHIQ")  # where the checksum sits in the header: 20
 TOKEN_BYTES = 8  # one token id, int64
 IOV_MAX = 1024  # buffers one readv/writev takes at most (POSIX: at least 16; Linux: 1024)
 
