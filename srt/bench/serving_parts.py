@@ -13,7 +13,7 @@ timeline (``srt/scheduler/timeline.py``), so every figure is the steps' own time
   the median time of the decode-only steps that had exactly that many rows (each request
   decodes ``--parts-decode-tokens`` plus as many as its batch's prefill takes steps).
 
-``step_timeline.sum_of_parts`` then prices every step of each rate's slice at those parts (a
+``step_timeline.price_steps`` then prices every step of each rate's slice at those parts (a
 decode step linear between the measured batch sizes) and compares the total with the span the
 steps took: the share of its parts' speed the server delivered at that rate.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from radixlm.srt.bench.step_timeline import read_records, sum_of_parts
+from radixlm.srt.bench.step_timeline import price_steps, read_records
 
 DEFAULT_BATCH_SIZES = (1, 16, 64, 128)
 
@@ -106,7 +106,7 @@ def measure(
     decode_tokens: int,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The full-chunk prefill rate and the decode step times (``sum_of_parts``' inputs)."""
+    """The full-chunk prefill rate and the decode step times (``price_steps``' inputs)."""
     probe = PartsProbe(url, timeline, offset, vocab, seed)
     prompt_len = max(1, min(prompt_len, max_prompt - decode_tokens))
     full = max(1, min(chunk, max_prompt - 1))
@@ -127,10 +127,10 @@ def measure(
 
 
 def price(records: list[dict[str, Any]], parts: dict[str, Any]) -> dict[str, float] | None:
-    """``sum_of_parts`` of one rate's steps at the measured parts (None without them)."""
+    """``price_steps`` of one rate's steps at the measured parts (None without them)."""
     if not records or parts["prefill_tok_s"] <= 0 or not parts["decode_ms"]:
         return None
-    return sum_of_parts(records, parts["prefill_tok_s"], parts["decode_ms"])
+    return price_steps(records, parts["prefill_tok_s"], parts["decode_ms"])
 
 
 def print_parts(parts: dict[str, Any]) -> None:

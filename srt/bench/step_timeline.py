@@ -108,7 +108,7 @@ def decode_part_ms(rows: int, measured: dict[int, float]) -> float:
     return max(0.0, t0 + (t1 - t0) * (rows - b0) / (b1 - b0))
 
 
-def sum_of_parts(
+def price_steps(
     records: list[dict[str, Any]],
     prefill_tok_s: float,
     decode_ms: dict[int, float],
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             measured = {int(b): float(ms) for b, ms in pairs}
         except ValueError:
             ap.error(f"--decode-ms wants B:ms,B:ms..., got {args.decode_ms!r}")
-        parts = sum_of_parts(
+        parts = price_steps(
             records,
             args.prefill_tok_s,
             measured,

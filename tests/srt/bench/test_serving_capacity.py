@@ -23,8 +23,8 @@ from radixlm.srt.bench.serving_capacity import (
 from radixlm.srt.bench.serving_report import RequestOutput
 from radixlm.srt.bench.step_timeline import (
     decode_part_ms,
+    price_steps,
     read_records,
-    sum_of_parts,
     summarize_steps,
 )
 from radixlm.srt.scheduler.timeline import FileTimeline, StepTimeline
@@ -176,7 +176,7 @@ def test_sum_of_parts_prices_each_step_at_the_measured_speeds() -> None:
             "decode_context": 128000,
         },
     ]
-    parts = sum_of_parts(steps, 40000.0, measured)
+    parts = price_steps(steps, 40000.0, measured)
     assert parts["span_s"] == 0.5
     assert (
         abs(parts["prefill_part_s"] - 0.3) < 1e-12 and abs(parts["decode_part_s"] - 0.032) < 1e-12
@@ -184,7 +184,7 @@ def test_sum_of_parts_prices_each_step_at_the_measured_speeds() -> None:
     assert abs(parts["ratio"] - 0.332 / 0.5) < 1e-12
     # rows that read 1,000 tokens each where the measurement read 500: 500 more a row at
     # 1e6 bytes a token over 1,000 GB/s is 0.5 ms more a row
-    more = sum_of_parts(steps, 40000.0, measured, 500, 1e6, 1000.0)
+    more = price_steps(steps, 40000.0, measured, 500, 1e6, 1000.0)
     assert abs(more["decode_part_s"] - (0.032 + 192 * 0.0005)) < 1e-12
     assert type(StepTimeline()).__name__ == "StepTimeline"  # off: records nothing
 
