@@ -161,6 +161,12 @@ def test_stopped_scheduler_turns_health_503_then_recovers(server: ServerProcess)
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
     sched.suspend()
     try:
+        # SIGSTOP takes effect when the kernel next runs the child: on a busy machine that is
+        # not yet the case when the call returns, and /health judges the state the kernel shows
+        deadline = time.monotonic() + 10
+        while sched.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched.status() == psutil.STATUS_STOPPED
         t0 = time.monotonic()
         r = httpx.get(server.url + "/health", timeout=10)
         assert r.status_code == 503 and time.monotonic() - t0 < 2
