@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from processes import suspend_and_wait
 
 from radixlm.srt.managers.heartbeat import (
     create_heartbeat_file,
@@ -159,14 +160,8 @@ def test_stopped_scheduler_turns_health_503_then_recovers(server: ServerProcess)
     heartbeats = [f.path for f in sched.open_files() if f.path.endswith(".heartbeat")]
     assert heartbeats and heartbeat_age_s(heartbeats[0]) < 3  # the trio's heartbeat beats
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-    sched.suspend()
+    suspend_and_wait(sched)
     try:
-        # SIGSTOP takes effect when the kernel next runs the child: on a busy machine that is
-        # not yet the case when the call returns, and /health judges the state the kernel shows
-        deadline = time.monotonic() + 10
-        while sched.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert sched.status() == psutil.STATUS_STOPPED
         t0 = time.monotonic()
         r = httpx.get(server.url + "/health", timeout=10)
         assert r.status_code == 503 and time.monotonic() - t0 < 2

@@ -22,6 +22,7 @@ import httpx
 import plain_http
 import psutil
 import pytest
+from processes import suspend_and_wait
 
 from radixlm.srt.server.process.launch import HEARTBEAT_STALE_S
 from radixlm.srt.server.process.server_process import ServerProcess, free_port
@@ -142,7 +143,7 @@ def test_health_follows_a_stopped_follower(server: ServerProcess) -> None:
     time.sleep(HEARTBEAT_STALE_S + 1)
     assert plain_http.get(server.url + "/health", timeout=10).status_code == 200
     follower = rank_process(processes(server), "radixlm-tp1")
-    follower.suspend()
+    suspend_and_wait(follower)
     try:
         r = plain_http.get(server.url + "/health", timeout=10)
         assert r.status_code == 503 and "tp-rank-1" in r.text
