@@ -40,11 +40,11 @@ def free_local_port() -> int:
 def check_ranks_fit(cfg: ServerConfig) -> None:
     """Refuses, before any process starts, more ranks on this machine than it can run: one
     GPU per rank, or (on CPUs) no more ranks than cores; and the options TP does not support."""
-    from radixlm.srt.distributed import check_tp_config
-
     per_node = cfg.tp_size // cfg.nnodes
     if per_node == 1:
-        return
+        return  # before any torch import: a one-rank server starts its children first
+    from radixlm.srt.distributed import check_tp_config
+
     check_tp_config(cfg)
     import torch
 
