@@ -44,6 +44,7 @@ the torch paths; :func:`disabled` does it for a block of code. ``variant="avx2"`
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import os
 import threading
@@ -57,7 +58,14 @@ from radixlm.kernels.gguf_cpu_kernels import SOURCE
 from radixlm.kernels.switch import KernelSwitch
 
 BLOCK = 32
-MAX_ROWS = 16  # activation rows the kernels are used for (decode batches); more: dense paths
+MAX_ROWS = 16  # activation rows of the one-call int4 decode step (cpu_step.py, int4_step.py)
+# Activation rows up to which an int4 model's linear layers and LM head multiply through these
+# kernels in a decode forward (forwards with prompt tokens: MAX_ROWS, model_runner._int4_rows);
+# more rows take the layers' float32 dense weights. Measured on the 2-core AVX2 EPYC
+# (bench_gguf_cpu against float32 F.linear of the same shapes, 2026-12-07): the step's 120 Q4_1
+# GEMVs 31 / 59 / 127 / 255 / 511 ms at 16 / 32 / 64 / 128 / 256 rows against 105 / 124 / 159 /
+# 291 / 458 ms dense; the Q8_0 head 24 / 41 / 85 ms at 32 / 64 / 128 rows against 52 / 74 / 94.
+MATMUL_ROWS = 128
 
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
@@ -148,11 +156,32 @@ def disabled() -> contextlib.AbstractContextManager[None]:
     return _switch.disabled()
 
 
+_matmul_rows: contextvars.ContextVar[int] = contextvars.ContextVar("gguf_matmul_rows")
+
+
+def matmul_rows() -> int:
+    """The row limit :func:`serves` applies now (``MATMUL_ROWS`` outside :func:`rows_limit`)."""
+    return _matmul_rows.get(MATMUL_ROWS)
+
+
+@contextlib.contextmanager
+def rows_limit(rows: int) -> Iterator[None]:
+    """Inside the block (this thread's context) :func:`serves` takes at most ``rows`` rows: the
+    model runner keeps forwards with prompt tokens to ``MAX_ROWS``, benchmarks compare limits."""
+    if rows < 1:
+        raise ValueError(f"rows must be at least 1, got {rows}")
+    token = _matmul_rows.set(rows)
+    try:
+        yield
+    finally:
+        _matmul_rows.reset(token)
+
+
 def serves(x: torch.Tensor, rows: int) -> bool:
     """Whether the kernels take ``rows`` rows of activations like ``x`` (CPU, float32 or
-    bfloat16, at most ``MAX_ROWS`` rows)."""
+    bfloat16, at most :func:`matmul_rows` rows)."""
     return (
-        rows <= MAX_ROWS
+        rows <= matmul_rows()
         and x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.bfloat16)
         and available()

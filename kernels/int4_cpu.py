@@ -15,14 +15,14 @@ weights recovers the file's own codes, scales and mins. For weights that were no
 lossy (the float16 rounding adds at most ``2**-11`` of ``|min| + 15 * scale`` to an element's
 error, against half a step from the codes).
 
-Up to ``gguf_cpu.MAX_ROWS`` rows the matmul is ``gguf_cpu.py``'s C++ Q4_1 GEMV (int8
-activations, integer dot products, as llama.cpp multiplies Q4_1); where that library is off or
-not built it is torch's packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``), whose
-convention is ``w = (code - 8) * scale + zero'``, so ``zero' = min + 8 * scale``; scales and
-zeros are stored in bfloat16 and activations are cast to bfloat16 (float32 activations run a
-slow path there). It is slower than a float32 dense matmul once a few rows share the weight
-read, so :class:`Int4Linear` keeps the dense weight and uses the int4 kernel only for at most
-``max_int4_rows`` rows.
+Up to ``gguf_cpu.matmul_rows()`` rows (``MATMUL_ROWS``, 128) the matmul is ``gguf_cpu.py``'s
+C++ Q4_1 kernel (int8 activations, integer dot products, as llama.cpp multiplies Q4_1): faster
+than the float32 dense weight up to there. Where that library is off or not built it is torch's
+packed int4 CPU kernel (``_weight_int4pack_mm_for_cpu``), whose convention is
+``w = (code - 8) * scale + zero'``, so ``zero' = min + 8 * scale``; scales and zeros are stored
+in bfloat16 and activations are cast to bfloat16 (float32 activations run a slow path there). It
+is slower than a float32 dense matmul once a few rows share the weight read, so it takes at most
+``PACKED_INT4_ROWS`` rows. :class:`Int4Linear` keeps the dense weight for more rows (prefill).
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from radixlm.kernels import gguf_cpu
 
 GROUP_SIZE = 32
 NUM_LEVELS = 16
-# Token rows up to which the int4 path is used. Measured on the 2-core AVX2 dev CPU, whole
-# SmolLM2-135M decode steps (cold weights, unlike a matmul timed in a loop): int4 beats the
-# float32 dense weights at 1-16 rows (e.g. 31 vs 47 ms at 1, 125 vs 153 ms at 16) and loses
-# from 24 rows on (227 vs 208 ms).
-MAX_INT4_ROWS = 16
+# Token rows up to which torch's packed int4 kernel is used when the C++ kernels are not (the
+# C++ kernels take up to gguf_cpu.matmul_rows()). Measured on the 2-core AVX2 dev CPU, whole
+# SmolLM2-135M decode steps (cold weights, unlike a matmul timed in a loop): the packed kernel
+# beats the float32 dense weights at 1-16 rows (e.g. 31 vs 47 ms at 1, 125 vs 153 ms at 16) and
+# loses from 24 rows on (227 vs 208 ms).
+PACKED_INT4_ROWS = 16
 _PACK_N_MULTIPLE = 16  # the packing op wants the output dim divisible by 16
 
 
@@ -107,13 +108,15 @@ class Int4Linear:
     original dense tensor for larger ones (prefill, big batches), where the dense matmul wins.
 
     ``weight`` ``[N, K]`` stays referenced, not copied; the output has ``x``'s dtype.
+    ``max_int4_rows``: a row limit of its own for the int4 paths (tests); None follows the
+    kernels' (``gguf_cpu.matmul_rows()`` for the C++ one, ``PACKED_INT4_ROWS`` for torch's).
     """
 
     def __init__(
         self,
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
-        max_int4_rows: int = MAX_INT4_ROWS,
+        max_int4_rows: int | None = None,
     ):
         if weight.device.type != "cpu":
             raise ValueError(f"int4 weights are CPU-only, got a weight on {weight.device}")
@@ -134,7 +137,10 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2  # the decode step's shape: no reshapes (each op costs its dispatch)
         rows = x.shape[0] if flat else x.numel() // self.in_features
-        if rows > self.max_int4_rows:
+        limit = self.max_int4_rows
+        if limit is None:
+            limit = gguf_cpu.matmul_rows() if gguf_cpu.available() else PACKED_INT4_ROWS
+        if rows > limit:
             return F.linear(x, self.dense_weight, self.bias)
         x2 = x if flat else x.reshape(rows, self.in_features)
         if gguf_cpu.serves(x2, rows) and x2.stride(-1) == 1:  # int8 activations, integer dots

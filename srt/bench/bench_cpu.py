@@ -5,6 +5,7 @@
     python -m radixlm.srt.bench.bench_cpu --kernels both     # radixlm's CPU kernels on and off
     python -m radixlm.srt.bench.bench_cpu --step both        # int4 decode in one call or by layer
     python -m radixlm.srt.bench.bench_cpu --against REV      # int4 also with REV's GEMV kernels
+    python -m radixlm.srt.bench.bench_cpu --int4-rows 16     # int4 decode batches > 16 rows dense
 
 Contenders: radixlm for each ``--quantization`` mode (int4: the GGUF's own Q4_1 codes), with
 its C++ CPU kernels (``kernels/cpu_decode.py``, ``kernels/gguf_cpu.py``) on, off (the torch
@@ -96,17 +97,20 @@ def generate_contender(
 
 
 def radixlm_contender(
-    engine, name: str, kernels: bool, step: bool = True, gemv_lib=None
+    engine, name: str, kernels: bool, step: bool = True, gemv_lib=None, rows: int | None = None
 ) -> Contender:
     """``kernels`` False: every C++ CPU kernel off (the torch paths); ``step`` False: int4
     decode layer by layer instead of the one-call step; ``gemv_lib``: another build of the
-    GGUF GEMVs (``bench_gguf_cpu.library_at``) in place of this tree's."""
+    GGUF GEMVs (``bench_gguf_cpu.library_at``) in place of this tree's; ``rows``: the int4
+    kernels' row limit for decode batches (``gguf_cpu.rows_limit``) instead of theirs."""
     from radixlm.kernels import cpu_decode, cpu_step, gguf_cpu
 
     def scope():
         stack = contextlib.ExitStack()
         if gemv_lib is not None:
             stack.enter_context(gguf_cpu.library_override(gemv_lib))
+        if rows is not None:
+            stack.enter_context(gguf_cpu.rows_limit(rows))
         if not kernels:
             stack.enter_context(cpu_decode.disabled())
             stack.enter_context(gguf_cpu.disabled())
@@ -211,6 +215,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="int4 also with the GGUF GEMVs of this git revision (float16 Q4_1 scales: b881c75 on)",
     )
     ap.add_argument(
+        "--int4-rows",
+        default=None,
+        help="int4 also with the int4 kernels' decode row limit at these values (comma list; "
+        "16 was the limit before 2026-12-08)",
+    )
+    ap.add_argument(
         "--llama-flash-attn", choices=["on", "off"], default="on", help="llama.cpp's attention"
     )
     ap.add_argument(
@@ -250,6 +260,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model {gguf}, {args.output_len} output tokens/request, {args.rounds} rounds")
     contenders: list[Contender] = []
     engines = []
+    try:
+        int4_rows = [int(v) for v in args.int4_rows.split(",")] if args.int4_rows else []
+    except ValueError:
+        raise SystemExit(f"--int4-rows takes whole numbers, got {args.int4_rows!r}") from None
+    if any(v < 1 for v in int4_rows):
+        raise SystemExit("--int4-rows values must be at least 1")
     modes = {"on": [True], "off": [False], "both": [True, False]}
     servers = contextlib.ExitStack()
     for q in args.quantization.split(","):
@@ -276,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                 label += "" if args.kernels == "on" else (" kernels" if on else " torch ops")
                 label += "" if len(steps) == 1 else (" step" if step else " layers")
                 contenders.append(radixlm_contender(engine, label, on, step))
+                for rows in int4_rows if q == "int4" and on else []:
+                    contenders.append(
+                        radixlm_contender(engine, f"{label} rows<={rows}", on, step, rows=rows)
+                    )
                 if args.against and q == "int4" and on:
                     lib = library_at(args.against)
                     if lib.q4_1_layout != gguf_cpu.Q4_1_LAYOUT:  # the engine's packed weights

@@ -75,9 +75,9 @@ PRECISIONS = {
     "int4": "int4 w, bf16 act",
 }
 INT4_NOTE = (
-    "int4: linear weights 4-bit (for a Q4_1 GGUF, its own codes) and the LM head per-channel "
-    "int8, activations bf16 in those matmuls, for forwards of at most {rows} token rows; "
-    "more rows use the dense {dtype} weights"
+    "int4: linear weights 4-bit Q4_1 (for a Q4_1 GGUF, its own codes) and the LM head Q8_0, "
+    "activations int8 (int16 for the head) per block of 32 in those matmuls, for forwards of "
+    "at most {rows} token rows; more rows use the dense {dtype} weights"
 )
 
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from transformers import AutoModelForCausalLM
 
-    from radixlm.kernels.int4_cpu import MAX_INT4_ROWS
+    from radixlm.kernels import gguf_cpu
     from radixlm.srt import Engine
 
     engines = {
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{theirs_step:>9.1f}{1:>16.2f}x"
         )
     if "int4" in engines:
-        print(INT4_NOTE.format(rows=MAX_INT4_ROWS, dtype=args.dtype))
+        print(INT4_NOTE.format(rows=gguf_cpu.matmul_rows(), dtype=args.dtype))
     for engine in engines.values():
         engine.shutdown()
 

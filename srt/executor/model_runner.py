@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
+from radixlm.kernels import gguf_cpu
 from radixlm.kernels.attention.base import (
     attention_variants,
     check_backend_serves,
@@ -236,11 +238,21 @@ class ModelRunner:
                 logits = logits[to_device(logit_rows, self.device)]
             return logits
         self.attn_backend.plan(fb)
-        hidden = self.model(fb.input_ids, fb.positions, fb)  # waits per layer for loads
+        with self._int4_rows(fb):
+            hidden = self.model(fb.input_ids, fb.positions, fb)  # waits per layer for loads
         self.kv_pool.layer_loads.end_forward()
         if len(logit_rows) != hidden.shape[0]:
             hidden = hidden[to_device(logit_rows, self.device)]
         return self.model.compute_logits(hidden)
+
+    def _int4_rows(self, fb: ForwardBatch) -> contextlib.AbstractContextManager[None]:
+        """An int4 CPU model multiplies decode batches of up to ``gguf_cpu.MATMUL_ROWS`` rows
+        through its int4 kernels (int8 activations, as at batch 1); a forward with prompt tokens
+        only up to ``gguf_cpu.MAX_ROWS`` (above, the prompt's activations stay float32 in the
+        dense weights: SmolLM2's answers change with int8 ones)."""
+        if self.cfg.quantization != "int4" or fb.mode.is_decode:
+            return contextlib.nullcontext()
+        return gguf_cpu.rows_limit(gguf_cpu.MAX_ROWS)
 
     def _verify_fits_graphs(self, fb: ForwardBatch) -> bool:
         """Whether an extend batch is a speculative verify (every request continues a cached

@@ -61,7 +61,7 @@ def _q8_0_head(lm_head) -> gguf_cpu.Q8_0 | None:
     fwd = None if lm_head is None else lm_head.__dict__.get("forward")
     if not isinstance(fwd, SmallBatchLMHead) or fwd.q8_0 is None:
         return None
-    return fwd.q8_0 if fwd.max_rows >= gguf_cpu.MAX_ROWS else None
+    return fwd.q8_0
 
 
 class Int4StepRunner:

@@ -4,12 +4,14 @@ At batch 1 a CPU decode step streams every weight once per token; with float32 w
 linear layers are nearly the whole step. ``int4`` gives every ``Linear`` (``QKVLinear`` and
 ``MergedLinear`` included) an :class:`~radixlm.kernels.int4_cpu.Int4Linear`: 4-bit weights in
 groups of 32 (GGUF's Q4_1 layout) multiplied with int8 activations per block of 32 (the C++
-GEMV of ``kernels/gguf_cpu.py``, as llama.cpp does; bfloat16 activations through torch's packed
-kernel where it is off) while a forward has at most ``MAX_INT4_ROWS`` token rows, the layer's
-own dense weight for more rows (prefill, large decode batches), where the dense matmul is
-faster. The LM head gets Q8_0 blocks of its weight with int16 activations (the C++ kernel; a
-per-channel int8 copy and bfloat16 activations where it is off) for the same small row counts
-(:class:`SmallBatchLMHead`).
+kernels of ``kernels/gguf_cpu.py``, as llama.cpp does) while a decode forward has at most
+``gguf_cpu.MATMUL_ROWS`` (128) rows and a forward with prompt tokens at most ``MAX_ROWS`` (16),
+the layer's own dense weight for more rows (prefill chunks, large decode batches), where the
+dense matmul is faster or the prompt's float32 activations matter; where the C++ kernels are off,
+bfloat16 activations through torch's packed kernel for at most ``int4_cpu.PACKED_INT4_ROWS``
+(16). The LM head gets Q8_0 blocks of its weight with int16 activations (the C++ kernel, for the
+same rows; a per-channel int8 copy and bfloat16 activations for at most ``INT8_HEAD_ROWS`` rows
+where it is off) (:class:`SmallBatchLMHead`).
 
 Precision. For a GGUF model whose linear weights are Q4_1 (the default SmolLM2) the int4 codes
 are the file's own: re-quantizing the dequantized weights recovers them, and only the
@@ -43,40 +45,41 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import gguf_cpu
-from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, can_pack_int4
+from radixlm.kernels.int4_cpu import Int4Linear, can_pack_int4
 from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
 from radixlm.srt.models.layers import Linear, LMHead
 from radixlm.srt.models.quant.linear import quantize_model_fp8
 
 logger = logging.getLogger(__name__)
 
-# Logit rows up to which the LM head uses its int8 weight: int8 beat float32 at 1-16 rows in the
-# same whole-step measurements as MAX_INT4_ROWS, and not at 32.
-MAX_INT8_HEAD_ROWS = 16
+# Logit rows up to which the LM head uses torch's per-channel int8 weight where the C++ kernels
+# are off (the C++ Q8_0 head takes up to gguf_cpu.matmul_rows()): int8 beat float32 at 1-16 rows
+# in the same whole-step measurements as int4_cpu.PACKED_INT4_ROWS, and not at 32.
+INT8_HEAD_ROWS = 16
 
 
 class SmallBatchLMHead:
-    """Logits ``[N, vocab]`` float32 for at most ``max_rows`` rows: GGUF's Q8_0 blocks of the
+    """Logits ``[N, vocab]`` float32 for at most ``gguf_cpu.matmul_rows()`` rows: GGUF's Q8_0 blocks of the
     weight times int16 activations (``gguf_cpu.py``; for a Q8_0 embedding, as SmolLM2's, the
     file's own codes, so the logits are the dense ones up to 2**-16 of each activation block;
     int8 activations, as llama.cpp's, flip SmolLM2's answer to "the capital of France", whose
     two best first tokens are 0.08 apart) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
-    activations; the model-dtype weight above ``max_rows``."""
+    activations (at most ``INT8_HEAD_ROWS`` rows); the model-dtype weight for more rows."""
 
-    def __init__(self, weight: torch.Tensor, max_rows: int = MAX_INT8_HEAD_ROWS):
+    def __init__(self, weight: torch.Tensor):
         self.dense_weight = weight  # [vocab, hidden] model dtype (may be the tied embedding)
         q = quantize_int8(weight)
         self.codes = q.codes  # [vocab, hidden] int8
         self.scales = q.scales.to(torch.bfloat16)  # [vocab] bfloat16
         blocks = weight.shape[1] % gguf_cpu.BLOCK == 0
         self.q8_0 = gguf_cpu.quantize_q8_0(weight) if blocks else None
-        self.max_rows = max_rows
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if rows > self.max_rows:
+        native = self.q8_0 is not None and gguf_cpu.available()
+        if rows > (gguf_cpu.matmul_rows() if native else INT8_HEAD_ROWS):
             return F.linear(hidden, self.dense_weight).float()
-        if self.q8_0 is not None and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
+        if native and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
             return gguf_cpu.q8_0_matmul(hidden, self.q8_0, int16=True)
         return int8_matmul(hidden, self.codes, self.scales).float()
 
@@ -114,13 +117,14 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
         if isinstance(module, LMHead):
             module.forward = SmallBatchLMHead(module.weight.data)
     logger.info(
-        "int4: %d linear layers converted (dense for more than %d rows), %d kept dense%s; "
-        "LM head: int8 for at most %d rows",
+        "int4: %d linear layers converted, %d kept dense%s; they and the LM head (Q8_0) "
+        "multiply %s; more rows take the dense weights",
         converted,
-        MAX_INT4_ROWS,
         len(kept),
         f" ({', '.join(kept[:4])}...)" if kept else "",
-        MAX_INT8_HEAD_ROWS,
+        f"through the C++ kernels ({gguf_cpu.isa()}) for at most {gguf_cpu.matmul_rows()} rows"
+        if gguf_cpu.available()
+        else f"through torch's int4/int8 kernels for at most {INT8_HEAD_ROWS} rows",
     )
 
 

@@ -23,6 +23,8 @@ SHAPES = [(1, 1, 32), (2, 7, 96), (3, 17, 64), (5, 100, 576), (16, 33, 160), (11
 # the Q4_1 tiles' edges: 8-row groups and their remainders, weight rows not a multiple of the
 # tiles' 2 or 4, odd block counts (7, 9) and a block count past a multiple of 8 (the min terms)
 SHAPES += [(8, 9, 224), (9, 6, 288), (4, 7, 32), (13, 45, 1056), (16, 31, 576)]
+# the row counts int4 models send past the one-call step (up to gguf_cpu.MATMUL_ROWS)
+SHAPES += [(37, 19, 160), (128, 33, 96)]
 
 
 def gen(seed: int) -> torch.Generator:
@@ -160,7 +162,7 @@ SPANS = [(0, 1), (1, 6), (6, 7), (7, 30), (30, 43)]
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0 int16"])
 def test_rows_do_not_depend_on_batch_or_span(variant, fmt):
-    """A row's result is the same alone, in any batch of 1-16 rows and in any span of output
+    """A row's result is the same alone, in any batch of 1-128 rows and in any span of output
     rows (the one-call step's chunks), bit for bit: the step equals the layer path."""
     n, k = 43, 160  # 5 blocks: one pair-less last block; 43 rows: tiles' tails
     lib = gguf_cpu.library(variant)
@@ -172,8 +174,8 @@ def test_rows_do_not_depend_on_batch_or_span(variant, fmt):
         matmul = lambda x: gguf_cpu.q8_0_matmul(x, w, variant, int16=True)  # noqa: E731
         span = lib.q8_0_x16_span_f32
     ptrs = [t.data_ptr() for t in w]
-    x = activations(16, k, 8)
-    for m in (1, 2, 3, 4, 5, 8, 9, 12, 16):
+    x = activations(gguf_cpu.MATMUL_ROWS, k, 8)
+    for m in (1, 2, 3, 4, 5, 8, 9, 12, 16, 37, gguf_cpu.MATMUL_ROWS):
         full = matmul(x[:m])
         for r in range(m):
             assert torch.equal(matmul(x[r : r + 1])[0], full[r])
@@ -227,7 +229,12 @@ def test_shapes_and_dtypes_are_checked():
 
 def test_switches_turn_the_kernels_off(monkeypatch):
     x = torch.randn(1, 64)
-    assert gguf_cpu.serves(x, 1) and not gguf_cpu.serves(x, gguf_cpu.MAX_ROWS + 1)
+    assert gguf_cpu.serves(x, 1) and not gguf_cpu.serves(x, gguf_cpu.MATMUL_ROWS + 1)
+    with gguf_cpu.rows_limit(4):  # what benchmarks compare in one engine
+        assert gguf_cpu.serves(x, 4) and not gguf_cpu.serves(x, 5)
+    assert gguf_cpu.matmul_rows() == gguf_cpu.MATMUL_ROWS
+    with pytest.raises(ValueError, match="at least 1"), gguf_cpu.rows_limit(0):
+        pass
     with gguf_cpu.disabled():
         assert not gguf_cpu.available() and not gguf_cpu.serves(x, 1)
     assert gguf_cpu.available()

@@ -66,6 +66,25 @@ def test_step_contenders_switch_the_one_call_step(monkeypatch):
     assert seen == [True, False] and cpu_step.available()
 
 
+def test_rows_contenders_set_the_int4_row_limit():
+    from radixlm.kernels import gguf_cpu
+
+    seen = []
+
+    class FakeEngine:
+        def flush_cache(self):
+            pass
+
+        def generate(self, input_ids, sampling_params):
+            seen.append(gguf_cpu.matmul_rows())
+            n = sampling_params["max_new_tokens"]
+            return [{"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}]
+
+    for rows in (16, None):
+        bench_cpu.radixlm_contender(FakeEngine(), "radixlm int4", True, rows=rows).run([[1]], 2)
+    assert seen == [16, gguf_cpu.MATMUL_ROWS] and gguf_cpu.matmul_rows() == gguf_cpu.MATMUL_ROWS
+
+
 @pytest.mark.slow
 def test_llama_cpp_batched_equals_one_by_one():
     """Where llama-cpp-python is installed: its batch API decoding three prompts together gives

@@ -10,7 +10,7 @@ from tiny_checkpoints import VOCAB, write_checkpoint
 from torch import nn
 
 from radixlm.kernels import gguf_cpu
-from radixlm.kernels.int4_cpu import MAX_INT4_ROWS, Int4Linear, dequantize_int4, quantize_int4
+from radixlm.kernels.int4_cpu import PACKED_INT4_ROWS, Int4Linear, dequantize_int4, quantize_int4
 from radixlm.kernels.int8_cpu import dequantize_int8, quantize_int8
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.executor.forward_batch import ForwardMode
@@ -89,10 +89,17 @@ def test_int4_logits_match_the_dequantized_dense_model(name, tmp_path):
 def test_prefill_rows_use_the_dense_weights(tmp_path):
     folder = write_checkpoint("llama", tmp_path)
     model, dense = int4_model(folder), load_model(folder, torch.float32, "cpu")
-    step = MAX_INT4_ROWS + 1  # every forward has more rows than the int4 path takes
+    step = 9  # every forward has more rows than the int4 paths take (8 here)
     ids = torch.randint(0, VOCAB, (2 * step,), generator=torch.Generator().manual_seed(3)).tolist()
     sizes = (step, step)
-    assert torch.equal(logits_in_chunks(model, ids, sizes), logits_in_chunks(dense, ids, sizes))
+    with gguf_cpu.rows_limit(8):
+        int4 = logits_in_chunks(model, ids, sizes)
+    assert torch.equal(int4, logits_in_chunks(dense, ids, sizes))
+    with gguf_cpu.disabled():  # torch's packed int4 kernel takes at most PACKED_INT4_ROWS rows
+        step = PACKED_INT4_ROWS + 1
+        ids = torch.randint(0, VOCAB, (step,), generator=torch.Generator().manual_seed(4)).tolist()
+        int4 = logits_in_chunks(model, ids, (step,))
+    assert torch.equal(int4, logits_in_chunks(dense, ids, (step,)))
 
 
 def test_tied_embedding_and_parameters_are_untouched(tmp_path):
