@@ -122,7 +122,8 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
         converted,
         len(kept),
         f" ({', '.join(kept[:4])}...)" if kept else "",
-        f"through the C++ kernels ({gguf_cpu.isa()}) for at most {gguf_cpu.matmul_rows()} rows"
+        f"through the C++ kernels ({gguf_cpu.isa()}) for at most {gguf_cpu.matmul_rows()} "
+        f"decode rows ({gguf_cpu.MAX_ROWS} with prompt tokens)"
         if gguf_cpu.available()
         else f"through torch's int4/int8 kernels for at most {INT8_HEAD_ROWS} rows",
     )
