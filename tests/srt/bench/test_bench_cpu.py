@@ -45,44 +45,40 @@ def test_cpu_model_names_the_threads():
     assert "threads of" in bench_cpu.cpu_model()
 
 
+class ProbeEngine:
+    """An engine stand-in whose ``generate`` records ``probe()`` (what a contender's scope set)."""
+
+    def __init__(self, probe):
+        self.probe, self.seen = probe, []
+
+    def flush_cache(self):
+        pass
+
+    def generate(self, input_ids, sampling_params):
+        self.seen.append(self.probe())
+        n = sampling_params["max_new_tokens"]
+        return [{"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}]
+
+
 def test_step_contenders_switch_the_one_call_step(monkeypatch):
     from radixlm.kernels import cpu_step
 
     if not cpu_step.available():
         pytest.skip("the CPU kernels could not be built (no C++ compiler)")
-    seen = []
-
-    class FakeEngine:
-        def flush_cache(self):
-            pass
-
-        def generate(self, input_ids, sampling_params):
-            seen.append(cpu_step.available())
-            n = sampling_params["max_new_tokens"]
-            return [{"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}]
-
+    engine = ProbeEngine(cpu_step.available)
     for step in (True, False):
-        bench_cpu.radixlm_contender(FakeEngine(), "radixlm int4", True, step).run([[1]], 2)
-    assert seen == [True, False] and cpu_step.available()
+        bench_cpu.radixlm_contender(engine, "radixlm int4", True, step).run([[1]], 2)
+    assert engine.seen == [True, False] and cpu_step.available()
 
 
 def test_rows_contenders_set_the_int4_row_limit():
     from radixlm.kernels import gguf_cpu
 
-    seen = []
-
-    class FakeEngine:
-        def flush_cache(self):
-            pass
-
-        def generate(self, input_ids, sampling_params):
-            seen.append(gguf_cpu.matmul_rows())
-            n = sampling_params["max_new_tokens"]
-            return [{"output_ids": [1] * n, "meta_info": {"completion_tokens": n}}]
-
+    engine = ProbeEngine(gguf_cpu.matmul_rows)
     for rows in (16, None):
-        bench_cpu.radixlm_contender(FakeEngine(), "radixlm int4", True, rows=rows).run([[1]], 2)
-    assert seen == [16, gguf_cpu.MATMUL_ROWS] and gguf_cpu.matmul_rows() == gguf_cpu.MATMUL_ROWS
+        bench_cpu.radixlm_contender(engine, "radixlm int4", True, rows=rows).run([[1]], 2)
+    assert engine.seen == [16, gguf_cpu.MATMUL_ROWS]
+    assert gguf_cpu.matmul_rows() == gguf_cpu.MATMUL_ROWS
 
 
 @pytest.mark.slow
