@@ -251,26 +251,22 @@ def timed_phases(phases: dict) -> Iterator[None]:
             _add(phases, "read_cpu_s", time.thread_time() - cpu)
             _add(phases, "pages", 1)
 
-    def preadv_into(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return real_preadv(*args, **kwargs)
-        finally:
-            _add(phases, "preadv_s", time.perf_counter() - t)
+    def timed(fn, key: str):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _add(phases, key, time.perf_counter() - t)
 
-    def native_read(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return real_native_read(*args, **kwargs)
-        finally:
-            _add(phases, "native_s", time.perf_counter() - t)
+        return call
 
     page_file.xxhash = SimpleNamespace(
         xxh3_64=lambda data=b"": _TimedHash(real_xxhash.xxh3_64(data), phases)
     )
     disk_store.DiskPageStore.get_into = get_into
-    page_file.preadv_into = preadv_into
-    native_page_io.NativePageIO.read = native_read
+    page_file.preadv_into = timed(real_preadv, "preadv_s")
+    native_page_io.NativePageIO.read = timed(real_native_read, "native_s")
     try:
         yield
     finally:
