@@ -60,7 +60,7 @@ from radixlm.kernels.switch import KernelSwitch
 BLOCK = 32
 MAX_ROWS = 16  # activation rows of the one-call int4 decode step (cpu_step.py, int4_step.py)
 # Activation rows up to which an int4 model's linear layers and LM head multiply through these
-# kernels in a decode forward (forwards with prompt tokens: MAX_ROWS, model_runner._int4_rows);
+# kernels in a decode forward (forwards with prompt tokens: int4_cpu.PROMPT_ROWS);
 # more rows take the layers' float32 dense weights. Measured on the 2-core AVX2 EPYC
 # (bench_gguf_cpu against float32 F.linear of the same shapes, 2026-12-07): the step's 120 Q4_1
 # GEMVs 31 / 59 / 127 / 255 / 511 ms at 16 / 32 / 64 / 128 / 256 rows against 105 / 124 / 159 /
@@ -167,7 +167,8 @@ def matmul_rows() -> int:
 @contextlib.contextmanager
 def rows_limit(rows: int) -> Iterator[None]:
     """Inside the block (this thread's context) :func:`serves` takes at most ``rows`` rows: the
-    model runner keeps forwards with prompt tokens to ``MAX_ROWS``, benchmarks compare limits."""
+    model runner keeps forwards with prompt tokens to ``int4_cpu.PROMPT_ROWS``, benchmarks
+    compare limits."""
     if rows < 1:
         raise ValueError(f"rows must be at least 1, got {rows}")
     token = _matmul_rows.set(rows)

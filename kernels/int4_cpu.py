@@ -36,12 +36,24 @@ from radixlm.kernels import gguf_cpu
 
 GROUP_SIZE = 32
 NUM_LEVELS = 16
-# Token rows up to which torch's packed int4 kernel is used when the C++ kernels are not (the
-# C++ kernels take up to gguf_cpu.matmul_rows()). Measured on the 2-core AVX2 dev CPU, whole
-# SmolLM2-135M decode steps (cold weights, unlike a matmul timed in a loop): the packed kernel
-# beats the float32 dense weights at 1-16 rows (e.g. 31 vs 47 ms at 1, 125 vs 153 ms at 16) and
-# loses from 24 rows on (227 vs 208 ms).
+# Token rows up to which torch's packed int4 kernel (and the LM head's per-channel int8 one) is
+# used when the C++ kernels are not (those take up to gguf_cpu.matmul_rows()). Measured on the
+# 2-core AVX2 dev CPU, whole SmolLM2-135M decode steps (cold weights, unlike a matmul timed in a
+# loop): the packed kernels beat the float32 dense weights at 1-16 rows (e.g. 31 vs 47 ms at 1,
+# 125 vs 153 ms at 16) and lose from 24 rows on (227 vs 208 ms).
 PACKED_INT4_ROWS = 16
+# Rows up to which a forward with prompt tokens (prefill, mixed steps) takes the int4 paths; more
+# keep the prompt's activations float32 in the dense weights (model_runner sets it per forward:
+# with int8 ones, a 40-token chat prompt's prefill changed SmolLM2's answer).
+PROMPT_ROWS = 16
+
+
+def small_rows_limit(native: bool) -> int:
+    """Rows up to which an int4 model's layers and LM head take their small-batch paths now:
+    the C++ kernels' limit where they run (``native``), else torch's packed kernels'."""
+    return gguf_cpu.matmul_rows() if native else PACKED_INT4_ROWS
+
+
 _PACK_N_MULTIPLE = 16  # the packing op wants the output dim divisible by 16
 
 
@@ -137,10 +149,9 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2  # the decode step's shape: no reshapes (each op costs its dispatch)
         rows = x.shape[0] if flat else x.numel() // self.in_features
+        native = gguf_cpu.available()
         limit = self.max_int4_rows
-        if limit is None:
-            limit = gguf_cpu.matmul_rows() if gguf_cpu.available() else PACKED_INT4_ROWS
-        if rows > limit:
+        if rows > (small_rows_limit(native) if limit is None else limit):
             return F.linear(x, self.dense_weight, self.bias)
         x2 = x if flat else x.reshape(rows, self.in_features)
         if gguf_cpu.serves(x2, rows) and x2.stride(-1) == 1:  # int8 activations, integer dots

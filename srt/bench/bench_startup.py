@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a start may take")
     ap.add_argument("--json", default=None, help="write the results to this file")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
+    if args.rounds < 1 or args.timeout <= 0:
+        ap.error("--rounds must be at least 1 and --timeout above 0")
     server_args = shlex.split(args.server_args)
     with contextlib.ExitStack() as stack:
         sources: dict[str, str | None] = {"this": None}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
-from radixlm.kernels import gguf_cpu
+from radixlm.kernels import gguf_cpu, int4_cpu
 from radixlm.kernels.attention.base import (
     attention_variants,
     check_backend_serves,
@@ -248,11 +248,11 @@ class ModelRunner:
     def _int4_rows(self, fb: ForwardBatch) -> contextlib.AbstractContextManager[None]:
         """An int4 CPU model multiplies decode batches of up to ``gguf_cpu.MATMUL_ROWS`` rows
         through its int4 kernels (int8 activations, as at batch 1); a forward with prompt tokens
-        only up to ``gguf_cpu.MAX_ROWS`` (above, the prompt's activations stay float32 in the
-        dense weights: SmolLM2's answers change with int8 ones)."""
+        only up to ``int4_cpu.PROMPT_ROWS`` (above, the prompt's activations stay float32 in the
+        dense weights)."""
         if self.cfg.quantization != "int4" or fb.mode.is_decode:
             return contextlib.nullcontext()
-        return gguf_cpu.rows_limit(gguf_cpu.MAX_ROWS)
+        return gguf_cpu.rows_limit(int4_cpu.PROMPT_ROWS)
 
     def _verify_fits_graphs(self, fb: ForwardBatch) -> bool:
         """Whether an extend batch is a speculative verify (every request continues a cached

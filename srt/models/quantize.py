@@ -5,13 +5,13 @@ linear layers are nearly the whole step. ``int4`` gives every ``Linear`` (``QKVL
 ``MergedLinear`` included) an :class:`~radixlm.kernels.int4_cpu.Int4Linear`: 4-bit weights in
 groups of 32 (GGUF's Q4_1 layout) multiplied with int8 activations per block of 32 (the C++
 kernels of ``kernels/gguf_cpu.py``, as llama.cpp does) while a decode forward has at most
-``gguf_cpu.MATMUL_ROWS`` (128) rows and a forward with prompt tokens at most ``MAX_ROWS`` (16),
+``gguf_cpu.MATMUL_ROWS`` (128) rows and a forward with prompt tokens at most ``PROMPT_ROWS`` (16),
 the layer's own dense weight for more rows (prefill chunks, large decode batches), where the
 dense matmul is faster or the prompt's float32 activations matter; where the C++ kernels are off,
 bfloat16 activations through torch's packed kernel for at most ``int4_cpu.PACKED_INT4_ROWS``
 (16). The LM head gets Q8_0 blocks of its weight with int16 activations (the C++ kernel, for the
-same rows; a per-channel int8 copy and bfloat16 activations for at most ``INT8_HEAD_ROWS`` rows
-where it is off) (:class:`SmallBatchLMHead`).
+same rows; a per-channel int8 copy and bfloat16 activations for at most ``PACKED_INT4_ROWS``
+rows where it is off) (:class:`SmallBatchLMHead`).
 
 Precision. For a GGUF model whose linear weights are Q4_1 (the default SmolLM2) the int4 codes
 are the file's own: re-quantizing the dequantized weights recovers them, and only the
@@ -45,17 +45,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import gguf_cpu
-from radixlm.kernels.int4_cpu import Int4Linear, can_pack_int4
+from radixlm.kernels.int4_cpu import (
+    PACKED_INT4_ROWS,
+    PROMPT_ROWS,
+    Int4Linear,
+    can_pack_int4,
+    small_rows_limit,
+)
 from radixlm.kernels.int8_cpu import int8_matmul, quantize_int8
 from radixlm.srt.models.layers import Linear, LMHead
 from radixlm.srt.models.quant.linear import quantize_model_fp8
 
 logger = logging.getLogger(__name__)
-
-# Logit rows up to which the LM head uses torch's per-channel int8 weight where the C++ kernels
-# are off (the C++ Q8_0 head takes up to gguf_cpu.matmul_rows()): int8 beat float32 at 1-16 rows
-# in the same whole-step measurements as int4_cpu.PACKED_INT4_ROWS, and not at 32.
-INT8_HEAD_ROWS = 16
 
 
 class SmallBatchLMHead:
@@ -64,7 +65,7 @@ class SmallBatchLMHead:
     file's own codes, so the logits are the dense ones up to 2**-16 of each activation block;
     int8 activations, as llama.cpp's, flip SmolLM2's answer to "the capital of France", whose
     two best first tokens are 0.08 apart) where the C++ kernels serve, else a per-channel int8 weight and bfloat16
-    activations (at most ``INT8_HEAD_ROWS`` rows); the model-dtype weight for more rows."""
+    activations (at most ``PACKED_INT4_ROWS`` rows); the model-dtype weight for more rows."""
 
     def __init__(self, weight: torch.Tensor):
         self.dense_weight = weight  # [vocab, hidden] model dtype (may be the tied embedding)
@@ -77,7 +78,7 @@ class SmallBatchLMHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
         native = self.q8_0 is not None and gguf_cpu.available()
-        if rows > (gguf_cpu.matmul_rows() if native else INT8_HEAD_ROWS):
+        if rows > small_rows_limit(native):
             return F.linear(hidden, self.dense_weight).float()
         if native and hidden.stride(-1) == 1 and gguf_cpu.serves(hidden, rows):
             return gguf_cpu.q8_0_matmul(hidden, self.q8_0, int16=True)
@@ -123,9 +124,9 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device) -> None:
         len(kept),
         f" ({', '.join(kept[:4])}...)" if kept else "",
         f"through the C++ kernels ({gguf_cpu.isa()}) for at most {gguf_cpu.matmul_rows()} "
-        f"decode rows ({gguf_cpu.MAX_ROWS} with prompt tokens)"
+        f"decode rows ({PROMPT_ROWS} with prompt tokens)"
         if gguf_cpu.available()
-        else f"through torch's int4/int8 kernels for at most {INT8_HEAD_ROWS} rows",
+        else f"through torch's int4/int8 kernels for at most {PACKED_INT4_ROWS} rows",
     )
 
 

@@ -10,7 +10,13 @@ from tiny_checkpoints import VOCAB, write_checkpoint
 from torch import nn
 
 from radixlm.kernels import gguf_cpu
-from radixlm.kernels.int4_cpu import PACKED_INT4_ROWS, Int4Linear, dequantize_int4, quantize_int4
+from radixlm.kernels.int4_cpu import (
+    PACKED_INT4_ROWS,
+    PROMPT_ROWS,
+    Int4Linear,
+    dequantize_int4,
+    quantize_int4,
+)
 from radixlm.kernels.int8_cpu import dequantize_int8, quantize_int8
 from radixlm.srt.config import config_from_kwargs
 from radixlm.srt.executor.forward_batch import ForwardMode
@@ -100,6 +106,24 @@ def test_prefill_rows_use_the_dense_weights(tmp_path):
         ids = torch.randint(0, VOCAB, (step,), generator=torch.Generator().manual_seed(4)).tolist()
         int4 = logits_in_chunks(model, ids, (step,))
     assert torch.equal(int4, logits_in_chunks(dense, ids, (step,)))
+
+
+def test_the_runner_keeps_prompt_forwards_to_the_prompt_rows():
+    """An int4 model's decode forwards take the int4 kernels up to gguf_cpu.MATMUL_ROWS rows,
+    its forwards with prompt tokens up to PROMPT_ROWS; other models are left alone."""
+    from types import SimpleNamespace
+
+    from radixlm.srt.executor.model_runner import ModelRunner
+
+    def limit_in(quantization: str, mode: ForwardMode) -> int:
+        runner = SimpleNamespace(cfg=SimpleNamespace(quantization=quantization))
+        with ModelRunner._int4_rows(runner, SimpleNamespace(mode=mode)):  # type: ignore[arg-type]
+            return gguf_cpu.matmul_rows()
+
+    assert limit_in("int4", EXTEND) == PROMPT_ROWS < gguf_cpu.MATMUL_ROWS
+    assert limit_in("int4", DECODE) == gguf_cpu.MATMUL_ROWS
+    assert limit_in("none", EXTEND) == gguf_cpu.MATMUL_ROWS
+    assert gguf_cpu.matmul_rows() == gguf_cpu.MATMUL_ROWS
 
 
 def test_tied_embedding_and_parameters_are_untouched(tmp_path):
