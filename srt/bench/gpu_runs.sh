@@ -114,7 +114,8 @@ for s in "$@"; do
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/servemix.jsonl" | tee "$RESULTS/servemix.txt" ;;
     # the same serving run on the triton and the flashinfer attention backends (SERVEATTN_RATES,
-    # default 12,32), each with the step timeline; one comparison table. ~150 s a variant.
+    # default 12,32), each with the step timeline; one comparison table. ~150 s a variant
+    # (SERVEATTN_LIMIT: seconds a variant may take, default 200; SERVEATTN_PARTS=1: --parts).
     # SERVEATTN_VARIANTS picks among triton, flashinfer (its defaults: mixed steps), fialone
     # (flashinfer, chunks alone), fimixed (flashinfer, mixed steps asked for) and fispf
     # (flashinfer, shortest prompt first).
@@ -129,7 +130,7 @@ for s in "$@"; do
           fispf) flags="--attention-backend flashinfer --schedule-policy spf" ;;
           *) echo "unknown serveattn variant $v"; continue ;;
         esac
-        section "serveattn-$v" 200 $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
+        section "serveattn-$v" "${SERVEATTN_LIMIT:-200}" $SERVING --request-rates "${SERVEATTN_RATES:-12,32}" \
           $flags --label "$v" --output-file "$RESULTS/serveattn.jsonl" \
           --step-timeline "$RESULTS/steps-attn-$v.jsonl" ${SERVEATTN_PARTS:+--parts}
       done
