@@ -164,7 +164,10 @@ for s in "$@"; do
       # the path's time split on its reader threads (--phases: reads, preadv, checksum, waits)
       section diskpath 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases
       section diskpath-busy 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --busy-thread
-      section diskpath-t8 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --threads 8 ;;
+      section diskpath-t8 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --threads 8
+      # the Python read path (the fallback where the native helper cannot be built) as the baseline
+      section diskpath-py 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --python-path
+      section diskpath-busy-py 60 python3 -m radixlm.srt.bench.bench_disk_path --num-pages 512 --phases --busy-thread --python-path ;;
     kvcheck) # staged writes and a restart against no cache: float32 (differences are then real)
       section kvcheck-test 150 $PYTEST tests/srt/scheduler/test_hicache_staged_restart.py
       section kvcheck 450 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --dtype float32 --num-conversations 20 --modes off,disk,restart ;;
