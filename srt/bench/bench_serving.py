@@ -377,6 +377,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         default=[float("inf")],
         help="Poisson arrival rates in requests/s, run in turn: 2,4,8,inf (inf: all at once)",
     )
+    ap.add_argument(
+        "--rate-prompts",
+        default=None,
+        metavar="N,N,...",
+        help="prompts per rate, one count per --request-rates entry (each rate takes the first N "
+        "of the prompts, which are built max(N) strong in place of --num-prompts): e.g. a few "
+        "at a low rate for an idle server's figures, many at a saturating one",
+    )
     ap.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     ap.add_argument("--slo-ttft-s", type=float, default=1.0, help="goodput: TTFT limit")
     ap.add_argument("--slo-tpot-ms", type=float, default=50.0, help="goodput: TPOT limit")
@@ -437,6 +445,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     ap.add_argument("--seed", type=int, default=1)
     args, server_args = ap.parse_known_args(argv)
+    if args.rate_prompts is not None:
+        try:
+            counts = [int(n) for n in args.rate_prompts.split(",")]
+        except ValueError:
+            ap.error(f"--rate-prompts wants integers, got {args.rate_prompts!r}")
+        if len(counts) != len(args.request_rates) or min(counts) < 1:
+            ap.error("--rate-prompts wants one count >= 1 per --request-rates entry")
+        if args.capacity_search:
+            ap.error("--rate-prompts and --capacity-search: give one of them")
+        args.rate_prompts = counts
+        args.num_prompts = max(counts)
     if args.max_concurrency is not None and args.max_concurrency < 1:
         ap.error("--max-concurrency must be >= 1")
     if not (args.slo_ttft_s > 0 and args.slo_tpot_ms > 0):
@@ -569,10 +588,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.step_timeline and Path(args.step_timeline).exists():  # not the warm-up's steps
             args.timeline_offset = Path(args.step_timeline).stat().st_size
         queue = list(args.request_rates)
+        counts = list(args.rate_prompts or [len(reqs)] * len(queue))
         searches = args.capacity_search
         while queue:
             rate = queue.pop(0)
-            summary = run_rate(args, url, reqs, rate, best)
+            count = counts.pop(0) if counts else len(reqs)
+            subset = reqs[:count]
+            subset_best = best if count == len(reqs) or best is None else best_hit_rate(subset)
+            summary = run_rate(args, url, subset, rate, subset_best)
             rates.append(rate)
             summaries.append(summary)
             if args.output_file:

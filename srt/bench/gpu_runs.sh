@@ -11,6 +11,7 @@
 #                                              # older kernels (projections, then the 8B step)
 #   DEADLINE=450 bash srt/bench/gpu_runs.sh servemix   # chunks alone vs mixed vs bounded mixed steps
 #   DEADLINE=420 bash srt/bench/gpu_runs.sh serveattn  # the serving run on triton vs flashinfer attention
+#   bash srt/bench/gpu_runs.sh servepri        # high-priority TTFT under a saturating load vs idle
 #   DEADLINE=570 bash srt/bench/gpu_runs.sh servepace  # prefill first vs --tpot-target-ms 50
 #                                              # vs that and --schedule-policy spf
 #                                              # (SERVEPACE_VARIANTS picks: default paced spf spfpaced)
@@ -135,6 +136,11 @@ for s in "$@"; do
           --step-timeline "$RESULTS/steps-attn-$v.jsonl" ${SERVEATTN_PARTS:+--parts}
       done
       python3 -m radixlm.srt.bench.serving_compare "$RESULTS/serveattn.jsonl" | tee "$RESULTS/serveattn.txt" ;;
+    # the priority figure: an idle server's TTFT (16 prompts at 0.5 req/s), then 300 at 32 req/s
+    # (saturating) with 5% of them high priority; TTFT per class (SERVEPRI_FLAGS: more flags)
+    servepri) section servepri "${SERVEPRI_LIMIT:-240}" $SERVING --attention-backend flashinfer \
+      --enable-priority-scheduling --request-rates 0.5,32 --rate-prompts 16,300 \
+      --high-priority-share 0.05 --output-file "$RESULTS/servepri.jsonl" ${SERVEPRI_FLAGS:-} ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
     # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;

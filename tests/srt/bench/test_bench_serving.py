@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from radixlm.srt.bench.bench_serving import Progress, main, parse_rates
+from radixlm.srt.bench.bench_serving import Progress, main, parse_args, parse_rates
 from radixlm.srt.bench.datasets import RandomTokens, long_tailed_requests
 from radixlm.srt.bench.serving_report import RequestOutput, Slo, summarize, worker_deltas
 
@@ -109,18 +109,29 @@ def test_two_rates_against_a_tiny_model_server(tiny_llama_dir, start_server):
             *("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "48"),
             *("--gsp-question-len", "8", "--gsp-output-len", "4"),
             *("--request-rates", "50,inf", "--slo-ttft-s", "1000", "--slo-tpot-ms", "1e6"),
+            *("--rate-prompts", "4,6"),  # the first 4 prompts at 50 req/s, all 6 at once
         ]
     )
     assert len(summaries) == 2
-    for s in summaries:
-        assert (s["completed"], s["failed"]) == (6, 0)
-        assert s["output_tokens"] == 6 * 4
+    for s, n in zip(summaries, (4, 6), strict=True):
+        assert (s["completed"], s["failed"]) == (n, 0)
+        assert s["output_tokens"] == n * 4
         assert s["goodput"] == pytest.approx(s["request_throughput"])  # every request meets it
         (worker,) = s["workers"]
-        assert worker["requests"] == 6  # the cache was flushed and the warm-up left out
+        assert worker["requests"] == n  # the cache was flushed and the warm-up left out
         assert worker["prompt_tokens"] == s["input_tokens"]
         assert worker["hit_rate"] == pytest.approx(s["hit_rate"])
         assert worker["cached_tokens"] > 0
+
+
+def test_rate_prompts_give_one_count_per_rate_and_build_the_largest():
+    args, _ = parse_args(["--request-rates", "0.5,32", "--rate-prompts", "16,300"])
+    assert (args.rate_prompts, args.num_prompts) == ([16, 300], 300)
+    for bad in (["--rate-prompts", "16"], ["--rate-prompts", "16,0"], ["--rate-prompts", "a,b"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--request-rates", "0.5,32", *bad])
+    with pytest.raises(SystemExit):  # the search's probes would have no count
+        parse_args(["--request-rates", "1,2", "--rate-prompts", "2,2", "--capacity-search", "1"])
 
 
 def test_slo_attainment_and_goodput_over_the_arrival_window_ignore_the_drain():
