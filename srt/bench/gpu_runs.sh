@@ -177,7 +177,8 @@ for s in "$@"; do
     kvcheck) # staged writes and a restart against no cache: float32 (differences are then real)
       section kvcheck-test 150 $PYTEST tests/srt/scheduler/test_hicache_staged_restart.py
       section kvcheck 450 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --dtype float32 --num-conversations 20 --modes off,disk,restart ;;
-    multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton --replies fixed --modes off,device,host,disk,restart ;;
+    multiturn) section multiturn 570 python3 -m radixlm.srt.bench.bench_multiturn --dummy-8b --attention-backend triton \
+      --replies fixed --modes "${MULTITURN_MODES:-off,device,host,disk,restart}" ${MULTITURN_FLAGS:-} ;;
     serveoff) section serveoff 560 $SERVING --chunked-prefill-size -1 ;;
     *) echo "unknown section $s (see the case list in $0)" ;;
   esac
