@@ -28,6 +28,7 @@ full chunk: nothing waits on it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from radixlm.srt.config import ServerConfig
@@ -191,6 +192,7 @@ class PrefillAdmission:
         running: Sequence[Req],
         policy: AdmissionPolicy,
         budget: int | None = None,
+        rank: Callable[[Req], int] | None = None,
     ) -> ScheduledBatch | None:
         """A prefill batch: ``chunked``'s next piece first, then waiting requests in policy
         order while the budget, the pool (less the reserve for ``running`` and for the batch's
@@ -198,20 +200,30 @@ class PrefillAdmission:
         new tokens of the step (default: ``self.budget()``, nothing decoding). Admitted
         requests leave ``waiting``. None when nothing fits; in particular, when ``chunked`` is
         given, a batch always starts with its piece (the scheduler then clears its
-        ``chunked``)."""
+        ``chunked``).
+
+        ``rank`` (priority scheduling's, smaller first; the policy's order is by rank): the
+        batch holds prompts of its first request's rank only, so a high-priority prompt's step
+        is not filled up with lower-priority prompts, which would make it as long as a full
+        chunk (a request's time to first token is the whole step that prefills it)."""
         batch = ScheduledBatch(ForwardMode.EXTEND)
         budget = self.budget() if budget is None else budget
         promised = self.reserve(running)
+        cut = None  # the batch's rank
         if chunked is not None:
             used = self._add_piece(batch, chunked, budget)
             if used == 0:
                 return None
             budget -= used
             promised += self.need(chunked)
+            cut = None if rank is None else rank(chunked)
         for req in policy.order(waiting, self.kv.cache, running):
             if budget <= 0 or not batch.all_complete():
                 break
             if len(running) + len(batch.reqs) >= self.max_running_requests:
+                break
+            req_rank = None if rank is None else rank(req)
+            if cut is not None and req_rank > cut:
                 break
             used = self._admit(batch, req, budget, promised, alone=not running and not batch.reqs)
             if used < 0:
@@ -221,6 +233,7 @@ class PrefillAdmission:
             waiting.remove(req)
             budget -= used
             promised += self.need(req)
+            cut = req_rank if cut is None else cut
         return batch if batch.reqs else None
 
     def _admit(

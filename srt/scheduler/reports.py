@@ -114,6 +114,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         num_forward_steps=s.num_forward_steps,
         num_retractions=s.num_retractions,  # cumulative: requests sent back to wait for KV
         num_preemptions=s.num_preemptions,  # of those, retracted for a higher priority
+        num_parked_chunks=s.num_parked_chunks,  # prompts between chunks that waited for one
         num_refused=s.gate.num_refused,  # cumulative: 503s at the queue's door (queue_gate.py)
         weight_version=s.weight_version,  # update_weights_from_disk's label
         paused=s.paused,  # /pause_generation's in_place or retract; None while running

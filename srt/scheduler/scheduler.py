@@ -100,6 +100,7 @@ class Scheduler:
         self.gate = QueueGate.from_config(cfg, self.rule, self.prefill_rate)  # queue bound, TTFT
         self.num_arrivals = 0
         self.num_preemptions = 0
+        self.num_parked_chunks = 0  # prompts sent back between two chunks for a higher priority
         self.grammars = GrammarManager(cfg, r.tokenizer, eos, r.vocab_size, r.cfg.page_size)
         # mask rows filled on a worker thread during the forward pass pay off when the forward
         # runs on a GPU; on a CPU the forward uses every core and the worker slowed it down
@@ -347,6 +348,7 @@ class Scheduler:
         batch, is_prefill = None, False
         if self.paused is None:
             if self.inflight is None:
+                self._park_outranked_chunk()
                 self._preempt_for_priority()
                 batch, is_prefill = self._schedule_prefill()
             batch = batch or self._schedule_decode()
@@ -425,7 +427,7 @@ class Scheduler:
         if budget <= 0:
             return decode, False  # the running requests' turn: the credit is spent
         prefill = self.admission.schedule(
-            self.waiting, self.chunked, self.running, self.policy, budget
+            self.waiting, self.chunked, self.running, self.policy, budget, self.rule.rank
         )
         if prefill is None:
             return decode, False
@@ -509,6 +511,27 @@ class Scheduler:
         self.waiting.appendleft(victim)
 
     # ---------------------------------------------------------------- priority preemption
+    def _park_outranked_chunk(self) -> None:
+        """A prompt between two chunks waits again when a waiting request outranks it, so the
+        higher-priority prompt is not queued behind the rest of the lower one's prefill (each
+        step takes at most one unfinished prompt). What it prefilled so far goes into the
+        prefix cache, where its next admission finds it."""
+        if self.chunked is None or not self.rule.enabled or not self.waiting:
+            return
+        head = self.rule.first(self.waiting)
+        if self.rule.rank(head) >= self.rule.rank(self.chunked):
+            return
+        parked, self.chunked = self.chunked, None
+        self.num_parked_chunks += 1
+        logger.info(
+            "request %s (priority %s) waits between two chunks for request %s (priority %s)",
+            parked.rid,
+            parked.priority,
+            head.rid,
+            head.priority,
+        )
+        self._requeue(parked)
+
     def _preempt_for_priority(self) -> None:
         """Retracts lower-priority running requests so that the first waiting request fits
         (queue_order.py); nothing when it fits or when no allowed retraction makes it fit."""

@@ -184,6 +184,70 @@ def test_preemption_when_the_kv_pool_has_no_room(make) -> None:
     assert s.check_idle()
 
 
+def record_prefills(s: Scheduler) -> list[list[tuple[str, int, int]]]:
+    """Each step's prompt pieces (rid, start, tokens), decode rows of a mixed step left out."""
+    steps: list[list[tuple[str, int, int]]] = []
+    seen = s.timeline.batch
+
+    def batch(sched, b) -> None:
+        if b is not None:
+            running = {id(r) for r in sched.running}
+            pieces = zip(b.reqs, b.starts, b.extend_lens, strict=True)
+            prompt = [(r.rid, st, n) for r, st, n in pieces if id(r) not in running]
+            if prompt:
+                steps.append(prompt)
+        seen(sched, b)
+
+    s.timeline.batch = batch
+    return steps
+
+
+@pytest.mark.parametrize("priority_on", [True, False])
+def test_a_high_priority_prompt_is_prefilled_without_lower_ones(make, priority_on) -> None:
+    """The step that prefills a high-priority prompt carries no lower-priority prompt (the
+    step would otherwise be as long as the chunk); without priority scheduling the prompts
+    share steps as before. The outputs are the same either way."""
+    s = make(enable_priority_scheduling=priority_on, chunked_prefill_size=64)
+    steps = record_prefills(s)
+    for i in range(4):
+        submit(s, f"low-{i}", 3, priority=0, prompt_len=24)
+    submit(s, "high", 3, priority=9, prompt_len=8)
+    _, got = drive(s)
+    if priority_on:
+        assert steps[0] == [("high", 0, 8)]
+        assert [rid for rid, _, _ in steps[1]] == ["low-0", "low-1", "low-2"]  # 64 tokens
+    else:
+        assert [rid for rid, _, _ in steps[0]] == ["low-0", "low-1", "low-2"]
+    assert sum(n for step in steps for _, _, n in step) == 4 * 24 + 8  # nothing recomputed
+    assert all(g["reason"]["type"] == "length" and len(g["ids"]) == 3 for g in got.values())
+    assert s.check_idle()
+
+
+def test_a_prompt_between_chunks_waits_for_a_higher_priority_one(make) -> None:
+    """A low-priority prompt half prefilled waits again when a high-priority request arrives:
+    the high-priority prompt's step is its own, and the low one resumes from the prefix
+    cache where it stopped, finishing with the tokens it gets alone."""
+    alone = make()
+    submit(alone, "long", 6, priority=0, prompt_len=100)
+    _, ref = drive(alone)
+
+    s = make(enable_priority_scheduling=True, chunked_prefill_size=32)
+    steps = record_prefills(s)
+    submit(s, "long", 6, priority=0, prompt_len=100)
+    s.step()
+    assert steps == [[("long", 0, 32)]] and s.chunked is not None
+    submit(s, "urgent", 4, priority=5, prompt_len=10)
+    submit(s, "same", 2, priority=0, prompt_len=10)  # an equal rank parks nothing
+    done, got = drive(s)
+    assert steps[1] == [("urgent", 0, 10)]
+    # resumed where it stopped (found in the cache), beside urgent's decode row: 31 tokens
+    assert steps[2] == [("long", 32, 31)]
+    assert s.num_parked_chunks == 1 and s.server_info()["num_parked_chunks"] == 1
+    assert done[0] == "urgent"
+    assert got["long"]["ids"] == ref["long"]["ids"]
+    assert s.check_idle()
+
+
 def test_the_engine_takes_sglangs_priority_keyword(tiny_llama_dir) -> None:
     from radixlm.srt import Engine
 
