@@ -9,6 +9,13 @@ from dataclasses import asdict, dataclass, field
 
 EMA_WEIGHT = 0.2  # weight of the newest measurement in the moving averages
 EXPLORE_EVERY = 16  # a load judged slower is still tried once in this many, to re-measure it
+# The recompute cost is the marginal cost of a prompt token: a line fitted to recent prefill
+# steps (seconds against tokens), so that a step's fixed cost (reading the weights, launching,
+# the decode rows of a mixed step) is not charged to its tokens. Each step's weight in the fit
+# falls by FIT_DECAY at every newer one; a slope needs step sizes that spread (coefficient of
+# variation >= FIT_MIN_SPREAD), else the average cost per token stands.
+FIT_DECAY = 0.05
+FIT_MIN_SPREAD = 0.5
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -19,7 +26,9 @@ def _ema(old: float | None, new: float) -> float:
 class TierStats:
     """Hit tokens per tier, copies, skipped work, and the measured rates the cache decides by.
 
-    ``prefill_s_per_token`` is what recomputing costs (from the scheduler's prefill steps);
+    ``prefill_s_per_token`` is what recomputing a token costs (from the scheduler's prefill
+    steps: the slope of seconds against tokens where step sizes spread, which leaves a step's
+    fixed cost out, never above the average cost per token);
     ``disk_bytes_per_s`` what reading pages back costs (from the storage threads' reads). Before
     a rate is measured the cache assumes loading pays off; the first measurement replaces that.
     """
@@ -45,6 +54,8 @@ class TierStats:
     # backup, store_pages): where a slow tier loses its time
     phase_seconds: dict[str, float] = field(default_factory=dict)
     _num_judged_slower: int = 0
+    _prefill_avg: float | None = None  # moving average of seconds per token
+    _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # weight, n, s, n*n, n*s
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -69,8 +80,21 @@ class TierStats:
             self.disk_hit_tokens += num_disk
 
     def on_prefill(self, num_tokens: int, seconds: float) -> None:
-        if num_tokens > 0 and seconds > 0:
-            self.prefill_s_per_token = _ema(self.prefill_s_per_token, seconds / num_tokens)
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        self._prefill_avg = _ema(self._prefill_avg, seconds / num_tokens)
+        keep, n, t = 1.0 - FIT_DECAY, float(num_tokens), seconds
+        fit = self._fit
+        for i, x in enumerate((1.0, n, t, n * n, n * t)):
+            fit[i] = fit[i] * keep + x
+        w, sum_n, sum_t, sum_nn, sum_nt = fit
+        mean_n = sum_n / w
+        var_n = sum_nn / w - mean_n * mean_n
+        slope = None
+        if var_n > (FIT_MIN_SPREAD * mean_n) ** 2:
+            slope = (sum_nt / w - mean_n * sum_t / w) / var_n
+        avg = self._prefill_avg
+        self.prefill_s_per_token = slope if slope is not None and 0 < slope <= avg else avg
 
     def on_disk_read(self, num_bytes: int, seconds: float) -> None:
         self.disk_read_bytes += num_bytes
@@ -112,7 +136,8 @@ class TierStats:
 
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
-        del out["_num_judged_slower"]
+        for private in ("_num_judged_slower", "_prefill_avg", "_fit"):
+            del out[private]
         out["phase_seconds"] = {k: round(v, 4) for k, v in self.phase_seconds.items()}
         hits = self.device_hit_tokens + self.host_hit_tokens + self.disk_hit_tokens
         q = self.queried_tokens

@@ -46,7 +46,7 @@ import torch
 
 from radixlm.srt.bench.bench_gpu import TINY_LLAMA, make_model_folder
 from radixlm.srt.bench.datasets import RandomTokens, long_tailed_requests
-from radixlm.srt.bench.serving_capacity import clip_to_context
+from radixlm.srt.bench.serving_capacity import clip_to_context, priority_classes, ttft_by_priority
 from radixlm.srt.bench.serving_compare import print_comparison
 from radixlm.srt.bench.serving_report import RequestOutput, Slo, summarize
 from radixlm.srt.bench.step_timeline import summarize_steps
@@ -153,19 +153,22 @@ def simulate(
     cost: CostModel,
     slo: Slo,
     seed: int = 1,
+    priorities: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """One rate: the summary ``bench_serving`` would print, with its step timeline."""
+    """One rate: the summary ``bench_serving`` would print, with its step timeline;
+    ``priorities`` (``id(request) -> priority``, ``serving_capacity.priority_classes``): sent
+    with the requests, and the TTFT of each class added as ``by_priority``."""
     clock = VirtualClock()
     virtual = SimpleNamespace(monotonic=clock.monotonic, perf_counter=clock.perf_counter)
     real_time = scheduler_module.time
     scheduler_module.time = policy_module.time = virtual
     try:
-        return _simulate(cfg, reqs, rate, cost, slo, seed, clock)
+        return _simulate(cfg, reqs, rate, cost, slo, seed, clock, priorities)
     finally:
         scheduler_module.time = policy_module.time = real_time
 
 
-def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:
+def _simulate(cfg, reqs, rate, cost, slo, seed, clock, priorities=None) -> dict[str, Any]:
     s = Scheduler(cfg)
     s.prefill_rate.observe(int(cost.prefill_rate), 1.0)  # as after a warm-up
     vocab = s.runner.vocab_size
@@ -215,7 +218,12 @@ def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:
         while sent < len(reqs) and arrivals[sent] <= clock.now:
             r = reqs[sent]
             params = {"temperature": 0, "ignore_eos": True, "max_new_tokens": r.output_len}
-            s.handle(TokenizedGenerateReq(str(sent), list(r.input_ids), params, stream=True))
+            priority = None if priorities is None else priorities[id(r)]
+            s.handle(
+                TokenizedGenerateReq(
+                    str(sent), list(r.input_ids), params, stream=True, priority=priority
+                )
+            )
             sent += 1
         if not s.has_work():
             clock.now = arrivals[sent]
@@ -240,6 +248,8 @@ def _simulate(cfg, reqs, rate, cost, slo, seed, clock) -> dict[str, Any]:
         o.success = o.output_len == r.output_len
     summary = summarize(outs, clock.now, slo)
     summary["step_timeline"] = summarize_steps(steps)
+    if priorities is not None:
+        summary["by_priority"] = ttft_by_priority(reqs, outs, priorities)
     return summary
 
 
@@ -264,6 +274,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     ap.add_argument("--slo-tpot-ms", type=float, default=50.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--high-priority-share",
+        type=float,
+        default=0.0,
+        help="this share of the requests gets --high-priority, the others 0 (as bench_serving; "
+        "serve with --enable-priority-scheduling), and each class's TTFT is printed",
+    )
+    ap.add_argument("--high-priority", type=int, default=100)
     for f, default in vars(CostModel()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=float, default=default)
     args = ap.parse_args(argv)
@@ -287,14 +305,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         seed=args.seed,
     )
     reqs, _ = clip_to_context(reqs, CONTEXT)
+    if not 0 <= args.high_priority_share <= 1:
+        ap.error("--high-priority-share must be in [0, 1]")
+    priorities = priority_classes(reqs, args.high_priority_share, args.high_priority, args.seed)
     records = []
     for rate in [float(x) for x in args.request_rates.split(",")]:
         for v in variants:
             label, _, flags = v.partition("=")
             cfg = server_config(flags, str(folder))
-            summary = simulate(cfg, reqs, rate, cost, slo, args.seed)
+            print(f"rate {rate:g} {label}:", flush=True)
+            summary = simulate(cfg, reqs, rate, cost, slo, args.seed, priorities)
             records.append({"label": label, "request_rate": rate, **summary})
-            print(f"rate {rate:g} {label}: done", flush=True)
     print_comparison(records)
     print_parts(sum_of_parts(reqs, cost), records)
     return records

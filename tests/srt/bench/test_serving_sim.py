@@ -97,3 +97,22 @@ def test_a_burst_stalls_running_requests_unless_the_prefill_is_paced(tmp_path: P
     assert alone["completed"] == paced["completed"] == 24
     assert alone["tpot_ms"]["p99"] > 60  # the queue's 1.1 s of prefill in one stall
     assert paced["tpot_ms"]["p99"] <= 50
+
+
+def test_priorities_reach_the_scheduler_and_each_class_is_reported(tmp_path: Path) -> None:
+    """A burst of 24 prompts, every sixth of high priority: with priority scheduling the high
+    class is prefilled first (its slowest request before the low class's median); without it,
+    the classes are served in arrival order."""
+    folder = make_model_folder(tmp_path / "m", dict(TINY_LLAMA, max_position_embeddings=CONTEXT))
+    reqs = long_tailed_requests(RandomTokens(2048), 24, 2000, 16, 4000, 32, seed=3)
+    priorities = {id(r): 100 if i % 6 == 5 else 0 for i, r in enumerate(reqs)}
+    got = {
+        on: simulate(
+            server_config(flags, str(folder)), reqs, 1000.0, CostModel(), Slo(), 3, priorities
+        )["by_priority"]
+        for on, flags in ((True, "--enable-priority-scheduling"), (False, ""))
+    }
+    for by_class in got.values():
+        assert (by_class["100"]["requests"], by_class["0"]["requests"]) == (4, 20)
+    assert got[True]["100"]["ttft_ms"]["p99"] < got[True]["0"]["ttft_ms"]["p50"]
+    assert got[False]["100"]["ttft_ms"]["p50"] > got[True]["100"]["ttft_ms"]["p99"]
