@@ -143,7 +143,8 @@ for s in "$@"; do
     # (saturating) with 5% of them high priority; TTFT per class (SERVEPRI_FLAGS: more flags)
     servepri) section servepri "${SERVEPRI_LIMIT:-240}" $SERVING --attention-backend flashinfer \
       --enable-priority-scheduling --request-rates 0.5,32 --rate-prompts 16,300 \
-      --high-priority-share 0.05 --output-file "$RESULTS/servepri.jsonl" ${SERVEPRI_FLAGS:-} ;;
+      --high-priority-share 0.05 --output-file "$RESULTS/servepri.jsonl" \
+      --step-timeline "$RESULTS/steps-pri.jsonl" ${SERVEPRI_FLAGS:-} ;;
     # a mixed step (8,000 prompt tokens + 32 decode rows of 2,048-token contexts) against a
     # prefill-only one, kernel by kernel: what makes mixed steps prefill 1.3-1.5x slower
     # (MIXPROF_CHUNKS: other chunk sizes, e.g. 2048u,4096u,8192u for a prefill step's fixed cost;
