@@ -51,9 +51,22 @@ def _decode(model, prompts: list[list[int]], steps: int, streaming: bool) -> lis
     return out
 
 
+# Output rows a program of the interpreted kernels: the launch config's GPU-sized blocks (4 rows
+# at these widths) make one interpreted program per 4 rows, most of this module's time; a
+# result does not depend on the config (tests/kernels/test_gemv.py), which this module does not
+# test, so the layers' wiring is checked with fewer, wider programs.
+INTERPRETED_BLOCK_N = 64
+
+
 @pytest.fixture(autouse=True)
 def enabled(monkeypatch):
     monkeypatch.setattr(gemv, "ENABLED", True)
+    launch_config = gemv.config
+
+    def wide_config(m: int, n: int, k: int) -> dict:
+        return {**launch_config(m, n, k), "BLOCK_N": INTERPRETED_BLOCK_N}
+
+    monkeypatch.setattr(gemv, "config", wide_config)
 
 
 @pytest.mark.parametrize("rows", [1, 3])

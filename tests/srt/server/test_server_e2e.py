@@ -1,32 +1,30 @@
 """End to end: `radixlm serve` on the default model (SmolLM2-135M-Instruct) in a subprocess,
-driven over HTTP with httpx and the official openai client. One server for the module; the last
-test stops it with SIGTERM."""
+driven over HTTP with httpx and the official openai client: the session's shared default server
+(``default_server``). SIGTERM's drain and exit without orphans are
+tests/srt/server/process/test_supervision.py's."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import signal
-import threading
 import time
 
 import httpx
 import openai
 import plain_http
-import psutil
 import pytest
 
 from radixlm.srt.server.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-MAX_TOTAL_TOKENS = 4096
+MAX_TOTAL_TOKENS = 8192  # the default server's pool (conftest.DEFAULT_SERVER_ARGS)
 GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server("--max-total-tokens", MAX_TOTAL_TOKENS)
+def server(default_server) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module")
@@ -275,32 +273,3 @@ def test_metrics_histograms(server: ServerProcess) -> None:
     assert counts["radixlm_time_to_first_token_seconds_count"] > 0
     assert counts["radixlm_inter_token_latency_seconds_count"] > 0
     assert "radixlm_cache_hit_rate" in text and "radixlm_generation_tokens_total" in text
-
-
-def test_sigterm_drains_then_exits_without_orphans(server: ServerProcess) -> None:
-    children = psutil.Process(server.pid).children(recursive=True)
-    assert len(children) >= 2
-    body = {
-        "text": "Count to twenty:",
-        "stream": True,
-        "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, **GREEDY},
-    }
-    events: list = []
-    started = threading.Event()
-
-    def consume() -> None:
-        with plain_http.stream("POST", server.url + "/generate", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    started.set()
-                    events.append(line[6:])
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    assert started.wait(60)
-    assert server.stop(signal.SIGTERM, timeout_s=60) == 0
-    reader.join(10)
-    assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "length"
-    time.sleep(0.5)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

@@ -64,7 +64,7 @@ def ok_json(r: httpx.Response):
     return r.json()
 
 
-def long_request(server: ServerProcess, seed: int, n: int = 48) -> httpx.Response:
+def long_request(server: ServerProcess, seed: int, n: int = 32) -> httpx.Response:
     body = {
         "text": f"Count from {seed}:",
         "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
