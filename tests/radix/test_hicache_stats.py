@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from radix.hicache_stats import TierStats
+from radixlm.radix.hicache_stats import TierStats
 
 FIXED_S = 0.010  # a step's fixed cost (the weights read once, the launches)
 TOKEN_S = 25e-6  # and each prompt token's
