@@ -48,7 +48,8 @@ def test_decode_prompt_len_sets_the_running_contexts_and_profile_needs_cuda(
 def test_profile_splits_a_mixed_step_by_kernel(offline_tiny_llama_dir):
     mixed, alone = main(
         [
-            *("--model-path", str(offline_tiny_llama_dir), "--prompt-len", "100", "--num-decodes", "4"),
+            *("--model-path", str(offline_tiny_llama_dir)),
+            *("--prompt-len", "100", "--num-decodes", "4"),
             *("--chunk-sizes=32,32u", "--profile"),
         ]
     )
